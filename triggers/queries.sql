@@ -1,0 +1,113 @@
+-- Every statement the reactor sends, by name. A block starts at `-- name: NAME`; a `{{name}}`
+-- inside a block is replaced by the fragment of that name (`-- fragment: NAME`), so the due
+-- predicate is written once. Parameters use psycopg's %(name)s style.
+--
+-- All times come from the database clock: `now()` is this statement's transaction start and
+-- `updated_at` is the app's. The reactor never compares them with its own wall clock.
+
+-- fragment: outranked
+-- True when the run row r may be replaced by job j: only a worker row written for an earlier
+-- job of the same run (older created_at, ties broken by id). NULL saved_by is a client row.
+(coalesce(r.saved_by, 'client') = 'worker'
+ AND NOT EXISTS (SELECT 1 FROM analysis_jobs rj
+                  WHERE rj.id = r.job_id
+                    AND (rj.created_at, rj.id) >= (j.created_at, j.id)))
+
+-- fragment: needs_run
+-- DESIGN.md's "needs a run" for job j. The row-local half matches analysis_jobs_reactor_due_idx.
+(j.status IN ('complete', 'failed')
+ AND j.deleted_at IS NULL
+ AND j.doc_html IS NOT NULL
+ AND j.results IS NOT NULL
+ AND j.results <> '{}'::jsonb
+ AND NOT EXISTS (SELECT 1 FROM analysis_runs r
+                  WHERE r.id = j.run_id AND NOT {{outranked}}))
+
+-- fragment: write_runs
+-- Writes one run per claimed run id, from the newest claimed job of that run. The conflict
+-- clause re-checks precedence against the committed row: it is what makes the write single
+-- when the claim's snapshot is older than another writer's commit.
+newest AS (
+    SELECT DISTINCT ON (c.run_id) c.id, c.run_id, c.doc_html, c.results
+      FROM claimed c
+     ORDER BY c.run_id, c.created_at DESC, c.id DESC
+), written AS (
+    INSERT INTO analysis_runs AS r (id, job_id, doc_html, results, saved_by)
+    SELECT n.run_id, n.id, n.doc_html, n.results, 'worker'
+      FROM newest n
+    ON CONFLICT (id) DO UPDATE
+       SET job_id = EXCLUDED.job_id,
+           doc_html = EXCLUDED.doc_html,
+           results = EXCLUDED.results,
+           saved_by = 'worker',
+           updated_at = now()
+     WHERE EXISTS (SELECT 1 FROM analysis_jobs j
+                    WHERE j.id = EXCLUDED.job_id AND {{outranked}})
+    RETURNING r.job_id
+)
+
+-- name: record_jobs
+-- The timer path: claim the given jobs if they are due, write their runs, and say what became
+-- of every given job that still needs a run. One statement is one transaction that commits on
+-- the server, so a reactor cut off mid-call never leaves job rows locked.
+-- outcome: recorded | superseded (claimed, but a newer job or another writer owns the run)
+--          | waiting (inside its grace window) | busy (another transaction holds the row)
+WITH wanted AS (
+    SELECT j.id, j.run_id, j.updated_at
+      FROM analysis_jobs j
+     WHERE j.id = ANY(%(ids)s::uuid[]) AND {{needs_run}}
+), claimed AS (
+    SELECT j.id, j.run_id, j.created_at, j.updated_at, j.doc_html, j.results
+      FROM analysis_jobs j
+     WHERE j.id IN (SELECT id FROM wanted)
+       AND {{needs_run}}
+       AND j.updated_at < now() - make_interval(secs => %(grace)s)
+       FOR NO KEY UPDATE OF j SKIP LOCKED
+), {{write_runs}}
+SELECT w.id::text AS job_id,
+       w.run_id::text AS run_id,
+       CASE WHEN w.id IN (SELECT job_id FROM written) THEN 'recorded'
+            WHEN w.id IN (SELECT id FROM claimed) THEN 'superseded'
+            WHEN w.updated_at >= now() - make_interval(secs => %(grace)s) THEN 'waiting'
+            ELSE 'busy'
+       END AS outcome,
+       extract(epoch FROM w.updated_at + make_interval(secs => %(grace)s) - clock_timestamp())
+           ::float8 AS due_in
+  FROM wanted w
+
+-- name: record_oldest
+-- The fallback scan: claim up to %(limit)s due jobs, oldest first, and write their runs. A
+-- top-level LIMIT counts rows after locking, so rows skipped for another replica don't shrink
+-- the batch. due_in is negative: how late each job was.
+WITH claimed AS (
+    SELECT j.id, j.run_id, j.created_at, j.updated_at, j.doc_html, j.results
+      FROM analysis_jobs j
+     WHERE {{needs_run}}
+       AND j.updated_at < now() - make_interval(secs => %(grace)s)
+     ORDER BY j.updated_at, j.id
+     LIMIT %(limit)s
+       FOR NO KEY UPDATE OF j SKIP LOCKED
+), {{write_runs}}
+SELECT c.id::text AS job_id,
+       c.run_id::text AS run_id,
+       CASE WHEN c.id IN (SELECT job_id FROM written) THEN 'recorded' ELSE 'superseded' END
+           AS outcome,
+       extract(epoch FROM c.updated_at + make_interval(secs => %(grace)s) - clock_timestamp())
+           ::float8 AS due_in
+  FROM claimed c
+
+-- name: upcoming
+-- Jobs that need a run and are still inside their grace window, with the seconds left: the
+-- reactor arms a timer for each after every (re)connect, so missed notifications cost nothing.
+SELECT j.id::text AS job_id,
+       extract(epoch FROM j.updated_at + make_interval(secs => %(grace)s) - clock_timestamp())
+           ::float8 AS due_in
+  FROM analysis_jobs j
+ WHERE {{needs_run}}
+   AND j.updated_at >= now() - make_interval(secs => %(grace)s)
+ ORDER BY j.updated_at
+ LIMIT %(limit)s
+
+-- name: schema_version
+SELECT CASE WHEN to_regclass('reactor.schema_version') IS NULL THEN NULL
+            ELSE (SELECT max(version) FROM reactor.schema_version) END AS version
