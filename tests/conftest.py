@@ -49,11 +49,17 @@ class Server:
 
 
 def _docker_answers() -> bool:
+    if not (os.environ.get("DOCKER_HOST") or Path("/var/run/docker.sock").exists()):
+        return False
     try:
         import docker  # type: ignore[import-untyped]
 
-        docker.from_env(timeout=2).ping()
-    except Exception:
+        client = docker.from_env(timeout=2)
+        try:
+            client.ping()
+        finally:
+            client.close()
+    except Exception:  # any failure means "no engine here": fall back to embedded
         return False
     return True
 
