@@ -68,6 +68,8 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--jobs", type=int, default=300, help="jobs the worker finishes")
     demo.add_argument("--grace", type=float, default=2.0, help="grace window in seconds")
     demo.add_argument("--save-ratio", type=float, default=0.7, help="share of jobs a tab saves")
+    demo.add_argument("--replicas", type=int, default=2, help="reactor replicas side by side")
+    demo.add_argument("--json", action="store_true", help="print the summary as JSON")
     return parser
 
 
@@ -161,9 +163,12 @@ async def cmd_demo(args: argparse.Namespace) -> int:
     """``reactor demo``: the whole loop on an embedded PostgreSQL."""
     from reactor import demo
 
-    if args.jobs < 1 or not 0 <= args.save_ratio <= 1 or args.grace < 0:
-        raise ConfigError("--jobs must be >= 1, --save-ratio within 0..1, --grace >= 0")
-    return await demo.main(jobs=args.jobs, grace=args.grace, save_ratio=args.save_ratio)
+    if not 1 <= args.jobs <= 100_000 or not 0 <= args.save_ratio <= 1:
+        raise ConfigError("--jobs must be within 1..100000 and --save-ratio within 0..1")
+    if not 0 <= args.grace <= 60 or not 1 <= args.replicas <= 8:
+        raise ConfigError("--grace must be within 0..60 seconds and --replicas within 1..8")
+    return await demo.main(jobs=args.jobs, grace=args.grace, save_ratio=args.save_ratio,
+                           replicas=args.replicas, as_json=args.json)
 
 
 _COMMANDS: dict[str, Callable[[argparse.Namespace], Awaitable[int]]] = {

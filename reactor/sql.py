@@ -62,13 +62,11 @@ def latest_version() -> int:
 
 
 @cache
-def queries() -> dict[str, LiteralString]:
-    """The named queries of ``queries.sql``, with their fragments spliced in."""
-    parts = _BLOCK.split(read("queries.sql"))
-    fragments: dict[str, str] = {}
-    named: dict[str, str] = {}
-    for kind, name, body in zip(parts[1::3], parts[2::3], parts[3::3], strict=True):
-        (fragments if kind == "fragment" else named)[name] = _strip_comments(body)
+def queries(filename: str = "queries.sql") -> dict[str, LiteralString]:
+    """The named queries of a file, with fragments (its own and queries.sql's) spliced in."""
+    fragments = _blocks("queries.sql", "fragment")
+    fragments.update(_blocks(filename, "fragment"))
+    named = _blocks(filename, "name")
 
     def expand(text: str, seen: tuple[str, ...] = ()) -> str:
         def splice(match: re.Match[str]) -> str:
@@ -82,9 +80,24 @@ def queries() -> dict[str, LiteralString]:
     return {name: cast(LiteralString, expand(body)) for name, body in named.items()}
 
 
-def query(name: str) -> LiteralString:
+def query(name: str, filename: str = "queries.sql") -> LiteralString:
     """One named query, ready to execute."""
-    return queries()[name]
+    return queries(filename)[name]
+
+
+def _blocks(filename: str, kind: str) -> dict[str, str]:
+    # Text before the first marker is the file's own preamble (for audit.sql, runnable DDL).
+    parts = _BLOCK.split(read(filename))
+    return {
+        name: _strip_comments(body)
+        for block_kind, name, body in zip(parts[1::3], parts[2::3], parts[3::3], strict=True)
+        if block_kind == kind
+    }
+
+
+def preamble(filename: str) -> LiteralString:
+    """The part of a file before its first named block."""
+    return cast(LiteralString, _BLOCK.split(read(filename))[0])
 
 
 def _strip_comments(body: str) -> str:

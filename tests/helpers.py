@@ -8,26 +8,11 @@ from typing import Any
 
 import psycopg
 
-# Counts every write to analysis_runs with who made it and when (by the database clock), so
-# tests check dup / clobbered / early from the database itself.
-AUDIT_SQL = """
-CREATE TABLE IF NOT EXISTS run_audit (
-    seq        bigserial PRIMARY KEY,
-    op         text NOT NULL,
-    run_id     uuid NOT NULL,
-    job_id     uuid NOT NULL,
-    saved_by   text,
-    at         timestamptz NOT NULL DEFAULT clock_timestamp()
-);
-CREATE OR REPLACE FUNCTION run_audit_write() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN
-    INSERT INTO run_audit (op, run_id, job_id, saved_by)
-    VALUES (TG_OP, NEW.id, NEW.job_id, NEW.saved_by);
-    RETURN NULL;
-END $$;
-CREATE OR REPLACE TRIGGER run_audit AFTER INSERT OR UPDATE ON analysis_runs
-    FOR EACH ROW EXECUTE FUNCTION run_audit_write();
-"""
+from reactor import sql
+
+# Every write to analysis_runs, with who made it and when (by the database clock), so tests
+# check dup / clobbered / early from the database itself.
+AUDIT_SQL = sql.preamble("audit.sql")
 
 Conn = psycopg.Connection[Any]
 

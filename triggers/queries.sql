@@ -107,7 +107,3 @@ SELECT j.id::text AS job_id,
    AND j.updated_at >= now() - make_interval(secs => %(grace)s)
  ORDER BY j.updated_at
  LIMIT %(limit)s
-
--- name: schema_version
-SELECT CASE WHEN to_regclass('reactor.schema_version') IS NULL THEN NULL
-            ELSE (SELECT max(version) FROM reactor.schema_version) END AS version

@@ -1,0 +1,53 @@
+"""DESIGN.md's invariants, checked from the database rather than from what the reactor says.
+
+``install`` adds an audit trigger to analysis_runs; ``verdict`` counts lost, duplicate,
+clobbering, early and wrong writes and the reactor's lateness from it. The demo, the tests and
+the benchmarks share it, so all three judge the reactor the same way.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from reactor import sql
+from reactor.db import AnyConnection
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """Counts over the whole database; every invariant count should be 0."""
+
+    jobs: int
+    saved_by_client: int
+    saved_by_worker: int
+    lost: int
+    dup: int
+    clobbered: int
+    early: int
+    wrong: int
+    lateness_p50: float | None
+    lateness_p99: float | None
+    lateness_max: float | None
+
+    @property
+    def clean(self) -> bool:
+        """True when no invariant is broken."""
+        return not (self.lost or self.dup or self.clobbered or self.early or self.wrong)
+
+    def as_dict(self) -> dict[str, Any]:
+        """A plain dict, for JSON."""
+        return asdict(self)
+
+
+async def install(conn: AnyConnection) -> None:
+    """Create the audit table and trigger (idempotent)."""
+    await conn.execute(sql.preamble("audit.sql"))
+
+
+async def verdict(conn: AnyConnection, grace: float) -> Verdict:
+    """Count every invariant violation and measure lateness, by the database clock."""
+    cur = await conn.execute(sql.query("verdict", "audit.sql"), {"grace": grace})
+    row = await cur.fetchone()
+    assert row is not None
+    return Verdict(*row)
