@@ -106,8 +106,12 @@ async def cmd_run(args: argparse.Namespace) -> int:
         await db.require_privileges(conn)
     log.info(
         "starting",
-        extra={"database": settings.safe_database_url, "mode": settings.mode,
-               "grace_s": settings.grace, "channel": settings.channel},
+        extra={
+            "database": settings.safe_database_url,
+            "mode": settings.mode,
+            "grace_s": settings.grace,
+            "channel": settings.channel,
+        },
     )
     async with db.make_pool(dsn, max_size=POOL_SIZE) as pool:
         reactor = Reactor(settings, db.Database(pool, grace=settings.grace))
@@ -134,13 +138,17 @@ async def cmd_migrate(args: argparse.Namespace) -> int:
     channel = args.channel or os.environ.get("REACTOR_CHANNEL") or Settings.channel
     settings = Settings.from_env(os.environ, {"channel": channel})
     if args.print:
-        sys.stdout.write(db.migration_script(settings.channel, reference_schema=args.reference_schema))
+        sys.stdout.write(
+            db.migration_script(settings.channel, reference_schema=args.reference_schema)
+        )
         return 0
     async with await _startup_connection(settings, "migrate") as conn:
         applied = await db.migrate(conn, settings.channel, reference_schema=args.reference_schema)
     if applied:
-        print(f"applied migrations {', '.join(map(str, applied))}; schema is at version "
-              f"{sql.latest_version()}")
+        print(
+            f"applied migrations {', '.join(map(str, applied))}; schema is at version "
+            f"{sql.latest_version()}"
+        )
     else:
         print(f"schema is up to date at version {sql.latest_version()}")
     return 0
@@ -167,8 +175,13 @@ async def cmd_demo(args: argparse.Namespace) -> int:
         raise ConfigError("--jobs must be within 1..100000 and --save-ratio within 0..1")
     if not 0 <= args.grace <= 60 or not 1 <= args.replicas <= 8:
         raise ConfigError("--grace must be within 0..60 seconds and --replicas within 1..8")
-    return await demo.main(jobs=args.jobs, grace=args.grace, save_ratio=args.save_ratio,
-                           replicas=args.replicas, as_json=args.json)
+    return await demo.main(
+        jobs=args.jobs,
+        grace=args.grace,
+        save_ratio=args.save_ratio,
+        replicas=args.replicas,
+        as_json=args.json,
+    )
 
 
 _COMMANDS: dict[str, Callable[[argparse.Namespace], Awaitable[int]]] = {

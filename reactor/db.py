@@ -110,9 +110,7 @@ async def connect(dsn: str, role: str, *, attempts: int = 1) -> AnyConnection:
     try:
         async for attempt in retrying:
             with attempt:
-                conn = await psycopg.AsyncConnection.connect(
-                    conninfo(dsn, role), autocommit=True
-                )
+                conn = await psycopg.AsyncConnection.connect(conninfo(dsn, role), autocommit=True)
                 await configure(conn)
                 return conn
     except psycopg.OperationalError as error:

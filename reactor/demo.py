@@ -53,8 +53,9 @@ class Scoreboard:
         self.events = [*self.events[-5:], f"{time.strftime('%H:%M:%S')}  {event}"]
 
     def recorded(self) -> int:
-        return int(sum(m.recorded.labels(s)._value.get() for m in self.metrics
-                       for s in ("timer", "scan")))
+        return int(
+            sum(m.recorded.labels(s)._value.get() for m in self.metrics for s in ("timer", "scan"))
+        )
 
     def render(self) -> Group:
         table = Table.grid(padding=(0, 2))
@@ -63,21 +64,25 @@ class Scoreboard:
         table.add_row("phase", self.phase)
         table.add_row("jobs finished by the worker", f"{self.finished} / {self.jobs}")
         table.add_row("runs saved by browser tabs", str(self.tab_saves))
-        table.add_row("deadlines the reactor holds", str(sum(len(r.deadlines)
-                                                             for r in self.replicas)))
+        table.add_row(
+            "deadlines the reactor holds", str(sum(len(r.deadlines) for r in self.replicas))
+        )
         table.add_row("runs recorded by the reactor", str(self.recorded()))
         return Group(table, Text("\n".join(self.events), style="dim"))
 
 
-async def main(*, jobs: int, grace: float, save_ratio: float, replicas: int = 2,
-               as_json: bool = False) -> int:
+async def main(
+    *, jobs: int, grace: float, save_ratio: float, replicas: int = 2, as_json: bool = False
+) -> int:
     """Run the demo; exit code 0 when every invariant held."""
     console = Console(stderr=as_json)
     # The live view tells the story; per-run log lines would scroll it away.
     logging.getLogger("reactor").setLevel(logging.WARNING)
     started = time.monotonic()
-    console.print(f"[bold]backstop-reactor demo[/]: {jobs} jobs, grace {grace:g} s, "
-                  f"{replicas} replicas, tabs save {save_ratio:.0%}")
+    console.print(
+        f"[bold]backstop-reactor demo[/]: {jobs} jobs, grace {grace:g} s, "
+        f"{replicas} replicas, tabs save {save_ratio:.0%}"
+    )
     pg = EmbeddedPostgres()
     await anyio.to_thread.run_sync(pg.start)
     try:
@@ -87,8 +92,9 @@ async def main(*, jobs: int, grace: float, save_ratio: float, replicas: int = 2,
             await audit.install(conn)
         board = Scoreboard(jobs=jobs, replica_count=replicas)
         settings = Settings(database_url=pg.dsn, grace=grace, http_addr=None)
-        with Live(board.render(), console=console, refresh_per_second=8,
-                  transient=not as_json) as live:
+        with Live(
+            board.render(), console=console, refresh_per_second=8, transient=not as_json
+        ) as live:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(_refresh, live, board)
                 await _play(settings, board, save_ratio)
@@ -140,8 +146,9 @@ async def _play(settings: Settings, board: Scoreboard, save_ratio: float) -> Non
                 )
                 board.finished += 1
                 if results and rng.random() < save_ratio:
-                    tg.start_soon(_tab_save, dsn, job_id, rng.uniform(0.05, settings.grace * 0.6),
-                                  board)
+                    tg.start_soon(
+                        _tab_save, dsn, job_id, rng.uniform(0.05, settings.grace * 0.6), board
+                    )
                 await anyio.sleep(1 / rate)
             board.phase = "waiting for the last grace windows"
             await _wait_until_settled(app, settings.grace)
@@ -170,8 +177,13 @@ async def _start_fleet(tg: anyio.abc.TaskGroup, settings: Settings, board: Score
     return fleet
 
 
-async def _replica(settings: Settings, metrics: Metrics, register: Callable[[Reactor], None],
-                   *, task_status: anyio.abc.TaskStatus[anyio.CancelScope]) -> None:
+async def _replica(
+    settings: Settings,
+    metrics: Metrics,
+    register: Callable[[Reactor], None],
+    *,
+    task_status: anyio.abc.TaskStatus[anyio.CancelScope],
+) -> None:
     with anyio.CancelScope() as scope:
         async with db.make_pool(settings.require_database(), max_size=POOL_SIZE) as pool:
             reactor = Reactor(settings, db.Database(pool, grace=settings.grace), metrics=metrics)
@@ -228,8 +240,10 @@ def _report(console: Console, v: audit.Verdict, elapsed: float, as_json: bool) -
     for name in ("lost", "dup", "clobbered", "early", "wrong"):
         count = getattr(v, name)
         table.add_row(_LABELS[name], f"[{'green' if count == 0 else 'red'}]{count}[/]")
-    table.add_row("lateness p50 / p99 / max",
-                  f"{ms(v.lateness_p50)} / {ms(v.lateness_p99)} / {ms(v.lateness_max)}")
+    table.add_row(
+        "lateness p50 / p99 / max",
+        f"{ms(v.lateness_p50)} / {ms(v.lateness_p99)} / {ms(v.lateness_max)}",
+    )
     console.print(table)
     if v.clean:
         console.print(

@@ -78,7 +78,9 @@ class Listener:
         """False when notifications cannot be relied on: not connected, or probes lost."""
         return self.state == "listening"
 
-    async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+    async def run(
+        self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+    ) -> None:
         """Listen for ever, reconnecting with jittered backoff; started once LISTEN is up."""
         started = False
         while True:
@@ -142,7 +144,7 @@ class Listener:
     def _receive(self, payload: str) -> None:
         if payload.startswith(_PROBE):
             self.metrics.notifications.labels("probe").inc()
-            if payload[len(_PROBE):] == self._probe_token:
+            if payload[len(_PROBE) :] == self._probe_token:
                 self._probe_token = None
                 self.proven = True
                 if self.state == "degraded":

@@ -9,8 +9,24 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 # Lateness is milliseconds when things work and up to a scan interval when they don't.
-_LATENESS_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30,
-                     60, 300)
+_LATENESS_BUCKETS = (
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1,
+    2.5,
+    5,
+    10,
+    30,
+    60,
+    300,
+)
 
 
 class Metrics:
@@ -31,17 +47,21 @@ class Metrics:
             registry=r,
         )
         self.recorded = Counter(
-            "reactor_runs_recorded", "Runs the reactor wrote, by what found them.", ["source"],
+            "reactor_runs_recorded",
+            "Runs the reactor wrote, by what found them.",
+            ["source"],
             registry=r,
         )
         self.lateness = Histogram(
             "reactor_lateness_seconds",
             "How long after updated_at + grace a run was recorded, by the database clock.",
-            buckets=_LATENESS_BUCKETS, registry=r,
+            buckets=_LATENESS_BUCKETS,
+            registry=r,
         )
         self.claims_skipped = Counter(
             "reactor_claims_skipped",
-            "Due jobs another transaction (usually another replica) held locked.", registry=r,
+            "Due jobs another transaction (usually another replica) held locked.",
+            registry=r,
         )
         self.record_errors = Counter(
             "reactor_record_errors", "Record statements that failed and were retried.", registry=r
@@ -57,15 +77,18 @@ class Metrics:
         )
         self.listener_up = Gauge(
             "reactor_listener_up",
-            "1 while LISTEN is established and its last delivery probe arrived.", registry=r,
+            "1 while LISTEN is established and its last delivery probe arrived.",
+            registry=r,
         )
         self.queue_usage = Gauge(
             "reactor_notification_queue_usage",
-            "pg_notification_queue_usage(): the fraction of the NOTIFY queue in use.", registry=r,
+            "pg_notification_queue_usage(): the fraction of the NOTIFY queue in use.",
+            registry=r,
         )
         self.oldest_age = Gauge(
             "reactor_oldest_needing_run_age_seconds",
-            "Age of the oldest job that needs a run, past its grace (0 when none).", registry=r,
+            "Age of the oldest job that needs a run, past its grace (0 when none).",
+            registry=r,
         )
         for result in ("accepted", "rejected", "probe"):
             self.notifications.labels(result)

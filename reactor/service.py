@@ -103,8 +103,10 @@ class Reactor:
         self._wake.set()
         self._scan_requested.set()
 
-    async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-        """Run until :meth:`stop`; ``task_status`` fires once LISTEN is up (or, polling, at once)."""
+    async def run(
+        self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+    ) -> None:
+        """Run until :meth:`stop`; ``task_status`` fires once LISTEN is up (polling: at once)."""
         async with anyio.create_task_group() as intake:
             if self.listener is not None:
                 await intake.start(self._listen)

@@ -9,7 +9,6 @@ import re
 from dataclasses import dataclass
 from functools import cache
 from importlib.resources import files
-from typing import LiteralString, cast
 
 import psycopg.sql
 
@@ -24,20 +23,17 @@ class Migration:
 
     version: int
     name: str
-    text: LiteralString
+    text: str
 
 
-def read(name: str) -> LiteralString:
-    """The text of ``triggers/<name>``.
-
-    Typed as a literal: the files ship inside the package, so no user input can reach them.
-    """
-    return cast(LiteralString, files("triggers").joinpath(name).read_text(encoding="utf-8"))
+def read(name: str) -> str:
+    """The text of ``triggers/<name>``."""
+    return files("triggers").joinpath(name).read_text(encoding="utf-8")
 
 
-def with_channel(text: LiteralString, channel: str) -> LiteralString:
+def with_channel(text: str, channel: str) -> str:
     """Put the NOTIFY channel into SQL that names it as ``@channel@``, quoted as a literal."""
-    return cast(LiteralString, text.replace("@channel@", psycopg.sql.quote(channel)))
+    return text.replace("@channel@", psycopg.sql.quote(channel))
 
 
 @cache
@@ -48,7 +44,7 @@ def migrations() -> tuple[Migration, ...]:
         match = _MIGRATION.fullmatch(entry.name)
         if match:
             version, name = match.groups()
-            text = cast(LiteralString, entry.read_text(encoding="utf-8"))
+            text = entry.read_text(encoding="utf-8")
             found.append(Migration(int(version), name, text))
     found.sort(key=lambda m: m.version)
     if [m.version for m in found] != list(range(1, len(found) + 1)):
@@ -62,7 +58,7 @@ def latest_version() -> int:
 
 
 @cache
-def queries(filename: str = "queries.sql") -> dict[str, LiteralString]:
+def queries(filename: str = "queries.sql") -> dict[str, str]:
     """The named queries of a file, with fragments (its own and queries.sql's) spliced in."""
     fragments = _blocks("queries.sql", "fragment")
     fragments.update(_blocks(filename, "fragment"))
@@ -77,10 +73,10 @@ def queries(filename: str = "queries.sql") -> dict[str, LiteralString]:
 
         return _INCLUDE.sub(splice, text)
 
-    return {name: cast(LiteralString, expand(body)) for name, body in named.items()}
+    return {name: expand(body) for name, body in named.items()}
 
 
-def query(name: str, filename: str = "queries.sql") -> LiteralString:
+def query(name: str, filename: str = "queries.sql") -> str:
     """One named query, ready to execute."""
     return queries(filename)[name]
 
@@ -95,9 +91,9 @@ def _blocks(filename: str, kind: str) -> dict[str, str]:
     }
 
 
-def preamble(filename: str) -> LiteralString:
+def preamble(filename: str) -> str:
     """The part of a file before its first named block."""
-    return cast(LiteralString, _BLOCK.split(read(filename))[0])
+    return _BLOCK.split(read(filename))[0]
 
 
 def _strip_comments(body: str) -> str:

@@ -71,7 +71,7 @@ def server() -> Iterator[Server]:
         yield Server(url, None)
         return
     if not os.environ.get("REACTOR_TEST_PG_BIN") and _docker_answers():
-        from testcontainers.postgres import PostgresContainer  # type: ignore[import-untyped]
+        from testcontainers.postgres import PostgresContainer
 
         with PostgresContainer("postgres:18", driver=None) as container:
             yield Server(container.get_connection_url(), None)

@@ -36,8 +36,7 @@ def new_job(
     return job_id, run_id
 
 
-def finish(conn: Conn, job_id: uuid.UUID, *, status: str = "complete",
-           results: Any = None) -> None:
+def finish(conn: Conn, job_id: uuid.UUID, *, status: str = "complete", results: Any = None) -> None:
     """The worker: mark a job terminal with its verdicts."""
     conn.execute(
         "UPDATE analysis_jobs SET status = %s, results = %s, updated_at = now() WHERE id = %s",

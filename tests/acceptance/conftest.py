@@ -1,0 +1,58 @@
+"""Running the real ``reactor`` command as a subprocess."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+
+def reactor_env(database_url: str | None, **variables: str) -> dict[str, str]:
+    """A clean environment for a reactor process: only what the test sets."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("REACTOR_")}
+    env.pop("DATABASE_URL", None)
+    if database_url is not None:
+        env["DATABASE_URL"] = database_url
+    env.update({"REACTOR_HTTP_ADDR": "", "REACTOR_LOG_FORMAT": "json", **variables})
+    return env
+
+
+def run_reactor(
+    *args: str, env: dict[str, str], timeout: float = 60
+) -> subprocess.CompletedProcess[str]:
+    """Run ``python -m reactor ARGS`` to completion."""
+    return subprocess.run(
+        [sys.executable, "-m", "reactor", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+@pytest.fixture
+def spawn() -> Iterator[Any]:
+    """Start ``reactor`` processes; any still running at the end are killed."""
+    procs: list[subprocess.Popen[str]] = []
+
+    def start(*args: str, env: dict[str, str]) -> subprocess.Popen[str]:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "reactor", *args],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        procs.append(proc)
+        return proc
+
+    yield start
+    for proc in procs:
+        if proc.poll() is None:
+            proc.kill()
+        proc.communicate()

@@ -1,0 +1,154 @@
+"""The real command line: exit codes, one-line errors, signals, and recovery after kill -9."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import time
+from collections.abc import Callable
+from typing import Any
+
+import psycopg
+import pytest
+
+from tests.acceptance.conftest import reactor_env, run_reactor
+from tests.helpers import early_writes, finish, new_job, worker_writes
+
+Spawn = Callable[..., subprocess.Popen[str]]
+
+
+def wait_for(check: Callable[[], Any], timeout: float = 20.0) -> Any:
+    """Poll ``check`` until truthy: another process owns the state, there is no event."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        result = check()
+        if result:
+            return result
+        time.sleep(0.05)
+    raise AssertionError(f"condition not met within {timeout} s")
+
+
+def listening(conn: psycopg.Connection[Any], count: int = 1) -> bool:
+    row = conn.execute(
+        "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'reactor-listener'"
+        " AND datname = current_database()"
+    ).fetchone()
+    return row is not None and row[0] >= count
+
+
+def assert_one_clean_line(result: subprocess.CompletedProcess[str], code: int) -> str:
+    assert result.returncode == code, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert "Traceback" not in result.stderr
+    return lines[0]
+
+
+def test_sigterm_drains_and_exits_zero(database_url: str, spawn: Spawn) -> None:
+    env = reactor_env(database_url, REACTOR_GRACE_SECONDS="0.3")
+    proc = spawn("run", env=env)
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        wait_for(lambda: listening(conn))
+        job_id, _ = new_job(conn)
+        finish(conn, job_id)
+        wait_for(lambda: worker_writes(conn))
+        proc.send_signal(signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=30)
+        assert proc.returncode == 0, stderr
+        messages = [json.loads(line)["message"] for line in stderr.splitlines()]
+        assert "stopped" in messages
+        assert not listening(conn)
+
+
+def test_kill_9_and_restart_loses_nothing(database_url: str, spawn: Spawn) -> None:
+    env = reactor_env(database_url, REACTOR_GRACE_SECONDS="1")
+    first = spawn("run", env=env)
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        wait_for(lambda: listening(conn))
+        jobs = [new_job(conn)[0] for _ in range(30)]
+        for job_id in jobs[:10]:
+            finish(conn, job_id)
+        first.kill()  # inside the grace window of the first ten: their timers die with it
+        first.communicate()
+        for job_id in jobs[10:]:
+            finish(conn, job_id)  # nobody is listening for these
+        spawn("run", env=env)
+        wait_for(lambda: len(worker_writes(conn)) == 30)
+        assert len({(run, job) for run, job, _ in worker_writes(conn)}) == 30
+        assert early_writes(conn, 1.0) == 0
+
+
+def test_sweep_once_prints_the_count(database_url: str) -> None:
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        for _ in range(3):
+            finish(conn, new_job(conn)[0])
+        result = run_reactor(
+            "sweep", "--once", env=reactor_env(database_url, REACTOR_GRACE_SECONDS="0")
+        )
+        assert result.returncode == 0, result.stderr
+        assert result.stdout.strip() == "3"
+        assert len(worker_writes(conn)) == 3
+
+
+def test_migrate_print_is_sql(database_url: str) -> None:
+    result = run_reactor(
+        "migrate",
+        "--print",
+        "--reference-schema",
+        env=reactor_env(None, REACTOR_CHANNEL="my_channel"),
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("BEGIN;")
+    assert "CREATE TABLE IF NOT EXISTS analysis_jobs" in result.stdout
+    assert "'my_channel'" in result.stdout
+    assert result.stdout.rstrip().endswith("COMMIT;")
+
+
+@pytest.mark.parametrize(
+    ("variables", "needle"),
+    [
+        ({"REACTOR_GRACE_SECONDS": "soon"}, "REACTOR_GRACE_SECONDS"),
+        ({"REACTOR_GRACE_SECONDS": "nan"}, "REACTOR_GRACE_SECONDS"),
+        ({"REACTOR_BATCH_SIZE": "0"}, "REACTOR_BATCH_SIZE"),
+        ({"REACTOR_MODE": "push"}, "REACTOR_MODE"),
+        ({"REACTOR_CHANNEL": "bad channel"}, "REACTOR_CHANNEL"),
+    ],
+)
+def test_bad_setting_is_one_line_exit_2(
+    database_url: str, variables: dict[str, str], needle: str
+) -> None:
+    result = run_reactor("run", env=reactor_env(database_url, **variables))
+    assert needle in assert_one_clean_line(result, 2)
+
+
+def test_missing_database_url_exit_2() -> None:
+    line = assert_one_clean_line(run_reactor("run", env=reactor_env(None)), 2)
+    assert "DATABASE_URL" in line
+
+
+def test_malformed_dsn_exit_2_without_password() -> None:
+    env = reactor_env("postgresql://app:s3cret@[::1:5432/x")
+    line = assert_one_clean_line(run_reactor("run", env=env), 2)
+    assert "s3cret" not in line
+
+
+def test_wrong_password_exit_2_without_password(database_url: str, server: Any) -> None:
+    if server.embedded is None:
+        pytest.skip("needs a server whose authentication we control")
+    dsn = psycopg.conninfo.make_conninfo(database_url, user="nosuchrole", password="s3cret")
+    result = run_reactor("run", env=reactor_env(dsn))
+    line = assert_one_clean_line(result, 2)
+    assert "s3cret" not in line + result.stdout
+
+
+def test_unreachable_exit_3_without_password() -> None:
+    env = reactor_env("postgresql://app:s3cret@127.0.0.1:1/db?connect_timeout=1")
+    result = run_reactor("run", env=env, timeout=120)
+    line = assert_one_clean_line(result, 3)
+    assert "s3cret" not in line
+
+
+def test_missing_schema_exit_4(empty_database_url: str) -> None:
+    line = assert_one_clean_line(run_reactor("run", env=reactor_env(empty_database_url)), 4)
+    assert "reactor migrate" in line

@@ -1,0 +1,150 @@
+"""Helpers shared by the core integration tests (test_record, test_precedence, ...).
+
+Nothing here replaces the database: these helpers only play the app with explicit timestamps,
+read the audit table, and watch what a running reactor's recorder has finished.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+import psycopg.conninfo
+
+from reactor.recorder import Rearm
+from reactor.service import Reactor
+from tests.helpers import Conn
+
+
+def scalar(conn: Conn, query: str, params: Any = None) -> Any:
+    """The first column of the first row of ``query``."""
+    row = conn.execute(query, params).fetchone()
+    assert row is not None
+    return row[0]
+
+
+def dbname(dsn: str) -> str:
+    """The database a DSN points at."""
+    return str(psycopg.conninfo.conninfo_to_dict(dsn)["dbname"])
+
+
+def add_job(
+    conn: Conn,
+    *,
+    run_id: uuid.UUID | None = None,
+    job_id: uuid.UUID | None = None,
+    status: str = "running",
+    doc_html: str | None = "<p>body</p>",
+    results: Any = None,
+    created_at: datetime | None = None,
+    age: float = 0.0,
+) -> tuple[uuid.UUID, uuid.UUID]:
+    """Insert a job with chosen id, created_at and age; returns (job id, run id).
+
+    ``age`` puts updated_at that many seconds in the past, so a job can be past its grace
+    without the test waiting for it. ``results`` is stored as JSON unless it is None (NULL).
+    """
+    job_id = job_id or uuid.uuid4()
+    run_id = run_id or uuid.uuid4()
+    conn.execute(
+        """
+        INSERT INTO analysis_jobs (id, run_id, status, doc_html, results, created_at, updated_at)
+        VALUES (%s, %s, %s, %s, %s::jsonb, coalesce(%s, now()),
+                now() - make_interval(secs => %s))
+        """,
+        (
+            job_id,
+            run_id,
+            status,
+            doc_html,
+            None if results is None else json.dumps(results),
+            created_at,
+            age,
+        ),
+    )
+    return job_id, run_id
+
+
+def touch(conn: Conn, job_id: uuid.UUID, *, age: float = 0.0, **columns: Any) -> None:
+    """The app touching a job: set ``columns`` and updated_at = now() - ``age`` seconds."""
+    sets = "".join(f", {name} = %({name})s" for name in columns)
+    conn.execute(
+        f"UPDATE analysis_jobs SET updated_at = now() - make_interval(secs => %(age)s){sets} "
+        "WHERE id = %(id)s",
+        {"age": age, "id": job_id, **columns},
+    )
+
+
+def audit(conn: Conn) -> list[tuple[Any, ...]]:
+    """Every write to analysis_runs as (op, run_id, job_id, saved_by), in order."""
+    return conn.execute(
+        "SELECT op, run_id, job_id, saved_by FROM run_audit ORDER BY seq"
+    ).fetchall()
+
+
+def worker_lateness(conn: Conn, grace: float) -> list[float]:
+    """For each worker write, seconds between updated_at + grace and the write (>= 0: not early)."""
+    rows = conn.execute(
+        """
+        SELECT extract(epoch FROM a.at - (j.updated_at + make_interval(secs => %s)))::float8
+          FROM run_audit a JOIN analysis_jobs j ON j.id = a.job_id
+         WHERE a.saved_by = 'worker' ORDER BY a.seq
+        """,
+        (grace,),
+    ).fetchall()
+    return [float(r[0]) for r in rows]
+
+
+def recorded(reactor: Reactor, source: str) -> float:
+    """reactor_runs_recorded_total{source=...} of one reactor."""
+    value = reactor.metrics.registry.get_sample_value(
+        "reactor_runs_recorded_total", {"source": source}
+    )
+    return value or 0.0
+
+
+def claims_skipped(reactor: Reactor) -> float:
+    """reactor_claims_skipped_total of one reactor."""
+    return reactor.metrics.registry.get_sample_value("reactor_claims_skipped_total") or 0.0
+
+
+@dataclass
+class RecorderLog:
+    """What a reactor's timer path has finished: every batch handed to the recorder and the
+    re-arms it returned. Installed by wrapping the recorder's ``record`` method; the statement
+    itself still runs against the real database."""
+
+    batches: list[list[str]] = field(default_factory=list)
+    rearms: list[Rearm] = field(default_factory=list)
+
+    def processed(self, job_id: uuid.UUID | str) -> bool:
+        """True once a record statement that covered ``job_id`` has returned."""
+        key = str(job_id)
+        return any(key in batch for batch in self.batches)
+
+    def all_processed(self, job_ids: Sequence[uuid.UUID | str]) -> bool:
+        return all(self.processed(j) for j in job_ids)
+
+    def rearmed(self, job_id: uuid.UUID | str) -> list[float]:
+        """The delays the recorder asked for ``job_id`` (waiting, busy or error)."""
+        key = str(job_id)
+        return [delay for rearm in self.rearms for j, delay in rearm if j == key]
+
+
+def watch_recorder(reactor: Reactor) -> RecorderLog:
+    """Start logging the reactor's record statements as they complete."""
+    log = RecorderLog()
+    inner = reactor.recorder.record
+
+    async def record(job_ids: Sequence[str]) -> Rearm:
+        rearm = await inner(job_ids)
+        log.rearms.append(list(rearm))
+        log.batches.append(list(job_ids))
+        return rearm
+
+    reactor.recorder.record = record  # type: ignore[method-assign]
+    return log

@@ -1,0 +1,226 @@
+"""The timer path: what gets recorded, when, and what never does.
+
+Every test plays the app on a real PostgreSQL (a worker finishing jobs, a tab saving runs) and
+reads the outcome from the database: analysis_runs for the result, run_audit for every write.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import psycopg
+import pytest
+
+from tests.helpers import (
+    Conn,
+    client_save,
+    early_writes,
+    finish,
+    new_job,
+    run_row,
+    worker_writes,
+)
+from tests.integration.conftest import StartReactor, eventually
+from tests.integration.support import (
+    add_job,
+    audit,
+    recorded,
+    scalar,
+    touch,
+    watch_recorder,
+    worker_lateness,
+)
+
+pytestmark = pytest.mark.anyio
+
+GRACE = 0.4
+# Far below the 30 s scan interval: a write this close to its deadline came from the timer.
+PROMPT = 2.0
+
+
+def _connect(database_url: str) -> Conn:
+    return psycopg.connect(database_url, autocommit=True)
+
+
+async def test_recorded_by_the_timer_right_after_grace(
+    database_url: str, start_reactor: StartReactor
+) -> None:
+    with _connect(database_url) as conn:
+        async with start_reactor(grace=GRACE) as reactor:
+            job_id, run_id = new_job(conn)
+            finish(conn, job_id)
+            row = await eventually(lambda: run_row(conn, run_id))
+            assert row == (job_id, "worker")
+            assert recorded(reactor, "timer") == 1
+            assert recorded(reactor, "scan") == 0
+        # By the database clock: never before updated_at + grace, and right after it.
+        [lateness] = worker_lateness(conn, GRACE)
+        assert 0.0 <= lateness < PROMPT
+        assert early_writes(conn, GRACE) == 0
+        assert worker_writes(conn) == [(run_id, job_id, "INSERT")]
+        stored = conn.execute(
+            "SELECT r.doc_html = j.doc_html, r.results = j.results "
+            "FROM analysis_runs r JOIN analysis_jobs j ON j.id = r.job_id WHERE r.id = %s",
+            (run_id,),
+        ).fetchone()
+        assert stored == (True, True)
+
+
+async def test_failed_jobs_are_recorded_too(
+    database_url: str, start_reactor: StartReactor
+) -> None:
+    with _connect(database_url) as conn:
+        async with start_reactor(grace=GRACE):
+            job_id, run_id = new_job(conn)
+            finish(conn, job_id, status="failed", results={"error": "timeout"})
+            assert await eventually(lambda: run_row(conn, run_id)) == (job_id, "worker")
+        assert early_writes(conn, GRACE) == 0
+
+
+async def test_client_save_inside_grace_means_no_worker_write(
+    database_url: str, start_reactor: StartReactor
+) -> None:
+    with _connect(database_url) as conn:
+        async with start_reactor(grace=GRACE) as reactor:
+            log = watch_recorder(reactor)
+            job_id, run_id = new_job(conn)
+            finish(conn, job_id)
+            client_save(conn, job_id)
+            # The notification arms a timer; it fires after grace and its statement returns.
+            await eventually(lambda: job_id_key(job_id) in reactor.deadlines or log.processed(job_id))
+            await eventually(lambda: log.processed(job_id))
+            await eventually(lambda: len(reactor.deadlines) == 0)
+            assert log.rearmed(job_id) == []
+            assert worker_writes(conn) == []
+            # A later full pass agrees: nothing to write, nothing to arm.
+            assert await reactor.scan(rearm=True) == 0
+            assert len(reactor.deadlines) == 0
+            assert recorded(reactor, "timer") + recorded(reactor, "scan") == 0
+        assert run_row(conn, run_id) == (job_id, "client")
+        assert audit(conn) == [("INSERT", run_id, job_id, "client")]
+
+
+async def test_client_save_after_the_worker_wins(
+    database_url: str, start_reactor: StartReactor
+) -> None:
+    with _connect(database_url) as conn:
+        async with start_reactor(grace=GRACE) as reactor:
+            log = watch_recorder(reactor)
+            job_id, run_id = new_job(conn)
+            finish(conn, job_id)
+            assert await eventually(lambda: run_row(conn, run_id)) == (job_id, "worker")
+            client_save(conn, job_id)
+            assert run_row(conn, run_id) == (job_id, "client")
+
+            # A later pass does not take it back...
+            assert await reactor.scan(rearm=True) == 0
+            # ...nor does a fresh notification for the same job (the worker flips its status).
+            batches = len(log.batches)
+            touch(conn, job_id, status="failed")
+            await eventually(lambda: log.processed(job_id) and len(log.batches) > batches)
+            assert await reactor.scan(rearm=True) == 0
+        assert run_row(conn, run_id) == (job_id, "client")
+        assert audit(conn) == [
+            ("INSERT", run_id, job_id, "worker"),
+            ("UPDATE", run_id, job_id, "client"),
+        ]
+
+
+def job_id_key(job_id: uuid.UUID) -> str:
+    """The key the reactor's deadlines use for a job."""
+    return str(job_id)
+
+
+async def test_jobs_that_need_no_run_are_never_written(
+    database_url: str, start_reactor: StartReactor
+) -> None:
+    with _connect(database_url) as conn:
+        async with start_reactor(grace=GRACE) as reactor:
+            log = watch_recorder(reactor)
+            wrong: dict[str, uuid.UUID] = {}
+            notified: list[uuid.UUID] = []
+
+            # Terminal transitions that notify, but whose job needs no run.
+            job_id, _ = new_job(conn)
+            with conn.transaction():
+                finish(conn, job_id)
+                touch(conn, job_id, deleted_at=_now(conn))
+            wrong["deleted"] = job_id
+            notified.append(job_id)
+
+            job_id, _ = new_job(conn)
+            finish(conn, job_id, results={})
+            wrong["empty results"] = job_id
+            notified.append(job_id)
+
+            job_id, _ = new_job(conn, status="complete", results=None)
+            wrong["null results"] = job_id
+            notified.append(job_id)
+
+            job_id, _ = new_job(conn, doc_html=None)
+            finish(conn, job_id)
+            wrong["null doc_html"] = job_id
+            notified.append(job_id)
+
+            job_id, _ = new_job(conn)
+            finish(conn, job_id, status="failed", results={})
+            wrong["failed, empty results"] = job_id
+            notified.append(job_id)
+
+            # Not terminal: full of data and long past any grace, but still in the queue.
+            for status in ("queued", "running"):
+                job_id, _ = add_job(conn, status=status, results={"verdicts": [1]}, age=60)
+                wrong[status] = job_id
+            # Past its grace and deleted.
+            job_id, _ = add_job(conn, status="complete", results={"verdicts": [1]}, age=60)
+            touch(conn, job_id, age=60, deleted_at=_now(conn))
+            wrong["deleted, old"] = job_id
+
+            # A control, finished last: once it is recorded, every job above is past its grace.
+            control, control_run = new_job(conn)
+            finish(conn, control)
+            assert await eventually(lambda: run_row(conn, control_run)) == (control, "worker")
+            await eventually(lambda: log.all_processed(notified))
+
+            assert await reactor.scan(rearm=True) == 0
+            assert len(reactor.deadlines) == 0
+            assert await reactor.scan(rearm=True) == 0
+
+        written = {row[1] for row in worker_writes(conn)}
+        for case, job_id in wrong.items():
+            assert job_id not in written, f"wrote a run for a job that is {case}"
+        assert worker_writes(conn) == [(control_run, control, "INSERT")]
+        assert scalar(conn, "SELECT count(*) FROM analysis_runs") == 1
+
+
+async def test_touched_after_terminal_waits_for_the_new_updated_at(
+    database_url: str, start_reactor: StartReactor
+) -> None:
+    grace = 0.5
+    with _connect(database_url) as conn:
+        async with start_reactor(grace=grace) as reactor:
+            log = watch_recorder(reactor)
+            job_id, run_id = new_job(conn)
+            finish(conn, job_id)
+            # The notification armed the timer for the old updated_at; touch the job inside it.
+            await eventually(lambda: job_id_key(job_id) in reactor.deadlines)
+            touch(conn, job_id)
+            touched: Any = scalar(
+                conn, "SELECT updated_at FROM analysis_jobs WHERE id = %s", (job_id,)
+            )
+            assert await eventually(lambda: run_row(conn, run_id)) == (job_id, "worker")
+            # The first firing found the job waiting and moved its timer instead of writing.
+            delays = log.rearmed(job_id)
+            assert len(delays) >= 1
+            assert all(0.0 < d <= grace + 0.1 for d in delays)
+            assert recorded(reactor, "timer") == 1
+        written_at = scalar(conn, "SELECT at FROM run_audit WHERE saved_by = 'worker'")
+        assert (written_at - touched).total_seconds() >= grace
+        [lateness] = worker_lateness(conn, grace)
+        assert 0.0 <= lateness < PROMPT
+        assert early_writes(conn, grace) == 0
+
+
+def _now(conn: Conn) -> Any:
+    return scalar(conn, "SELECT now()")
