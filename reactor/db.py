@@ -164,6 +164,14 @@ class Database:
             cur = await conn.execute(sql.query("upcoming"), {"grace": self.grace, "limit": limit})
             return [(job_id, due_in) for job_id, due_in in await cur.fetchall()]
 
+    async def health(self) -> tuple[float, float]:
+        """(NOTIFY queue usage 0..1, seconds the oldest overdue job has waited past its grace)."""
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(sql.query("health"), {"grace": self.grace})
+            row = await cur.fetchone()
+            assert row is not None
+            return float(row[0]), float(row[1])
+
     async def notify(self, channel: str, payload: str) -> None:
         """Send one notification from a pool connection."""
         async with self.pool.connection() as conn:

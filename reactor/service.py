@@ -25,6 +25,9 @@ from reactor.recorder import DATABASE_ERRORS, Recorder
 
 log = logging.getLogger(__name__)
 
+# Past this share of the NOTIFY queue, the app's commits are at risk (they fail when it is full).
+QUEUE_WARNING = 0.5
+
 # Record statements in flight at once: enough that one stuck on a frozen backend does not stop
 # the rest, few enough to leave the pool room for the scan and the probes.
 RECORD_CONCURRENCY = 4
@@ -60,6 +63,9 @@ class Reactor:
                 dsn=listen_dsn or settings.listen_database_url or settings.require_database(),
             )
         self.scans = 0
+        # Health, as the watch loop last saw it: None until its first check.
+        self.database_ok: bool | None = None
+        self.last_watch = -math.inf
         self._wake = anyio.Event()
         self._scan_requested = anyio.Event()
         self._rearm_wanted = False
@@ -116,11 +122,65 @@ class Reactor:
                 async with anyio.create_task_group() as work:
                     work.start_soon(self._timer_loop, work)
                     work.start_soon(self._scan_loop)
+                    work.start_soon(self._watch_loop)
                     task_status.started()
             intake.cancel_scope.cancel()
         if self._work.cancel_called:
             log.warning("drain deadline passed; unfinished statements were rolled back")
         log.info("stopped")
+
+    def health(self) -> tuple[bool, bool, str]:
+        """(alive, ready, reason): what /healthz and /readyz report.
+
+        Alive: the watch loop has turned within a few probe intervals (the task group is not
+        wedged). Ready: the database answered the last check and, in listen mode, LISTEN is up
+        and its last delivery probe came back.
+        """
+        stale = anyio.current_time() - self.last_watch > 3 * self.settings.probe_interval + 10
+        alive = not self.stopping and not (self.database_ok is not None and stale)
+        if self.stopping:
+            return alive, False, "stopping"
+        if not self.database_ok:
+            return alive, False, "database unreachable" if self.database_ok is False else "starting"
+        if self.listener is not None:
+            if self.listener.state == "connecting":
+                return alive, False, "LISTEN connection down; reconnecting"
+            if self.listener.state == "degraded":
+                return alive, False, "probe notifications do not arrive (pooler?); polling"
+            if not self.listener.proven:
+                return alive, False, "waiting for the first delivery probe"
+        return alive, True, "ok"
+
+    async def _watch_loop(self) -> None:
+        # Rescheduling comes first in each turn, so a failing check cannot stop the next one.
+        queue_warned = False
+        while not self.stopping:
+            next_turn = anyio.current_time() + self.settings.probe_interval
+            try:
+                with anyio.fail_after(self.settings.probe_timeout):
+                    usage, overdue = await self.database.health()
+            except DATABASE_ERRORS as error:
+                if self.database_ok is not False:
+                    log.warning("database check failed", extra={"error": db.first_line(error)})
+                self.database_ok = False
+            else:
+                self.database_ok = True
+                self.metrics.queue_usage.set(usage)
+                self.metrics.oldest_age.set(overdue)
+                if usage >= QUEUE_WARNING and not queue_warned:
+                    log.error(
+                        "the NOTIFY queue is filling up: a session is LISTENing without reading "
+                        "(idle in transaction, frozen, or a dead connection); when it is full "
+                        "the app's commits fail",
+                        extra={"queue_usage": round(usage, 3)},
+                    )
+                queue_warned = usage >= QUEUE_WARNING
+            self.last_watch = anyio.current_time()
+            await self._sleep_until(next_turn)
+
+    async def _sleep_until(self, when: float) -> None:
+        with anyio.move_on_after(max(0.0, when - anyio.current_time())):
+            await self._stopping.wait()
 
     async def _listen(self, *, task_status: anyio.abc.TaskStatus[None]) -> None:
         assert self.listener is not None

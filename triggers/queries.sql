@@ -107,3 +107,16 @@ SELECT j.id::text AS job_id,
    AND j.updated_at >= now() - make_interval(secs => %(grace)s)
  ORDER BY j.updated_at
  LIMIT %(limit)s
+
+-- name: health
+-- The watch loop's view, every probe interval: NOTIFY queue pressure, and how long past its
+-- grace the oldest job that needs a run has waited (0 when none is overdue). ORDER BY + LIMIT
+-- walks the due index from the oldest end and stops at the first hit.
+SELECT pg_notification_queue_usage()::float8 AS queue_usage,
+       coalesce((SELECT extract(epoch FROM now() - make_interval(secs => %(grace)s)
+                                       - j.updated_at)
+                   FROM analysis_jobs j
+                  WHERE {{needs_run}}
+                    AND j.updated_at < now() - make_interval(secs => %(grace)s)
+                  ORDER BY j.updated_at
+                  LIMIT 1), 0)::float8 AS oldest_overdue
