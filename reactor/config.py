@@ -36,6 +36,14 @@ class Settings:
     drain: float = 20.0
     http_addr: tuple[str, int] | None = ("127.0.0.1", 9187)
     hooks: str = ""
+    webhook_secret: str | None = field(default=None, repr=False)
+    hook_timeout: float = 120.0
+    hook_concurrency: int = 4
+    hook_max_attempts: int = 8
+    # First retry delay; each later one doubles, plus jitter, capped at 10 min.
+    hook_backoff: float = 1.0
+    # How long a claimed hook is ours; None: its timeout plus 30 s to report the outcome.
+    hook_lease_seconds: float | None = None
     trim_horizon: float = 86400.0
     # How often the listener proves its connection alive, and how long a proof may take.
     probe_interval: float = 5.0
@@ -66,6 +74,11 @@ class Settings:
             value = getattr(self, name)
             if value is not None:
                 check_dsn(value, ENVIRONMENT[name])
+        if self.hook_lease < self.hook_timeout:
+            raise ConfigError(
+                "REACTOR_HOOK_LEASE_SECONDS must be at least REACTOR_HOOK_TIMEOUT_SECONDS, or "
+                "a second replica would start a hook that is still running"
+            )
         if self.probe_timeout > self.probe_interval * 4:
             raise ConfigError(
                 "REACTOR_PROBE_TIMEOUT_SECONDS must not exceed 4x REACTOR_PROBE_INTERVAL_SECONDS"
@@ -78,6 +91,11 @@ class Settings:
                 "DATABASE_URL is not set; export DATABASE_URL=postgresql://user@host/dbname"
             )
         return self.database_url
+
+    @property
+    def hook_lease(self) -> float:
+        """How long a claimed hook is ours before another replica may take it over."""
+        return self.hook_lease_seconds or self.hook_timeout + 30.0
 
     @property
     def safe_database_url(self) -> str:
@@ -96,6 +114,12 @@ ENVIRONMENT: dict[str, str] = {
     "drain": "REACTOR_DRAIN_SECONDS",
     "http_addr": "REACTOR_HTTP_ADDR",
     "hooks": "REACTOR_HOOKS",
+    "webhook_secret": "REACTOR_WEBHOOK_SECRET",
+    "hook_timeout": "REACTOR_HOOK_TIMEOUT_SECONDS",
+    "hook_concurrency": "REACTOR_HOOK_CONCURRENCY",
+    "hook_max_attempts": "REACTOR_HOOK_MAX_ATTEMPTS",
+    "hook_backoff": "REACTOR_HOOK_BACKOFF_SECONDS",
+    "hook_lease_seconds": "REACTOR_HOOK_LEASE_SECONDS",
     "trim_horizon": "REACTOR_TRIM_HORIZON_SECONDS",
     "probe_interval": "REACTOR_PROBE_INTERVAL_SECONDS",
     "probe_timeout": "REACTOR_PROBE_TIMEOUT_SECONDS",
@@ -140,7 +164,7 @@ def _text(source: str, text: str) -> str:
     return text
 
 
-def _dsn(source: str, text: str) -> str | None:
+def _optional(source: str, text: str) -> str | None:
     return text or None
 
 
@@ -168,8 +192,8 @@ def _http_addr(source: str, text: str) -> tuple[str, int] | None:
 
 
 _PARSERS: dict[str, Any] = {
-    "database_url": _dsn,
-    "listen_database_url": _dsn,
+    "database_url": _optional,
+    "listen_database_url": _optional,
     "grace": _seconds(0.0),
     "scan_interval": _seconds(0.0, inclusive=False),
     "batch_size": _count(1, 100_000),
@@ -177,6 +201,12 @@ _PARSERS: dict[str, Any] = {
     "mode": _mode,
     "drain": _seconds(0.0),
     "http_addr": _http_addr,
+    "webhook_secret": _optional,
+    "hook_timeout": _seconds(0.0, inclusive=False),
+    "hook_concurrency": _count(1, 1000),
+    "hook_max_attempts": _count(1, 1000),
+    "hook_backoff": _seconds(0.0),
+    "hook_lease_seconds": _seconds(0.0, inclusive=False),
     "trim_horizon": _seconds(0.0, inclusive=False),
     "probe_interval": _seconds(0.0, inclusive=False),
     "probe_timeout": _seconds(0.0, inclusive=False),

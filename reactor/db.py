@@ -143,12 +143,43 @@ def make_pool(dsn: str, *, max_size: int) -> AsyncConnectionPool[AnyConnection]:
     )
 
 
-class Database:
-    """The reactor's named queries, run on a pool of autocommit connections."""
+@dataclass(frozen=True, slots=True)
+class Health:
+    """The database's side of the reactor's health."""
 
-    def __init__(self, pool: AsyncConnectionPool[AnyConnection], *, grace: float) -> None:
+    queue_usage: float  # pg_notification_queue_usage(), 0..1
+    oldest_overdue: float  # seconds the oldest due job has waited past its grace; 0 if none
+    hook_backlog: int  # hook rows pending or running
+    hook_failed: int  # hook rows parked as failed
+
+
+@dataclass(frozen=True, slots=True)
+class HookClaim:
+    """One leased hook row: run this hook for this run, as attempt number ``attempt``."""
+
+    run_id: str
+    job_id: str
+    hook: str
+    attempt: int
+
+
+class Database:
+    """The reactor's named queries, run on a pool of autocommit connections.
+
+    ``hooks`` are the names of the configured follow-up hooks: every run written gets one
+    outbox row per name, in the same statement.
+    """
+
+    def __init__(
+        self,
+        pool: AsyncConnectionPool[AnyConnection],
+        *,
+        grace: float,
+        hooks: Sequence[str] = (),
+    ) -> None:
         self.pool = pool
         self.grace = grace
+        self.hooks = list(hooks)
 
     async def record_jobs(self, job_ids: Sequence[str]) -> list[JobOutcome]:
         """Record the given jobs that are due; report on each of them that still needs a run."""
@@ -164,23 +195,70 @@ class Database:
             cur = await conn.execute(sql.query("upcoming"), {"grace": self.grace, "limit": limit})
             return [(job_id, due_in) for job_id, due_in in await cur.fetchall()]
 
-    async def health(self) -> tuple[float, float]:
-        """(NOTIFY queue usage 0..1, seconds the oldest overdue job has waited past its grace)."""
+    async def health(self) -> Health:
+        """What the watch loop checks every probe interval."""
         async with self.pool.connection() as conn:
             cur = await conn.execute(sql.query("health"), {"grace": self.grace})
             row = await cur.fetchone()
             assert row is not None
-            return float(row[0]), float(row[1])
+            return Health(*row)
 
     async def notify(self, channel: str, payload: str) -> None:
         """Send one notification from a pool connection."""
+        await notify(self.pool, channel, payload)
+
+    async def claim_hooks(self, limit: int, lease: float) -> list[HookClaim]:
+        """Lease up to ``limit`` runnable hook rows of our hooks, oldest first."""
         async with self.pool.connection() as conn:
-            await conn.execute("SELECT pg_notify(%s, %s)", (channel, payload))
+            cur = await conn.execute(
+                sql.query("claim_hooks"), {"hooks": self.hooks, "limit": limit, "lease": lease}
+            )
+            return [HookClaim(*row) for row in await cur.fetchall()]
+
+    async def next_hook_in(self) -> float | None:
+        """Seconds until one of our hook rows becomes claimable; None when none is queued."""
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(sql.query("next_hook_in"), {"hooks": self.hooks})
+            row = await cur.fetchone()
+            return None if row is None or row[0] is None else float(row[0])
+
+    async def finish_hook(
+        self, claim: HookClaim, status: str, *, error: str | None = None, delay: float = 0.0
+    ) -> None:
+        """Settle an attempt: ``done``, ``pending`` (retry after ``delay``) or ``failed``."""
+        await self._hook_update(
+            "finish_hook", claim, {"status": status, "error": error, "delay": delay}
+        )
+
+    async def release_hook(self, claim: HookClaim) -> None:
+        """Give an interrupted attempt back for another replica to take at once."""
+        await self._hook_update("release_hook", claim, {})
+
+    async def _hook_update(self, name: str, claim: HookClaim, params: dict[str, Any]) -> None:
+        async with self.pool.connection() as conn:
+            await conn.execute(
+                sql.query(name),
+                {
+                    "run_id": claim.run_id,
+                    "job_id": claim.job_id,
+                    "hook": claim.hook,
+                    "attempt": claim.attempt,
+                    **params,
+                },
+            )
 
     async def _outcomes(self, name: str, params: dict[str, Any]) -> list[JobOutcome]:
         async with self.pool.connection() as conn:
-            cur = await conn.execute(sql.query(name), {"grace": self.grace, **params})
+            cur = await conn.execute(
+                sql.query(name), {"grace": self.grace, "hooks": self.hooks, **params}
+            )
             return [JobOutcome(*row) for row in await cur.fetchall()]
+
+
+async def notify(pool: AsyncConnectionPool[AnyConnection], channel: str, payload: str) -> None:
+    """Send one notification from a connection of ``pool``."""
+    async with pool.connection() as conn:
+        await conn.execute("SELECT pg_notify(%s, %s)", (channel, payload))
 
 
 async def schema_version(conn: AnyConnection) -> int | None:

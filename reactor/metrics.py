@@ -90,6 +90,18 @@ class Metrics:
             "Age of the oldest job that needs a run, past its grace (0 when none).",
             registry=r,
         )
+        self.hook_outcomes = Counter(
+            "reactor_hook_outcomes",
+            "Hook attempts by hook and outcome (done, retry, failed, released).",
+            ["hook", "outcome"], registry=r,
+        )
+        self.hook_backlog = Gauge(
+            "reactor_hook_backlog", "Hook rows pending or running, across replicas.", registry=r
+        )
+        self.hook_failed = Gauge(
+            "reactor_hook_failed", "Hook rows parked as failed after their last attempt.",
+            registry=r,
+        )
         for result in ("accepted", "rejected", "probe"):
             self.notifications.labels(result)
         for source in ("timer", "scan"):

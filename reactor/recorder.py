@@ -8,7 +8,7 @@ and decides from the row (controller-runtime's reconcile). What comes back is a 
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import psycopg
 from psycopg_pool import PoolTimeout
@@ -34,9 +34,12 @@ class Recorder:
         *,
         busy_retry: float = 1.0,
         error_retry: float = 1.0,
+        on_recorded: Callable[[], None] | None = None,
     ) -> None:
         self.db = db
         self.metrics = metrics
+        # Called after a statement that wrote runs: their hooks are queued, wake the runner.
+        self.on_recorded = on_recorded
         # A job another replica holds is checked again soon: if that replica dies mid-write,
         # the row lock goes with it and the job is still ours to record.
         self.busy_retry = busy_retry
@@ -71,6 +74,8 @@ class Recorder:
 
     def _digest(self, outcomes: list[JobOutcome], source: str) -> Rearm:
         rearm: Rearm = []
+        if self.on_recorded and any(o.outcome == "recorded" for o in outcomes):
+            self.on_recorded()
         for o in outcomes:
             if o.outcome == "recorded":
                 lateness = max(0.0, -o.due_in)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import anyio
 import anyio.abc
@@ -19,6 +19,7 @@ import anyio.abc
 from reactor import db
 from reactor.config import Settings
 from reactor.deadlines import Deadlines
+from reactor.hooks import Hook, HookRunner
 from reactor.listener import Listener
 from reactor.metrics import Metrics
 from reactor.recorder import DATABASE_ERRORS, Recorder
@@ -45,13 +46,23 @@ class Reactor:
         metrics: Metrics | None = None,
         clock: Callable[[], float] = time.monotonic,
         listen_dsn: str | None = None,
+        hooks: Mapping[str, Hook] | None = None,
     ) -> None:
         self.settings = settings
         self.database = database
         self.metrics = metrics or Metrics()
         self.clock = clock
         self.deadlines: Deadlines[str] = Deadlines()
-        self.recorder = Recorder(database, self.metrics)
+        self.hook_runner: HookRunner | None = None
+        if hooks:
+            self.hook_runner = HookRunner(
+                settings, database, dict(hooks), self.metrics, is_stopping=lambda: self.stopping
+            )
+        self.recorder = Recorder(
+            database,
+            self.metrics,
+            on_recorded=self.hook_runner.wake if self.hook_runner else None,
+        )
         self.listener: Listener | None = None
         if settings.mode == "listen":
             self.listener = Listener(
@@ -108,6 +119,8 @@ class Reactor:
         self._work.deadline = anyio.current_time() + self.settings.drain
         self._wake.set()
         self._scan_requested.set()
+        if self.hook_runner is not None:
+            self.hook_runner.wake()
 
     async def run(
         self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
@@ -123,6 +136,8 @@ class Reactor:
                     work.start_soon(self._timer_loop, work)
                     work.start_soon(self._scan_loop)
                     work.start_soon(self._watch_loop)
+                    if self.hook_runner is not None:
+                        work.start_soon(self.hook_runner.run)
                     task_status.started()
             intake.cancel_scope.cancel()
         if self._work.cancel_called:
@@ -158,15 +173,18 @@ class Reactor:
             next_turn = anyio.current_time() + self.settings.probe_interval
             try:
                 with anyio.fail_after(self.settings.probe_timeout):
-                    usage, overdue = await self.database.health()
+                    health = await self.database.health()
             except DATABASE_ERRORS as error:
                 if self.database_ok is not False:
                     log.warning("database check failed", extra={"error": db.first_line(error)})
                 self.database_ok = False
             else:
                 self.database_ok = True
+                usage = health.queue_usage
                 self.metrics.queue_usage.set(usage)
-                self.metrics.oldest_age.set(overdue)
+                self.metrics.oldest_age.set(health.oldest_overdue)
+                self.metrics.hook_backlog.set(health.hook_backlog)
+                self.metrics.hook_failed.set(health.hook_failed)
                 if usage >= QUEUE_WARNING and not queue_warned:
                     log.error(
                         "the NOTIFY queue is filling up: a session is LISTENing without reading "

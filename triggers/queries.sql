@@ -26,7 +26,8 @@
 -- fragment: write_runs
 -- Writes one run per claimed run id, from the newest claimed job of that run. The conflict
 -- clause re-checks precedence against the committed row: it is what makes the write single
--- when the claim's snapshot is older than another writer's commit.
+-- when the claim's snapshot is older than another writer's commit. The same statement queues
+-- the configured hooks (%(hooks)s) of every run it wrote, so no run is recorded without them.
 newest AS (
     SELECT DISTINCT ON (c.run_id) c.id, c.run_id, c.doc_html, c.results
       FROM claimed c
@@ -43,7 +44,12 @@ newest AS (
            updated_at = now()
      WHERE EXISTS (SELECT 1 FROM analysis_jobs j
                     WHERE j.id = EXCLUDED.job_id AND {{outranked}})
-    RETURNING r.job_id
+    RETURNING r.id AS run_id, r.job_id
+), hooked AS (
+    INSERT INTO reactor.hook_outbox (run_id, job_id, hook)
+    SELECT w.run_id, w.job_id, h.hook
+      FROM written w CROSS JOIN unnest(%(hooks)s::text[]) AS h(hook)
+    ON CONFLICT DO NOTHING
 )
 
 -- name: record_jobs
@@ -109,9 +115,9 @@ SELECT j.id::text AS job_id,
  LIMIT %(limit)s
 
 -- name: health
--- The watch loop's view, every probe interval: NOTIFY queue pressure, and how long past its
--- grace the oldest job that needs a run has waited (0 when none is overdue). ORDER BY + LIMIT
--- walks the due index from the oldest end and stops at the first hit.
+-- The watch loop's view, every probe interval: NOTIFY queue pressure, how long past its grace
+-- the oldest job that needs a run has waited (0 when none is overdue; ORDER BY + LIMIT walks
+-- the due index from the oldest end and stops at the first hit), and the hook outbox.
 SELECT pg_notification_queue_usage()::float8 AS queue_usage,
        coalesce((SELECT extract(epoch FROM now() - make_interval(secs => %(grace)s)
                                        - j.updated_at)
@@ -119,4 +125,62 @@ SELECT pg_notification_queue_usage()::float8 AS queue_usage,
                   WHERE {{needs_run}}
                     AND j.updated_at < now() - make_interval(secs => %(grace)s)
                   ORDER BY j.updated_at
-                  LIMIT 1), 0)::float8 AS oldest_overdue
+                  LIMIT 1), 0)::float8 AS oldest_overdue,
+       (SELECT count(*) FROM reactor.hook_outbox
+         WHERE status IN ('pending', 'running'))::int AS hook_backlog,
+       (SELECT count(*) FROM reactor.hook_outbox WHERE status = 'failed')::int AS hook_failed
+
+-- name: claim_hooks
+-- Leases up to %(limit)s runnable hook rows, oldest first: pending ones past their backoff, and
+-- running ones whose lease expired (their replica died). Only hooks this replica knows.
+-- attempts counts claims; it doubles as the fencing token for finish_hook and release_hook.
+WITH due AS (
+    SELECT o.run_id, o.job_id, o.hook
+      FROM reactor.hook_outbox o
+     WHERE o.status IN ('pending', 'running')
+       AND o.available_at <= now()
+       AND o.hook = ANY(%(hooks)s::text[])
+     ORDER BY o.available_at
+     LIMIT %(limit)s
+       FOR UPDATE SKIP LOCKED
+)
+UPDATE reactor.hook_outbox o
+   SET status = 'running',
+       attempts = o.attempts + 1,
+       available_at = now() + make_interval(secs => %(lease)s),
+       leased_until = now() + make_interval(secs => %(lease)s),
+       updated_at = now()
+  FROM due
+ WHERE (o.run_id, o.job_id, o.hook) = (due.run_id, due.job_id, due.hook)
+RETURNING o.run_id::text, o.job_id::text, o.hook, o.attempts
+
+-- name: next_hook_in
+-- Seconds until the next hook row of ours becomes claimable (NULL when there is none).
+SELECT extract(epoch FROM min(available_at) - now())::float8
+  FROM reactor.hook_outbox
+ WHERE status IN ('pending', 'running') AND hook = ANY(%(hooks)s::text[])
+
+-- name: finish_hook
+-- Settles one attempt: done, retry after %(delay)s seconds, or parked as failed. Only the
+-- holder of the current attempt may settle it, except that success is always recorded.
+UPDATE reactor.hook_outbox
+   SET status = %(status)s,
+       last_error = %(error)s,
+       available_at = now() + make_interval(secs => %(delay)s),
+       leased_until = NULL,
+       updated_at = now()
+ WHERE (run_id, job_id, hook) = (%(run_id)s::uuid, %(job_id)s::uuid, %(hook)s)
+   AND status = 'running'
+   AND (attempts = %(attempt)s OR %(status)s = 'done')
+
+-- name: release_hook
+-- Hands an interrupted attempt back at once (a drain ran out), without counting it.
+UPDATE reactor.hook_outbox
+   SET status = 'pending',
+       attempts = attempts - 1,
+       available_at = now(),
+       leased_until = NULL,
+       updated_at = now()
+ WHERE (run_id, job_id, hook) = (%(run_id)s::uuid, %(job_id)s::uuid, %(hook)s)
+   AND status = 'running'
+   AND attempts = %(attempt)s

@@ -28,3 +28,22 @@ CREATE INDEX analysis_jobs_reactor_due_idx
       AND doc_html IS NOT NULL
       AND results IS NOT NULL
       AND results <> '{}'::jsonb;
+
+CREATE TABLE reactor.hook_outbox (
+    run_id        uuid NOT NULL,
+    job_id        uuid NOT NULL,
+    hook          text NOT NULL,
+    status        text NOT NULL DEFAULT 'pending'
+                  CHECK (status IN ('pending', 'running', 'done', 'failed')),
+    attempts      integer NOT NULL DEFAULT 0,
+    last_error    text,
+    available_at  timestamptz NOT NULL DEFAULT now(),
+    leased_until  timestamptz,
+    created_at    timestamptz NOT NULL DEFAULT now(),
+    updated_at    timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (run_id, job_id, hook)
+);
+
+CREATE INDEX hook_outbox_claim_idx
+    ON reactor.hook_outbox (available_at)
+    WHERE status IN ('pending', 'running');

@@ -11,6 +11,7 @@ import pytest
 
 from reactor import db
 from reactor.config import Settings
+from reactor.hooks import open_hooks
 from reactor.service import POOL_SIZE, Reactor
 
 StartReactor = Callable[..., AbstractAsyncContextManager[Reactor]]
@@ -36,8 +37,12 @@ def start_reactor(database_url: str) -> StartReactor:
             **overrides,
         }
         settings = Settings(**fields)
-        async with db.make_pool(database_url, max_size=POOL_SIZE) as pool:
-            reactor = Reactor(settings, db.Database(pool, grace=settings.grace))
+        async with (
+            db.make_pool(database_url, max_size=POOL_SIZE) as pool,
+            open_hooks(settings, pool) as hooks,
+        ):
+            database = db.Database(pool, grace=settings.grace, hooks=list(hooks))
+            reactor = Reactor(settings, database, hooks=hooks)
             async with anyio.create_task_group() as tg:
                 await tg.start(reactor.run)
                 try:
