@@ -83,6 +83,7 @@ class Listener:
     ) -> None:
         """Listen for ever, reconnecting with jittered backoff; started once LISTEN is up."""
         started = False
+        previous_pid = 0
         while True:
             conn = await self._connect()
             try:
@@ -93,6 +94,8 @@ class Listener:
                     if self.connections > 1:
                         self.metrics.reconnects.inc()
                         log.info("listener reconnected", extra={"channel": self.settings.channel})
+                        await self._end_previous_session(conn, previous_pid)
+                    previous_pid = conn.info.backend_pid
                     self._set_state("listening")
                     # Re-arm from the database: anything notified while we were away is found.
                     self.on_listening()
@@ -106,6 +109,19 @@ class Listener:
                 )
             finally:
                 self._set_state("connecting")
+
+    async def _end_previous_session(self, conn: db.AnyConnection, pid: int) -> None:
+        # A connection we gave up on (a silent partition, a probe timeout) may still be alive on
+        # the server, registered as a listener that reads nothing: it holds the NOTIFY queue
+        # back until the server's keepalives notice. End it now; a role may end its own sessions.
+        try:
+            await conn.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                "WHERE pid = %s AND application_name = 'reactor-listener'",
+                (pid,),
+            )
+        except psycopg.Error as error:
+            log.debug("could not end the previous listener session", extra={"error": str(error)})
 
     async def _connect(self) -> db.AnyConnection:
         retrying = tenacity.AsyncRetrying(

@@ -233,25 +233,35 @@ class Reactor:
             self._slots.release()
 
     async def _scan_loop(self) -> None:
+        failures = 0
         while True:
-            with anyio.move_on_after(self.settings.scan_interval):
+            # After a failed scan, try again soon (the database is likely back within seconds
+            # and the jobs it missed are waiting), backing off up to the normal interval.
+            wait = self.settings.scan_interval
+            if failures:
+                wait = min(wait, 0.5 * 2 ** (failures - 1))
+            with anyio.move_on_after(wait):
                 await self._scan_requested.wait()
             if self.stopping:
                 return
             self._scan_requested = anyio.Event()
             rearm, self._rearm_wanted = self._rearm_wanted or self.polling, False
-            await self.scan(rearm=rearm)
+            failures = 0 if await self.scan(rearm=rearm) is not None else failures + 1
 
-    async def scan(self, *, rearm: bool) -> int:
-        """One fallback pass: re-arm upcoming deadlines if asked, then drain the due backlog."""
+    async def scan(self, *, rearm: bool) -> int | None:
+        """One fallback pass: re-arm upcoming deadlines if asked, then drain the due backlog.
+
+        Returns the number of runs recorded, or None when the database failed the pass.
+        """
         started = self.clock()
-        recorded = 0
+        recorded: int | None = 0
         try:
             if rearm:
                 for job_id, due_in in await self.database.upcoming(self.settings.max_pending):
                     self.arm(job_id, due_in + 0.001)
             recorded = await self.recorder.drain(self.settings.batch_size)
         except DATABASE_ERRORS as error:
+            recorded = None
             self.metrics.record_errors.inc()
             self._rearm_wanted |= rearm
             log.warning("scan failed, will retry", extra={"error": db.first_line(error)})
