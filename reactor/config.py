@@ -35,7 +35,7 @@ class Settings:
     mode: Mode = "listen"
     drain: float = 20.0
     http_addr: tuple[str, int] | None = ("127.0.0.1", 9187)
-    hooks: str = ""
+    hooks: str = field(default="", repr=False)  # webhook URLs may carry credentials
     webhook_secret: str | None = field(default=None, repr=False)
     hook_timeout: float = 120.0
     hook_concurrency: int = 4
@@ -217,12 +217,18 @@ _PARSERS: dict[str, Any] = {
 def check_dsn(dsn: str, source: str) -> None:
     """Raise ConfigError if ``dsn`` is not a libpq connection string or URL."""
     try:
-        psycopg.conninfo.conninfo_to_dict(dsn)
+        params = psycopg.conninfo.conninfo_to_dict(dsn)
     except psycopg.ProgrammingError:
         raise ConfigError(
             f"{source} is not a valid connection string ({redact_dsn(dsn)}); "
             "use postgresql://user@host:5432/dbname"
         ) from None
+    # "port= password=x" parses with the password as the port; libpq would then echo it.
+    port = str(params.get("port", ""))
+    if not all(part.isdigit() for part in port.split(",") if part):
+        raise ConfigError(
+            f"{source} has a port that is not a number; use postgresql://user@host:5432/dbname"
+        )
 
 
 def redact_dsn(dsn: str) -> str:
@@ -232,7 +238,7 @@ def redact_dsn(dsn: str) -> str:
     except psycopg.ProgrammingError:
         # Unparsable: drop anything between "://user:" and "@", and any password=... pair.
         dsn = re.sub(r"(://[^:/@]*):[^@]*@", r"\1:***@", dsn)
-        return re.sub(r"(password\s*=\s*)('[^']*'|\S+)", r"\1***", dsn)
+        return re.sub(r"(password\s*=\s*)('(?:\\.|[^'\\])*(?:'|$)|\S+)", r"\1***", dsn)
     if "password" in params:
         params["password"] = "***"
     return psycopg.conninfo.make_conninfo(**{k: str(v) for k, v in params.items()})

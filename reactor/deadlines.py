@@ -53,13 +53,15 @@ class Deadlines(Generic[K]):
         when = float(when)
         self._when[key] = when
         heapq.heappush(self._heap, (when, key))
-        if len(self._heap) > 2 * len(self._when) + 64:
-            self._compact()
+        self._maybe_compact()
+        self._drop_stale_head()
         return self._heap[0][1] == key and self._heap[0][0] is when
 
     def cancel(self, key: K) -> bool:
         """Forget ``key``; return whether it was pending."""
-        return self._when.pop(key, None) is not None
+        found = self._when.pop(key, None) is not None
+        self._maybe_compact()
+        return found
 
     def when(self, key: K) -> float | None:
         """The deadline of ``key``, or None if it is not pending."""
@@ -88,6 +90,10 @@ class Deadlines(Generic[K]):
     def _drop_stale_head(self) -> None:
         while self._heap and self._when.get(self._heap[0][1]) is not self._heap[0][0]:
             heapq.heappop(self._heap)
+
+    def _maybe_compact(self) -> None:
+        if len(self._heap) > 2 * len(self._when) + 64:
+            self._compact()
 
     def _compact(self) -> None:
         self._heap = [(when, key) for key, when in self._when.items()]

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 import uuid
 from collections.abc import Callable
 from typing import Literal
@@ -23,6 +24,7 @@ from typing import Literal
 import anyio
 import anyio.abc
 import psycopg
+import psycopg.sql
 import tenacity
 
 from reactor import db
@@ -37,14 +39,19 @@ State = Literal["connecting", "listening", "degraded"]
 _PROBE = "probe:"
 
 
+_UUID = re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}")
+
+
 def parse_payload(payload: str) -> str | None:
-    """The job id a payload names, in canonical form, or None if it names none."""
-    if len(payload) > 64:
+    """The job id a payload names, in canonical lower-case form, or None if it names none.
+
+    Only the trigger's exact form is accepted: uuid.UUID alone would also take braces, URNs
+    and non-ASCII digits.
+    """
+    if len(payload) > 64:  # a job id is 36 characters; don't even strip a flood
         return None
-    try:
-        return str(uuid.UUID(payload.strip()))
-    except ValueError:
-        return None
+    text = payload.strip()
+    return text.lower() if _UUID.fullmatch(text) else None
 
 
 class Listener:
@@ -88,7 +95,12 @@ class Listener:
             conn = await self._connect()
             try:
                 async with conn:
-                    await conn.execute(f"LISTEN {self.settings.channel}")
+                    # Quoted: pg_notify() takes the name verbatim, LISTEN would fold its case.
+                    await conn.execute(
+                        psycopg.sql.SQL("LISTEN {}").format(
+                            psycopg.sql.Identifier(self.settings.channel)
+                        )
+                    )
                     self.connections += 1
                     self.proven = False
                     if self.connections > 1:

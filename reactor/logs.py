@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import sys
 from datetime import UTC, datetime
 from typing import Any
@@ -35,7 +36,7 @@ class JsonFormatter(logging.Formatter):
         }
         if record.exc_info and record.exc_info[1] is not None:
             entry["error"] = _summary(record.exc_info[1])
-        return json.dumps(entry, default=str)
+        return json.dumps({k: _finite(v) for k, v in entry.items()}, default=str)
 
 
 class ConsoleFormatter(logging.Formatter):
@@ -50,6 +51,13 @@ class ConsoleFormatter(logging.Formatter):
         if record.exc_info and record.exc_info[1] is not None:
             line += f"  error={_summary(record.exc_info[1])!r}"
         return line
+
+
+def _finite(value: Any) -> Any:
+    # NaN and Infinity are not JSON; a log line must always parse.
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    return value
 
 
 def _summary(error: BaseException) -> str:

@@ -1,0 +1,437 @@
+"""reactor.config: Settings.from_env parses, validates and never shows a password."""
+
+from __future__ import annotations
+
+from dataclasses import fields
+from typing import Any
+
+import pytest
+
+from reactor.config import ENVIRONMENT, Settings, redact_dsn
+from reactor.errors import ConfigError
+
+PASSWORD = "s3cr3t-Pa55"
+
+
+def load(**environ: str) -> Settings:
+    return Settings.from_env(environ)
+
+
+def rejects(variable: str, value: str) -> ConfigError:
+    """Assert that ``variable=value`` is refused with a message naming the variable."""
+    with pytest.raises(ConfigError) as caught:
+        Settings.from_env({variable: value})
+    message = str(caught.value)
+    assert variable in message
+    assert "\n" not in message
+    assert caught.value.exit_code == 2
+    return caught.value
+
+
+# -- defaults and parsing ------------------------------------------------------------------------
+
+
+def test_defaults_match_the_design() -> None:
+    s = Settings.from_env({})
+    assert s == Settings()
+    assert s.database_url is None
+    assert s.listen_database_url is None
+    assert s.grace == 120.0
+    assert s.scan_interval == 30.0
+    assert s.batch_size == 500
+    assert s.channel == "analysis_jobs_terminal"
+    assert s.mode == "listen"
+    assert s.drain == 20.0
+    assert s.http_addr == ("127.0.0.1", 9187)
+    assert s.hooks == ""
+    assert s.trim_horizon == 86400.0
+
+
+def test_every_field_has_an_environment_variable() -> None:
+    assert {f.name for f in fields(Settings)} == set(ENVIRONMENT)
+    for variable in ENVIRONMENT.values():
+        assert variable == "DATABASE_URL" or variable.startswith("REACTOR_")
+
+
+def test_unrelated_environment_is_ignored() -> None:
+    assert Settings.from_env({"PATH": "/bin", "REACTOR": "x", "GRACE": "-1"}) == Settings()
+
+
+def test_every_variable_parses() -> None:
+    s = Settings.from_env(
+        {
+            "DATABASE_URL": f"postgresql://app:{PASSWORD}@db.internal:5432/app",
+            "REACTOR_LISTEN_DATABASE_URL": "host=direct.internal dbname=app user=app",
+            "REACTOR_GRACE_SECONDS": "2.5",
+            "REACTOR_SCAN_INTERVAL_SECONDS": " 10 ",
+            "REACTOR_BATCH_SIZE": "50",
+            "REACTOR_CHANNEL": "jobs_done_v2",
+            "REACTOR_MODE": "poll",
+            "REACTOR_DRAIN_SECONDS": "0",
+            "REACTOR_HTTP_ADDR": "0.0.0.0:8080",
+            "REACTOR_HOOKS": "audit=notify:audit_channel",
+            "REACTOR_WEBHOOK_SECRET": PASSWORD,
+            "REACTOR_HOOK_TIMEOUT_SECONDS": "30",
+            "REACTOR_HOOK_CONCURRENCY": "2",
+            "REACTOR_HOOK_MAX_ATTEMPTS": "3",
+            "REACTOR_HOOK_BACKOFF_SECONDS": "0.5",
+            "REACTOR_HOOK_LEASE_SECONDS": "45",
+            "REACTOR_TRIM_HORIZON_SECONDS": "3600",
+            "REACTOR_PROBE_INTERVAL_SECONDS": "2",
+            "REACTOR_PROBE_TIMEOUT_SECONDS": "8",
+            "REACTOR_MAX_PENDING": "1000",
+        }
+    )
+    assert s.database_url == f"postgresql://app:{PASSWORD}@db.internal:5432/app"
+    assert s.listen_database_url == "host=direct.internal dbname=app user=app"
+    assert s.grace == 2.5
+    assert s.scan_interval == 10.0
+    assert s.batch_size == 50
+    assert s.channel == "jobs_done_v2"
+    assert s.mode == "poll"
+    assert s.drain == 0.0
+    assert s.http_addr == ("0.0.0.0", 8080)
+    assert s.hooks == "audit=notify:audit_channel"
+    assert s.webhook_secret == PASSWORD
+    assert s.hook_timeout == 30.0
+    assert s.hook_concurrency == 2
+    assert s.hook_max_attempts == 3
+    assert s.hook_backoff == 0.5
+    assert s.hook_lease == 45.0
+    assert s.trim_horizon == 3600.0
+    assert s.probe_interval == 2.0
+    assert s.probe_timeout == 8.0
+    assert s.max_pending == 1000
+    assert isinstance(s.grace, float)
+    assert isinstance(s.batch_size, int)
+
+
+def test_settings_are_immutable() -> None:
+    s = Settings.from_env({})
+    with pytest.raises(AttributeError):
+        s.grace = 1.0  # type: ignore[misc]
+
+
+@pytest.mark.parametrize(
+    ("variable", "value"),
+    [
+        ("REACTOR_GRACE_SECONDS", "0"),  # record as soon as terminal: allowed
+        ("REACTOR_DRAIN_SECONDS", "0"),
+        ("REACTOR_GRACE_SECONDS", "31536000"),  # exactly a year
+        ("REACTOR_GRACE_SECONDS", "1e-3"),
+        ("REACTOR_SCAN_INTERVAL_SECONDS", "0.001"),
+        ("REACTOR_BATCH_SIZE", "1"),
+        ("REACTOR_BATCH_SIZE", "100000"),
+        ("REACTOR_CHANNEL", "_"),
+        ("REACTOR_CHANNEL", "c" * 63),
+        ("REACTOR_MODE", "listen"),
+    ],
+)
+def test_boundary_values_are_accepted(variable: str, value: str) -> None:
+    Settings.from_env({variable: value})
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["", "127.0.0.1:9187", "localhost:0", "[::1]:9187", ":9187", "0.0.0.0:65535"],
+)
+def test_http_addr_forms(text: str) -> None:
+    addr = load(REACTOR_HTTP_ADDR=text).http_addr
+    if not text:
+        assert addr is None
+        return
+    assert addr is not None
+    host, port = addr
+    assert host
+    assert "[" not in host
+    assert 0 <= port <= 65535
+    assert str(port) == text.rpartition(":")[2]
+
+
+def test_empty_http_addr_disables_http() -> None:
+    assert load(REACTOR_HTTP_ADDR="").http_addr is None
+    assert load(REACTOR_HTTP_ADDR="   ").http_addr is None
+
+
+def test_ipv6_http_addr_is_unbracketed() -> None:
+    assert load(REACTOR_HTTP_ADDR="[::1]:9187").http_addr == ("::1", 9187)
+
+
+def test_blank_database_url_counts_as_unset() -> None:
+    s = load(DATABASE_URL="  ")
+    assert s.database_url is None
+    with pytest.raises(ConfigError, match="DATABASE_URL"):
+        s.require_database()
+
+
+def test_require_database_returns_the_dsn() -> None:
+    assert load(DATABASE_URL="host=h dbname=d").require_database() == "host=h dbname=d"
+
+
+# -- bad values ----------------------------------------------------------------------------------
+
+SECONDS = [
+    "REACTOR_GRACE_SECONDS",
+    "REACTOR_SCAN_INTERVAL_SECONDS",
+    "REACTOR_DRAIN_SECONDS",
+    "REACTOR_HOOK_TIMEOUT_SECONDS",
+    "REACTOR_HOOK_BACKOFF_SECONDS",
+    "REACTOR_HOOK_LEASE_SECONDS",
+    "REACTOR_TRIM_HORIZON_SECONDS",
+    "REACTOR_PROBE_INTERVAL_SECONDS",
+    "REACTOR_PROBE_TIMEOUT_SECONDS",
+]
+SECONDS_ZERO_NOT_ALLOWED = [
+    "REACTOR_SCAN_INTERVAL_SECONDS",
+    "REACTOR_HOOK_TIMEOUT_SECONDS",
+    "REACTOR_HOOK_LEASE_SECONDS",
+    "REACTOR_TRIM_HORIZON_SECONDS",
+    "REACTOR_PROBE_INTERVAL_SECONDS",
+    "REACTOR_PROBE_TIMEOUT_SECONDS",
+]
+
+
+@pytest.mark.parametrize("variable", SECONDS)
+@pytest.mark.parametrize(
+    "value",
+    [
+        "-1",
+        "-0.001",
+        "nan",
+        "NaN",
+        "inf",
+        "-inf",
+        "Infinity",
+        "1e400",  # overflows to inf
+        "31536001",  # a year and a second
+        "1e12",
+        "abc",
+        "",
+        "5s",
+        "2m",
+        "1,5",
+        "0x10",
+    ],
+)
+def test_bad_seconds_are_rejected(variable: str, value: str) -> None:
+    rejects(variable, value)
+
+
+@pytest.mark.parametrize("variable", SECONDS_ZERO_NOT_ALLOWED)
+@pytest.mark.parametrize("value", ["0", "0.0", "-0"])
+def test_zero_seconds_are_rejected_where_meaningless(variable: str, value: str) -> None:
+    rejects(variable, value)
+
+
+@pytest.mark.parametrize(
+    "variable",
+    [
+        "REACTOR_BATCH_SIZE",
+        "REACTOR_MAX_PENDING",
+        "REACTOR_HOOK_CONCURRENCY",
+        "REACTOR_HOOK_MAX_ATTEMPTS",
+    ],
+)
+@pytest.mark.parametrize("value", ["0", "-1", str(10**9), "abc", "", "1.5", "1e3", "nan"])
+def test_bad_counts_are_rejected(variable: str, value: str) -> None:
+    rejects(variable, value)
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        "analysis jobs",  # a space
+        "analysis'jobs",  # a quote
+        'analysis"jobs',
+        "jobs;drop",
+        "c" * 64,  # one more than PostgreSQL's 63-byte identifiers
+        "1jobs",
+        "jobs-done",
+        "",
+        "jöbs",
+        "jobs\nmore",
+    ],
+)
+def test_bad_channels_are_rejected(value: str) -> None:
+    rejects("REACTOR_CHANNEL", value)
+
+
+@pytest.mark.parametrize("value", ["push", "", "LISTEN", "listen,poll", "pol"])
+def test_bad_modes_are_rejected(value: str) -> None:
+    rejects("REACTOR_MODE", value)
+
+
+@pytest.mark.parametrize(
+    "value",
+    ["nohost", "1.2.3.4:99999", "1.2.3.4:65536", "host:", "host:-1", "host:http", "host:80x"],
+)
+def test_bad_http_addrs_are_rejected(value: str) -> None:
+    rejects("REACTOR_HTTP_ADDR", value)
+
+
+def test_probe_timeout_far_beyond_the_interval_is_rejected() -> None:
+    with pytest.raises(ConfigError) as caught:
+        Settings.from_env(
+            {"REACTOR_PROBE_INTERVAL_SECONDS": "1", "REACTOR_PROBE_TIMEOUT_SECONDS": "5"}
+        )
+    assert "REACTOR_PROBE_TIMEOUT_SECONDS" in str(caught.value)
+    assert "REACTOR_PROBE_INTERVAL_SECONDS" in str(caught.value)
+
+
+def test_hook_lease_shorter_than_the_hook_timeout_is_rejected() -> None:
+    with pytest.raises(ConfigError) as caught:
+        Settings.from_env({"REACTOR_HOOK_LEASE_SECONDS": "60"})  # default timeout: 120 s
+    assert "REACTOR_HOOK_LEASE_SECONDS" in str(caught.value)
+    assert "REACTOR_HOOK_TIMEOUT_SECONDS" in str(caught.value)
+
+
+def test_hook_lease_defaults_to_the_timeout_plus_a_margin() -> None:
+    s = load(REACTOR_HOOK_TIMEOUT_SECONDS="300")
+    assert s.hook_lease_seconds is None
+    assert s.hook_lease > s.hook_timeout
+
+
+def test_webhook_secret_never_in_repr() -> None:
+    s = load(REACTOR_WEBHOOK_SECRET=PASSWORD)
+    assert s.webhook_secret == PASSWORD
+    assert PASSWORD not in repr(s)
+    assert load(REACTOR_WEBHOOK_SECRET="").webhook_secret is None
+
+
+def test_the_message_shows_the_bad_value() -> None:
+    error = rejects("REACTOR_GRACE_SECONDS", "-5")
+    assert "-5" in str(error)
+
+
+# -- database URLs -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("variable", ["DATABASE_URL", "REACTOR_LISTEN_DATABASE_URL"])
+@pytest.mark.parametrize(
+    "dsn",
+    [
+        "postgresql://[bad",
+        f"postgresql://app:{PASSWORD}@[bad",
+        f"postgresql://app:{PASSWORD}@[::1/app",
+        f"host=db password={PASSWORD} port='unterminated",
+        f"host=db password = {PASSWORD} dbname",
+        f"password={PASSWORD} =x",
+    ],
+)
+def test_malformed_dsn_is_rejected_without_the_password(variable: str, dsn: str) -> None:
+    error = rejects(variable, dsn)
+    assert PASSWORD not in str(error)
+    assert PASSWORD not in repr(error)
+    assert error.__cause__ is None  # `from None`: the driver's message (with the DSN) is gone
+    assert error.__suppress_context__
+
+
+def test_malformed_dsn_with_an_unterminated_quoted_password_hides_all_of_it() -> None:
+    error = rejects("DATABASE_URL", "host=db password='correct horse battery")
+    for word in ("correct", "horse", "battery"):
+        assert word not in str(error)
+
+
+def test_empty_port_is_libpq_default_port() -> None:
+    # libpq: "An empty string ... specifies the default port number", so this is a valid DSN.
+    assert load(DATABASE_URL="host=x port=").database_url == "host=x port="
+
+
+def test_dsn_whose_port_swallowed_the_password_is_rejected_without_it() -> None:
+    error = rejects("DATABASE_URL", f"host=x port= password={PASSWORD}")
+    assert PASSWORD not in str(error)
+
+
+@pytest.mark.parametrize(
+    "dsn",
+    [
+        f"postgresql://app:{PASSWORD}@db:5432/app",
+        f"postgres://app:{PASSWORD}@db/app?sslmode=require",
+        f"postgresql://app@db/app?password={PASSWORD}",
+        f"postgresql://app:{PASSWORD}@db1:5432,db2:5433/app",
+        f"host=db user=app password={PASSWORD} dbname=app",
+        f"host=db user=app password='{PASSWORD} with spaces' dbname=app",
+    ],
+)
+def test_password_never_in_repr(dsn: str) -> None:
+    s = Settings.from_env({"DATABASE_URL": dsn, "REACTOR_LISTEN_DATABASE_URL": dsn})
+    assert s.database_url == dsn
+    assert PASSWORD not in repr(s)
+    assert PASSWORD not in str(s)
+    assert PASSWORD not in s.safe_database_url
+    assert "db" in s.safe_database_url
+
+
+# -- redact_dsn ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "dsn",
+    [
+        f"postgresql://app:{PASSWORD}@db:5432/app",
+        f"postgresql://app:{PASSWORD}@db/app?sslmode=require&application_name=x",
+        f"postgresql://app@db/app?password={PASSWORD}",
+        f"host=db user=app password={PASSWORD} dbname=app",
+        f"host=db password = {PASSWORD}",
+        f"password='{PASSWORD} two words' host=db",
+        # Unparsable: the best-effort fallback.
+        f"postgresql://app:{PASSWORD}@[db",
+        f"host=db password={PASSWORD} port='oops",
+        f"host=db password='{PASSWORD}' port='oops",
+    ],
+)
+def test_redact_dsn_removes_the_password(dsn: str) -> None:
+    redacted = redact_dsn(dsn)
+    assert PASSWORD not in redacted
+    assert "db" in redacted  # the rest stays useful
+
+
+def test_redact_dsn_keeps_the_connection_details() -> None:
+    redacted = redact_dsn(f"postgresql://app:{PASSWORD}@db.internal:6543/reports")
+    for part in ("app", "db.internal", "6543", "reports", "***"):
+        assert part in redacted
+
+
+def test_redact_dsn_leaves_passwordless_dsns_alone() -> None:
+    redacted = redact_dsn("postgresql://app@db:5432/app")
+    assert "password" not in redacted
+    assert "db" in redacted
+    assert redact_dsn("") == ""
+
+
+# -- overrides -----------------------------------------------------------------------------------
+
+
+def test_overrides_win_over_the_environment() -> None:
+    s = Settings.from_env(
+        {"REACTOR_GRACE_SECONDS": "10", "REACTOR_MODE": "listen", "REACTOR_BATCH_SIZE": "7"},
+        {"grace": 3, "mode": "poll", "http_addr": ""},
+    )
+    assert s.grace == 3.0
+    assert s.mode == "poll"
+    assert s.http_addr is None
+    assert s.batch_size == 7
+
+
+def test_none_overrides_are_ignored() -> None:
+    s = Settings.from_env(
+        {"REACTOR_GRACE_SECONDS": "10"},
+        {"grace": None, "batch_size": None, "database_url": None},
+    )
+    assert s.grace == 10.0
+    assert s.batch_size == 500
+    assert s.database_url is None
+
+
+def test_overrides_are_validated_and_name_the_flag() -> None:
+    with pytest.raises(ConfigError, match="--batch-size"):
+        Settings.from_env({}, {"batch_size": 0})
+    with pytest.raises(ConfigError, match="--grace"):
+        Settings.from_env({}, {"grace": float("nan")})
+
+
+def test_override_of_a_bad_environment_value_still_fails_on_the_environment() -> None:
+    # The environment is parsed first; a bad variable is an error even if a flag replaces it.
+    overrides: dict[str, Any] = {"grace": 5}
+    with pytest.raises(ConfigError, match="REACTOR_GRACE_SECONDS"):
+        Settings.from_env({"REACTOR_GRACE_SECONDS": "soon"}, overrides)

@@ -1,0 +1,216 @@
+"""reactor.listener: payloads become canonical job ids, or nothing; the LISTEN statement."""
+
+from __future__ import annotations
+
+import re
+import uuid
+from typing import Any, cast
+from unittest.mock import MagicMock
+
+import anyio
+import psycopg.sql
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from reactor import db
+from reactor.config import Settings
+from reactor.errors import ConfigError
+from reactor.listener import Listener, parse_payload
+
+JOB = "5f0c6a2e-1b7d-4c3e-9a8f-0123456789ab"
+CANONICAL = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+
+
+# -- parse_payload -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        JOB,
+        JOB.upper(),
+        "5F0C6A2E-1b7d-4C3E-9a8f-0123456789AB",
+        f" {JOB}",
+        f"{JOB}\n",
+        f"\t {JOB.upper()} \r\n",
+    ],
+)
+def test_accepts_a_uuid_and_returns_it_canonical(payload: str) -> None:
+    assert parse_payload(payload) == JOB
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        "",
+        " ",
+        "null",
+        "None",
+        "0",
+        "12345",
+        '{"id": 1}',
+        f'{{"id": "{JOB}"}}',
+        "x" * 8000,
+        f"{JOB} extra",
+        f"{JOB}x",
+        f"x{JOB}",
+        f"job {JOB}",
+        f"{JOB},{JOB}",
+        f"{JOB} {JOB}",
+        JOB + JOB,
+        JOB[:-1],  # one digit short
+        JOB[:-1] + "g",  # not hex
+        f"probe:{uuid.uuid4().hex}",
+        f"probe:{JOB}",
+        f"probe:{JOB.replace('-', '')}",
+        JOB + " " * 8000,  # padding beyond any sane payload
+        "\x00" * 36,
+        f"{{{JOB}}}",  # braces: uuid.UUID takes them, the trigger never sends them
+        f"urn:uuid:{JOB}",
+        JOB.replace("-", ""),  # no dashes
+        "\u0661" * 32,  # non-ASCII digits
+    ],
+)
+def test_rejects_anything_else(payload: str) -> None:
+    assert parse_payload(payload) is None
+
+
+@given(st.text())
+@settings(max_examples=500, deadline=None, database=None)
+def test_arbitrary_text_never_raises(payload: str) -> None:
+    result = parse_payload(payload)
+    assert result is None or CANONICAL.fullmatch(result)
+
+
+@given(st.binary(max_size=100))
+@settings(max_examples=200, deadline=None, database=None)
+def test_arbitrary_decoded_bytes_never_raise(raw: bytes) -> None:
+    result = parse_payload(raw.decode("utf-8", errors="replace"))
+    assert result is None or CANONICAL.fullmatch(result)
+
+
+@given(
+    job=st.uuids(),
+    upper=st.booleans(),
+    before=st.text(alphabet=" \t\r\n", max_size=4),
+    after=st.text(alphabet=" \t\r\n", max_size=4),
+)
+@settings(max_examples=300, deadline=None, database=None)
+def test_any_uuid_round_trips(job: uuid.UUID, upper: bool, before: str, after: str) -> None:
+    text = str(job).upper() if upper else str(job)
+    assert parse_payload(before + text + after) == str(job)
+
+
+@given(job=st.uuids(), junk=st.text(alphabet="abcdefghijklmnopqrstuvwxyz:;,0123456789", min_size=1))
+@settings(max_examples=300, deadline=None, database=None)
+def test_uuid_glued_to_other_text_is_rejected(job: uuid.UUID, junk: str) -> None:
+    assert parse_payload(f"{job}{junk}") is None
+    assert parse_payload(f"{junk}:{job}") is None
+
+
+# -- what the listener does with payloads ---------------------------------------------------------
+
+
+def make_listener(channel: str = "analysis_jobs_terminal") -> tuple[Listener, list[str]]:
+    jobs: list[str] = []
+    listener = Listener(
+        Settings.from_env({"REACTOR_CHANNEL": channel}),
+        cast(Any, MagicMock()),
+        cast(Any, MagicMock()),
+        on_job=jobs.append,
+        on_listening=lambda: None,
+        dsn="host=unused",
+    )
+    return listener, jobs
+
+
+def test_receive_hands_canonical_ids_to_on_job() -> None:
+    listener, jobs = make_listener()
+    listener._receive(f" {JOB.upper()} ")
+    listener._receive("garbage")
+    listener._receive('{"id": 1}')
+    assert jobs == [JOB]
+
+
+def test_receive_never_hands_a_probe_to_on_job() -> None:
+    listener, jobs = make_listener()
+    listener._probe_token = "abc"
+    listener._receive("probe:other")
+    assert not listener.proven
+    listener._receive("probe:abc")
+    assert listener.proven
+    assert listener._probe_token is None
+    assert listener.state == "listening"
+    assert jobs == []
+
+
+# -- the LISTEN statement ------------------------------------------------------------------------
+
+# PostgreSQL keywords LISTEN cannot take as a bare name (a syntax error unless quoted).
+_RESERVED = {"select", "order", "user", "table", "from", "where", "all", "group", "limit"}
+
+
+class _Stop(Exception):
+    """Ends the listener's loop from inside the fake connection."""
+
+
+class _FakeConnection:
+    def __init__(self) -> None:
+        self.statements: list[str] = []
+
+    async def __aenter__(self) -> _FakeConnection:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        return None
+
+    async def execute(self, statement: object, params: object = None) -> None:
+        if isinstance(statement, psycopg.sql.Composable):
+            statement = statement.as_string(None)
+        self.statements.append(str(statement))
+        raise _Stop
+
+
+def listen_statement(monkeypatch: pytest.MonkeyPatch, channel: str) -> str:
+    listener, _ = make_listener(channel)
+    conn = _FakeConnection()
+
+    async def connect(dsn: str, role: str, **kwargs: object) -> _FakeConnection:
+        return conn
+
+    monkeypatch.setattr(db, "connect", connect)
+    with pytest.raises(_Stop):
+        anyio.run(listener.run)
+    assert len(conn.statements) == 1
+    return conn.statements[0]
+
+
+def channel_listened_to(statement: str) -> str | None:
+    """The channel PostgreSQL would listen on for ``statement``, or None for a syntax error."""
+    match = re.fullmatch(r'\s*LISTEN\s+("(?:[^"]|"")+"|[A-Za-z_][A-Za-z0-9_$]*)\s*;?\s*', statement)
+    if match is None:
+        return None
+    name = match.group(1)
+    if name.startswith('"'):
+        return name[1:-1].replace('""', '"')
+    if name.lower() in _RESERVED:
+        return None
+    return name.lower()  # PostgreSQL folds unquoted identifiers to lower case
+
+
+def test_listen_names_the_default_channel(monkeypatch: pytest.MonkeyPatch) -> None:
+    statement = listen_statement(monkeypatch, "analysis_jobs_terminal")
+    assert channel_listened_to(statement) == "analysis_jobs_terminal"
+
+
+@pytest.mark.parametrize("channel", ["AnalysisDone", "select"])
+def test_listen_names_exactly_the_channel_pg_notify_uses(
+    monkeypatch: pytest.MonkeyPatch, channel: str
+) -> None:
+    try:
+        Settings.from_env({"REACTOR_CHANNEL": channel})
+    except ConfigError:
+        return  # refusing such a channel up front would be a fix too
+    statement = listen_statement(monkeypatch, channel)
+    assert channel_listened_to(statement) == channel

@@ -1,0 +1,192 @@
+"""reactor.sql: the shipped SQL loads, is fully assembled, and migrations are numbered."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from reactor import sql
+
+QUERIES = sql.queries()
+EXPECTED = ("record_jobs", "record_oldest", "upcoming")
+# The queries that decide whether a job needs a run; each must carry the shared predicate.
+NEEDS_RUN_USERS = ("record_jobs", "record_oldest", "upcoming")
+
+
+def fragment(name: str) -> str:
+    """The raw text of ``-- fragment: name`` in queries.sql, comments dropped, not expanded."""
+    text = sql.read("queries.sql")
+    match = re.search(
+        rf"^-- fragment: {name}[ \t]*\n(.*?)(?=^-- (?:name|fragment): |\Z)",
+        text,
+        re.MULTILINE | re.DOTALL,
+    )
+    assert match, f"fragment {name} not found in queries.sql"
+    lines = [ln for ln in match.group(1).strip().splitlines() if not ln.lstrip().startswith("--")]
+    return "\n".join(lines)
+
+
+def squash(text: str) -> str:
+    return " ".join(text.split())
+
+
+# -- named queries -------------------------------------------------------------------------------
+
+
+def test_the_expected_queries_exist() -> None:
+    for name in EXPECTED:
+        assert name in QUERIES
+        assert sql.query(name) == QUERIES[name]
+
+
+def test_unknown_query_is_a_key_error() -> None:
+    with pytest.raises(KeyError):
+        sql.query("no_such_query")
+
+
+@pytest.mark.parametrize("name", sorted(QUERIES))
+def test_query_is_fully_assembled(name: str) -> None:
+    text = QUERIES[name]
+    assert text.strip()
+    assert "{{" not in text
+    assert "}}" not in text
+    assert "@channel@" not in text
+    assert "-- name:" not in text
+    assert "-- fragment:" not in text
+    # Whole-line comments are stripped.
+    assert not [ln for ln in text.splitlines() if ln.lstrip().startswith("--")]
+    # No trailing semicolon: one statement each, so it can be sent with parameters.
+    assert not text.rstrip().endswith(";")
+
+
+@pytest.mark.parametrize("name", sorted(QUERIES))
+def test_percent_signs_are_only_placeholders(name: str) -> None:
+    # psycopg treats every % as a placeholder marker: a stray one breaks the statement.
+    leftover = re.sub(r"%\(\w+\)s|%%", "", QUERIES[name])
+    assert "%" not in leftover
+
+
+def test_queries_take_the_parameters_the_recorder_passes() -> None:
+    def params(name: str) -> set[str]:
+        return set(re.findall(r"%\((\w+)\)s", QUERIES[name]))
+
+    assert {"ids", "grace"} <= params("record_jobs")
+    assert {"grace", "limit"} <= params("record_oldest")
+    assert {"grace", "limit"} <= params("upcoming")
+
+
+def test_queries_are_cached() -> None:
+    assert sql.queries() is sql.queries()
+
+
+@pytest.mark.parametrize("name", NEEDS_RUN_USERS)
+def test_needs_run_is_spliced_in(name: str) -> None:
+    needs_run = fragment("needs_run").replace("{{outranked}}", fragment("outranked"))
+    assert "{{" not in needs_run
+    assert squash(needs_run) in squash(QUERIES[name])
+    # And the characteristic pieces, in case the whitespace handling ever changes.
+    text = QUERIES[name]
+    for piece in (
+        "j.status IN ('complete', 'failed')",
+        "j.deleted_at IS NULL",
+        "j.doc_html IS NOT NULL",
+        "j.results IS NOT NULL",
+        "j.results <> '{}'::jsonb",
+        "coalesce(r.saved_by, 'client') = 'worker'",
+    ):
+        assert piece in text
+
+
+@pytest.mark.parametrize("name", ["record_jobs", "record_oldest"])
+def test_writers_use_the_precedence_clause(name: str) -> None:
+    text = QUERIES[name]
+    assert "ON CONFLICT (id) DO UPDATE" in text
+    assert "SKIP LOCKED" in text
+    assert "FOR NO KEY UPDATE OF j" in text
+    # outranked is spliced into both the needs_run check and the ON CONFLICT re-check.
+    assert text.count("coalesce(r.saved_by, 'client') = 'worker'") >= 2
+
+
+def test_every_query_the_code_names_exists() -> None:
+    root = Path(sql.__file__).parent
+    named: set[tuple[str, str | None]] = set()
+    for source in root.glob("*.py"):
+        text = source.read_text(encoding="utf-8")
+        for match in re.finditer(r"""sql\.query\(\s*"(\w+)"\s*(?:,\s*"([\w.]+)"\s*)?\)""", text):
+            named.add((match.group(1), match.group(2)))
+    assert named, "no sql.query(...) call found: has the API moved?"
+    for name, filename in sorted(named, key=str):
+        text = sql.query(name) if filename is None else sql.query(name, filename)
+        assert text.strip()
+        assert "{{" not in text
+
+
+# -- migrations ----------------------------------------------------------------------------------
+
+
+def test_migrations_are_numbered_one_to_n() -> None:
+    migrations = sql.migrations()
+    assert migrations
+    assert [m.version for m in migrations] == list(range(1, len(migrations) + 1))
+    assert len({m.name for m in migrations}) == len(migrations)
+
+
+def test_migration_files_all_follow_the_naming_rule() -> None:
+    # A file that doesn't match NNNN_name.sql would be silently skipped.
+    directory = Path(sql.__file__).parent.parent / "triggers" / "migrations"
+    if not directory.is_dir():
+        pytest.skip("triggers is not installed from the source tree")
+    names = sorted(p.name for p in directory.iterdir() if p.suffix == ".sql")
+    assert names == [f"{m.version:04d}_{m.name}.sql" for m in sql.migrations()]
+
+
+def test_migrations_have_text() -> None:
+    for m in sql.migrations():
+        assert m.text.strip(), m
+        assert re.fullmatch(r"\w+", m.name)
+
+
+def test_latest_version_is_the_number_of_migrations() -> None:
+    assert sql.latest_version() == len(sql.migrations())
+    assert sql.latest_version() == sql.migrations()[-1].version
+
+
+# -- with_channel --------------------------------------------------------------------------------
+
+
+def test_with_channel_quotes_the_channel_as_a_literal() -> None:
+    assert sql.with_channel("SELECT pg_notify(@channel@, 'x')", "jobs_done") == (
+        "SELECT pg_notify('jobs_done', 'x')"
+    )
+
+
+def test_with_channel_replaces_every_occurrence() -> None:
+    assert sql.with_channel("@channel@ @channel@", "c") == "'c' 'c'"
+
+
+def test_with_channel_escapes_quotes() -> None:
+    # The config forbids such channels, but the quoting must hold regardless.
+    assert sql.with_channel("f(@channel@)", "a'b") == "f('a''b')"
+    assert sql.with_channel("f(@channel@)", "x'); DROP TABLE t; --") == (
+        "f('x''); DROP TABLE t; --')"
+    )
+
+
+def test_with_channel_leaves_text_without_placeholder_alone() -> None:
+    assert sql.with_channel("SELECT 1", "c") == "SELECT 1"
+
+
+def test_notify_triggers_take_the_channel() -> None:
+    raw = sql.read("notify_triggers.sql")
+    assert "@channel@" in raw
+    text = sql.with_channel(raw, "my_channel")
+    assert "@channel@" not in text
+    assert "notify_terminal_v1('my_channel')" in text
+
+
+def test_migrations_and_schema_have_no_unfilled_includes() -> None:
+    for m in sql.migrations():
+        assert "{{" not in m.text
+    assert "{{" not in sql.read("schema.sql")
