@@ -7,6 +7,7 @@ as one line on stderr with the error's exit code; nothing here prints a tracebac
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import signal
@@ -14,10 +15,13 @@ import sys
 from collections.abc import Awaitable, Callable, Sequence
 
 import anyio
+import psycopg.errors
+from rich.console import Console
 
-from reactor import db, logs, sql
+from reactor import db, grants, http, logs, sql, status
 from reactor.config import Settings
 from reactor.errors import ConfigError, ReactorError
+from reactor.hooks import open_hooks
 from reactor.metrics import Metrics
 from reactor.recorder import Recorder
 from reactor.service import POOL_SIZE, Reactor
@@ -56,13 +60,24 @@ def build_parser() -> argparse.ArgumentParser:
     migrate.add_argument(
         "--reference-schema", action="store_true", help="also create the app's two tables"
     )
-    migrate.add_argument("--print", action="store_true", help="write the SQL to stdout instead")
+    output = migrate.add_mutually_exclusive_group()
+    output.add_argument("--print", action="store_true", help="write the SQL to stdout instead")
+    output.add_argument(
+        "--print-grants",
+        metavar="ROLE",
+        help="write the GRANT statements the runtime role ROLE needs, and nothing else",
+    )
     migrate.add_argument("--channel", help="NOTIFY channel (REACTOR_CHANNEL)")
 
     sweep = commands.add_parser("sweep", help="one fallback pass that drains the backlog")
     sweep.add_argument("--once", action="store_true", required=True, help="drain once and exit")
     sweep.add_argument("--grace", type=str, help="seconds (REACTOR_GRACE_SECONDS)")
     sweep.add_argument("--batch-size", type=str, help="rows per claim (REACTOR_BATCH_SIZE)")
+
+    state = commands.add_parser(
+        "status", help="backlog, trim-horizon risk, hooks, LISTEN replicas; exit 1 if at risk"
+    )
+    state.add_argument("--json", action="store_true", help="print the stable JSON shape")
 
     demo = commands.add_parser("demo", help="the whole loop on an embedded PostgreSQL")
     demo.add_argument("--jobs", type=int, default=300, help="jobs the worker finishes")
@@ -97,25 +112,45 @@ async def _startup_connection(settings: Settings, role: str) -> db.AnyConnection
     return await db.connect(settings.require_database(), role, attempts=5)
 
 
+async def _check_database(conn: db.AnyConnection) -> None:
+    try:
+        await db.require_schema(conn)
+    except psycopg.errors.InsufficientPrivilege:
+        # Even looking for the reactor's schema needs USAGE on it: let the privilege check
+        # name the grant that is missing (it skips objects it cannot find or may not use).
+        await db.require_privileges(conn)
+        raise
+    await db.require_privileges(conn)
+
+
 async def cmd_run(args: argparse.Namespace) -> int:
     """``reactor run``: serve until SIGTERM/SIGINT, then drain and exit 0."""
     settings = _settings(args)
     dsn = settings.require_database()
-    async with await _startup_connection(settings, "startup") as conn:
-        await db.require_schema(conn)
-        await db.require_privileges(conn)
-    log.info(
-        "starting",
-        extra={
-            "database": settings.safe_database_url,
-            "mode": settings.mode,
-            "grace_s": settings.grace,
-            "channel": settings.channel,
-        },
-    )
-    async with db.make_pool(dsn, max_size=POOL_SIZE) as pool:
-        reactor = Reactor(settings, db.Database(pool, grace=settings.grace))
-        async with anyio.create_task_group() as tg:
+    pool = db.make_pool(dsn, max_size=POOL_SIZE)
+    # Hooks are parsed (and their modules imported) first: a bad REACTOR_HOOKS fails at once.
+    async with open_hooks(settings, pool) as hooks:
+        async with await _startup_connection(settings, "startup") as conn:
+            await _check_database(conn)
+        log.info(
+            "starting",
+            extra={
+                "database": settings.safe_database_url,
+                "mode": settings.mode,
+                "grace_s": settings.grace,
+                "channel": settings.channel,
+                "hooks": ",".join(hooks) or None,
+            },
+        )
+        database = db.Database(pool, grace=settings.grace, hooks=list(hooks))
+        reactor = Reactor(settings, database, hooks=hooks)
+        # HTTP is bound before the pool opens, so a taken port fails in milliseconds; it closes
+        # after the reactor has drained, so probes answer (503, "stopping") during the drain.
+        async with (
+            http.serving(reactor, settings.http_addr),
+            pool,
+            anyio.create_task_group() as tg,
+        ):
             tg.start_soon(_stop_on_signals, reactor, tg.cancel_scope)
             await reactor.run()
             tg.cancel_scope.cancel()
@@ -134,7 +169,11 @@ async def _stop_on_signals(reactor: Reactor, scope: anyio.CancelScope) -> None:
 
 
 async def cmd_migrate(args: argparse.Namespace) -> int:
-    """``reactor migrate``: apply (or print) the migrations, idempotently."""
+    """``reactor migrate``: apply (or print) the migrations, idempotently; or print grants."""
+    if args.print_grants is not None:
+        # Pure text: no database, and no other setting matters.
+        sys.stdout.write(grants.grant_script(args.print_grants))
+        return 0
     channel = args.channel or os.environ.get("REACTOR_CHANNEL") or Settings.channel
     settings = Settings.from_env(os.environ, {"channel": channel})
     if args.print:
@@ -157,14 +196,29 @@ async def cmd_migrate(args: argparse.Namespace) -> int:
 async def cmd_sweep(args: argparse.Namespace) -> int:
     """``reactor sweep --once``: drain the due backlog and print how many runs were recorded."""
     settings = _settings(args)
-    async with await _startup_connection(settings, "startup") as conn:
-        await db.require_schema(conn)
-        await db.require_privileges(conn)
-    async with db.make_pool(settings.require_database(), max_size=1) as pool:
-        recorder = Recorder(db.Database(pool, grace=settings.grace), Metrics())
-        recorded = await recorder.drain(settings.batch_size)
+    pool = db.make_pool(settings.require_database(), max_size=1)
+    # The runs a sweep writes get their hook rows like any other (a running replica runs them).
+    async with open_hooks(settings, pool) as hooks:
+        async with await _startup_connection(settings, "startup") as conn:
+            await _check_database(conn)
+        async with pool:
+            database = db.Database(pool, grace=settings.grace, hooks=list(hooks))
+            recorded = await Recorder(database, Metrics()).drain(settings.batch_size)
     print(recorded)
     return 0
+
+
+async def cmd_status(args: argparse.Namespace) -> int:
+    """``reactor status [--json]``: report, and exit 1 when something is at risk."""
+    settings = _settings(args)
+    # Two attempts, not five: someone is waiting at a terminal.
+    async with await db.connect(settings.require_database(), "status", attempts=2) as conn:
+        report = await status.collect(conn, settings)
+    if args.json:
+        print(json.dumps(status.as_json(report), indent=2))
+    else:
+        status.render(report, Console())
+    return 1 if status.risks(report) else 0
 
 
 async def cmd_demo(args: argparse.Namespace) -> int:
@@ -188,5 +242,6 @@ _COMMANDS: dict[str, Callable[[argparse.Namespace], Awaitable[int]]] = {
     "run": cmd_run,
     "migrate": cmd_migrate,
     "sweep": cmd_sweep,
+    "status": cmd_status,
     "demo": cmd_demo,
 }

@@ -217,8 +217,7 @@ def _import_function(name: str, target: str) -> Callable[[HookCall], Awaitable[o
         module = importlib.import_module(module_name)
     except Exception as error:  # any import failure is the user's to fix; say which
         raise ConfigError(
-            f"REACTOR_HOOKS: {name}: cannot import {module_name!r}: "
-            f"{type(error).__name__}: {error}"
+            f"REACTOR_HOOKS: {name}: cannot import {module_name!r}: {type(error).__name__}: {error}"
         ) from None
     function = getattr(module, attribute, None)
     if function is None:
@@ -244,8 +243,9 @@ def backoff_delay(attempt: int, base: float) -> float:
     if base <= 0:
         return 0.0
     wait = tenacity.wait_exponential_jitter(multiplier=base, max=_MAX_BACKOFF, jitter=base)
-    state = tenacity.RetryCallState(retry_object=tenacity.AsyncRetrying(), fn=None, args=(),
-                                    kwargs={})
+    state = tenacity.RetryCallState(
+        retry_object=tenacity.AsyncRetrying(), fn=None, args=(), kwargs={}
+    )
     state.attempt_number = attempt
     return float(wait(state))
 
@@ -316,8 +316,12 @@ class HookRunner:
             claim.attempt,
             idempotency_key(claim.run_id, claim.job_id, claim.hook),
         )
-        fields = {"run_id": claim.run_id, "job_id": claim.job_id, "hook": claim.hook,
-                  "attempt": claim.attempt}
+        fields = {
+            "run_id": claim.run_id,
+            "job_id": claim.job_id,
+            "hook": claim.hook,
+            "attempt": claim.attempt,
+        }
         try:
             try:
                 with anyio.fail_after(self.settings.hook_timeout):
@@ -328,31 +332,46 @@ class HookRunner:
                     await self._settle(claim, "released", fields)
                 raise
             except TimeoutError:
-                await self._fail(claim, f"timed out after {self.settings.hook_timeout:g} s",
-                                 fields, permanent=False)
+                await self._fail(
+                    claim,
+                    f"timed out after {self.settings.hook_timeout:g} s",
+                    fields,
+                    permanent=False,
+                )
             except PermanentFailure as error:
                 await self._fail(claim, str(error), fields, permanent=True)
             except Exception as error:  # a hook's failure is data, not a crash of the runner
-                await self._fail(claim, f"{type(error).__name__}: {error}", fields,
-                                 permanent=False)
+                await self._fail(claim, f"{type(error).__name__}: {error}", fields, permanent=False)
             else:
                 await self._settle(claim, "done", fields)
         finally:
             self.in_flight -= 1
             self._wake.set()
 
-    async def _fail(self, claim: db.HookClaim, error: str, fields: dict[str, Any], *,
-                    permanent: bool) -> None:
+    async def _fail(
+        self, claim: db.HookClaim, error: str, fields: dict[str, Any], *, permanent: bool
+    ) -> None:
         if permanent or claim.attempt >= self.settings.hook_max_attempts:
             await self._settle(claim, "failed", {**fields, "error": error}, error=error)
         else:
             delay = backoff_delay(claim.attempt, self.settings.hook_backoff)
-            await self._settle(claim, "retry", {**fields, "error": error,
-                                                "retry_in_s": round(delay, 3)},
-                               error=error, delay=delay)
+            await self._settle(
+                claim,
+                "retry",
+                {**fields, "error": error, "retry_in_s": round(delay, 3)},
+                error=error,
+                delay=delay,
+            )
 
-    async def _settle(self, claim: db.HookClaim, outcome: str, fields: dict[str, Any], *,
-                      error: str | None = None, delay: float = 0.0) -> None:
+    async def _settle(
+        self,
+        claim: db.HookClaim,
+        outcome: str,
+        fields: dict[str, Any],
+        *,
+        error: str | None = None,
+        delay: float = 0.0,
+    ) -> None:
         self.metrics.hook_outcomes.labels(claim.hook, outcome).inc()
         level = {"done": logging.INFO, "retry": logging.WARNING}.get(outcome, logging.ERROR)
         if outcome == "released":
@@ -366,5 +385,7 @@ class HookRunner:
                 await self.database.finish_hook(claim, status, error=error, delay=delay)
         except DATABASE_ERRORS as db_error:
             # The lease will expire and another attempt will run: at least once still holds.
-            log.warning("could not settle a hook attempt; its lease will expire",
-                        extra={**fields, "error": db.first_line(db_error)})
+            log.warning(
+                "could not settle a hook attempt; its lease will expire",
+                extra={**fields, "error": db.first_line(db_error)},
+            )

@@ -93,13 +93,15 @@ class Metrics:
         self.hook_outcomes = Counter(
             "reactor_hook_outcomes",
             "Hook attempts by hook and outcome (done, retry, failed, released).",
-            ["hook", "outcome"], registry=r,
+            ["hook", "outcome"],
+            registry=r,
         )
         self.hook_backlog = Gauge(
             "reactor_hook_backlog", "Hook rows pending or running, across replicas.", registry=r
         )
         self.hook_failed = Gauge(
-            "reactor_hook_failed", "Hook rows parked as failed after their last attempt.",
+            "reactor_hook_failed",
+            "Hook rows parked as failed after their last attempt.",
             registry=r,
         )
         for result in ("accepted", "rejected", "probe"):

@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import time
 from collections import Counter
-from pathlib import Path
 
 import anyio
 
@@ -51,14 +50,14 @@ async def always_fail(call: HookCall) -> None:
 
 async def block(call: HookCall) -> None:
     """Logs its start, waits for the HOOK_RELEASE file, logs its end (subprocess tests)."""
-    log = Path(os.environ["HOOK_LOG"])
-    with log.open("a") as f:
-        f.write(f"start {call.idempotency_key} {call.attempt} {os.getpid()}\n")
-    release = Path(os.environ["HOOK_RELEASE"])
-    while not release.exists():
+    log = anyio.Path(os.environ["HOOK_LOG"])
+    async with await log.open("a") as f:
+        await f.write(f"start {call.idempotency_key} {call.attempt} {os.getpid()}\n")
+    release = anyio.Path(os.environ["HOOK_RELEASE"])
+    while not await release.exists():  # noqa: ASYNC110 -- another process releases it
         await anyio.sleep(0.02)
-    with log.open("a") as f:
-        f.write(f"done {call.idempotency_key} {call.attempt} {os.getpid()}\n")
+    async with await log.open("a") as f:
+        await f.write(f"done {call.idempotency_key} {call.attempt} {os.getpid()}\n")
 
 
 def not_async(call: HookCall) -> None:

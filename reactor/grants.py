@@ -1,0 +1,147 @@
+"""The least privilege of the reactor's runtime role: what it needs, and nothing more.
+
+:data:`REQUIRED` is the single list. ``reactor migrate --print-grants ROLE`` prints it as GRANT
+statements (:func:`grant_script`), and the startup check runs the ``missing_privileges`` query of
+``triggers/status.sql`` with :func:`check_params`, so what is granted and what is checked cannot
+drift apart. Pure text; nothing here connects to a database.
+
+The list was found by running every statement of the reactor as a role holding only these
+grants (``tests/integration/test_privileges.py``) and by removing each grant in turn.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from reactor.errors import ConfigError
+
+Kind = Literal["schema", "table", "any_column"]
+
+# What PostgreSQL accepts unquoted, minus nothing: the name is double-quoted on output anyway,
+# so mixed case survives, but anything fancier is more likely a typo than a role.
+_ROLE = re.compile(r"[A-Za-z_][A-Za-z0-9_$]{0,62}")
+
+
+@dataclass(frozen=True)
+class Privilege:
+    """One privilege the runtime role must hold on one object, and why."""
+
+    kind: Kind  # schema: USAGE on a schema; table: a table privilege; any_column: see below
+    privilege: str  # USAGE, SELECT, INSERT or UPDATE
+    schema: str | None  # None: the app's tables, found through the search_path
+    name: str  # the schema's or the table's name
+    # For any_column: the column granted. PostgreSQL is satisfied by the privilege on any
+    # column (or on the table), so the check accepts any; the grant names the one we chose.
+    column: str | None = None
+
+    @property
+    def target(self) -> str:
+        """The object as GRANT names it."""
+        if self.kind == "schema":
+            return f"SCHEMA {self.name}"
+        return f"{self.schema}.{self.name}" if self.schema else self.name
+
+    @property
+    def grant(self) -> str:
+        """``GRANT <privilege> ON <object>``, without the grantee: what the message names."""
+        column = f" ({self.column})" if self.column else ""
+        return f"GRANT {self.privilege}{column} ON {self.target}"
+
+
+@dataclass(frozen=True)
+class Group:
+    """Privileges on one object that are printed as one GRANT, with the reason for them."""
+
+    why: str
+    privileges: tuple[Privilege, ...]
+
+
+def _table(schema: str | None, name: str, *privileges: str) -> tuple[Privilege, ...]:
+    return tuple(Privilege("table", p, schema, name) for p in privileges)
+
+
+GROUPS: tuple[Group, ...] = (
+    Group(
+        "The reactor's own schema holds its version table and the hook outbox.",
+        (Privilege("schema", "USAGE", None, "reactor"),),
+    ),
+    Group(
+        "Reads jobs: which need a run, and the row a run is written from (inside PostgreSQL).",
+        _table(None, "analysis_jobs", "SELECT"),
+    ),
+    Group(
+        "The claim locks job rows (SELECT ... FOR NO KEY UPDATE OF j SKIP LOCKED), and\n"
+        "PostgreSQL allows a row lock only to a role with UPDATE privilege on at least one\n"
+        "column of the table; without any, the claim fails with 'permission denied for table\n"
+        "analysis_jobs'. One column is enough, and the reactor never updates a job. updated_at\n"
+        "is the column whose misuse does least harm: it cannot rename a job or change its\n"
+        "status, document or verdicts, only move its deadline, as the app's own writes do.",
+        (Privilege("any_column", "UPDATE", None, "analysis_jobs", column="updated_at"),),
+    ),
+    Group(
+        "Writes runs: INSERT ... ON CONFLICT (id) DO UPDATE ... RETURNING reads the row it\n"
+        "conflicts with. No DELETE: the reactor never removes a run.",
+        _table(None, "analysis_runs", "SELECT", "INSERT", "UPDATE"),
+    ),
+    Group(
+        "Startup checks the applied schema version (the migrations run as the owner).",
+        _table("reactor", "schema_version", "SELECT"),
+    ),
+    Group(
+        "Hooks. The record statement queues hook rows in the same statement (INSERT, needed\n"
+        "even with REACTOR_HOOKS empty: PostgreSQL checks privileges before it knows that no\n"
+        "row comes), the hook runner leases and settles them (SELECT ... FOR UPDATE SKIP\n"
+        "LOCKED, UPDATE), and the watch loop counts them. Nothing deletes from it.",
+        _table("reactor", "hook_outbox", "SELECT", "INSERT", "UPDATE"),
+    ),
+)
+
+REQUIRED: tuple[Privilege, ...] = tuple(p for group in GROUPS for p in group.privileges)
+
+
+def check_role(role: str) -> str:
+    """``role`` if it is a plain identifier we may grant to; ConfigError otherwise."""
+    if not _ROLE.fullmatch(role):
+        raise ConfigError(
+            f"--print-grants {role!r}: the role must be a plain identifier "
+            "(a letter or _, then letters, digits, _ or $; at most 63)"
+        )
+    if role.lower() == "public" or role.lower().startswith("pg_"):
+        raise ConfigError(
+            f"--print-grants {role!r}: name the reactor's own login role, "
+            "not PUBLIC or a pg_ built-in role"
+        )
+    return role
+
+
+def grant_script(role: str) -> str:
+    """The GRANT statements that give ``role`` exactly what the runtime needs, commented."""
+    grantee = '"' + check_role(role) + '"'
+    lines = [
+        f"-- The least privilege of the reactor's runtime role {grantee}: `reactor run`,",
+        "-- `reactor sweep` and `reactor status`. Run as the owner of the tables, after",
+        "-- `reactor migrate` (which needs the owner too). `reactor run` checks exactly these",
+        "-- at startup and exits 5 naming the first one missing.",
+    ]
+    for group in GROUPS:
+        lines.append("")
+        lines.extend(f"-- {line}" for line in group.why.splitlines())
+        first = group.privileges[0]
+        privileges = ", ".join(
+            p.privilege + (f" ({p.column})" if p.column else "") for p in group.privileges
+        )
+        lines.append(f"GRANT {privileges} ON {first.target} TO {grantee};")
+    return "\n".join(lines) + "\n"
+
+
+def check_params() -> dict[str, Any]:
+    """The parameters of status.sql's ``missing_privileges`` query: :data:`REQUIRED` as arrays."""
+    return {
+        "kinds": [p.kind for p in REQUIRED],
+        "privileges": [p.privilege for p in REQUIRED],
+        "schemas": [p.schema for p in REQUIRED],
+        "names": [p.name for p in REQUIRED],
+        "grants": [p.grant for p in REQUIRED],
+    }

@@ -1,0 +1,119 @@
+"""Health and metrics over HTTP: ``/healthz``, ``/readyz`` and ``/metrics``, served by aiohttp.
+
+The handlers only read memory: :meth:`Reactor.health` (which the watch loop keeps current) and
+the metrics registry. None touches the database, so a slow or absent database can make
+``/readyz`` say 503 but never makes a probe hang.
+
+aiohttp's site runs on the event loop without a task of its own, and installs no signal
+handlers (``reactor run`` owns SIGTERM). :func:`serving` binds on entry, so a port that is taken
+fails at startup, and closes on exit, after the reactor has drained.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import anyio
+import anyio.abc
+from aiohttp import web
+from prometheus_client.exposition import choose_encoder
+
+from reactor.errors import ConfigError
+from reactor.service import Reactor
+
+log = logging.getLogger(__name__)
+
+# How long closing may wait for requests in flight; probes answer in microseconds.
+SHUTDOWN_SECONDS = 2.0
+
+_NO_CACHE = {"Cache-Control": "no-store"}
+
+
+def make_app(reactor: Reactor) -> web.Application:
+    """The aiohttp application serving ``reactor``'s health and metrics."""
+
+    async def healthz(request: web.Request) -> web.Response:
+        alive, _, reason = reactor.health()
+        if alive:
+            return web.json_response({"status": "alive"}, headers=_NO_CACHE)
+        return web.json_response(
+            {"status": "unhealthy", "reason": reason}, status=503, headers=_NO_CACHE
+        )
+
+    async def readyz(request: web.Request) -> web.Response:
+        _, ready, reason = reactor.health()
+        return web.json_response(
+            {"ready": ready, "reason": reason}, status=200 if ready else 503, headers=_NO_CACHE
+        )
+
+    async def metrics(request: web.Request) -> web.Response:
+        # Prometheus text by default; OpenMetrics when the scraper asks for it.
+        encode, content_type = choose_encoder(request.headers.get("Accept", ""))
+        return web.Response(
+            body=encode(reactor.metrics.registry),
+            headers={"Content-Type": content_type, **_NO_CACHE},
+        )
+
+    app = web.Application()
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    app.router.add_get("/metrics", metrics)
+    return app
+
+
+@asynccontextmanager
+async def serving(
+    reactor: Reactor, addr: tuple[str, int] | None
+) -> AsyncIterator[tuple[str, int] | None]:
+    """Serve ``reactor`` on ``addr`` (None: disabled) while the block runs; yields the bound
+    (host, port), which tells a caller that asked for port 0 where it landed.
+
+    A port that cannot be bound raises ConfigError naming REACTOR_HTTP_ADDR.
+    """
+    if addr is None:
+        yield None
+        return
+    host, port = addr
+    # access_log=None: probes every few seconds would drown the reactor's own log lines.
+    runner = web.AppRunner(make_app(reactor), access_log=None, shutdown_timeout=SHUTDOWN_SECONDS)
+    await runner.setup()
+    try:
+        try:
+            await web.TCPSite(runner, host, port).start()
+        except OSError as error:
+            raise ConfigError(
+                f"REACTOR_HTTP_ADDR={_show(host, port)}: cannot listen: "
+                f"{error.strerror or error}; choose another address, or set it empty to disable"
+            ) from None
+        bound_host, bound_port = runner.addresses[0][:2]
+        log.info(
+            "serving /healthz, /readyz and /metrics",
+            extra={"http_addr": _show(bound_host, bound_port)},
+        )
+        yield bound_host, bound_port
+    finally:
+        # Shielded: closing must finish even when the task group around us is being cancelled.
+        with anyio.move_on_after(SHUTDOWN_SECONDS + 1, shield=True):
+            await runner.cleanup()
+
+
+async def serve_http(
+    reactor: Reactor,
+    addr: tuple[str, int] | None,
+    *,
+    task_status: anyio.abc.TaskStatus[tuple[str, int] | None] = anyio.TASK_STATUS_IGNORED,
+) -> None:
+    """:func:`serving` as a task: started once bound, serves until its task group is cancelled.
+
+    Note that an error before ``started`` reaches ``tg.start()``'s caller wrapped in an
+    ExceptionGroup; ``reactor run`` uses :func:`serving` directly to keep its one-line errors.
+    """
+    async with serving(reactor, addr) as bound:
+        task_status.started(bound)
+        await anyio.sleep_forever()
+
+
+def _show(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"

@@ -1,0 +1,363 @@
+"""``reactor status``: is anything at risk of being lost, and why.
+
+:func:`collect` reads one snapshot from the database (its statements are the ``status_*``
+queries of ``triggers/status.sql``; all read-only), :func:`risks` judges it, and
+:func:`as_json` / :func:`render` show it to machines and to people. The command exits 1 when
+:func:`risks` finds anything, so a cron job or a CI step can alarm on the exit code alone.
+
+The JSON shape is stable; keys are only ever added. Durations are seconds (float), times are
+ISO 8601 from the database clock, and ``null`` means "unknown or not applicable"::
+
+    {
+      "checked_at": "2025-01-01T12:00:00.000000+00:00",   # database clock
+      "at_risk": false,                                  # true exactly when risks is non-empty
+      "risks": ["..."],                                  # one sentence per finding
+      "jobs": {
+        "due": 0,                    # need a run and are past REACTOR_GRACE_SECONDS
+        "in_grace": 0,               # need a run, still inside the grace window
+        "grace_seconds": 120.0,
+        "oldest_due": null,          # or {"job_id": "...", "age_seconds": 3600.0}; age is
+                                     # since the job's updated_at
+        "trim_horizon_seconds": 86400.0,
+        "at_risk": false             # oldest_due.age_seconds > trim_horizon_seconds / 2
+      },
+      "hooks": {
+        "outbox": true,              # false (and the counts null) before the outbox migration
+        "pending": 0, "running": 0,
+        "backlog": 0,                # pending + running
+        "failed": 0,                 # parked after their last attempt: at risk when > 0
+        "oldest_backlog_age_seconds": null,
+        "recent_failures": [         # newest first, at most 5
+          {"hook": "...", "run_id": "...", "job_id": "...", "attempts": 8,
+           "last_error": "...", "updated_at": "..."}
+        ]
+      },
+      "listeners": {
+        "mode": "listen",            # REACTOR_MODE; in poll mode zero sessions is expected
+        "count": 2,
+        "sessions": [{"pid": 123, "client_addr": "10.0.0.5", "backend_start": "..."}]
+      },                             # client_addr and backend_start are null for a session of
+                                     # another role unless this one has pg_read_all_stats
+      "schema": {"version": 5, "required": 5, "behind": false},
+      "notify_queue": {"usage": 0.0, "at_risk": false}   # pg_notification_queue_usage()
+    }
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import psycopg
+import psycopg.errors
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from reactor import db, sql
+from reactor.config import Settings
+from reactor.errors import PrivilegeMissing, SchemaMissing
+from reactor.service import QUEUE_WARNING
+
+# The application_name of a listener's session: db.conninfo names sessions "reactor-<role>"
+# and the listener connects with role "listener".
+LISTENER_APPLICATION_NAME = "reactor-listener"
+
+RECENT_FAILURES = 5
+
+
+@dataclass(frozen=True)
+class Listener:
+    """One LISTEN session of a reactor replica, as pg_stat_activity shows it."""
+
+    pid: int
+    client_addr: str | None  # None: a Unix socket, or not visible to this role
+    backend_start: datetime | None
+
+
+@dataclass(frozen=True)
+class HookFailure:
+    """One hook row parked as failed."""
+
+    hook: str
+    run_id: str
+    job_id: str
+    attempts: int
+    last_error: str | None
+    updated_at: datetime
+
+
+@dataclass(frozen=True)
+class Hooks:
+    """The hook outbox's state; counts are None when the outbox table does not exist."""
+
+    outbox: bool
+    pending: int | None = None
+    running: int | None = None
+    failed: int | None = None
+    oldest_backlog_age: float | None = None
+    recent_failures: tuple[HookFailure, ...] = ()
+
+    @property
+    def backlog(self) -> int | None:
+        """Rows queued or leased."""
+        if self.pending is None or self.running is None:
+            return None
+        return self.pending + self.running
+
+
+@dataclass(frozen=True)
+class Status:
+    """One snapshot of everything ``reactor status`` reports."""
+
+    checked_at: datetime
+    grace: float
+    trim_horizon: float
+    mode: str
+    due: int
+    in_grace: int
+    oldest_job_id: str | None  # the oldest due job, or None when none is due
+    oldest_age: float | None  # seconds since that job's updated_at
+    hooks: Hooks
+    listeners: tuple[Listener, ...]
+    schema_version: int
+    required_version: int
+    queue_usage: float
+
+    @property
+    def oldest_at_risk(self) -> bool:
+        """The oldest due job is past half the trim horizon: its document may go soon."""
+        return self.oldest_age is not None and self.oldest_age > self.trim_horizon / 2
+
+    @property
+    def schema_behind(self) -> bool:
+        """The database lacks migrations this release needs."""
+        return self.schema_version < self.required_version
+
+    @property
+    def queue_at_risk(self) -> bool:
+        """The NOTIFY queue is past the share where the app's commits are in danger."""
+        return self.queue_usage >= QUEUE_WARNING
+
+
+async def collect(conn: db.AnyConnection, settings: Settings) -> Status:
+    """Read one snapshot; SchemaMissing or PrivilegeMissing when there is nothing to read."""
+    try:
+        return await _collect(conn, settings)
+    except psycopg.errors.InsufficientPrivilege as error:
+        raise PrivilegeMissing(
+            f"cannot read the reactor's state: {db.first_line(error)}; grant what "
+            "`reactor migrate --print-grants ROLE` prints, or run status as the owner"
+        ) from None
+
+
+async def _collect(conn: db.AnyConnection, settings: Settings) -> Status:
+    server = await _one(conn, "status_server")
+    if not server["app_tables"]:
+        raise SchemaMissing(
+            "table analysis_jobs or analysis_runs not found; check DATABASE_URL points at the "
+            "app's database"
+        )
+    version = await db.schema_version(conn)
+    if version is None:
+        raise SchemaMissing("the database has no reactor schema; run `reactor migrate`")
+    jobs = await _one(conn, "status_jobs", {"grace": settings.grace})
+    hooks = Hooks(outbox=False)
+    if server["hook_outbox"]:
+        counts = await _one(conn, "status_hooks")
+        failures = await db.fetch_dicts(
+            conn, sql.query("status_hook_failures", "status.sql"), {"limit": RECENT_FAILURES}
+        )
+        hooks = Hooks(
+            outbox=True,
+            pending=counts["pending"],
+            running=counts["running"],
+            failed=counts["failed"],
+            oldest_backlog_age=counts["oldest_backlog_age"],
+            recent_failures=tuple(HookFailure(**row) for row in failures),
+        )
+    listeners = await db.fetch_dicts(
+        conn,
+        sql.query("status_listeners", "status.sql"),
+        {"application_name": LISTENER_APPLICATION_NAME},
+    )
+    return Status(
+        checked_at=server["checked_at"],
+        grace=settings.grace,
+        trim_horizon=settings.trim_horizon,
+        mode=settings.mode,
+        due=jobs["due"],
+        in_grace=jobs["in_grace"],
+        oldest_job_id=jobs["oldest_job_id"],
+        oldest_age=jobs["oldest_age"],
+        hooks=hooks,
+        listeners=tuple(Listener(**row) for row in listeners),
+        schema_version=version,
+        required_version=sql.latest_version(),
+        queue_usage=server["queue_usage"],
+    )
+
+
+async def _one(conn: db.AnyConnection, name: str, params: Any = None) -> dict[str, Any]:
+    rows = await db.fetch_dicts(conn, sql.query(name, "status.sql"), params)
+    return rows[0]
+
+
+def risks(status: Status) -> list[str]:
+    """What is at risk, one sentence each; empty when all is well."""
+    found = []
+    if status.oldest_at_risk:
+        assert status.oldest_age is not None
+        found.append(
+            f"the oldest due job ({status.oldest_job_id}) was last updated "
+            f"{duration(status.oldest_age)} ago, past half the "
+            f"{duration(status.trim_horizon)} trim horizon: record it before doc_html is trimmed"
+        )
+    if status.hooks.failed:
+        found.append(f"{status.hooks.failed} hook call(s) failed for good and are parked")
+    if status.schema_behind:
+        found.append(
+            f"the schema is at version {status.schema_version}, this reactor needs "
+            f"{status.required_version}: run `reactor migrate`"
+        )
+    if status.queue_at_risk:
+        found.append(
+            f"the NOTIFY queue is {status.queue_usage:.0%} full: a session LISTENs without "
+            "reading, and the app's commits fail when it is full"
+        )
+    if status.mode == "listen" and status.due and not status.listeners:
+        found.append(f"{status.due} job(s) are due and no reactor is LISTENing")
+    return found
+
+
+def as_json(status: Status) -> dict[str, Any]:
+    """The snapshot in the stable JSON shape documented at the top of this module."""
+    found = risks(status)
+    return {
+        "checked_at": status.checked_at.isoformat(),
+        "at_risk": bool(found),
+        "risks": found,
+        "jobs": {
+            "due": status.due,
+            "in_grace": status.in_grace,
+            "grace_seconds": status.grace,
+            "oldest_due": None
+            if status.oldest_job_id is None
+            else {"job_id": status.oldest_job_id, "age_seconds": status.oldest_age},
+            "trim_horizon_seconds": status.trim_horizon,
+            "at_risk": status.oldest_at_risk,
+        },
+        "hooks": {
+            "outbox": status.hooks.outbox,
+            "pending": status.hooks.pending,
+            "running": status.hooks.running,
+            "backlog": status.hooks.backlog,
+            "failed": status.hooks.failed,
+            "oldest_backlog_age_seconds": status.hooks.oldest_backlog_age,
+            "recent_failures": [
+                {
+                    "hook": f.hook,
+                    "run_id": f.run_id,
+                    "job_id": f.job_id,
+                    "attempts": f.attempts,
+                    "last_error": f.last_error,
+                    "updated_at": f.updated_at.isoformat(),
+                }
+                for f in status.hooks.recent_failures
+            ],
+        },
+        "listeners": {
+            "mode": status.mode,
+            "count": len(status.listeners),
+            "sessions": [
+                {
+                    "pid": s.pid,
+                    "client_addr": s.client_addr,
+                    "backend_start": s.backend_start.isoformat() if s.backend_start else None,
+                }
+                for s in status.listeners
+            ],
+        },
+        "schema": {
+            "version": status.schema_version,
+            "required": status.required_version,
+            "behind": status.schema_behind,
+        },
+        "notify_queue": {"usage": status.queue_usage, "at_risk": status.queue_at_risk},
+    }
+
+
+def render(status: Status, console: Console) -> None:
+    """A table for people: one row per check, the risky ones in red."""
+    table = Table(title=f"reactor status at {status.checked_at:%Y-%m-%d %H:%M:%S %Z}")
+    table.add_column("check")
+    table.add_column("value")
+    table.add_column("state")
+
+    def row(check: str, value: str, risky: bool, *, note: str = "ok") -> None:
+        state = Text("AT RISK", style="bold red") if risky else Text(note, style="green")
+        table.add_row(check, value, state)
+
+    row(
+        "jobs needing a run",
+        f"{status.due} due, {status.in_grace} inside the {duration(status.grace)} grace",
+        False,
+        note="ok" if not status.due else "backlog",
+    )
+    oldest = "none due"
+    if status.oldest_age is not None:
+        oldest = (
+            f"{duration(status.oldest_age)} (job {status.oldest_job_id}); "
+            f"at risk past {duration(status.trim_horizon / 2)}"
+        )
+    row("oldest due job", oldest, status.oldest_at_risk)
+    hooks = "no outbox yet (run `reactor migrate`)"
+    if status.hooks.outbox:
+        hooks = (
+            f"{status.hooks.pending} pending, {status.hooks.running} running, "
+            f"{status.hooks.failed} failed"
+        )
+        if status.hooks.oldest_backlog_age is not None:
+            hooks += f"; oldest waiting {duration(status.hooks.oldest_backlog_age)}"
+        for failure in status.hooks.recent_failures:
+            error = (failure.last_error or "").splitlines()[:1]
+            hooks += f"\n{failure.hook} run {failure.run_id}: {''.join(error)[:80]}"
+    row("hooks", hooks, bool(status.hooks.failed))
+    sessions = [
+        f"{s.client_addr or 'local'} since {s.backend_start:%Y-%m-%d %H:%M:%S}"
+        if s.backend_start
+        else f"pid {s.pid}"
+        for s in status.listeners
+    ]
+    no_listener = status.mode == "listen" and bool(status.due) and not status.listeners
+    row(
+        "LISTEN sessions",
+        "\n".join([str(len(status.listeners)), *sessions]),
+        no_listener,
+        note="ok" if status.mode == "listen" else "poll mode",
+    )
+    row(
+        "schema",
+        f"version {status.schema_version} (this reactor needs {status.required_version})",
+        status.schema_behind,
+    )
+    row("NOTIFY queue", f"{status.queue_usage:.1%} used", status.queue_at_risk)
+    console.print(table)
+    found = risks(status)
+    for risk in found:
+        console.print(Text(f"at risk: {risk}", style="red"))
+    if not found:
+        console.print(Text("nothing at risk", style="green"))
+
+
+def duration(seconds: float) -> str:
+    """``3725`` -> ``1h 2m 5s``; sub-minute values keep one decimal."""
+    if seconds < 60:
+        return f"{seconds:.1f}s".replace(".0s", "s")
+    whole = int(seconds)
+    days, rest = divmod(whole, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, secs = divmod(rest, 60)
+    parts = [(days, "d"), (hours, "h"), (minutes, "m"), (secs, "s")]
+    return " ".join(f"{n}{unit}" for n, unit in parts if n) or "0s"
