@@ -208,7 +208,9 @@ class Listener:
         token = uuid.uuid4().hex
         self._probe_sent = anyio.current_time()
         try:
-            await self.database.notify(self.settings.channel, _PROBE + token)
+            # Bounded: while the pool waits for a connection, this loop reads nothing.
+            with anyio.fail_after(self.settings.probe_timeout):
+                await self.database.notify(self.settings.channel, _PROBE + token)
         except (psycopg.Error, OSError, TimeoutError) as error:
             log.warning("could not send the delivery probe", extra={"error": db.first_line(error)})
             return
