@@ -139,7 +139,7 @@ def make_pool(dsn: str, *, max_size: int) -> AsyncConnectionPool[AnyConnection]:
         open=False,
         name="reactor",
         timeout=15.0,
-        reconnect_timeout=0,  # keep trying for ever: the database coming back is the normal case
+        reconnect_timeout=86400,  # keep trying: the database coming back is the normal case
     )
 
 

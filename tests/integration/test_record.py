@@ -9,6 +9,7 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
+import anyio
 import psycopg
 import pytest
 
@@ -43,6 +44,11 @@ def _connect(database_url: str) -> Conn:
     return psycopg.connect(database_url, autocommit=True)
 
 
+def job_id_key(job_id: uuid.UUID) -> str:
+    """The key the reactor's deadlines use for a job."""
+    return str(job_id)
+
+
 async def test_recorded_by_the_timer_right_after_grace(
     database_url: str, start_reactor: StartReactor
 ) -> None:
@@ -52,7 +58,8 @@ async def test_recorded_by_the_timer_right_after_grace(
             finish(conn, job_id)
             row = await eventually(lambda: run_row(conn, run_id))
             assert row == (job_id, "worker")
-            assert recorded(reactor, "timer") == 1
+            # The statement's commit is visible before the reactor has counted it.
+            await eventually(lambda: recorded(reactor, "timer") == 1)
             assert recorded(reactor, "scan") == 0
         # By the database clock: never before updated_at + grace, and right after it.
         [lateness] = worker_lateness(conn, GRACE)
@@ -67,9 +74,7 @@ async def test_recorded_by_the_timer_right_after_grace(
         assert stored == (True, True)
 
 
-async def test_failed_jobs_are_recorded_too(
-    database_url: str, start_reactor: StartReactor
-) -> None:
+async def test_failed_jobs_are_recorded_too(database_url: str, start_reactor: StartReactor) -> None:
     with _connect(database_url) as conn:
         async with start_reactor(grace=GRACE):
             job_id, run_id = new_job(conn)
@@ -88,7 +93,9 @@ async def test_client_save_inside_grace_means_no_worker_write(
             finish(conn, job_id)
             client_save(conn, job_id)
             # The notification arms a timer; it fires after grace and its statement returns.
-            await eventually(lambda: job_id_key(job_id) in reactor.deadlines or log.processed(job_id))
+            await eventually(
+                lambda: job_id_key(job_id) in reactor.deadlines or log.processed(job_id)
+            )
             await eventually(lambda: log.processed(job_id))
             await eventually(lambda: len(reactor.deadlines) == 0)
             assert log.rearmed(job_id) == []
@@ -125,11 +132,6 @@ async def test_client_save_after_the_worker_wins(
             ("INSERT", run_id, job_id, "worker"),
             ("UPDATE", run_id, job_id, "client"),
         ]
-
-
-def job_id_key(job_id: uuid.UUID) -> str:
-    """The key the reactor's deadlines use for a job."""
-    return str(job_id)
 
 
 async def test_jobs_that_need_no_run_are_never_written(
@@ -197,15 +199,22 @@ async def test_jobs_that_need_no_run_are_never_written(
 async def test_touched_after_terminal_waits_for_the_new_updated_at(
     database_url: str, start_reactor: StartReactor
 ) -> None:
-    grace = 0.5
+    grace = 1.0
     with _connect(database_url) as conn:
         async with start_reactor(grace=grace) as reactor:
             log = watch_recorder(reactor)
             job_id, run_id = new_job(conn)
             finish(conn, job_id)
-            # The notification armed the timer for the old updated_at; touch the job inside it.
+            # The notification armed the timer for the old updated_at.
             await eventually(lambda: job_id_key(job_id) in reactor.deadlines)
+            deadline = reactor.deadlines.when(job_id_key(job_id))
+            assert deadline is not None
+            # The app touches the job in the middle of its grace window: well after the
+            # notification (so the timer's first firing is early for the new updated_at), well
+            # before that firing. This wait is the scenario's timing, not a synchronisation.
+            await anyio.sleep(max(0.0, (deadline - reactor.clock()) / 2))
             touch(conn, job_id)
+            assert not log.processed(job_id), "the timer fired before the touch"
             touched: Any = scalar(
                 conn, "SELECT updated_at FROM analysis_jobs WHERE id = %s", (job_id,)
             )
@@ -214,7 +223,7 @@ async def test_touched_after_terminal_waits_for_the_new_updated_at(
             delays = log.rearmed(job_id)
             assert len(delays) >= 1
             assert all(0.0 < d <= grace + 0.1 for d in delays)
-            assert recorded(reactor, "timer") == 1
+            await eventually(lambda: recorded(reactor, "timer") == 1)
         written_at = scalar(conn, "SELECT at FROM run_audit WHERE saved_by = 'worker'")
         assert (written_at - touched).total_seconds() >= grace
         [lateness] = worker_lateness(conn, grace)
@@ -224,3 +233,95 @@ async def test_touched_after_terminal_waits_for_the_new_updated_at(
 
 def _now(conn: Conn) -> Any:
     return scalar(conn, "SELECT now()")
+
+
+async def test_job_inserted_terminal_is_recorded(
+    database_url: str, start_reactor: StartReactor
+) -> None:
+    with _connect(database_url) as conn:
+        async with start_reactor(grace=GRACE) as reactor:
+            job_id, run_id = new_job(conn, status="complete", results={"verdicts": [3]})
+            assert await eventually(lambda: run_row(conn, run_id)) == (job_id, "worker")
+            await eventually(lambda: recorded(reactor, "timer") == 1)
+        assert early_writes(conn, GRACE) == 0
+
+
+async def test_status_flip_after_recording_writes_nothing_more(
+    database_url: str, start_reactor: StartReactor
+) -> None:
+    with _connect(database_url) as conn:
+        async with start_reactor(grace=GRACE) as reactor:
+            log = watch_recorder(reactor)
+            job_id, run_id = new_job(conn)
+            finish(conn, job_id)
+            assert await eventually(lambda: run_row(conn, run_id)) == (job_id, "worker")
+            batches = len(log.batches)
+            touch(conn, job_id, status="failed")  # a second terminal transition, notified
+            await eventually(lambda: len(log.batches) > batches and log.processed(job_id))
+            assert await reactor.scan(rearm=True) == 0
+        assert worker_writes(conn) == [(run_id, job_id, "INSERT")]
+
+
+async def test_garbage_notifications_are_ignored(
+    database_url: str, start_reactor: StartReactor
+) -> None:
+    with _connect(database_url) as conn:
+        async with start_reactor(grace=GRACE) as reactor:
+            channel = reactor.settings.channel
+            for payload in ("not-a-uuid", "", "x" * 7000, str(uuid.uuid4()) * 2):
+                conn.execute("SELECT pg_notify(%s, %s)", (channel, payload))
+            # A notification for a job that does not exist arms a timer that finds nothing.
+            conn.execute("SELECT pg_notify(%s, %s)", (channel, str(uuid.uuid4()).upper()))
+            registry = reactor.metrics.registry
+            await eventually(
+                lambda: (
+                    registry.get_sample_value("reactor_notifications_total", {"result": "rejected"})
+                    == 4
+                )
+            )
+            job_id, run_id = new_job(conn)
+            finish(conn, job_id)
+            assert await eventually(lambda: run_row(conn, run_id)) == (job_id, "worker")
+            assert reactor.listener is not None
+            assert reactor.listener.connections == 1
+        assert worker_writes(conn) == [(run_id, job_id, "INSERT")]
+
+
+async def test_results_arriving_after_the_transition_are_recorded_by_the_scan(
+    database_url: str, start_reactor: StartReactor
+) -> None:
+    # The trigger fires on the status transition only. An app that sets the status first and
+    # the results in a later UPDATE sends its one notification while the job needs no run; the
+    # fallback scan is what records it (lost = 0), one scan interval later at most.
+    with _connect(database_url) as conn:
+        async with start_reactor(grace=GRACE, scan_interval=1.0) as reactor:
+            log = watch_recorder(reactor)
+            job_id, run_id = new_job(conn, status="running")
+            touch(conn, job_id, status="complete")  # results still NULL
+            await eventually(lambda: log.processed(job_id))
+            assert run_row(conn, run_id) is None
+            touch(conn, job_id, results='{"verdicts": [1]}')
+            assert await eventually(lambda: run_row(conn, run_id)) == (job_id, "worker")
+            await eventually(lambda: recorded(reactor, "scan") + recorded(reactor, "timer") == 1)
+        assert early_writes(conn, GRACE) == 0
+
+
+async def test_poll_mode_records_after_grace_without_listen(
+    database_url: str, start_reactor: StartReactor
+) -> None:
+    with _connect(database_url) as conn:
+        async with start_reactor(grace=GRACE, mode="poll", scan_interval=0.5) as reactor:
+            assert reactor.listener is None
+            job_id, run_id = new_job(conn)
+            finish(conn, job_id)
+            assert await eventually(lambda: run_row(conn, run_id)) == (job_id, "worker")
+            listeners = scalar(
+                conn,
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                "AND application_name = 'reactor-listener'",
+            )
+            assert listeners == 0
+        [lateness] = worker_lateness(conn, GRACE)
+        # The scan re-arms a timer for the upcoming deadline: on time, not a scan late.
+        assert 0.0 <= lateness < 0.5 + PROMPT
+        assert early_writes(conn, GRACE) == 0

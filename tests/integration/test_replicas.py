@@ -1,0 +1,122 @@
+"""Several replicas side by side (a rolling deploy): every job is recorded, and exactly once."""
+
+from __future__ import annotations
+
+import uuid
+
+import psycopg
+import pytest
+
+from reactor.service import Reactor
+from tests.helpers import Conn, client_save, early_writes, finish, new_job, worker_writes
+from tests.integration.conftest import StartReactor, eventually
+from tests.integration.support import audit, claims_skipped, recorded, scalar
+
+pytestmark = pytest.mark.anyio
+
+GRACE = 0.4
+JOBS = 200
+
+
+def _total_recorded(reactors: tuple[Reactor, ...]) -> float:
+    return sum(recorded(r, source) for r in reactors for source in ("timer", "scan"))
+
+
+@pytest.mark.parametrize("finishing", ["one transaction", "one by one"])
+async def test_two_replicas_record_each_job_exactly_once(
+    database_url: str, start_reactor: StartReactor, finishing: str
+) -> None:
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        async with start_reactor(grace=GRACE) as r1, start_reactor(grace=GRACE) as r2:
+            replicas = (r1, r2)
+            jobs = [new_job(conn) for _ in range(JOBS)]
+            # A tab is open for every third job and saves it right away, well inside grace.
+            saved = {job_id for i, (job_id, _) in enumerate(jobs) if i % 3 == 0}
+            if finishing == "one transaction":
+                # 200 notifications at one commit: both replicas arm 200 timers at once.
+                # The tabs' saves commit with it, so none can land after the grace.
+                with conn.transaction():
+                    for job_id, _ in jobs:
+                        finish(conn, job_id)
+                    for job_id in saved:
+                        client_save(conn, job_id)
+            else:
+                for job_id, _ in jobs:
+                    finish(conn, job_id)
+                    if job_id in saved:
+                        client_save(conn, job_id)
+
+            await eventually(
+                lambda: scalar(conn, "SELECT count(*) FROM analysis_runs") == JOBS, timeout=20
+            )
+            # Both replicas let every timer run out, including retries of jobs the other held.
+            await eventually(lambda: len(r1.deadlines) == 0 and len(r2.deadlines) == 0, timeout=20)
+            for r in replicas:
+                assert await r.scan(rearm=True) == 0
+            # What the replicas say they recorded is what the database holds.
+            await eventually(lambda: _total_recorded(replicas) >= JOBS - len(saved))
+            total = _total_recorded(replicas)
+
+        expected = {job_id for job_id, _ in jobs} - saved
+        _assert_exactly_once(conn, expected, saved)
+        assert total == len(expected), f"recorded {total}, expected {len(expected)}"
+
+
+async def test_rows_another_writer_holds_are_retried_not_lost(
+    database_url: str, start_reactor: StartReactor
+) -> None:
+    with (
+        psycopg.connect(database_url, autocommit=True) as conn,
+        psycopg.connect(database_url) as locker,
+    ):
+        async with start_reactor(grace=GRACE) as r1, start_reactor(grace=GRACE) as r2:
+            replicas = (r1, r2)
+            jobs = [new_job(conn) for _ in range(40)]
+            with conn.transaction():
+                for job_id, _ in jobs:
+                    finish(conn, job_id)
+            # Another writer (a replica mid-statement, or the app) holds a quarter of the rows
+            # the way the claim does, past their grace.
+            held = [job_id for job_id, _ in jobs[::4]]
+            locked = locker.execute(
+                "SELECT id FROM analysis_jobs WHERE id = ANY(%s) FOR NO KEY UPDATE", (held,)
+            ).fetchall()
+            assert len(locked) == len(held)
+            # Both replicas find them taken: counted as skipped, left for a retry.
+            await eventually(lambda: all(claims_skipped(r) >= 1 for r in replicas))
+            await eventually(
+                lambda: scalar(conn, "SELECT count(*) FROM analysis_runs") == len(jobs) - len(held)
+            )
+            held_runs = scalar(
+                conn, "SELECT count(*) FROM run_audit WHERE job_id = ANY(%s)", (held,)
+            )
+            assert held_runs == 0
+            locker.commit()  # the holder goes away without writing
+            await eventually(
+                lambda: scalar(conn, "SELECT count(*) FROM analysis_runs") == len(jobs)
+            )
+            await eventually(lambda: len(r1.deadlines) == 0 and len(r2.deadlines) == 0)
+            await eventually(lambda: _total_recorded(replicas) >= len(jobs))
+            total = _total_recorded(replicas)
+        _assert_exactly_once(conn, {job_id for job_id, _ in jobs}, set())
+        assert total == len(jobs)
+
+
+def _assert_exactly_once(conn: Conn, expected: set[uuid.UUID], saved: set[uuid.UUID]) -> None:
+    writes = worker_writes(conn)
+    pairs = [(run_id, job_id) for run_id, job_id, _ in writes]
+    assert len(pairs) == len(set(pairs)), "dup: a (run, job) was written twice by the worker"
+    assert {job_id for _, job_id in pairs} == expected, "lost or wrong worker writes"
+    assert len(writes) == len(expected)
+    assert all(op == "INSERT" for _, _, op in writes)
+    # clobbered = 0: every run a tab saved is still the tab's, with no worker write after it.
+    clients = scalar(
+        conn,
+        "SELECT count(*) FROM analysis_runs WHERE saved_by = 'client' AND job_id = ANY(%s)",
+        (list(saved),),
+    )
+    assert clients == len(saved)
+    assert not any(
+        saved_by == "worker" and job_id in saved for _, _, job_id, saved_by in audit(conn)
+    )
+    assert early_writes(conn, GRACE) == 0

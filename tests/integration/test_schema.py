@@ -1,0 +1,330 @@
+"""The reactor's SQL: the migrations produce triggers/schema.sql, and applying them is idempotent,
+safe to run twice at once, upgrades legacy apps, and matches `reactor migrate --print`."""
+
+from __future__ import annotations
+
+import re
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import anyio
+import psycopg
+import psycopg.errors
+import pytest
+
+from reactor import db, sql
+from reactor.errors import SchemaMissing
+from tests.conftest import Server
+from tests.helpers import Conn
+from tests.integration.conftest import eventually
+
+pytestmark = pytest.mark.anyio
+
+CHANNEL = "analysis_jobs_terminal"
+SCHEMAS = ["public", "reactor"]
+ALL_VERSIONS = [m.version for m in sql.migrations()]
+
+# What an app looked like before the reactor: analysis_runs has no saved_by.
+LEGACY_SQL = """
+CREATE TABLE analysis_jobs (
+    id          uuid PRIMARY KEY,
+    run_id      uuid NOT NULL,
+    status      text NOT NULL,
+    doc_html    text,
+    results     jsonb,
+    deleted_at  timestamptz,
+    created_at  timestamptz NOT NULL DEFAULT now(),
+    updated_at  timestamptz NOT NULL DEFAULT now()
+);
+CREATE TABLE analysis_runs (
+    id          uuid PRIMARY KEY,
+    job_id      uuid NOT NULL,
+    doc_html    text,
+    results     jsonb NOT NULL,
+    created_at  timestamptz NOT NULL DEFAULT now(),
+    updated_at  timestamptz NOT NULL DEFAULT now()
+);
+"""
+
+# Each query returns rows that describe one kind of catalog object in SCHEMAS; columns are
+# compared by name, not position (a column added by ALTER TABLE comes last).
+CATALOG: dict[str, str] = {
+    "schemas": "SELECT nspname FROM pg_namespace WHERE nspname = ANY(%(s)s) ORDER BY 1",
+    "relations": """
+        SELECT n.nspname, c.relname, c.relkind, c.relpersistence
+          FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+         WHERE n.nspname = ANY(%(s)s) ORDER BY 1, 2
+    """,
+    "columns": """
+        SELECT n.nspname, c.relname, a.attname, format_type(a.atttypid, a.atttypmod),
+               a.attnotnull, pg_get_expr(d.adbin, d.adrelid), a.attidentity, a.attgenerated,
+               coll.collname
+          FROM pg_class c
+          JOIN pg_namespace n ON n.oid = c.relnamespace
+          JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped
+          LEFT JOIN pg_attrdef d ON d.adrelid = c.oid AND d.adnum = a.attnum
+          LEFT JOIN pg_collation coll ON coll.oid = a.attcollation
+         WHERE n.nspname = ANY(%(s)s) AND c.relkind IN ('r', 'p', 'v', 'm', 'f')
+         ORDER BY 1, 2, 3
+    """,
+    "indexes": """
+        SELECT schemaname, tablename, indexname, indexdef
+          FROM pg_indexes WHERE schemaname = ANY(%(s)s) ORDER BY 1, 2, 3
+    """,
+    "constraints": """
+        SELECT n.nspname, c.conrelid::regclass::text, c.conname, c.contype,
+               pg_get_constraintdef(c.oid)
+          FROM pg_constraint c JOIN pg_namespace n ON n.oid = c.connamespace
+         WHERE n.nspname = ANY(%(s)s) ORDER BY 1, 2, 3
+    """,
+    "triggers": """
+        SELECT t.tgrelid::regclass::text, t.tgname, t.tgenabled, pg_get_triggerdef(t.oid)
+          FROM pg_trigger t
+          JOIN pg_class c ON c.oid = t.tgrelid
+          JOIN pg_namespace n ON n.oid = c.relnamespace
+         WHERE n.nspname = ANY(%(s)s) AND NOT t.tgisinternal ORDER BY 1, 2
+    """,
+    "functions": """
+        SELECT n.nspname, p.proname, pg_get_function_identity_arguments(p.oid),
+               pg_get_functiondef(p.oid)
+          FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
+         WHERE n.nspname = ANY(%(s)s) AND p.prokind IN ('f', 'p') ORDER BY 1, 2, 3
+    """,
+}
+
+Catalog = dict[str, list[tuple[Any, ...]]]
+
+
+def catalog(dsn: str) -> Catalog:
+    """A snapshot of every object the reactor or the reference schema could create."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        return {kind: conn.execute(q, {"s": SCHEMAS}).fetchall() for kind, q in CATALOG.items()}
+
+
+def versions(dsn: str) -> list[tuple[int, int]]:
+    """(version, how many rows) of reactor.schema_version."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        return [
+            (int(v), int(n))
+            for v, n in conn.execute(
+                "SELECT version, count(*) FROM reactor.schema_version GROUP BY 1 ORDER BY 1"
+            ).fetchall()
+        ]
+
+
+def execute(dsn: str, text: str) -> None:
+    """Run SQL text the way psql -f would (simple query protocol, autocommit)."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(text)
+
+
+async def migrate(dsn: str, *, reference_schema: bool, channel: str = CHANNEL) -> list[int]:
+    async with await db.connect(dsn, "test") as conn:
+        return await db.migrate(conn, channel, reference_schema=reference_schema)
+
+
+@pytest.fixture
+def make_database(server: Server) -> Iterator[Callable[[], str]]:
+    """Creates as many fresh empty databases as a test asks for; drops them afterwards."""
+    names: list[str] = []
+
+    def make() -> str:
+        name = f"e_{uuid.uuid4().hex[:12]}"
+        with psycopg.connect(server.admin_dsn, autocommit=True) as conn:
+            conn.execute(f"CREATE DATABASE {name}")
+        names.append(name)
+        return server.dsn_for(name)
+
+    yield make
+    with psycopg.connect(server.admin_dsn, autocommit=True) as conn:
+        for name in names:
+            conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+
+async def test_migrations_produce_the_current_schema(
+    empty_database_url: str, make_database: Callable[[], str]
+) -> None:
+    migrated = empty_database_url
+    execute(migrated, sql.read("reference.sql"))
+    assert await migrate(migrated, reference_schema=False) == ALL_VERSIONS
+
+    declared = make_database()
+    execute(declared, sql.read("reference.sql"))
+    execute(declared, sql.read("schema.sql"))
+    execute(declared, sql.with_channel(sql.read("notify_triggers.sql"), CHANNEL))
+
+    got, want = catalog(migrated), catalog(declared)
+    # The snapshot must see what matters, or comparing it proves nothing.
+    assert any("analysis_jobs_reactor_due_idx" in row for row in want["indexes"])
+    assert {row[1] for row in want["triggers"]} == {
+        "reactor_terminal_insert",
+        "reactor_terminal_update",
+    }
+    assert [row[1] for row in want["functions"]] == ["notify_terminal_v1"]
+    for kind in CATALOG:
+        assert got[kind] == want[kind], f"{kind} differ between migrations/ and schema.sql"
+
+
+async def test_migrate_twice_is_a_no_op(empty_database_url: str) -> None:
+    assert await migrate(empty_database_url, reference_schema=True) == ALL_VERSIONS
+    first = catalog(empty_database_url)
+    assert await migrate(empty_database_url, reference_schema=True) == []
+    assert await migrate(empty_database_url, reference_schema=False) == []
+    assert catalog(empty_database_url) == first
+    assert versions(empty_database_url) == [(v, 1) for v in ALL_VERSIONS]
+    async with await db.connect(empty_database_url, "test") as conn:
+        await db.require_schema(conn)
+
+
+async def test_concurrent_migrates_both_succeed_once(empty_database_url: str) -> None:
+    dsn = empty_database_url
+    lock = re.search(
+        r"pg_advisory_xact_lock\((\d+)\)", db.migration_script(CHANNEL, reference_schema=True)
+    )
+    assert lock is not None
+    key = int(lock.group(1))
+    results: list[list[int]] = []
+
+    async def one() -> None:
+        results.append(await migrate(dsn, reference_schema=True))
+
+    with psycopg.connect(dsn, autocommit=True) as holder, psycopg.connect(dsn) as watcher:
+        # Hold the migration lock so that both migrations are surely in flight at once.
+        holder.execute("SELECT pg_advisory_lock(%s)", (key,))
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(one)
+            tg.start_soon(one)
+            await eventually(lambda: _lock_waiters(watcher) == 2)
+            holder.execute("SELECT pg_advisory_unlock(%s)", (key,))
+    assert sorted(results) == [[], ALL_VERSIONS]
+    assert versions(dsn) == [(v, 1) for v in ALL_VERSIONS]
+
+
+def _lock_waiters(conn: Conn) -> int:
+    row = conn.execute(
+        "SELECT count(*) FROM pg_locks l JOIN pg_database d ON d.oid = l.database "
+        "WHERE d.datname = current_database() AND l.locktype = 'advisory' AND NOT l.granted"
+    ).fetchone()
+    conn.rollback()  # a fresh snapshot of pg_locks next time
+    assert row is not None
+    return int(row[0])
+
+
+async def test_legacy_app_gets_saved_by(
+    empty_database_url: str, make_database: Callable[[], str]
+) -> None:
+    legacy = empty_database_url
+    execute(legacy, LEGACY_SQL)
+    run_id, job_id = uuid.uuid4(), uuid.uuid4()
+    with psycopg.connect(legacy, autocommit=True) as conn:
+        conn.execute(
+            "INSERT INTO analysis_runs (id, job_id, results) VALUES (%s, %s, '{}')",
+            (run_id, job_id),
+        )
+    assert await migrate(legacy, reference_schema=False) == ALL_VERSIONS
+
+    with psycopg.connect(legacy, autocommit=True) as conn:
+        column = conn.execute(
+            "SELECT format_type(atttypid, atttypmod), attnotnull FROM pg_attribute "
+            "WHERE attrelid = 'analysis_runs'::regclass AND attname = 'saved_by'"
+        ).fetchone()
+        assert column == ("text", False)
+        checks = conn.execute(
+            "SELECT pg_get_constraintdef(oid) FROM pg_constraint "
+            "WHERE conrelid = 'analysis_runs'::regclass AND contype = 'c'"
+        ).fetchall()
+        assert len(checks) == 1
+        assert "saved_by" in checks[0][0]
+        assert "'client'" in checks[0][0]
+        assert "'worker'" in checks[0][0]
+        # The old row stays a client row (NULL); the constraint holds for new ones.
+        row = conn.execute("SELECT saved_by FROM analysis_runs WHERE id = %s", (run_id,))
+        assert row.fetchone() == (None,)
+        with pytest.raises(psycopg.errors.CheckViolation):
+            conn.execute(
+                "INSERT INTO analysis_runs (id, job_id, results, saved_by) "
+                "VALUES (gen_random_uuid(), gen_random_uuid(), '{}', 'robot')"
+            )
+        for who in ("client", "worker"):
+            conn.execute(
+                "INSERT INTO analysis_runs (id, job_id, results, saved_by) "
+                "VALUES (gen_random_uuid(), gen_random_uuid(), '{}', %s)",
+                (who,),
+            )
+
+    # Apart from where the new column sits, it now looks like a new install.
+    fresh = make_database()
+    execute(fresh, sql.read("reference.sql"))
+    await migrate(fresh, reference_schema=False)
+    assert catalog(legacy) == catalog(fresh)
+
+
+async def test_printed_script_gives_the_migrated_schema(
+    empty_database_url: str, make_database: Callable[[], str]
+) -> None:
+    script = db.migration_script(CHANNEL, reference_schema=True)
+    printed = empty_database_url
+    execute(printed, script)
+
+    migrated = make_database()
+    assert await migrate(migrated, reference_schema=True) == ALL_VERSIONS
+
+    assert catalog(printed) == catalog(migrated)
+    assert versions(printed) == versions(migrated) == [(v, 1) for v in ALL_VERSIONS]
+    # The printed script is idempotent too, and `reactor migrate` sees nothing left to do.
+    execute(printed, script)
+    assert catalog(printed) == catalog(migrated)
+    assert await migrate(printed, reference_schema=False) == []
+    assert versions(printed) == [(v, 1) for v in ALL_VERSIONS]
+
+
+async def test_migrate_without_the_app_tables_raises_schema_missing(
+    empty_database_url: str,
+) -> None:
+    with pytest.raises(SchemaMissing, match="analysis_jobs"):
+        await migrate(empty_database_url, reference_schema=False)
+    # Nothing was left half-done.
+    assert catalog(empty_database_url)["schemas"] == [("public",)]
+    assert catalog(empty_database_url)["relations"] == []
+
+
+async def test_migrate_repoints_the_triggers_at_a_new_channel(empty_database_url: str) -> None:
+    await migrate(empty_database_url, reference_schema=True)
+    assert await migrate(empty_database_url, reference_schema=False, channel="other_chan") == []
+    triggers = catalog(empty_database_url)["triggers"]
+    assert len(triggers) == 2
+    assert all("'other_chan'" in row[3] and CHANNEL not in row[3] for row in triggers)
+
+
+@pytest.mark.parametrize("installed", range(sql.latest_version()))
+async def test_upgrade_from_every_older_version(
+    installed: int, empty_database_url: str, make_database: Callable[[], str]
+) -> None:
+    # An install of an older release: its migrations and their version rows, nothing newer.
+    old = empty_database_url
+    execute(old, sql.read("reference.sql"))
+    for migration in sql.migrations()[:installed]:
+        execute(old, sql.with_channel(migration.text, CHANNEL))
+        with psycopg.connect(old, autocommit=True) as conn:
+            conn.execute(
+                "INSERT INTO reactor.schema_version (version, name) VALUES (%s, %s)",
+                (migration.version, migration.name),
+            )
+    if installed >= 3:  # the notify function exists from 0003 on; older releases had triggers
+        execute(old, sql.with_channel(sql.read("notify_triggers.sql"), CHANNEL))
+    assert await migrate(old, reference_schema=False) == ALL_VERSIONS[installed:]
+
+    # The printed upgrade script from that version does the same.
+    scripted = make_database()
+    execute(scripted, sql.read("reference.sql"))
+    for migration in sql.migrations()[:installed]:
+        execute(scripted, sql.with_channel(migration.text, CHANNEL))
+    execute(scripted, db.migration_script(CHANNEL, reference_schema=False, applied=installed))
+
+    fresh = make_database()
+    execute(fresh, sql.read("reference.sql"))
+    await migrate(fresh, reference_schema=False)
+    assert catalog(old) == catalog(fresh)
+    assert catalog(scripted) == catalog(fresh)
+    assert versions(old) == [(v, 1) for v in ALL_VERSIONS]
