@@ -28,7 +28,7 @@ log = logging.getLogger(__name__)
 
 AnyConnection = psycopg.AsyncConnection[Any]
 
-Outcome = Literal["recorded", "superseded", "waiting", "busy"]
+Outcome = Literal["recorded", "superseded", "waiting", "busy", "dropped", "kept"]
 
 # libpq settings that make a dead peer visible within seconds instead of the kernel's hours.
 _CLIENT_TCP = {
@@ -69,9 +69,11 @@ class JobOutcome:
     """What one record statement did with one job."""
 
     job_id: str
-    run_id: str
+    run_id: str | None  # None for a queued job the scan found gone
     outcome: Outcome
-    due_in: float  # seconds until updated_at + grace, by the database clock; negative = late
+    # Seconds until updated_at + grace by the database clock (negative: how late); None when
+    # the scan did not claim the job.
+    due_in: float | None
 
 
 def conninfo(dsn: str, role: str) -> str:
@@ -186,7 +188,7 @@ class Database:
         return await self._outcomes("record_jobs", {"ids": list(job_ids)})
 
     async def record_oldest(self, limit: int) -> list[JobOutcome]:
-        """Record up to ``limit`` due jobs, oldest first; report on each job claimed."""
+        """Settle up to ``limit`` queued jobs past their grace, oldest first; report on each."""
         return await self._outcomes("record_oldest", {"limit": limit})
 
     async def upcoming(self, limit: int) -> list[tuple[str, float]]:

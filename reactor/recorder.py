@@ -69,7 +69,9 @@ class Recorder:
             self.metrics.scan_rows.inc(len(outcomes))
             self._digest(outcomes, "scan")
             total += sum(o.outcome == "recorded" for o in outcomes)
-            if len(outcomes) < batch_size:
+            # A batch of only "kept" rows means other transactions hold them: the next scan
+            # settles them, looping now would only spin.
+            if len(outcomes) < batch_size or all(o.outcome == "kept" for o in outcomes):
                 return total
 
     def _digest(self, outcomes: list[JobOutcome], source: str) -> Rearm:
@@ -78,7 +80,7 @@ class Recorder:
             self.on_recorded()
         for o in outcomes:
             if o.outcome == "recorded":
-                lateness = max(0.0, -o.due_in)
+                lateness = max(0.0, -(o.due_in or 0.0))
                 self.metrics.recorded.labels(source).inc()
                 self.metrics.lateness.observe(lateness)
                 log.info(
@@ -93,7 +95,7 @@ class Recorder:
             elif o.outcome == "waiting":
                 # Touched after it went terminal: its deadline moved with updated_at. The 1 ms
                 # keeps a timer that fires on the boundary from spinning.
-                rearm.append((o.job_id, max(0.0, o.due_in) + 0.001))
+                rearm.append((o.job_id, max(0.0, o.due_in or 0.0) + 0.001))
             elif o.outcome == "busy":
                 self.metrics.claims_skipped.inc()
                 rearm.append((o.job_id, self.busy_retry))

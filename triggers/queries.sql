@@ -24,10 +24,11 @@
                   WHERE r.id = j.run_id AND NOT {{outranked}}))
 
 -- fragment: write_runs
--- Writes one run per claimed run id, from the newest claimed job of that run. The conflict
--- clause re-checks precedence against the committed row: it is what makes the write single
--- when the claim's snapshot is older than another writer's commit. The same statement queues
--- the configured hooks (%(hooks)s) of every run it wrote, so no run is recorded without them.
+-- Writes one run per claimed run id, from the newest claimed job of that run, in run id order
+-- (so concurrent writers take the run rows' locks in one order). The conflict clause re-checks
+-- precedence against the committed row: it is what makes the write single when the claim's
+-- snapshot is older than another writer's commit. The same statement queues the configured
+-- hooks (%(hooks)s) of every run it wrote, so no run is recorded without them.
 newest AS (
     SELECT DISTINCT ON (c.run_id) c.id, c.run_id, c.doc_html, c.results
       FROM claimed c
@@ -36,6 +37,7 @@ newest AS (
     INSERT INTO analysis_runs AS r (id, job_id, doc_html, results, saved_by)
     SELECT n.run_id, n.id, n.doc_html, n.results, 'worker'
       FROM newest n
+     ORDER BY n.run_id
     ON CONFLICT (id) DO UPDATE
        SET job_id = EXCLUDED.job_id,
            doc_html = EXCLUDED.doc_html,
@@ -58,6 +60,8 @@ newest AS (
 -- the server, so a reactor cut off mid-call never leaves job rows locked.
 -- outcome: recorded | superseded (claimed, but a newer job or another writer owns the run)
 --          | waiting (inside its grace window) | busy (another transaction holds the row)
+-- The claimed jobs leave the pending queue; a queue row another transaction holds is left for
+-- the scan to settle rather than waited for.
 WITH wanted AS (
     SELECT j.id, j.run_id, j.updated_at
       FROM analysis_jobs j
@@ -69,7 +73,12 @@ WITH wanted AS (
        AND {{needs_run}}
        AND j.updated_at < now() - make_interval(secs => %(grace)s)
        FOR NO KEY UPDATE OF j SKIP LOCKED
-), {{write_runs}}
+), {{write_runs}}, dequeued AS (
+    DELETE FROM reactor.pending p
+     WHERE p.job_id IN (SELECT q.job_id FROM reactor.pending q
+                         WHERE q.job_id IN (SELECT id FROM claimed)
+                           FOR UPDATE SKIP LOCKED)
+)
 SELECT w.id::text AS job_id,
        w.run_id::text AS run_id,
        CASE WHEN w.id IN (SELECT job_id FROM written) THEN 'recorded'
@@ -82,33 +91,62 @@ SELECT w.id::text AS job_id,
   FROM wanted w
 
 -- name: record_oldest
--- The fallback scan: claim up to %(limit)s due jobs, oldest first, and write their runs. A
--- top-level LIMIT counts rows after locking, so rows skipped for another replica don't shrink
--- the batch. due_in is negative: how late each job was.
-WITH claimed AS (
+-- The fallback scan: take up to %(limit)s queued jobs whose grace has passed (by the job's
+-- updated_at, which the app may have moved since the job was queued), oldest first,
+-- claim those that still need a run, write their runs, and settle the queue: a job leaves it
+-- when it was claimed or when it needs no run (a tab saved it, it was deleted). Queue rows are
+-- locked with SKIP LOCKED, so replicas scan disjoint rows. A queue row is dropped only if it is
+-- the version this statement's snapshot judged (same xmin): a job that became eligible again
+-- after the snapshot was re-queued by a newer transaction, and stays. Jobs touched since they
+-- became eligible wait for their new deadline without holding up the batch.
+-- outcome: recorded | superseded | dropped (needed no run) | kept (another transaction holds
+-- the job row). due_in is negative: how late each job was.
+WITH queued AS (
+    SELECT p.job_id
+      FROM reactor.pending p LEFT JOIN analysis_jobs j ON j.id = p.job_id
+     WHERE j.id IS NULL OR j.updated_at < now() - make_interval(secs => %(grace)s)
+     ORDER BY p.since
+     LIMIT %(limit)s
+       FOR UPDATE OF p SKIP LOCKED
+), claimed AS (
     SELECT j.id, j.run_id, j.created_at, j.updated_at, j.doc_html, j.results
       FROM analysis_jobs j
-     WHERE {{needs_run}}
+     WHERE j.id IN (SELECT job_id FROM queued)
+       AND {{needs_run}}
        AND j.updated_at < now() - make_interval(secs => %(grace)s)
-     ORDER BY j.updated_at, j.id
-     LIMIT %(limit)s
        FOR NO KEY UPDATE OF j SKIP LOCKED
-), {{write_runs}}
-SELECT c.id::text AS job_id,
+), seen AS (
+    SELECT p.job_id, p.xmin AS version FROM reactor.pending p
+     WHERE p.job_id IN (SELECT job_id FROM queued)
+), {{write_runs}}, settled AS (
+    DELETE FROM reactor.pending p
+     USING seen s
+     WHERE p.job_id = s.job_id
+       AND (p.job_id IN (SELECT id FROM claimed)
+            OR (p.xmin = s.version
+                AND NOT EXISTS (SELECT 1 FROM analysis_jobs j
+                                 WHERE j.id = p.job_id AND {{needs_run}})))
+    RETURNING p.job_id
+)
+SELECT q.job_id::text AS job_id,
        c.run_id::text AS run_id,
-       CASE WHEN c.id IN (SELECT job_id FROM written) THEN 'recorded' ELSE 'superseded' END
-           AS outcome,
+       CASE WHEN q.job_id IN (SELECT job_id FROM written) THEN 'recorded'
+            WHEN c.id IS NOT NULL THEN 'superseded'
+            WHEN q.job_id IN (SELECT job_id FROM settled) THEN 'dropped'
+            ELSE 'kept'
+       END AS outcome,
        extract(epoch FROM c.updated_at + make_interval(secs => %(grace)s) - clock_timestamp())
            ::float8 AS due_in
-  FROM claimed c
+  FROM queued q LEFT JOIN claimed c ON c.id = q.job_id
 
 -- name: upcoming
--- Jobs that need a run and are still inside their grace window, with the seconds left: the
--- reactor arms a timer for each after every (re)connect, so missed notifications cost nothing.
+-- Queued jobs that need a run and are still inside their grace window, with the seconds left:
+-- the reactor arms a timer for each after every (re)connect, so missed notifications cost
+-- nothing.
 SELECT j.id::text AS job_id,
        extract(epoch FROM j.updated_at + make_interval(secs => %(grace)s) - clock_timestamp())
            ::float8 AS due_in
-  FROM analysis_jobs j
+  FROM reactor.pending p JOIN analysis_jobs j ON j.id = p.job_id
  WHERE {{needs_run}}
    AND j.updated_at >= now() - make_interval(secs => %(grace)s)
  ORDER BY j.updated_at
@@ -116,15 +154,15 @@ SELECT j.id::text AS job_id,
 
 -- name: health
 -- The watch loop's view, every probe interval: NOTIFY queue pressure, how long past its grace
--- the oldest job that needs a run has waited (0 when none is overdue; ORDER BY + LIMIT walks
--- the due index from the oldest end and stops at the first hit), and the hook outbox.
+-- the oldest queued job that needs a run has waited (0 when none is overdue), and the hook
+-- outbox.
 SELECT pg_notification_queue_usage()::float8 AS queue_usage,
        coalesce((SELECT extract(epoch FROM now() - make_interval(secs => %(grace)s)
                                        - j.updated_at)
-                   FROM analysis_jobs j
+                   FROM reactor.pending p JOIN analysis_jobs j ON j.id = p.job_id
                   WHERE {{needs_run}}
                     AND j.updated_at < now() - make_interval(secs => %(grace)s)
-                  ORDER BY j.updated_at
+                  ORDER BY p.since
                   LIMIT 1), 0)::float8 AS oldest_overdue,
        (SELECT count(*) FROM reactor.hook_outbox
          WHERE status IN ('pending', 'running'))::int AS hook_backlog,

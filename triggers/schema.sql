@@ -12,22 +12,38 @@ CREATE TABLE reactor.schema_version (
 
 -- analysis_runs.saved_by is part of reference.sql; migration 0002 adds it to older apps.
 
-CREATE FUNCTION reactor.notify_terminal_v1() RETURNS trigger
+CREATE TABLE reactor.pending (
+    job_id  uuid PRIMARY KEY,
+    since   timestamptz NOT NULL DEFAULT now()
+);
+
+CREATE INDEX pending_since_idx ON reactor.pending (since);
+
+CREATE FUNCTION reactor.job_changed_v1() RETURNS trigger
     LANGUAGE plpgsql AS
 $$
+DECLARE
+    -- The row-local half of "needs a run"; analysis_runs decides the rest at record time.
+    eligible boolean := NEW.deleted_at IS NULL AND NEW.doc_html IS NOT NULL
+                        AND NEW.results IS NOT NULL AND NEW.results <> '{}'::jsonb;
+    was_eligible boolean := TG_OP = 'UPDATE' AND OLD.status IN ('complete', 'failed')
+                            AND OLD.deleted_at IS NULL AND OLD.doc_html IS NOT NULL
+                            AND OLD.results IS NOT NULL AND OLD.results <> '{}'::jsonb;
 BEGIN
-    PERFORM pg_notify(TG_ARGV[0], NEW.id::text);
+    IF eligible AND NOT was_eligible THEN
+        INSERT INTO reactor.pending (job_id, since)
+        VALUES (NEW.id, least(NEW.updated_at, now()))
+            ON CONFLICT (job_id) DO UPDATE SET since = EXCLUDED.since;
+    END IF;
+    -- Wake the reactors on the transition into a terminal status, and when a terminal job
+    -- becomes eligible later (its results arrive in a second update).
+    IF TG_OP = 'INSERT' OR OLD.status IS DISTINCT FROM NEW.status
+       OR (eligible AND NOT was_eligible) THEN
+        PERFORM pg_notify(TG_ARGV[0], NEW.id::text);
+    END IF;
     RETURN NULL;
 END
 $$;
-
-CREATE INDEX analysis_jobs_reactor_due_idx
-    ON analysis_jobs (updated_at, id)
-    WHERE status IN ('complete', 'failed')
-      AND deleted_at IS NULL
-      AND doc_html IS NOT NULL
-      AND results IS NOT NULL
-      AND results <> '{}'::jsonb;
 
 CREATE TABLE reactor.hook_outbox (
     run_id        uuid NOT NULL,

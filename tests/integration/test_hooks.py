@@ -1,4 +1,4 @@
-"""Follow-up hooks on a real PostgreSQL: retries with backoff, parking, replicas, webhook, notify."""
+"""Follow-up hooks on a real PostgreSQL: backoff, parking, replicas, webhook, notify."""
 
 from __future__ import annotations
 

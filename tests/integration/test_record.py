@@ -287,14 +287,14 @@ async def test_garbage_notifications_are_ignored(
         assert worker_writes(conn) == [(run_id, job_id, "INSERT")]
 
 
-async def test_results_arriving_after_the_transition_are_recorded_by_the_scan(
+async def test_results_arriving_after_the_transition_are_recorded_by_the_timer(
     database_url: str, start_reactor: StartReactor
 ) -> None:
-    # The trigger fires on the status transition only. An app that sets the status first and
-    # the results in a later UPDATE sends its one notification while the job needs no run; the
-    # fallback scan is what records it (lost = 0), one scan interval later at most.
+    # An app that sets the status first and the results in a later UPDATE: the job becomes
+    # eligible on the second update, which queues it and notifies again, so its own timer
+    # records it (not the scan, whose interval here is far away).
     with _connect(database_url) as conn:
-        async with start_reactor(grace=GRACE, scan_interval=1.0) as reactor:
+        async with start_reactor(grace=GRACE, scan_interval=30.0) as reactor:
             log = watch_recorder(reactor)
             job_id, run_id = new_job(conn, status="running")
             touch(conn, job_id, status="complete")  # results still NULL
@@ -302,8 +302,29 @@ async def test_results_arriving_after_the_transition_are_recorded_by_the_scan(
             assert run_row(conn, run_id) is None
             touch(conn, job_id, results='{"verdicts": [1]}')
             assert await eventually(lambda: run_row(conn, run_id)) == (job_id, "worker")
-            await eventually(lambda: recorded(reactor, "scan") + recorded(reactor, "timer") == 1)
+            await eventually(lambda: recorded(reactor, "timer") == 1)
+            assert recorded(reactor, "scan") == 0
         assert early_writes(conn, GRACE) == 0
+
+
+async def test_the_queue_holds_only_what_may_still_need_a_run(
+    database_url: str, start_reactor: StartReactor
+) -> None:
+    with _connect(database_url) as conn:
+        async with start_reactor(grace=GRACE, scan_interval=30.0) as reactor:
+            saved, _ = new_job(conn)
+            finish(conn, saved)
+            client_save(conn, saved)
+            recorded_job, run_id = new_job(conn)
+            finish(conn, recorded_job)
+            new_job(conn)  # running: never queued
+            assert scalar(conn, "SELECT count(*) FROM reactor.pending") == 2
+            await eventually(lambda: run_row(conn, run_id))
+            # The timer's record left the queue; the saved job waits for a scan to drop it.
+            assert scalar(conn, "SELECT count(*) FROM reactor.pending") == 1
+            await eventually(lambda: len(reactor.deadlines) == 0)
+            assert await reactor.scan(rearm=False) == 0
+            assert scalar(conn, "SELECT count(*) FROM reactor.pending") == 0
 
 
 async def test_poll_mode_records_after_grace_without_listen(

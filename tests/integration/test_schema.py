@@ -156,12 +156,12 @@ async def test_migrations_produce_the_current_schema(
 
     got, want = catalog(migrated), catalog(declared)
     # The snapshot must see what matters, or comparing it proves nothing.
-    assert any("analysis_jobs_reactor_due_idx" in row for row in want["indexes"])
+    assert any("pending_since_idx" in row for row in want["indexes"])
     assert {row[1] for row in want["triggers"]} == {
-        "reactor_terminal_insert",
-        "reactor_terminal_update",
+        "reactor_job_insert",
+        "reactor_job_update",
     }
-    assert [row[1] for row in want["functions"]] == ["notify_terminal_v1"]
+    assert [row[1] for row in want["functions"]] == ["job_changed_v1"]
     for kind in CATALOG:
         assert got[kind] == want[kind], f"{kind} differ between migrations/ and schema.sql"
 
@@ -297,6 +297,18 @@ async def test_migrate_repoints_the_triggers_at_a_new_channel(empty_database_url
     assert all("'other_chan'" in row[3] and CHANNEL not in row[3] for row in triggers)
 
 
+# notify_triggers.sql as releases with migrations 3 to 5 shipped it; 0006 replaced both.
+_TERMINAL_TRIGGERS = """
+CREATE OR REPLACE TRIGGER reactor_terminal_insert AFTER INSERT ON analysis_jobs FOR EACH ROW
+    WHEN (NEW.status IN ('complete', 'failed'))
+    EXECUTE FUNCTION reactor.notify_terminal_v1(@channel@);
+CREATE OR REPLACE TRIGGER reactor_terminal_update AFTER UPDATE OF status ON analysis_jobs
+    FOR EACH ROW
+    WHEN (NEW.status IN ('complete', 'failed') AND OLD.status IS DISTINCT FROM NEW.status)
+    EXECUTE FUNCTION reactor.notify_terminal_v1(@channel@);
+"""
+
+
 @pytest.mark.parametrize("installed", range(sql.latest_version()))
 async def test_upgrade_from_every_older_version(
     installed: int, empty_database_url: str, make_database: Callable[[], str]
@@ -311,8 +323,8 @@ async def test_upgrade_from_every_older_version(
                 "INSERT INTO reactor.schema_version (version, name) VALUES (%s, %s)",
                 (migration.version, migration.name),
             )
-    if installed >= 3:  # the notify function exists from 0003 on; older releases had triggers
-        execute(old, sql.with_channel(sql.read("notify_triggers.sql"), CHANNEL))
+    if 3 <= installed < 6:  # releases with migrations 3-5 installed these triggers
+        execute(old, sql.with_channel(_TERMINAL_TRIGGERS, CHANNEL))
     assert await migrate(old, reference_schema=False) == ALL_VERSIONS[installed:]
 
     # The printed upgrade script from that version does the same.

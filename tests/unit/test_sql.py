@@ -183,7 +183,7 @@ def test_notify_triggers_take_the_channel() -> None:
     assert "@channel@" in raw
     text = sql.with_channel(raw, "my_channel")
     assert "@channel@" not in text
-    assert "notify_terminal_v1('my_channel')" in text
+    assert "job_changed_v1('my_channel')" in text
 
 
 def test_migrations_and_schema_have_no_unfilled_includes() -> None:

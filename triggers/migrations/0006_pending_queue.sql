@@ -1,0 +1,67 @@
+-- A durable queue of the jobs that may need a run, so the fallback scan reads the unrecorded
+-- backlog instead of every finished job that still holds its document (the whole trim window,
+-- millions of rows in a busy app).
+--
+-- The trigger (notify_triggers.sql) adds a job in the transaction that makes it eligible: the
+-- row-local half of "needs a run" turns true, usually the transition into complete/failed.
+-- The reactor removes it once it records the run, or once a scan finds it needs none (a tab
+-- saved it). `since` orders the queue: the job's updated_at when it became eligible.
+CREATE TABLE IF NOT EXISTS reactor.pending (
+    job_id  uuid PRIMARY KEY,
+    since   timestamptz NOT NULL DEFAULT now()
+);
+
+CREATE INDEX IF NOT EXISTS pending_since_idx ON reactor.pending (since);
+
+-- One trigger function for both jobs: queue the job when it becomes eligible, and wake the
+-- reactors. NOTIFY takes a cluster-wide lock at commit, so it is sent about once per job.
+CREATE OR REPLACE FUNCTION reactor.job_changed_v1() RETURNS trigger
+    LANGUAGE plpgsql AS
+$$
+DECLARE
+    -- The row-local half of "needs a run"; analysis_runs decides the rest at record time.
+    eligible boolean := NEW.deleted_at IS NULL AND NEW.doc_html IS NOT NULL
+                        AND NEW.results IS NOT NULL AND NEW.results <> '{}'::jsonb;
+    was_eligible boolean := TG_OP = 'UPDATE' AND OLD.status IN ('complete', 'failed')
+                            AND OLD.deleted_at IS NULL AND OLD.doc_html IS NOT NULL
+                            AND OLD.results IS NOT NULL AND OLD.results <> '{}'::jsonb;
+BEGIN
+    IF eligible AND NOT was_eligible THEN
+        INSERT INTO reactor.pending (job_id, since)
+        VALUES (NEW.id, least(NEW.updated_at, now()))
+            ON CONFLICT (job_id) DO UPDATE SET since = EXCLUDED.since;
+    END IF;
+    -- Wake the reactors on the transition into a terminal status, and when a terminal job
+    -- becomes eligible later (its results arrive in a second update).
+    IF TG_OP = 'INSERT' OR OLD.status IS DISTINCT FROM NEW.status
+       OR (eligible AND NOT was_eligible) THEN
+        PERFORM pg_notify(TG_ARGV[0], NEW.id::text);
+    END IF;
+    RETURN NULL;
+END
+$$;
+
+-- Jobs that already need a run when this is installed (the due predicate of queries.sql,
+-- frozen here as it was when this migration was written).
+INSERT INTO reactor.pending (job_id, since)
+SELECT j.id, j.updated_at
+  FROM analysis_jobs j
+ WHERE j.status IN ('complete', 'failed')
+   AND j.deleted_at IS NULL
+   AND j.doc_html IS NOT NULL
+   AND j.results IS NOT NULL
+   AND j.results <> '{}'::jsonb
+   AND NOT EXISTS (SELECT 1 FROM analysis_runs r
+                    WHERE r.id = j.run_id
+                      AND NOT (coalesce(r.saved_by, 'client') = 'worker'
+                               AND NOT EXISTS (SELECT 1 FROM analysis_jobs rj
+                                                WHERE rj.id = r.job_id
+                                                  AND (rj.created_at, rj.id)
+                                                      >= (j.created_at, j.id))))
+ON CONFLICT (job_id) DO NOTHING;
+
+-- Replaced by the queue and by reactor.job_changed_v1's triggers.
+DROP TRIGGER IF EXISTS reactor_terminal_insert ON analysis_jobs;
+DROP TRIGGER IF EXISTS reactor_terminal_update ON analysis_jobs;
+DROP FUNCTION IF EXISTS reactor.notify_terminal_v1();
+DROP INDEX IF EXISTS analysis_jobs_reactor_due_idx;
