@@ -1,0 +1,110 @@
+"""Hooks across process deaths: a lease outlives a kill -9, a SIGTERM hands the lease back."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from tests.acceptance.conftest import reactor_env, run_reactor
+from tests.acceptance.test_cli import assert_one_clean_line, listening, wait_for
+from tests.helpers import finish, new_job
+
+Spawn = Callable[..., subprocess.Popen[str]]
+
+BLOCK = "judge=python:tests.hookmods:block"
+
+
+def hook_row(conn: psycopg.Connection[Any]) -> tuple[Any, ...] | None:
+    return conn.execute("SELECT status, attempts FROM reactor.hook_outbox").fetchone()
+
+
+def log_lines(log: Path) -> list[list[str]]:
+    return [line.split() for line in log.read_text().splitlines()] if log.exists() else []
+
+
+def test_kill_9_mid_hook_another_replica_takes_over_after_the_lease(
+    database_url: str, spawn: Spawn, tmp_path: Path
+) -> None:
+    log, release = tmp_path / "hooks.log", tmp_path / "release"
+    env = reactor_env(
+        database_url,
+        REACTOR_GRACE_SECONDS="0.2",
+        REACTOR_HOOKS=BLOCK,
+        REACTOR_HOOK_TIMEOUT_SECONDS="2",
+        REACTOR_HOOK_LEASE_SECONDS="3",
+        HOOK_LOG=str(log),
+        HOOK_RELEASE=str(release),
+    )
+    first = spawn("run", env=env)
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        wait_for(lambda: listening(conn))
+        finish(conn, new_job(conn)[0])
+        wait_for(lambda: log_lines(log))  # the hook is running, blocked, in the first replica
+        first.kill()
+        first.communicate()
+        killed_at = time.monotonic()
+        release.touch()
+        spawn("run", env=env)
+        wait_for(lambda: hook_row(conn) == ("done", 2), timeout=30)
+        took = time.monotonic() - killed_at
+    starts = [line for line in log_lines(log) if line[0] == "start"]
+    assert [int(line[2]) for line in starts] == [1, 2]
+    assert starts[0][3] != starts[1][3]  # two different processes
+    assert took >= 1.0  # the second replica waited for the lease to run out...
+    assert took < 20  # ...and not much longer
+
+
+def test_sigterm_mid_hook_releases_the_lease_at_once(
+    database_url: str, spawn: Spawn, tmp_path: Path
+) -> None:
+    log, release = tmp_path / "hooks.log", tmp_path / "release"
+    env = reactor_env(
+        database_url,
+        REACTOR_GRACE_SECONDS="0.2",
+        REACTOR_HOOKS=BLOCK,
+        REACTOR_HOOK_TIMEOUT_SECONDS="120",  # lease 150 s: only a release explains a fast pickup
+        REACTOR_DRAIN_SECONDS="0.5",
+        HOOK_LOG=str(log),
+        HOOK_RELEASE=str(release),
+    )
+    first = spawn("run", env=env)
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        wait_for(lambda: listening(conn))
+        finish(conn, new_job(conn)[0])
+        wait_for(lambda: log_lines(log))
+        first.send_signal(signal.SIGTERM)
+        first.communicate(timeout=30)
+        assert first.returncode == 0
+        assert hook_row(conn) == ("pending", 0)  # handed back, the interrupted try not counted
+        release.touch()
+        started = time.monotonic()
+        spawn("run", env=env)
+        wait_for(lambda: hook_row(conn) == ("done", 1), timeout=30)
+        assert time.monotonic() - started < 20
+
+
+@pytest.mark.parametrize(
+    ("hooks", "needle"),
+    [
+        ("judge=smoke:signals", "unknown kind"),
+        ("judge=python:no_such_module_here:judge", "cannot import"),
+        ("judge=python:tests.hookmods:not_async", "async"),
+        ("judge=python:tests.hookmods:missing", "has no"),
+        ("judge=webhook:ftp://example.invalid/x", "http(s) URL"),
+        ("judge=webhook:http://", "http(s) URL"),
+        ("judge=notify:bad channel", "channel"),
+        ("judge", "name=kind:target"),
+    ],
+)
+def test_bad_hook_configuration_is_one_line_exit_2(
+    database_url: str, hooks: str, needle: str
+) -> None:
+    result = run_reactor("run", env=reactor_env(database_url, REACTOR_HOOKS=hooks))
+    assert needle in assert_one_clean_line(result, 2)
