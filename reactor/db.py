@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any, Literal
 
+import anyio
 import psycopg
 import psycopg.conninfo
 import psycopg.errors
@@ -43,7 +45,7 @@ _CLIENT_TCP = {
 # The same on the server side, plus bounds on every statement. The server drops a session whose
 # client vanished instead of keeping its locks until the kernel gives up on the socket.
 _SESSION_SETTINGS = {
-    "statement_timeout": "60s",
+    "statement_timeout": "30s",
     "lock_timeout": "10s",
     "idle_in_transaction_session_timeout": "30s",
     "tcp_keepalives_idle": "10",
@@ -52,6 +54,12 @@ _SESSION_SETTINGS = {
     "tcp_user_timeout": "20000",
     "client_connection_check_interval": "5s",
 }
+
+# Every pooled call gives up client-side after this long. TCP settings cannot see a peer that
+# keeps the connection open and never answers (a frozen backend, a stuck proxy); this can.
+CALL_TIMEOUT = 35.0  # statement_timeout above, plus room to hear about it
+# Checking out a pooled connection runs an empty query first; a dead one must fail fast.
+_CHECK_TIMEOUT = 5.0
 
 # The migrations of two processes must not interleave; any constant works, this one is ours.
 _MIGRATE_LOCK = 0x7265_6163  # "reac"
@@ -88,12 +96,19 @@ def first_line(error: BaseException) -> str:
 
 
 async def configure(conn: AnyConnection) -> None:
-    """Apply the session settings to a fresh connection."""
+    """Apply the session settings to a fresh connection, in one round trip when possible."""
+    query = "SELECT set_config(n, v, false) FROM unnest(%s::text[], %s::text[]) AS s(n, v)"
+    try:
+        await conn.execute(query, (list(_SESSION_SETTINGS), list(_SESSION_SETTINGS.values())))
+        return
+    except psycopg.errors.UndefinedObject:
+        pass
+    # An older server lacks one (client_connection_check_interval arrived in PostgreSQL 14):
+    # set them one by one and go without what it does not know.
     for name, value in _SESSION_SETTINGS.items():
         try:
             await conn.execute("SELECT set_config(%s, %s, false)", (name, value))
         except psycopg.errors.UndefinedObject:
-            # client_connection_check_interval arrived in PostgreSQL 14; older servers go without.
             log.debug("server does not know %s; skipped", name)
 
 
@@ -137,7 +152,7 @@ def make_pool(dsn: str, *, max_size: int) -> AsyncConnectionPool[AnyConnection]:
         max_size=max_size,
         kwargs={"autocommit": True},
         configure=configure,
-        check=AsyncConnectionPool.check_connection,
+        check=_check_connection,
         open=False,
         name="reactor",
         timeout=15.0,
@@ -163,6 +178,11 @@ class HookClaim:
     job_id: str
     hook: str
     attempt: int
+
+
+async def _check_connection(conn: AnyConnection) -> None:
+    with anyio.fail_after(_CHECK_TIMEOUT):
+        await AsyncConnectionPool.check_connection(conn)
 
 
 class Database:
@@ -193,13 +213,13 @@ class Database:
 
     async def upcoming(self, limit: int) -> list[tuple[str, float]]:
         """(job id, seconds until due) for jobs that need a run and are inside their grace."""
-        async with self.pool.connection() as conn:
+        async with self._connection() as conn:
             cur = await conn.execute(sql.query("upcoming"), {"grace": self.grace, "limit": limit})
             return [(job_id, due_in) for job_id, due_in in await cur.fetchall()]
 
     async def health(self) -> Health:
         """What the watch loop checks every probe interval."""
-        async with self.pool.connection() as conn:
+        async with self._connection() as conn:
             cur = await conn.execute(sql.query("health"), {"grace": self.grace})
             row = await cur.fetchone()
             assert row is not None
@@ -207,11 +227,12 @@ class Database:
 
     async def notify(self, channel: str, payload: str) -> None:
         """Send one notification from a pool connection."""
-        await notify(self.pool, channel, payload)
+        with anyio.fail_after(CALL_TIMEOUT):
+            await notify(self.pool, channel, payload)
 
     async def claim_hooks(self, limit: int, lease: float) -> list[HookClaim]:
         """Lease up to ``limit`` runnable hook rows of our hooks, oldest first."""
-        async with self.pool.connection() as conn:
+        async with self._connection() as conn:
             cur = await conn.execute(
                 sql.query("claim_hooks"), {"hooks": self.hooks, "limit": limit, "lease": lease}
             )
@@ -219,7 +240,7 @@ class Database:
 
     async def next_hook_in(self) -> float | None:
         """Seconds until one of our hook rows becomes claimable; None when none is queued."""
-        async with self.pool.connection() as conn:
+        async with self._connection() as conn:
             cur = await conn.execute(sql.query("next_hook_in"), {"hooks": self.hooks})
             row = await cur.fetchone()
             return None if row is None or row[0] is None else float(row[0])
@@ -237,7 +258,7 @@ class Database:
         await self._hook_update("release_hook", claim, {})
 
     async def _hook_update(self, name: str, claim: HookClaim, params: dict[str, Any]) -> None:
-        async with self.pool.connection() as conn:
+        async with self._connection() as conn:
             await conn.execute(
                 sql.query(name),
                 {
@@ -249,8 +270,15 @@ class Database:
                 },
             )
 
+    @asynccontextmanager
+    async def _connection(self) -> AsyncIterator[AnyConnection]:
+        # The bound covers waiting for a connection and the whole call made on it.
+        with anyio.fail_after(CALL_TIMEOUT):
+            async with self.pool.connection() as conn:
+                yield conn
+
     async def _outcomes(self, name: str, params: dict[str, Any]) -> list[JobOutcome]:
-        async with self.pool.connection() as conn:
+        async with self._connection() as conn:
             cur = await conn.execute(
                 sql.query(name), {"grace": self.grace, "hooks": self.hooks, **params}
             )

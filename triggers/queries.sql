@@ -8,10 +8,9 @@
 -- fragment: outranked
 -- True when the run row r may be replaced by job j: only a worker row written for an earlier
 -- job of the same run (older created_at, ties broken by id). NULL saved_by is a client row.
-(coalesce(r.saved_by, 'client') = 'worker'
- AND NOT EXISTS (SELECT 1 FROM analysis_jobs rj
-                  WHERE rj.id = r.job_id
-                    AND (rj.created_at, rj.id) >= (j.created_at, j.id)))
+-- reactor.outranks_v1 (migration 0007) reads the newest committed jobs, not this statement's
+-- snapshot, which is what the write's conflict check needs.
+reactor.outranks_v1(j.id, r.job_id, r.saved_by)
 
 -- fragment: needs_run
 -- DESIGN.md's "needs a run" for job j. The row-local half matches analysis_jobs_reactor_due_idx.
@@ -44,8 +43,7 @@ newest AS (
            results = EXCLUDED.results,
            saved_by = 'worker',
            updated_at = now()
-     WHERE EXISTS (SELECT 1 FROM analysis_jobs j
-                    WHERE j.id = EXCLUDED.job_id AND {{outranked}})
+     WHERE reactor.outranks_v1(EXCLUDED.job_id, r.job_id, r.saved_by)
     RETURNING r.id AS run_id, r.job_id
 ), hooked AS (
     INSERT INTO reactor.hook_outbox (run_id, job_id, hook)

@@ -63,3 +63,16 @@ CREATE TABLE reactor.hook_outbox (
 CREATE INDEX hook_outbox_claim_idx
     ON reactor.hook_outbox (available_at)
     WHERE status IN ('pending', 'running');
+
+CREATE FUNCTION reactor.outranks_v1(new_job uuid, run_job uuid, run_saved_by text)
+    RETURNS boolean
+    LANGUAGE plpgsql VOLATILE AS
+$$
+BEGIN
+    RETURN coalesce(run_saved_by, 'client') = 'worker'
+       AND NOT EXISTS (SELECT 1
+                         FROM analysis_jobs rj, analysis_jobs j
+                        WHERE rj.id = run_job AND j.id = new_job
+                          AND (rj.created_at, rj.id) >= (j.created_at, j.id));
+END
+$$;

@@ -161,7 +161,7 @@ async def test_migrations_produce_the_current_schema(
         "reactor_job_insert",
         "reactor_job_update",
     }
-    assert [row[1] for row in want["functions"]] == ["job_changed_v1"]
+    assert [row[1] for row in want["functions"]] == ["job_changed_v1", "outranks_v1"]
     for kind in CATALOG:
         assert got[kind] == want[kind], f"{kind} differ between migrations/ and schema.sql"
 

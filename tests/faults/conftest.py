@@ -1,0 +1,204 @@
+"""Fixtures of the fault suite: in-process reactors at any DSN, the fault proxy, reactor
+processes, the app, and the results table.
+
+Every scenario adds a row with ``report(...)``; at the end of the session the table is printed
+and, when ``REACTOR_FAULTS_REPORT`` names a file, written there as Markdown.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from reactor import db
+from reactor.config import Settings
+from reactor.embedded import EmbeddedPostgres
+from reactor.hooks import open_hooks
+from reactor.service import POOL_SIZE, Reactor
+from tests.conftest import Server
+from tests.faults.proxy import FaultProxy
+from tests.faults.support import Judgement, Replicas, Workload, host_port
+
+StartReactor = Callable[..., AbstractAsyncContextManager[Reactor]]
+
+
+@dataclass(frozen=True)
+class Row:
+    """One line of the results table."""
+
+    nodeid: str
+    scenario: str
+    cycles: int
+    judgement: Judgement
+    recovery: float | None
+    note: str
+
+
+_ROWS = pytest.StashKey[list[Row]]()
+_OUTCOMES = pytest.StashKey[dict[str, str]]()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.stash[_ROWS] = []
+    config.stash[_OUTCOMES] = {}
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+    report = yield
+    if report.when == "call":
+        if hasattr(report, "wasxfail"):
+            outcome = "xfail" if report.skipped else "XPASS"
+        else:
+            outcome = report.outcome
+        item.config.stash[_OUTCOMES][item.nodeid] = outcome
+    return report
+
+
+def _table(rows: list[Row], outcomes: dict[str, str]) -> str:
+    head = (
+        "| scenario | cycles | jobs | lost | dup | clobbered | early | wrong | stale "
+        "| worst lateness (s) | p99 (s) | caught up in (s) | outcome | note |"
+    )
+    lines = [head, "|" + "---|" * 14]
+    for row in rows:
+        v = row.judgement.verdict
+
+        def sec(x: float | None) -> str:
+            return "-" if x is None else f"{x:.2f}"
+
+        lines.append(
+            f"| {row.scenario} | {row.cycles} | {v.jobs} | {v.lost} | {v.dup} | {v.clobbered} "
+            f"| {v.early} | {v.wrong} | {row.judgement.stale} | {sec(v.lateness_max)} "
+            f"| {sec(v.lateness_p99)} | {sec(row.recovery)} "
+            f"| {outcomes.get(row.nodeid, '?')} | {row.note} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    rows = config.stash.get(_ROWS, [])
+    if not rows:
+        return
+    table = _table(rows, config.stash[_OUTCOMES])
+    terminalreporter.section("fault scenarios")
+    terminalreporter.write(table)
+    path = os.environ.get("REACTOR_FAULTS_REPORT")
+    if path:
+        Path(path).write_text("# Fault scenarios\n\n" + table)
+
+
+class Report:
+    """Adds this test's rows to the session's table."""
+
+    def __init__(self, request: pytest.FixtureRequest) -> None:
+        self._rows = request.config.stash[_ROWS]
+        self._nodeid = request.node.nodeid
+
+    def __call__(
+        self,
+        scenario: str,
+        cycles: int,
+        judgement: Judgement,
+        *,
+        recovery: float | None = None,
+        note: str = "",
+    ) -> None:
+        self._rows.append(Row(self._nodeid, scenario, cycles, judgement, recovery, note))
+
+
+@pytest.fixture
+def report(request: pytest.FixtureRequest) -> Report:
+    return Report(request)
+
+
+@pytest.fixture
+def embedded(server: Server) -> Iterator[EmbeddedPostgres]:
+    """The test server's process, for tests that stop, kill or freeze it; it is up after."""
+    if server.embedded is None:
+        pytest.skip("the test server is not ours to stop or signal")
+    yield server.embedded
+    server.embedded.start()
+
+
+@pytest.fixture
+def proxy(database_url: str) -> Iterator[FaultProxy]:
+    """A fault proxy in front of the test database's server."""
+    host, port = host_port(database_url)
+    fault_proxy = FaultProxy(host, port).start()
+    try:
+        yield fault_proxy
+    finally:
+        fault_proxy.close()
+
+
+@pytest.fixture
+def replicas(tmp_path: Path) -> Iterator[Replicas]:
+    """``reactor run`` processes, killed at the end if still running."""
+    group = Replicas(tmp_path)
+    try:
+        yield group
+    finally:
+        group.close()
+
+
+@pytest.fixture
+def workload(database_url: str) -> Iterator[Callable[..., Workload]]:
+    """``workload(grace=1.0, seed=...)``: the app against the test database."""
+    made: list[Workload] = []
+
+    def make(**kwargs: Any) -> Workload:
+        app = Workload(database_url, **kwargs)
+        made.append(app)
+        return app
+
+    yield make
+    for app in made:
+        app.close()
+
+
+@pytest.fixture
+def reactor_at() -> StartReactor:
+    """``async with reactor_at(dsn, grace=1.0) as r:``: an in-process reactor using ``dsn``.
+
+    Keyword arguments are Settings fields (``listen_dsn`` is passed to Reactor). Probes are fast
+    (1 s), the drain short (2 s) and the scan interval long (30 s), so recovery within seconds
+    proves the reconnect path, not the periodic scan.
+    """
+
+    @asynccontextmanager
+    async def start(
+        dsn: str, listen_dsn: str | None = None, **overrides: Any
+    ) -> AsyncIterator[Reactor]:
+        fields: dict[str, Any] = {
+            "database_url": dsn,
+            "grace": 1.0,
+            "scan_interval": 30.0,
+            "http_addr": None,
+            "probe_interval": 1.0,
+            "probe_timeout": 1.0,
+            "drain": 2.0,
+            **overrides,
+        }
+        settings = Settings(**fields)
+        async with (
+            db.make_pool(dsn, max_size=POOL_SIZE) as pool,
+            open_hooks(settings, pool) as hooks,
+        ):
+            database = db.Database(pool, grace=settings.grace, hooks=list(hooks))
+            reactor = Reactor(settings, database, hooks=hooks, listen_dsn=listen_dsn)
+            async with anyio.create_task_group() as tg:
+                await tg.start(reactor.run)
+                try:
+                    yield reactor
+                finally:
+                    reactor.stop()
+
+    return start

@@ -1,0 +1,439 @@
+"""Playing the app under faults, and judging the outcome from the database.
+
+``Workload`` is the worker and the browser tabs: it finishes jobs (some of them re-analyses of
+an earlier run), and for ~70% of them a tab saves the run with the client upsert within the
+grace window. It survives the database going away: a write that fails is a write the app could
+not make, and the tab that could not save simply leaves the run to the reactor.
+
+``judge`` counts every invariant through ``reactor.audit.verdict`` plus a stale check of our
+own, and ``settle`` polls it (bounded) until the reactor has caught up.
+"""
+
+from __future__ import annotations
+
+import heapq
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import anyio
+import psycopg
+import psycopg.conninfo
+
+from reactor import audit
+from reactor.audit import Verdict
+
+ROOT = Path(__file__).resolve().parents[2]
+Conn = psycopg.Connection[Any]
+
+# The re-analysed run must hold the newest eligible job's row, unless a client saved it.
+STALE_SQL = """
+WITH newest AS (
+    SELECT DISTINCT ON (j.run_id) j.run_id, j.id
+      FROM analysis_jobs j
+     WHERE j.status IN ('complete', 'failed') AND j.deleted_at IS NULL
+       AND j.doc_html IS NOT NULL AND j.results IS NOT NULL AND j.results <> '{}'::jsonb
+     ORDER BY j.run_id, j.created_at DESC, j.id DESC
+)
+SELECT count(*)::int
+  FROM analysis_runs r JOIN newest n ON n.run_id = r.id
+ WHERE r.saved_by = 'worker' AND r.job_id <> n.id
+"""
+
+
+def connect(dsn: str, **kwargs: Any) -> Conn:
+    """An autocommit connection for the test's own reads and writes."""
+    return psycopg.connect(dsn, autocommit=True, connect_timeout=5, **kwargs)
+
+
+def scalar(conn: Conn, query: str, params: Any = None) -> Any:
+    """The first column of the first row."""
+    row = conn.execute(query, params).fetchone()
+    assert row is not None
+    return row[0]
+
+
+def dbname(dsn: str) -> str:
+    """The database a DSN names."""
+    return str(psycopg.conninfo.conninfo_to_dict(dsn)["dbname"])
+
+
+def with_port(dsn: str, port: int, host: str = "127.0.0.1") -> str:
+    """``dsn`` pointed at another host and port."""
+    return psycopg.conninfo.make_conninfo(dsn, host=host, port=str(port))
+
+
+def host_port(dsn: str) -> tuple[str, int]:
+    """Where ``dsn`` connects."""
+    params = psycopg.conninfo.conninfo_to_dict(dsn)
+    return str(params.get("host") or "127.0.0.1"), int(params.get("port") or 5432)
+
+
+def wait_for(check: Callable[[], Any], timeout: float, what: str, interval: float = 0.05) -> Any:
+    """Poll ``check`` (another process owns the state) until truthy, at most ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    while True:
+        result = check()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what}: not within {timeout} s")
+        time.sleep(interval)
+
+
+def reactor_pids(conn: Conn, role: str = "%") -> list[int]:
+    """Backend pids of this database's reactor sessions (``role``: pool, listener, ...)."""
+    rows = conn.execute(
+        "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
+        "AND application_name LIKE %s ORDER BY pid",
+        (f"reactor-{role}",),
+    ).fetchall()
+    return [int(pid) for (pid,) in rows]
+
+
+def listeners(conn: Conn) -> int:
+    """How many reactor LISTEN sessions this database has."""
+    return len(reactor_pids(conn, "listener"))
+
+
+# -- judging -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Judgement:
+    """The database's verdict plus our stale count."""
+
+    verdict: Verdict
+    stale: int
+
+    @property
+    def clean(self) -> bool:
+        return self.verdict.clean and self.stale == 0
+
+    def counts(self) -> dict[str, int]:
+        v = self.verdict
+        return {
+            "lost": v.lost,
+            "dup": v.dup,
+            "clobbered": v.clobbered,
+            "early": v.early,
+            "wrong": v.wrong,
+            "stale": self.stale,
+        }
+
+    def __str__(self) -> str:
+        v = self.verdict
+        late = "-" if v.lateness_max is None else f"{v.lateness_max:.2f}s"
+        return (
+            f"jobs={v.jobs} client={v.saved_by_client} worker={v.saved_by_worker} "
+            + " ".join(f"{k}={n}" for k, n in self.counts().items())
+            + f" worst_lateness={late}"
+        )
+
+
+async def judge(dsn: str, grace: float) -> Judgement:
+    """Count lost, dup, clobbered, early, wrong (``audit.verdict``) and stale."""
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        verdict = await audit.verdict(conn, grace)
+        cur = await conn.execute(STALE_SQL)
+        row = await cur.fetchone()
+        assert row is not None
+        return Judgement(verdict, int(row[0]))
+
+
+def judge_sync(dsn: str, grace: float) -> Judgement:
+    """``judge`` from synchronous code."""
+    return anyio.run(judge, dsn, grace, backend="asyncio")
+
+
+async def settle(
+    dsn: str,
+    grace: float,
+    *,
+    within: float,
+    until: Callable[[Judgement], bool] = lambda j: j.clean,
+) -> tuple[Judgement, float]:
+    """Poll ``judge`` until ``until`` holds (default: nothing lost or stale), at most ``within`` s.
+
+    Returns the last judgement and how long it took. Call it once the app is quiet and the
+    last job's grace has passed, so ``lost`` only counts what the reactor still owes.
+    """
+    start = time.monotonic()
+    while True:
+        try:
+            result = await judge(dsn, grace)
+        except psycopg.OperationalError:
+            result = None
+        elapsed = time.monotonic() - start
+        if result is not None and (until(result) or elapsed > within):
+            return result, elapsed
+        if elapsed > within + 30:
+            raise AssertionError("the database did not answer the verdict")
+        await anyio.sleep(0.1)
+
+
+# -- the app -----------------------------------------------------------------------------------
+
+
+@dataclass
+class Workload:
+    """The worker and the tabs, against ``dsn`` (directly, never through a fault).
+
+    Synchronous: async tests call it through ``anyio.to_thread.run_sync``.
+    """
+
+    dsn: str
+    grace: float
+    seed: int = 0
+    save_ratio: float = 0.7
+    reanalyse_ratio: float = 0.1
+    doc_bytes: int = 300
+    rng: random.Random = field(init=False)
+    finished: list[uuid.UUID] = field(default_factory=list)
+    saved: int = 0
+    failed_writes: int = 0
+    last_finish: float = 0.0
+    _runs: list[uuid.UUID] = field(default_factory=list)
+    _saves: list[tuple[float, uuid.UUID]] = field(default_factory=list)
+    _conn: Conn | None = None
+
+    def __post_init__(self) -> None:
+        self.rng = random.Random(self.seed)
+
+    def _connection(self) -> Conn:
+        if self._conn is None or self._conn.closed or self._conn.broken:
+            self._conn = connect(self.dsn)
+        return self._conn
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+
+    def finish(self, count: int, *, save: bool = True) -> list[uuid.UUID]:
+        """Create ``count`` jobs and finish each in its own transaction; queue the tabs' saves.
+
+        Returns the jobs that finished (none while the database is down).
+        """
+        done: list[uuid.UUID] = []
+        try:
+            conn = self._connection()
+            for _ in range(count):
+                job_id = uuid.uuid4()
+                if self._runs and self.rng.random() < self.reanalyse_ratio:
+                    run_id = self.rng.choice(self._runs)  # a re-analysis: a later job, same run
+                else:
+                    run_id = uuid.uuid4()
+                doc = "<p>" + "x" * self.doc_bytes + "</p>"
+                conn.execute(
+                    "INSERT INTO analysis_jobs (id, run_id, status, doc_html) "
+                    "VALUES (%s, %s, 'running', %s)",
+                    (job_id, run_id, doc),
+                )
+                conn.execute(
+                    "UPDATE analysis_jobs SET status = %s, results = %s, updated_at = now() "
+                    "WHERE id = %s",
+                    (
+                        self.rng.choice(("complete", "complete", "failed")),
+                        json.dumps({"verdicts": [self.rng.randrange(100)]}),
+                        job_id,
+                    ),
+                )
+                done.append(job_id)
+                self._runs.append(run_id)
+                self.last_finish = time.monotonic()
+                if save and self.rng.random() < self.save_ratio:
+                    at = time.monotonic() + self.rng.uniform(0.05, 0.5) * self.grace
+                    heapq.heappush(self._saves, (at, job_id))
+        except psycopg.OperationalError:
+            self.failed_writes += 1
+            self._conn = None
+        self.finished.extend(done)
+        return done
+
+    def save_due(self) -> int:
+        """Run the tabs' saves whose time has come; a save the database refuses is given up."""
+        count = 0
+        now = time.monotonic()
+        while self._saves and self._saves[0][0] <= now:
+            _, job_id = heapq.heappop(self._saves)
+            try:
+                client_save(self._connection(), job_id)
+                count += 1
+            except psycopg.OperationalError:
+                self.failed_writes += 1
+                self._conn = None
+        self.saved += count
+        return count
+
+    def tick(self, count: int) -> None:
+        """One step of the app: due saves, then ``count`` more jobs finish."""
+        self.save_due()
+        self.finish(count)
+
+    def drive(self, seconds: float, per_second: float, *, step: float = 0.1) -> None:
+        """Finish jobs at ``per_second`` for ``seconds``, saving as the tabs do (paced)."""
+        end = time.monotonic() + seconds
+        owed = 0.0
+        while time.monotonic() < end:
+            owed += per_second * step
+            whole = int(owed)
+            owed -= whole
+            self.tick(whole)
+            time.sleep(step)  # pacing the load, not waiting for anything
+
+    @contextmanager
+    def running(self, per_second: float, *, step: float = 0.1) -> Iterator[None]:
+        """Keep the app busy in a thread for the duration of the block."""
+        stop = threading.Event()
+
+        def loop() -> None:
+            owed = 0.0
+            while not stop.is_set():
+                owed += per_second * step
+                whole = int(owed)
+                owed -= whole
+                self.tick(whole)
+                stop.wait(step)
+
+        thread = threading.Thread(target=loop, name="workload", daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            thread.join(60)
+
+    def quiesce(self) -> None:
+        """Run the saves still queued (each at its time), then wait out the last grace."""
+        while self._saves:
+            time.sleep(max(0.0, self._saves[0][0] - time.monotonic()))
+            self.save_due()
+        time.sleep(max(0.0, self.last_finish + self.grace + 0.05 - time.monotonic()))
+
+
+def client_save(conn: Conn, job_id: uuid.UUID) -> None:
+    """The browser tab: the upsert that always wins (as tests/helpers.py)."""
+    conn.execute(
+        """
+        INSERT INTO analysis_runs (id, job_id, doc_html, results, saved_by)
+        SELECT run_id, id, doc_html, results, 'client' FROM analysis_jobs WHERE id = %s
+        ON CONFLICT (id) DO UPDATE SET job_id = EXCLUDED.job_id, doc_html = EXCLUDED.doc_html,
+            results = EXCLUDED.results, saved_by = 'client', updated_at = now()
+        """,
+        (job_id,),
+    )
+
+
+# -- reactor processes -------------------------------------------------------------------------
+
+
+def replica_env(dsn: str, **variables: str) -> dict[str, str]:
+    """The environment of a ``reactor run`` subprocess: fast probes, short grace, no HTTP."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("REACTOR_")}
+    env.pop("DATABASE_URL", None)
+    env.update(
+        {
+            "DATABASE_URL": dsn,
+            "REACTOR_HTTP_ADDR": "",
+            "REACTOR_LOG_FORMAT": "json",
+            "REACTOR_GRACE_SECONDS": "1",
+            "REACTOR_SCAN_INTERVAL_SECONDS": "30",
+            "REACTOR_PROBE_INTERVAL_SECONDS": "1",
+            "REACTOR_PROBE_TIMEOUT_SECONDS": "1",
+            "REACTOR_DRAIN_SECONDS": "5",
+            **variables,
+        }
+    )
+    return env
+
+
+@dataclass
+class Replica:
+    """One ``python -m reactor run`` process; its output goes to a file, never a pipe."""
+
+    name: str
+    proc: subprocess.Popen[bytes]
+    log: Path
+    started_at: float = field(default_factory=time.time)  # our wall clock
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def kill(self) -> None:
+        """kill -9."""
+        if self.alive():
+            self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(30)
+
+    def terminate(self) -> None:
+        """SIGTERM: the reactor drains and exits."""
+        self.proc.send_signal(signal.SIGTERM)
+
+    def wait(self, timeout: float) -> int:
+        return self.proc.wait(timeout)
+
+    def messages(self) -> list[str]:
+        """The ``message`` of every JSON log line so far."""
+        out = []
+        for line in self.log.read_text(errors="replace").splitlines():
+            try:
+                out.append(str(json.loads(line).get("message")))
+            except (ValueError, AttributeError):
+                out.append(line)
+        return out
+
+    def rss(self) -> int:
+        """Resident memory in bytes (Linux /proc)."""
+        pages = int(Path(f"/proc/{self.pid}/statm").read_text().split()[1])
+        return pages * os.sysconf("SC_PAGE_SIZE")
+
+
+@dataclass
+class Replicas:
+    """Starts replicas and makes sure none outlives the test."""
+
+    directory: Path
+    started: list[Replica] = field(default_factory=list)
+
+    def start(self, env: dict[str, str], name: str | None = None) -> Replica:
+        name = name or f"r{len(self.started)}"
+        log = self.directory / f"{name}-{len(self.started)}.log"
+        with log.open("wb") as out:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "reactor", "run"],
+                env=env,
+                cwd=ROOT,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
+        replica = Replica(name, proc, log)
+        self.started.append(replica)
+        return replica
+
+    def alive(self) -> list[Replica]:
+        return [r for r in self.started if r.alive()]
+
+    def close(self) -> None:
+        for replica in self.started:
+            if replica.alive():
+                replica.proc.send_signal(signal.SIGKILL)
+            replica.proc.wait(30)
+
+    def __iter__(self) -> Iterator[Replica]:
+        return iter(self.started)

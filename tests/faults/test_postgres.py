@@ -1,0 +1,553 @@
+"""PostgreSQL fails under the reactor: restarts, a crashed backend, downtime, frozen backends
+(the listener's, and one holding the row locks of a claim), terminated sessions, and a NOTIFY
+queue held back by a frozen listener.
+
+The reactor runs in-process against the test database; the app keeps finishing jobs whenever
+the server lets it.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+import anyio
+import psycopg
+import pytest
+
+from reactor.embedded import EmbeddedPostgres
+from tests.faults.conftest import Report, StartReactor
+from tests.faults.support import (
+    Conn,
+    Workload,
+    connect,
+    reactor_pids,
+    scalar,
+    settle,
+)
+from tests.integration.conftest import eventually
+
+pytestmark = pytest.mark.anyio
+
+GRACE = 1.0
+
+
+async def drive(app: Workload, seconds: float, rate: float = 20.0) -> None:
+    await anyio.to_thread.run_sync(app.drive, seconds, rate)
+
+
+async def finish(app: Workload, count: int) -> None:
+    await anyio.to_thread.run_sync(app.finish, count)
+
+
+async def server_answers(dsn: str, *, within: float = 60.0) -> None:
+    """Poll until the server accepts a connection (after a crash or a start)."""
+
+    def ok() -> bool:
+        try:
+            with connect(dsn) as conn:
+                conn.execute("SELECT 1")
+        except psycopg.OperationalError:
+            return False
+        return True
+
+    async def check() -> bool:
+        return await anyio.to_thread.run_sync(ok)
+
+    # Polling with a bound: nothing signals "the server is back".
+    with anyio.fail_after(within):
+        while not await check():  # noqa: ASYNC110 -- the condition is another process's state
+            await anyio.sleep(0.1)
+
+
+@contextmanager
+def frozen(pid: int) -> Iterator[None]:
+    """SIGSTOP a backend; SIGCONT it on the way out."""
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        os.kill(pid, signal.SIGCONT)
+
+
+# -- restarts, crashes, downtime ---------------------------------------------------------------
+
+
+async def _restarts(
+    database_url: str,
+    embedded: EmbeddedPostgres,
+    reactor_at: StartReactor,
+    workload: Callable[..., Workload],
+    report: Report,
+    *,
+    cycles: int,
+    scenario: str,
+) -> None:
+    app = workload(grace=GRACE, seed=11)
+    async with reactor_at(database_url, grace=GRACE) as reactor:
+        for _ in range(cycles):
+            await drive(app, 1.0)
+            await finish(app, 10)  # deadlines across the restart
+            await anyio.to_thread.run_sync(embedded.restart, "fast")
+            await drive(app, 1.0)
+        await anyio.to_thread.run_sync(app.quiesce)
+        judgement, took = await settle(database_url, GRACE, within=30)
+        assert reactor.listener is not None
+        reconnects = reactor.listener.connections - 1
+    report(scenario, cycles, judgement, recovery=took, note=f"{reconnects} listener reconnects")
+    assert judgement.clean, str(judgement)
+    assert reconnects >= cycles
+
+
+async def test_fast_shutdown_and_restart(
+    database_url: str,
+    embedded: EmbeddedPostgres,
+    reactor_at: StartReactor,
+    workload: Callable[..., Workload],
+    report: Report,
+) -> None:
+    await _restarts(
+        database_url,
+        embedded,
+        reactor_at,
+        workload,
+        report,
+        cycles=1,
+        scenario="pg: fast shutdown + restart",
+    )
+
+
+@pytest.mark.slow
+async def test_fast_shutdown_and_restart_long(
+    database_url: str,
+    embedded: EmbeddedPostgres,
+    reactor_at: StartReactor,
+    workload: Callable[..., Workload],
+    report: Report,
+) -> None:
+    await _restarts(
+        database_url,
+        embedded,
+        reactor_at,
+        workload,
+        report,
+        cycles=8,
+        scenario="pg: fast shutdown + restart (long)",
+    )
+
+
+async def _backend_crashes(
+    database_url: str,
+    embedded: EmbeddedPostgres,
+    reactor_at: StartReactor,
+    workload: Callable[..., Workload],
+    report: Report,
+    *,
+    cycles: int,
+    scenario: str,
+) -> None:
+    app = workload(grace=GRACE, seed=12)
+    rng = random.Random(12)
+    async with reactor_at(database_url, grace=GRACE) as reactor:
+        for _ in range(cycles):
+            await eventually(lambda: reactor.listener is not None and reactor.listener.proven)
+            await drive(app, rng.uniform(0.3, 1.5))
+            await finish(app, 10)
+            with connect(database_url) as conn:
+                victims = reactor_pids(conn)
+            assert victims
+            # One backend dies by SIGKILL: the postmaster resets every connection and recovers.
+            os.kill(rng.choice(victims), signal.SIGKILL)
+            await server_answers(database_url)
+            await drive(app, 1.0)
+        await anyio.to_thread.run_sync(app.quiesce)
+        judgement, took = await settle(database_url, GRACE, within=30)
+    report(scenario, cycles, judgement, recovery=took, note="SIGKILL of one reactor backend")
+    assert judgement.clean, str(judgement)
+
+
+async def test_backend_crash_resets_every_connection(
+    database_url: str,
+    embedded: EmbeddedPostgres,
+    reactor_at: StartReactor,
+    workload: Callable[..., Workload],
+    report: Report,
+) -> None:
+    await _backend_crashes(
+        database_url,
+        embedded,
+        reactor_at,
+        workload,
+        report,
+        cycles=1,
+        scenario="pg: backend SIGKILL (crash)",
+    )
+
+
+@pytest.mark.slow
+async def test_backend_crashes_long(
+    database_url: str,
+    embedded: EmbeddedPostgres,
+    reactor_at: StartReactor,
+    workload: Callable[..., Workload],
+    report: Report,
+) -> None:
+    await _backend_crashes(
+        database_url,
+        embedded,
+        reactor_at,
+        workload,
+        report,
+        cycles=8,
+        scenario="pg: backend SIGKILL (crash, long)",
+    )
+
+
+async def _downtime(
+    database_url: str,
+    embedded: EmbeddedPostgres,
+    reactor_at: StartReactor,
+    workload: Callable[..., Workload],
+    report: Report,
+    *,
+    seconds: float,
+    scenario: str,
+) -> None:
+    app = workload(grace=GRACE, seed=13)
+    async with reactor_at(database_url, grace=GRACE) as reactor:
+        await drive(app, 1.0)
+        # Finished right before the stop: every one of these comes due while the server is down.
+        await finish(app, 20)
+        await anyio.to_thread.run_sync(embedded.stop, "fast")
+        stopped = time.monotonic()
+        try:
+            await drive(app, seconds)  # the worker cannot write; it keeps trying
+        finally:
+            await anyio.to_thread.run_sync(embedded.start)
+        started = time.monotonic()
+        await drive(app, 1.0)
+        await anyio.to_thread.run_sync(app.quiesce)
+        judgement, took = await settle(database_url, GRACE, within=30)
+        caught_up = started + took
+        assert reactor.listener is not None
+    report(
+        scenario,
+        1,
+        judgement,
+        recovery=took,
+        note=f"down {started - stopped:.1f}s; worker writes refused: {app.failed_writes}",
+    )
+    assert app.failed_writes > 0
+    assert judgement.clean, str(judgement)
+    # Recovery is the reconnect (its backoff is capped at 5 s), not the 30 s scan.
+    assert judgement.verdict.lateness_max is not None
+    assert judgement.verdict.lateness_max < (started - stopped) + 10
+    assert caught_up - started < 10
+
+
+async def test_downtime(
+    database_url: str,
+    embedded: EmbeddedPostgres,
+    reactor_at: StartReactor,
+    workload: Callable[..., Workload],
+    report: Report,
+) -> None:
+    await _downtime(
+        database_url,
+        embedded,
+        reactor_at,
+        workload,
+        report,
+        seconds=5.0,
+        scenario="pg: downtime 5 s",
+    )
+
+
+@pytest.mark.slow
+async def test_downtime_long(
+    database_url: str,
+    embedded: EmbeddedPostgres,
+    reactor_at: StartReactor,
+    workload: Callable[..., Workload],
+    report: Report,
+) -> None:
+    await _downtime(
+        database_url,
+        embedded,
+        reactor_at,
+        workload,
+        report,
+        seconds=30.0,
+        scenario="pg: downtime 30 s",
+    )
+
+
+# -- frozen backends ---------------------------------------------------------------------------
+
+
+async def test_frozen_listener_backend_holds_the_queue_and_is_replaced(
+    database_url: str,
+    embedded: EmbeddedPostgres,
+    reactor_at: StartReactor,
+    workload: Callable[..., Workload],
+    report: Report,
+) -> None:
+    # The NOTIFY queue holds 8 GB by default: filling it takes far too long for a test. What we
+    # can check quickly is that a frozen LISTENer holds the queue's tail and that the reactor's
+    # queue_usage gauge shows it, while the reactor replaces the frozen session and goes on.
+    app = workload(grace=GRACE, seed=14)
+    async with reactor_at(database_url, grace=GRACE) as reactor:
+        listener = reactor.listener
+        assert listener is not None
+        await eventually(lambda: listener.proven)
+        with connect(database_url) as conn:
+            [pid] = reactor_pids(conn, "listener")
+
+            def usage() -> float:
+                value = reactor.metrics.registry.get_sample_value(
+                    "reactor_notification_queue_usage"
+                )
+                return value or 0.0
+
+            with frozen(pid):
+                await finish(app, 10)
+                # Traffic on another channel: ~100 kB, a dozen queue pages behind the tail.
+                for _ in range(200):
+                    conn.execute("SELECT pg_notify('fault_noise', repeat('n', 500))")
+                await eventually(lambda: usage() > 0, timeout=5)
+                seen = usage()
+                await eventually(lambda: listener.connections >= 2, timeout=10)
+                await drive(app, 1.0)
+            # Resumed, the old session meets the pg_terminate_backend the reactor sent it.
+            await eventually(lambda: pid not in reactor_pids(conn, "listener"), timeout=10)
+            await drive(app, 1.0)
+        await anyio.to_thread.run_sync(app.quiesce)
+        judgement, took = await settle(database_url, GRACE, within=30)
+    report(
+        "pg: frozen LISTEN backend",
+        1,
+        judgement,
+        recovery=took,
+        note=f"queue usage seen {seen:.2e} (>0) while frozen; queue-full itself not reproduced",
+    )
+    assert seen > 0
+    assert judgement.clean, str(judgement)
+
+
+GATE_SQL = """
+CREATE TABLE IF NOT EXISTS fault_gate (closed boolean NOT NULL);
+INSERT INTO fault_gate VALUES (true);
+CREATE OR REPLACE FUNCTION fault_gate() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    -- While the gate is closed, a worker write waits for the test's advisory lock: the
+    -- record statement sits there holding the row locks of the jobs it claimed.
+    IF NEW.saved_by = 'worker' AND (SELECT closed FROM fault_gate) THEN
+        PERFORM pg_advisory_xact_lock_shared(4242);
+    END IF;
+    RETURN NEW;
+END $$;
+CREATE TRIGGER fault_gate BEFORE INSERT ON analysis_runs
+    FOR EACH ROW EXECUTE FUNCTION fault_gate();
+"""
+
+
+def run_of(conn: Conn, run_id: object) -> tuple[object, ...] | None:
+    """(job_id, saved_by) of a run row, or None."""
+    row = conn.execute(
+        "SELECT job_id, saved_by FROM analysis_runs WHERE id = %s", (run_id,)
+    ).fetchone()
+    return None if row is None else tuple(row)
+
+
+async def _frozen_claim(
+    database_url: str,
+    reactor_at: StartReactor,
+    workload: Callable[..., Workload],
+    report: Report,
+    *,
+    seconds: float,
+    reanalyse: bool,
+    scenario: str,
+) -> None:
+    """Two replicas; the backend of the one that claimed job J is frozen mid-statement."""
+    app = workload(grace=GRACE, seed=15, reanalyse_ratio=0.0)
+    with connect(database_url) as gate, connect(database_url) as conn:
+        gate.execute(GATE_SQL)
+        gate.execute("SELECT pg_advisory_lock(4242)")
+        async with reactor_at(database_url, grace=GRACE), reactor_at(database_url, grace=GRACE):
+            [held] = await anyio.to_thread.run_sync(lambda: app.finish(1, save=False))
+            run_id = scalar(conn, "SELECT run_id FROM analysis_jobs WHERE id = %s", (held,))
+
+            def blocked() -> list[int]:
+                rows = conn.execute(
+                    "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
+                    "AND application_name = 'reactor-pool' AND wait_event = 'advisory'"
+                ).fetchall()
+                return [int(r[0]) for r in rows]
+
+            # One replica's record statement claimed J (row lock held) and waits at the gate;
+            # the other replica found J locked and skipped it.
+            [victim] = await eventually(blocked, timeout=10)
+            with frozen(victim):
+                conn.execute("UPDATE fault_gate SET closed = false")
+                gate.execute("SELECT pg_advisory_unlock(4242)")
+                later = None
+                if reanalyse:
+                    # A re-analysis of J's run finishes and is recorded while J's claim sleeps.
+                    later, _ = new_job_of(conn, run_id)
+                    await eventually(lambda: run_of(conn, run_id) == (later, "worker"), timeout=10)
+                await drive(app, seconds)
+                await anyio.to_thread.run_sync(app.quiesce)
+                # Everything but the frozen claim is recorded, by whichever replica.
+                during, _ = await settle(
+                    database_url, GRACE, within=10, until=lambda j: j.verdict.lost <= 1
+                )
+            resumed = time.monotonic()
+            judgement, _ = await settle(database_url, GRACE, within=4)
+            final = run_of(conn, run_id)
+    report(
+        scenario,
+        1,
+        judgement,
+        recovery=time.monotonic() - resumed,
+        note=f"2 replicas; a backend holding job J's claim frozen {seconds:g}s+"
+        + ("; J's run re-analysed meanwhile" if reanalyse else ""),
+    )
+    assert during.verdict.lost == (0 if reanalyse else 1), str(during)
+    assert judgement.clean, str(judgement)
+    assert final == ((later, "worker") if reanalyse else (held, "worker"))
+
+
+def new_job_of(conn: Conn, run_id: object) -> tuple[object, object]:
+    """A later job of ``run_id``, finished at once."""
+    job_id = uuid.uuid4()
+    conn.execute(
+        "INSERT INTO analysis_jobs (id, run_id, status, doc_html, results) "
+        "VALUES (%s, %s, 'complete', '<p>again</p>', '{\"verdicts\": [9]}')",
+        (job_id, run_id),
+    )
+    return job_id, run_id
+
+
+async def test_frozen_backend_holding_a_claim(
+    database_url: str,
+    embedded: EmbeddedPostgres,
+    reactor_at: StartReactor,
+    workload: Callable[..., Workload],
+    report: Report,
+) -> None:
+    await _frozen_claim(
+        database_url,
+        reactor_at,
+        workload,
+        report,
+        seconds=2.0,
+        reanalyse=False,
+        scenario="pg: frozen backend holding a claim",
+    )
+
+
+@pytest.mark.slow
+async def test_frozen_backend_holding_a_claim_long(
+    database_url: str,
+    embedded: EmbeddedPostgres,
+    reactor_at: StartReactor,
+    workload: Callable[..., Workload],
+    report: Report,
+) -> None:
+    await _frozen_claim(
+        database_url,
+        reactor_at,
+        workload,
+        report,
+        seconds=20.0,
+        reanalyse=False,
+        scenario="pg: frozen backend holding a claim (long)",
+    )
+
+
+async def test_frozen_claim_resumed_after_a_reanalysis_keeps_the_later_job(
+    database_url: str,
+    embedded: EmbeddedPostgres,
+    reactor_at: StartReactor,
+    workload: Callable[..., Workload],
+    report: Report,
+) -> None:
+    await _frozen_claim(
+        database_url,
+        reactor_at,
+        workload,
+        report,
+        seconds=1.0,
+        reanalyse=True,
+        scenario="pg: frozen claim + re-analysis meanwhile",
+    )
+
+
+# -- terminated sessions -----------------------------------------------------------------------
+
+
+async def _terminations(
+    database_url: str,
+    reactor_at: StartReactor,
+    workload: Callable[..., Workload],
+    report: Report,
+    *,
+    cycles: int,
+    scenario: str,
+) -> None:
+    app = workload(grace=GRACE, seed=16)
+    rng = random.Random(16)
+    ended = 0
+    async with reactor_at(database_url, grace=GRACE):
+        with connect(database_url) as conn:
+            for _ in range(cycles):
+                await drive(app, rng.uniform(0.1, 1.2))
+                pids = reactor_pids(conn)
+                chosen = rng.sample(pids, rng.randint(1, len(pids))) if pids else []
+                for pid in chosen:
+                    ended += bool(scalar(conn, "SELECT pg_terminate_backend(%s)", (pid,)))
+        await drive(app, 1.0)
+        await anyio.to_thread.run_sync(app.quiesce)
+        judgement, took = await settle(database_url, GRACE, within=30)
+    report(scenario, cycles, judgement, recovery=took, note=f"{ended} sessions terminated")
+    assert ended >= cycles
+    assert judgement.clean, str(judgement)
+
+
+async def test_terminated_reactor_sessions(
+    database_url: str,
+    reactor_at: StartReactor,
+    workload: Callable[..., Workload],
+    report: Report,
+) -> None:
+    await _terminations(
+        database_url,
+        reactor_at,
+        workload,
+        report,
+        cycles=4,
+        scenario="pg: pg_terminate_backend at random",
+    )
+
+
+@pytest.mark.slow
+async def test_terminated_reactor_sessions_long(
+    database_url: str,
+    reactor_at: StartReactor,
+    workload: Callable[..., Workload],
+    report: Report,
+) -> None:
+    await _terminations(
+        database_url,
+        reactor_at,
+        workload,
+        report,
+        cycles=60,
+        scenario="pg: pg_terminate_backend at random (long)",
+    )

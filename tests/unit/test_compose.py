@@ -1,0 +1,143 @@
+"""The container wiring, read as data: compose.yaml's services and their order, and the
+Dockerfile's user, health check and entry point. No engine runs here, so this is what keeps
+the two files honest between the times someone runs ``docker compose up``."""
+
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def compose() -> dict[str, Any]:
+    data = yaml.safe_load((ROOT / "compose.yaml").read_text(encoding="utf-8"))
+    assert isinstance(data, dict)
+    return data
+
+
+@pytest.fixture(scope="module")
+def services(compose: dict[str, Any]) -> dict[str, Any]:
+    found = compose["services"]
+    assert isinstance(found, dict)
+    return found
+
+
+@pytest.fixture(scope="module")
+def dockerfile() -> list[str]:
+    """The Dockerfile's instructions, one string each, continuation lines joined."""
+    text = (ROOT / "Dockerfile").read_text(encoding="utf-8")
+    joined = re.sub(r"\\\n\s*", " ", text)
+    return [line.strip() for line in joined.splitlines() if line.strip() and line[0] != "#"]
+
+
+def instruction(dockerfile: list[str], name: str) -> list[str]:
+    return [line[len(name) :].strip() for line in dockerfile if line.split()[0].upper() == name]
+
+
+def command(service: dict[str, Any]) -> list[str]:
+    value = service["command"]
+    return shlex.split(value) if isinstance(value, str) else list(value)
+
+
+def test_the_three_services_exist(services: dict[str, Any]) -> None:
+    assert {"postgres", "migrate", "reactor"} <= set(services)
+    assert services["postgres"]["image"] == "postgres:18"
+    assert "POSTGRES_PASSWORD" in services["postgres"]["environment"]
+
+
+def test_startup_order(services: dict[str, Any]) -> None:
+    migrate, reactor = services["migrate"], services["reactor"]
+    assert migrate["depends_on"]["postgres"]["condition"] == "service_healthy"
+    assert reactor["depends_on"]["migrate"]["condition"] == "service_completed_successfully"
+    assert migrate.get("restart", "no") == "no"  # one-shot: a restart loop would hide failure
+
+
+def test_commands(services: dict[str, Any]) -> None:
+    migrate = command(services["migrate"])
+    assert migrate[0] == "migrate"
+    assert "--reference-schema" in migrate
+    assert command(services["reactor"]) == ["run"]
+
+
+def test_both_use_the_reactor_image(services: dict[str, Any]) -> None:
+    for name in ("migrate", "reactor"):
+        service = services[name]
+        assert service.get("build") in (".", {"context": "."}), name
+        assert service["image"] == services["reactor"]["image"]
+
+
+def test_one_database_url_pointing_at_the_postgres_service(services: dict[str, Any]) -> None:
+    urls = {name: services[name]["environment"]["DATABASE_URL"] for name in ("migrate", "reactor")}
+    assert urls["migrate"] == urls["reactor"]
+    parts = urlsplit(urls["reactor"])
+    assert parts.scheme in ("postgresql", "postgres")
+    assert parts.hostname == "postgres"
+    assert parts.port in (None, 5432)
+    assert parts.path.lstrip("/") == services["postgres"]["environment"]["POSTGRES_DB"]
+    assert parts.username == services["postgres"]["environment"]["POSTGRES_USER"]
+
+
+def test_health_checks(services: dict[str, Any]) -> None:
+    postgres = " ".join(services["postgres"]["healthcheck"]["test"])
+    assert "pg_isready" in postgres
+    reactor = services["reactor"]
+    check = " ".join(reactor["healthcheck"]["test"])
+    assert "127.0.0.1:9187/healthz" in check
+    assert "curl" not in check  # not in the slim image
+    assert reactor["environment"]["REACTOR_HTTP_ADDR"] == "0.0.0.0:9187"
+
+
+def test_stop_grace_outlasts_the_drain(services: dict[str, Any]) -> None:
+    reactor = services["reactor"]
+    grace = reactor["stop_grace_period"]
+    assert grace.endswith("s")
+    assert float(grace[:-1]) > float(reactor["environment"]["REACTOR_DRAIN_SECONDS"])
+
+
+def test_dockerfile_base_and_install(dockerfile: list[str]) -> None:
+    assert instruction(dockerfile, "FROM")[0].startswith("python:3.11-slim")
+    runs = " ".join(instruction(dockerfile, "RUN"))
+    assert re.search(r"pip install .*\buv\b", runs)
+    syncs = [run for run in instruction(dockerfile, "RUN") if "uv sync" in run]
+    assert syncs
+    for sync in syncs:
+        # --no-dev alone would install the bench group too: pyproject lists it as a default.
+        assert {"--locked", "--no-dev", "--no-default-groups"} <= set(sync.split())
+
+
+def test_dockerfile_runs_as_non_root(dockerfile: list[str]) -> None:
+    users = instruction(dockerfile, "USER")
+    assert users, "no USER: the container would run as root"
+    assert users[-1] not in ("root", "0")
+    # USER comes after the last RUN: nothing later builds as root by accident.
+    last_run = max(i for i, line in enumerate(dockerfile) if line.startswith("RUN"))
+    last_user = max(i for i, line in enumerate(dockerfile) if line.startswith("USER"))
+    assert last_user > last_run
+
+
+def test_dockerfile_health_entrypoint_and_address(dockerfile: list[str]) -> None:
+    (health,) = instruction(dockerfile, "HEALTHCHECK")
+    assert "http://127.0.0.1:9187/healthz" in health
+    assert "urllib" in health
+    assert "curl" not in health
+    assert instruction(dockerfile, "ENTRYPOINT") == ['["reactor"]']
+    assert instruction(dockerfile, "CMD") == ['["run"]']
+    env = " ".join(instruction(dockerfile, "ENV"))
+    assert "REACTOR_HTTP_ADDR=0.0.0.0:9187" in env
+    assert "9187" in instruction(dockerfile, "EXPOSE")
+
+
+def test_dockerignore_keeps_the_build_context_small() -> None:
+    ignored = (ROOT / ".dockerignore").read_text(encoding="utf-8").split()
+    for entry in (".git", ".venv", "tests", "bench"):
+        assert entry in ignored
+    for needed in ("pyproject.toml", "uv.lock", "README.md", "reactor", "triggers"):
+        assert needed not in ignored

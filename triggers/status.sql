@@ -1,0 +1,106 @@
+-- The statements of `reactor status` and of the startup privilege check, by name (loaded with
+-- sql.query(name, "status.sql"); {{needs_run}} comes from queries.sql). They only read.
+-- Times come from the database clock, as everywhere in the reactor.
+
+-- name: status_server
+-- The server's side: the database clock, NOTIFY queue pressure, and which optional objects
+-- exist. The hook outbox and the pending queue arrived with later migrations, so an older
+-- schema may lack them.
+SELECT now() AS checked_at,
+       pg_notification_queue_usage()::float8 AS queue_usage,
+       to_regclass('analysis_jobs') IS NOT NULL AND to_regclass('analysis_runs') IS NOT NULL
+           AS app_tables,
+       to_regclass('reactor.hook_outbox') IS NOT NULL AS hook_outbox,
+       to_regclass('reactor.pending') IS NOT NULL AS pending_queue
+
+-- name: status_jobs
+-- Jobs that need a run, split at the grace window, and the oldest of the due ones with its age
+-- since its last update: the app trims doc_html a trim horizon after that, and a job trimmed
+-- before it is recorded loses its report. Read through the pending queue, as the scan does:
+-- its cost is the unrecorded backlog, not the millions of finished jobs in analysis_jobs.
+WITH pending AS MATERIALIZED (
+    SELECT j.id, j.updated_at,
+           j.updated_at < now() - make_interval(secs => %(grace)s) AS due
+      FROM reactor.pending p JOIN analysis_jobs j ON j.id = p.job_id
+     WHERE {{needs_run}}
+)
+{{status_jobs_summary}}
+
+-- name: status_jobs_unqueued
+-- status_jobs for a schema from before the pending queue (it reports itself behind): the
+-- predicate over analysis_jobs itself, which that schema's partial due index serves.
+WITH pending AS MATERIALIZED (
+    SELECT j.id, j.updated_at,
+           j.updated_at < now() - make_interval(secs => %(grace)s) AS due
+      FROM analysis_jobs j
+     WHERE {{needs_run}}
+)
+{{status_jobs_summary}}
+
+-- fragment: status_jobs_summary
+SELECT (SELECT count(*) FROM pending WHERE due)::bigint AS due,
+       (SELECT count(*) FROM pending WHERE NOT due)::bigint AS in_grace,
+       oldest.id::text AS oldest_job_id,
+       extract(epoch FROM now() - oldest.updated_at)::float8 AS oldest_age
+  FROM (SELECT 1) AS one
+  LEFT JOIN LATERAL (
+       SELECT p.id, p.updated_at FROM pending p WHERE p.due ORDER BY p.updated_at, p.id LIMIT 1
+  ) AS oldest ON true
+
+-- name: status_hooks
+-- The hook outbox: what is queued or leased, how long the oldest has waited, and what is
+-- parked as failed after its last attempt (it needs a person).
+SELECT count(*) FILTER (WHERE o.status = 'pending')::bigint AS pending,
+       count(*) FILTER (WHERE o.status = 'running')::bigint AS running,
+       count(*) FILTER (WHERE o.status = 'failed')::bigint AS failed,
+       extract(epoch FROM now() - min(o.created_at)
+                                   FILTER (WHERE o.status IN ('pending', 'running')))::float8
+           AS oldest_backlog_age
+  FROM reactor.hook_outbox o
+ WHERE o.status <> 'done'
+
+-- name: status_hook_failures
+-- The most recent parked failures, for a person to look at.
+SELECT o.hook, o.run_id::text AS run_id, o.job_id::text AS job_id, o.attempts,
+       o.last_error, o.updated_at
+  FROM reactor.hook_outbox o
+ WHERE o.status = 'failed'
+ ORDER BY o.updated_at DESC
+ LIMIT %(limit)s
+
+-- name: status_listeners
+-- The reactor replicas LISTENing on this database: each holds one session whose
+-- application_name the reactor sets (db.conninfo). Without pg_read_all_stats, another role's
+-- client_addr and backend_start read as NULL; the count is right either way.
+SELECT a.pid, host(a.client_addr) AS client_addr, a.backend_start
+  FROM pg_stat_activity a
+ WHERE a.application_name = %(application_name)s
+   AND a.datname = current_database()
+ ORDER BY a.backend_start, a.pid
+
+-- name: missing_privileges
+-- Each privilege of grants.REQUIRED (passed as parallel arrays, in order) that the current role
+-- lacks, as the GRANT that would give it, with the role's name; no row when all are held. Objects that do not exist
+-- are skipped (NULL oid): the schema check reports those. Relations of a named schema are
+-- found through pg_class rather than to_regclass(), which fails outright on a schema the role
+-- may not use; that lack is reported once, by the schema's own row. For a row lock, PostgreSQL
+-- accepts UPDATE on any column of the table, so any_column checks exactly that.
+SELECT need.grant_sql, current_user::text AS role
+  FROM unnest(%(kinds)s::text[], %(privileges)s::text[], %(schemas)s::text[],
+              %(names)s::text[], %(grants)s::text[])
+       WITH ORDINALITY AS need(kind, privilege, schema_name, object_name, grant_sql, position)
+ CROSS JOIN LATERAL (
+       SELECT CASE
+                WHEN need.kind = 'schema' THEN to_regnamespace(need.object_name)::oid
+                WHEN need.schema_name IS NULL THEN to_regclass(need.object_name)::oid
+                ELSE (SELECT c.oid FROM pg_class c
+                       WHERE c.relnamespace = to_regnamespace(need.schema_name)::oid
+                         AND c.relname = need.object_name)
+              END AS oid
+ ) AS found
+ WHERE CASE need.kind
+         WHEN 'schema' THEN NOT has_schema_privilege(found.oid, need.privilege)
+         WHEN 'any_column' THEN NOT has_any_column_privilege(found.oid, need.privilege)
+         ELSE NOT has_table_privilege(found.oid, need.privilege)
+       END
+ ORDER BY need.position
