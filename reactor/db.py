@@ -100,16 +100,14 @@ async def configure(conn: AnyConnection) -> None:
     query = "SELECT set_config(n, v, false) FROM unnest(%s::text[], %s::text[]) AS s(n, v)"
     try:
         await conn.execute(query, (list(_SESSION_SETTINGS), list(_SESSION_SETTINGS.values())))
-        return
     except psycopg.errors.UndefinedObject:
-        pass
-    # An older server lacks one (client_connection_check_interval arrived in PostgreSQL 14):
-    # set them one by one and go without what it does not know.
-    for name, value in _SESSION_SETTINGS.items():
-        try:
-            await conn.execute("SELECT set_config(%s, %s, false)", (name, value))
-        except psycopg.errors.UndefinedObject:
-            log.debug("server does not know %s; skipped", name)
+        # An older server lacks one (client_connection_check_interval arrived in PostgreSQL 14):
+        # set them one by one and go without what it does not know.
+        for name, value in _SESSION_SETTINGS.items():
+            try:
+                await conn.execute("SELECT set_config(%s, %s, false)", (name, value))
+            except psycopg.errors.UndefinedObject:
+                log.debug("server does not know %s; skipped", name)
 
 
 async def connect(dsn: str, role: str, *, attempts: int = 1) -> AnyConnection:
