@@ -126,34 +126,31 @@ async def _check_database(conn: db.AnyConnection) -> None:
 async def cmd_run(args: argparse.Namespace) -> int:
     """``reactor run``: serve until SIGTERM/SIGINT, then drain and exit 0."""
     settings = _settings(args)
-    dsn = settings.require_database()
-    pool = db.make_pool(dsn, max_size=POOL_SIZE)
-    # Hooks are parsed (and their modules imported) first: a bad REACTOR_HOOKS fails at once.
+    pool = db.make_pool(settings.require_database(), max_size=POOL_SIZE)
+    # Everything that can fail without the database fails first, in milliseconds: hooks are
+    # parsed (their modules imported) and the HTTP port is bound before anything connects.
+    # Probes answer from then on: /readyz says "starting" until LISTEN is proven, and "stopping"
+    # during the drain; the server closes after it.
     async with open_hooks(settings, pool) as hooks:
-        async with await _startup_connection(settings, "startup") as conn:
-            await _check_database(conn)
-        log.info(
-            "starting",
-            extra={
-                "database": settings.safe_database_url,
-                "mode": settings.mode,
-                "grace_s": settings.grace,
-                "channel": settings.channel,
-                "hooks": ",".join(hooks) or None,
-            },
-        )
         database = db.Database(pool, grace=settings.grace, hooks=list(hooks))
         reactor = Reactor(settings, database, hooks=hooks)
-        # HTTP is bound before the pool opens, so a taken port fails in milliseconds; it closes
-        # after the reactor has drained, so probes answer (503, "stopping") during the drain.
-        async with (
-            http.serving(reactor, settings.http_addr),
-            pool,
-            anyio.create_task_group() as tg,
-        ):
-            tg.start_soon(_stop_on_signals, reactor, tg.cancel_scope)
-            await reactor.run()
-            tg.cancel_scope.cancel()
+        async with http.serving(reactor, settings.http_addr):
+            async with await _startup_connection(settings, "startup") as conn:
+                await _check_database(conn)
+            log.info(
+                "starting",
+                extra={
+                    "database": settings.safe_database_url,
+                    "mode": settings.mode,
+                    "grace_s": settings.grace,
+                    "channel": settings.channel,
+                    "hooks": ",".join(hooks) or None,
+                },
+            )
+            async with pool, anyio.create_task_group() as tg:
+                tg.start_soon(_stop_on_signals, reactor, tg.cancel_scope)
+                await reactor.run()
+                tg.cancel_scope.cancel()
     return 0
 
 

@@ -23,7 +23,7 @@ import tenacity
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
-from reactor import sql
+from reactor import grants, sql
 from reactor.errors import ConfigError, DatabaseUnreachable, PrivilegeMissing, SchemaMissing
 
 log = logging.getLogger(__name__)
@@ -126,7 +126,11 @@ async def connect(dsn: str, role: str, *, attempts: int = 1) -> AnyConnection:
         async for attempt in retrying:
             with attempt:
                 conn = await psycopg.AsyncConnection.connect(conninfo(dsn, role), autocommit=True)
-                await configure(conn)
+                try:
+                    await configure(conn)
+                except BaseException:
+                    await conn.close()
+                    raise
                 return conn
     except psycopg.OperationalError as error:
         if _is_transient(error):
@@ -313,25 +317,15 @@ async def require_schema(conn: AnyConnection) -> None:
 
 
 async def require_privileges(conn: AnyConnection) -> None:
-    """Raise PrivilegeMissing naming the first grant the current role lacks."""
-    cur = await conn.execute(
-        """
-        SELECT need.grant_sql
-          FROM (VALUES
-                  ('SELECT', 'analysis_jobs', 'GRANT SELECT ON analysis_jobs'),
-                  ('UPDATE', 'analysis_jobs', 'GRANT UPDATE ON analysis_jobs'),
-                  ('SELECT', 'analysis_runs', 'GRANT SELECT ON analysis_runs'),
-                  ('INSERT', 'analysis_runs', 'GRANT INSERT ON analysis_runs'),
-                  ('UPDATE', 'analysis_runs', 'GRANT UPDATE ON analysis_runs'),
-                  ('SELECT', 'reactor.schema_version', 'GRANT SELECT ON reactor.schema_version')
-               ) AS need(privilege, relation, grant_sql)
-         WHERE NOT has_table_privilege(need.relation, need.privilege)
-        """
-    )
-    row = await cur.fetchone()
-    if row:
+    """Raise PrivilegeMissing naming every grant of :data:`grants.REQUIRED` the role lacks."""
+    cur = await conn.execute(sql.query("missing_privileges", "status.sql"), grants.check_params())
+    rows = await cur.fetchall()
+    if rows:
+        role = rows[0][1]
+        missing = "; ".join(f"{grant} TO {role}" for grant, _ in rows)
         raise PrivilegeMissing(
-            f"the role lacks a privilege: {row[0]} TO <role>; see `reactor migrate --print-grants`"
+            f"the role lacks a privilege: {missing}; "
+            f"`reactor migrate --print-grants {role}` prints every grant it needs"
         )
 
 

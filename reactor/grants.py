@@ -64,7 +64,7 @@ def _table(schema: str | None, name: str, *privileges: str) -> tuple[Privilege, 
 
 GROUPS: tuple[Group, ...] = (
     Group(
-        "The reactor's own schema holds its version table and the hook outbox.",
+        "The reactor's own schema holds its version table, job queue and hook outbox.",
         (Privilege("schema", "USAGE", None, "reactor"),),
     ),
     Group(
@@ -88,6 +88,16 @@ GROUPS: tuple[Group, ...] = (
     Group(
         "Startup checks the applied schema version (the migrations run as the owner).",
         _table("reactor", "schema_version", "SELECT"),
+    ),
+    Group(
+        "The queue of jobs that may need a run, filled by the app's trigger. The record\n"
+        "statements read it, lock their rows (FOR UPDATE ... SKIP LOCKED, which again needs\n"
+        "UPDATE on one column; since only orders the scan) and delete what they settled.",
+        (
+            Privilege("table", "SELECT", "reactor", "pending"),
+            Privilege("any_column", "UPDATE", "reactor", "pending", column="since"),
+            Privilege("table", "DELETE", "reactor", "pending"),
+        ),
     ),
     Group(
         "Hooks. The record statement queues hook rows in the same statement (INSERT, needed\n"

@@ -12,6 +12,7 @@ fails at startup, and closes on exit, after the reactor has drained.
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -83,9 +84,11 @@ async def serving(
         try:
             await web.TCPSite(runner, host, port).start()
         except OSError as error:
+            # asyncio words it "error while attempting to bind on address ...: <reason>".
+            reason = os.strerror(error.errno) if error.errno else str(error)
             raise ConfigError(
-                f"REACTOR_HTTP_ADDR={_show(host, port)}: cannot listen: "
-                f"{error.strerror or error}; choose another address, or set it empty to disable"
+                f"REACTOR_HTTP_ADDR={_show(host, port)}: cannot listen: {reason}; "
+                "choose another address, or set it empty to disable"
             ) from None
         bound_host, bound_port = runner.addresses[0][:2]
         log.info(

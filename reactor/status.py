@@ -162,7 +162,8 @@ async def _collect(conn: db.AnyConnection, settings: Settings) -> Status:
     version = await db.schema_version(conn)
     if version is None:
         raise SchemaMissing("the database has no reactor schema; run `reactor migrate`")
-    jobs = await _one(conn, "status_jobs", {"grace": settings.grace})
+    jobs_query = "status_jobs" if server["pending_queue"] else "status_jobs_unqueued"
+    jobs = await _one(conn, jobs_query, {"grace": settings.grace})
     hooks = Hooks(outbox=False)
     if server["hook_outbox"]:
         counts = await _one(conn, "status_hooks")

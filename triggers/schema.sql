@@ -20,7 +20,10 @@ CREATE TABLE reactor.pending (
 CREATE INDEX pending_since_idx ON reactor.pending (since);
 
 CREATE FUNCTION reactor.job_changed_v1() RETURNS trigger
-    LANGUAGE plpgsql AS
+    LANGUAGE plpgsql
+    -- It runs in the app's transactions, as the app's role, which need not see the reactor's
+    -- schema: it acts as its owner instead, with a search_path nobody else can plant objects in.
+    SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS
 $$
 DECLARE
     -- The row-local half of "needs a run"; analysis_runs decides the rest at record time.

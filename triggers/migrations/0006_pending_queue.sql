@@ -16,7 +16,10 @@ CREATE INDEX IF NOT EXISTS pending_since_idx ON reactor.pending (since);
 -- One trigger function for both jobs: queue the job when it becomes eligible, and wake the
 -- reactors. NOTIFY takes a cluster-wide lock at commit, so it is sent about once per job.
 CREATE OR REPLACE FUNCTION reactor.job_changed_v1() RETURNS trigger
-    LANGUAGE plpgsql AS
+    LANGUAGE plpgsql
+    -- It runs in the app's transactions, as the app's role, which need not see the reactor's
+    -- schema: it acts as its owner instead, with a search_path nobody else can plant objects in.
+    SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS
 $$
 DECLARE
     -- The row-local half of "needs a run"; analysis_runs decides the rest at record time.

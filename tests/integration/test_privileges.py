@@ -1,0 +1,216 @@
+"""Least privilege: a role holding exactly what ``reactor migrate --print-grants`` prints runs
+the reactor (record, hooks, status), and a role missing any one of those grants is refused at
+startup with exit 5 and one line naming that grant.
+
+Roles are cluster-wide, so each test makes its own, with a unique name, and drops it after.
+The embedded test server trusts every local connection, so a role needs no password.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import psycopg
+import psycopg.conninfo
+import pytest
+
+from reactor import grants
+from tests.acceptance.conftest import reactor_env, run_reactor
+from tests.acceptance.test_cli import assert_one_clean_line, wait_for
+from tests.conftest import Server
+from tests.helpers import finish, new_job, run_row
+
+Spawn = Callable[..., subprocess.Popen[str]]
+
+HOOK_CHANNEL = "reactor_privileges_hook"
+
+
+@pytest.fixture
+def spawn() -> Iterator[Spawn]:
+    """Start ``reactor`` processes (as tests/acceptance does); any still running are killed."""
+    procs: list[subprocess.Popen[str]] = []
+
+    def start(*args: str, env: dict[str, str]) -> subprocess.Popen[str]:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "reactor", *args],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        procs.append(proc)
+        return proc
+
+    yield start
+    for proc in procs:
+        if proc.poll() is None:
+            proc.kill()
+        proc.communicate()
+
+
+def print_grants(role: str) -> str:
+    result = run_reactor("migrate", "--print-grants", role, env=reactor_env(None))
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+@pytest.fixture
+def role(server: Server, database_url: str) -> Iterator[str]:
+    """A fresh LOGIN role with no privileges of its own; dropped with everything granted to it."""
+    if server.embedded is None:
+        pytest.skip("needs a server whose authentication we control (trust for a new role)")
+    name = f"reactor_rt_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(database_url, autocommit=True) as admin:
+        admin.execute(f'CREATE ROLE "{name}" LOGIN')
+    yield name
+    with psycopg.connect(database_url, autocommit=True) as admin:
+        admin.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = %s", (name,)
+        )
+        admin.execute(f'DROP OWNED BY "{name}"')  # revokes its privileges in this database
+        admin.execute(f'DROP ROLE "{name}"')
+
+
+def dsn_as(database_url: str, role: str) -> str:
+    return psycopg.conninfo.make_conninfo(database_url, user=role)
+
+
+def grant_all(database_url: str, role: str) -> None:
+    """Apply the printed script as the owner: it must be valid SQL as printed."""
+    with psycopg.connect(database_url, autocommit=True) as admin:
+        admin.execute(print_grants(role).encode())
+
+
+def test_print_grants_is_exactly_the_required_list() -> None:
+    script = print_grants("reactor_app")
+    statements = [line for line in script.splitlines() if line and not line.startswith("--")]
+    assert all(s.startswith("GRANT ") and s.endswith(' TO "reactor_app";') for s in statements)
+    printed = " ".join(statements)
+    for needed in grants.REQUIRED:
+        assert needed.privilege in printed
+        assert f"ON {needed.target} TO" in printed
+    # The minimum for the row locks, not UPDATE on the whole table; DELETE only on the queue.
+    assert 'GRANT UPDATE (updated_at) ON analysis_jobs TO "reactor_app";' in statements
+    assert 'GRANT SELECT, UPDATE (since), DELETE ON reactor.pending TO "reactor_app";' in statements
+    assert [s for s in statements if "DELETE" in s] == [
+        'GRANT SELECT, UPDATE (since), DELETE ON reactor.pending TO "reactor_app";'
+    ]
+    assert "ALL" not in printed
+
+
+@pytest.mark.parametrize("bad", ["bad role", "1role", "x;DROP TABLE y", "public", "pg_monitor", ""])
+def test_print_grants_rejects_a_bad_role(bad: str) -> None:
+    result = run_reactor("migrate", "--print-grants", bad, env=reactor_env(None))
+    assert_one_clean_line(result, 2)
+    assert result.stdout == ""
+
+
+def test_least_privileged_role_records_runs_and_hooks(
+    database_url: str, role: str, spawn: Spawn
+) -> None:
+    grant_all(database_url, role)
+    with psycopg.connect(database_url, autocommit=True) as admin:
+        # The tests' audit trigger writes run_audit as whoever writes a run; granting that here
+        # would hide a missing grant of the reactor's own, so this test goes without it.
+        admin.execute("DROP TRIGGER run_audit ON analysis_runs")
+    env = reactor_env(
+        dsn_as(database_url, role),
+        REACTOR_GRACE_SECONDS="0.3",
+        REACTOR_HOOKS=f"ping=notify:{HOOK_CHANNEL}",
+        REACTOR_SCAN_INTERVAL_SECONDS="1",
+    )
+    with (
+        psycopg.connect(database_url, autocommit=True) as conn,
+        psycopg.connect(database_url, autocommit=True) as hook_listener,
+    ):
+        hook_listener.execute(f"LISTEN {HOOK_CHANNEL}")
+        proc = spawn("run", env=env)
+        wait_for(lambda: _listening(conn, role) or proc.poll() is not None)
+        assert proc.poll() is None, proc.communicate()[1]
+        job_id, run_id = new_job(conn)
+        finish(conn, job_id)
+        wait_for(lambda: run_row(conn, run_id) or proc.poll() is not None)
+        assert run_row(conn, run_id) == (job_id, "worker"), proc.communicate()[1]
+
+        # The hook ran: its outbox row is done, and its notification arrived.
+        def hook_done() -> bool:
+            row = conn.execute(
+                "SELECT status FROM reactor.hook_outbox WHERE run_id = %s AND hook = 'ping'",
+                (run_id,),
+            ).fetchone()
+            return row is not None and row[0] == "done"
+
+        wait_for(hook_done)
+        payloads = [n.payload for n in hook_listener.notifies(timeout=5, stop_after=1)]
+        assert str(run_id) in payloads[0]
+
+        # The same role can read the status: nothing due, one LISTEN replica (its own).
+        result = run_reactor("status", "--json", env=env)
+        assert result.returncode == 0, result.stdout + result.stderr
+        report = json.loads(result.stdout)
+        assert report["listeners"]["count"] == 1
+        assert report["jobs"]["due"] == 0
+        assert report["hooks"]["failed"] == 0
+
+        # And sweep, which takes the same startup checks.
+        result = run_reactor("sweep", "--once", env=env)
+        assert (result.returncode, result.stdout.strip()) == (0, "0"), result.stderr
+
+        proc.send_signal(signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=30)
+        assert proc.returncode == 0, stderr
+
+
+@pytest.mark.parametrize("missing", grants.REQUIRED, ids=lambda p: p.grant)
+def test_each_missing_grant_is_one_line_exit_5(
+    database_url: str, role: str, missing: grants.Privilege
+) -> None:
+    grant_all(database_url, role)
+    with psycopg.connect(database_url, autocommit=True) as admin:
+        admin.execute(missing.grant.replace("GRANT", "REVOKE", 1) + f' FROM "{role}"')
+    result = run_reactor("run", env=reactor_env(dsn_as(database_url, role)), timeout=30)
+    line = assert_one_clean_line(result, 5)
+    assert missing.grant in line
+
+
+def _listening(conn: psycopg.Connection[Any], role: str) -> bool:
+    row = conn.execute(
+        "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'reactor-listener'"
+        " AND usename = %s AND datname = current_database()",
+        (role,),
+    ).fetchone()
+    return row is not None and row[0] >= 1
+
+
+def test_status_without_the_reactor_schema_is_one_line_exit_5(database_url: str, role: str) -> None:
+    grant_all(database_url, role)
+    with psycopg.connect(database_url, autocommit=True) as admin:
+        admin.execute(f'REVOKE USAGE ON SCHEMA reactor FROM "{role}"')
+    result = run_reactor("status", "--json", env=reactor_env(dsn_as(database_url, role)))
+    line = assert_one_clean_line(result, 5)
+    assert "permission denied for schema reactor" in line
+    assert "--print-grants" in line
+    assert result.stdout == ""
+
+
+def test_the_app_role_finishes_jobs_without_any_reactor_grant(database_url: str, role: str) -> None:
+    # The trigger runs in the app's transactions, as the app's role: it must not need the
+    # reactor's schema (the queue insert runs as the function's owner).
+    with psycopg.connect(database_url, autocommit=True) as admin:
+        admin.execute(f'GRANT SELECT, INSERT, UPDATE ON analysis_jobs, analysis_runs TO "{role}"')
+    with psycopg.connect(dsn_as(database_url, role), autocommit=True) as app:
+        job_id, _ = new_job(app)
+        finish(app, job_id)
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            app.execute("SELECT count(*) FROM reactor.pending")
+    with psycopg.connect(database_url, autocommit=True) as admin:
+        queued = admin.execute(
+            "SELECT count(*) FROM reactor.pending WHERE job_id = %s", (job_id,)
+        ).fetchone()
+        assert queued == (1,)
