@@ -1,0 +1,290 @@
+"""scan_scale: the fallback scan's cost with many finished jobs and nothing due.
+
+The table holds many finished jobs; only the newest ones (the app's 24-hour window) still carry
+``doc_html`` (the app trims it after that), and every finished job has its run except 100 that
+are inside their grace window (they need a run but are not due). The reactor's scan
+(``record_oldest``) and its health query, which every replica runs every probe interval, are
+timed against the article's query on primary keys only (no partial index), and against the same
+query on the partial index of the reactor's earlier design (``analysis_jobs_reactor_due_idx``,
+built here for the measurement and dropped again). The window then shrinks the way the app's
+trim shrinks it (``UPDATE ... SET doc_html = NULL`` and vacuum), and everything is timed again.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Any
+
+from bench import baseline
+from bench.common import (
+    Conn,
+    Context,
+    Result,
+    Table,
+    conditions,
+    connect,
+    ms,
+    open_server,
+    ratio,
+    safe_div,
+    scalar,
+)
+from reactor import db, sql
+from reactor.config import Settings
+
+TITLE = "Fallback scan cost with many finished jobs, nothing due"
+GOAL = (
+    "<= 5 ms and flat as the 24-hour window grows (the largest window within 2x, or 1 ms, of "
+    "the smallest)"
+)
+
+# The partial index of the reactor's earlier design (migration 0004, dropped by 0006), built
+# only to time the article's query on it.
+DUE_INDEX = """
+CREATE INDEX analysis_jobs_reactor_due_idx ON analysis_jobs (updated_at, id)
+ WHERE status IN ('complete', 'failed') AND deleted_at IS NULL AND doc_html IS NOT NULL
+   AND results IS NOT NULL AND results <> '{}'::jsonb
+"""
+
+GRACE = 3600.0  # the 100 pending jobs stay inside it for the whole measurement
+PENDING = 100
+SLOW = 1.0  # seconds: past this, a query is timed fewer times
+
+
+LOAD_JOBS = """
+INSERT INTO analysis_jobs (id, run_id, status, doc_html, results, created_at, updated_at)
+SELECT md5('j' || g)::uuid, md5('r' || g)::uuid,
+       CASE WHEN g %% 10 = 0 THEN 'failed' ELSE 'complete' END,
+       CASE WHEN g > %(total)s - %(window)s
+            THEN '<p class="citation">cited work ' || g || '</p>' END,
+       '{"verdicts": 3}', t - interval '1 minute', t
+  FROM generate_series(%(lo)s, %(hi)s) g,
+       LATERAL (SELECT %(newest)s::timestamptz - (%(total)s - g) * interval '250 ms' AS t) ts
+"""
+
+
+async def run(ctx: Context) -> Result:
+    """Load once at the largest window, then trim the window down step by step."""
+    quick = ctx.quick
+    total = 60_000 if quick else 10_000_000
+    windows = [30_000, 8_400, 600] if quick else [5_000_000, 1_400_000, 100_000]
+    reps = 7 if quick else 15
+    settings: dict[str, Any] = {
+        "finished_jobs": total,
+        "windows": windows,
+        "needing_a_run": PENDING,
+        "grace_s": GRACE,
+        "batch_size": 500,
+        "repetitions": reps,
+        "doc_html": "small (~40 bytes) inside the window, NULL outside",
+    }
+    measured: list[dict[str, Any]] = []
+    async with open_server() as server:
+        cond = await conditions(server, quick=quick)
+        dsn = server.dsn_for(await server.create_database("scan"))
+        async with await connect(dsn, "setup") as conn:
+            load_s = await _load(conn, total, windows[0])
+            sizes = await _sizes(conn)
+            for window in windows:
+                if window != windows[0]:
+                    await _trim(conn, total, window)
+                measured.append(await _measure(conn, window, reps))
+
+    measured.sort(key=lambda m: m["window"])
+    reactor_times = [m["record_oldest"] for m in measured]
+    flat = reactor_times[-1] <= max(2 * reactor_times[0], reactor_times[0] + 0.001)
+    met = max(reactor_times) <= 0.005 and flat
+    table = Table(
+        [
+            "window (jobs with doc_html)",
+            "reactor scan",
+            "reactor health query",
+            "article, PK only",
+            "article, on the earlier design's partial index",
+            "article PK only / reactor",
+        ]
+    )
+    for m in measured:
+        table.add(
+            f"{m['window']:,}",
+            ms(m["record_oldest"]),
+            ms(m["health"]),
+            ms(m["article_pk_only"]),
+            ms(m["article_partial_index"]),
+            ratio(safe_div(m["article_pk_only"], m["record_oldest"])),
+        )
+    growth = safe_div(reactor_times[-1], reactor_times[0])
+    health = [m["health"] for m in measured]
+    notes = [
+        f"{total:,} finished jobs (every tenth failed), all with a run except {PENDING} inside "
+        f"their grace; loading took {load_s:.0f} s. Sizes at the largest window: "
+        + ", ".join(f"{k} {_size(v)}" for k, v in sizes.items())
+        + ".",
+        f"Medians of {reps} runs after a warm-up; a query slower than {SLOW:g} s is run at least 3 "
+        "times, as long as 3 s allows. Times are client-side wall clock for the whole "
+        "statement, so they include one round trip and planning.",
+        "The reactor scans its pending queue (reactor.pending: jobs that became eligible and "
+        "have no run yet, fed by the trigger in the finishing transaction), not the window: "
+        f"{ms(min(reactor_times))} to {ms(max(reactor_times))} across the windows "
+        f"({ratio(growth)} from the smallest to the largest); its health query "
+        f"{ms(min(health))} to {ms(max(health))}.",
+        "The article's query must look at every finished job that still has its document: on "
+        "primary keys only that is a sequential scan of analysis_jobs and an anti-join with "
+        "analysis_runs; on the earlier design's partial index it walks the whole window, with "
+        "nothing due, before it can say so.",
+    ]
+    headline = (
+        f"reactor scan {ms(reactor_times[0])} at {measured[0]['window']:,} to "
+        f"{ms(reactor_times[-1])} at {measured[-1]['window']:,} jobs in the window; the "
+        f"article's query on primary keys {ms(measured[0]['article_pk_only'])} to "
+        f"{ms(measured[-1]['article_pk_only'])}"
+    )
+    return Result(
+        name="scan_scale",
+        title=TITLE,
+        goal=GOAL,
+        met=met,
+        headline=headline,
+        table=table,
+        figures={
+            "windows": measured,
+            "load_s": load_s,
+            "sizes_bytes": sizes,
+            "growth_largest_vs_smallest": growth,
+        },
+        settings=settings,
+        conditions=cond,
+        notes=notes,
+    )
+
+
+async def _load(conn: Conn, total: int, window: int) -> float:
+    """Bulk-load without indexes or triggers, then index as the migrations do."""
+    started = time.monotonic()
+    await db.migrate(conn, Settings.channel, reference_schema=True)
+    await conn.execute("ALTER TABLE analysis_jobs DROP CONSTRAINT analysis_jobs_pkey")
+    await conn.execute("ALTER TABLE analysis_runs DROP CONSTRAINT analysis_runs_pkey")
+    await conn.execute("DROP INDEX IF EXISTS analysis_jobs_reactor_due_idx")
+    # Bulk rows already have their runs: they never pass through the reactor's triggers.
+    await conn.execute("ALTER TABLE analysis_jobs DISABLE TRIGGER USER")
+    newest = await scalar(conn, "SELECT now() - interval '2 hours'")
+    chunk = 1_000_000
+    for lo in range(1, total + 1, chunk):
+        params = {
+            "total": total,
+            "window": window,
+            "lo": lo,
+            "hi": min(total, lo + chunk - 1),
+            "newest": newest,
+        }
+        await conn.execute(LOAD_JOBS, params)
+    await conn.execute(
+        "INSERT INTO analysis_runs (id, job_id, results, saved_by) "
+        "SELECT run_id, id, results, 'client' FROM analysis_jobs"
+    )
+    await conn.execute("ALTER TABLE analysis_jobs ADD PRIMARY KEY (id)")
+    await conn.execute("ALTER TABLE analysis_runs ADD PRIMARY KEY (id)")
+    await conn.execute("ALTER TABLE analysis_jobs ENABLE TRIGGER USER")
+    # The jobs that need a run: finished now, through the reactor's triggers.
+    await conn.execute(
+        "INSERT INTO analysis_jobs (id, run_id, status, doc_html) "
+        "SELECT gen_random_uuid(), gen_random_uuid(), 'running', '<p>pending</p>' "
+        "FROM generate_series(1, %s)",
+        (PENDING,),
+    )
+    await conn.execute(
+        "UPDATE analysis_jobs SET status = 'complete', results = '{\"verdicts\": 1}', "
+        "updated_at = now() WHERE status = 'running'"
+    )
+    await conn.execute("VACUUM (FREEZE, ANALYZE) analysis_jobs")
+    await conn.execute("VACUUM (FREEZE, ANALYZE) analysis_runs")
+    await conn.execute("VACUUM ANALYZE reactor.pending")
+    return time.monotonic() - started
+
+
+async def _trim(conn: Conn, total: int, window: int) -> None:
+    """The app's trim: documents older than the window's oldest job lose their doc_html."""
+    await conn.execute(
+        "UPDATE analysis_jobs SET doc_html = NULL WHERE doc_html IS NOT NULL "
+        "AND updated_at < (SELECT updated_at FROM analysis_jobs WHERE id = md5('j' || %s)::uuid)",
+        (total - window + 1,),
+    )
+    await conn.execute("VACUUM ANALYZE analysis_jobs")
+
+
+def _size(n: int) -> str:
+    return f"{n / 2**20:,.0f} MiB" if n >= 2**20 else f"{n / 1024:,.0f} KiB"
+
+
+async def _sizes(conn: Conn) -> dict[str, int]:
+    names = ("analysis_jobs", "analysis_runs", "reactor.pending")
+    return {
+        name: int(await scalar(conn, "SELECT pg_total_relation_size(%s)", (name,)))
+        for name in names
+    }
+
+
+async def _measure(conn: Conn, window: int, reps: int) -> dict[str, Any]:
+    params: dict[str, Any] = {"grace": GRACE, "limit": 500, "hooks": [], "ids": []}
+    found = int(await scalar(conn, "SELECT count(*) FROM analysis_jobs WHERE doc_html IS NOT NULL"))
+    result: dict[str, Any] = {"window": window, "jobs_with_doc": found}
+    result["record_oldest"] = await _median(conn, sql.query("record_oldest"), params, reps)
+    result["health"] = await _median(conn, sql.query("health"), params, reps)
+    result["explain_record_oldest"] = await _explain(conn, sql.query("record_oldest"), params)
+    article = {"grace": int(GRACE), "limit": 500}
+    result["article_pk_only"] = await _median(conn, baseline.ARTICLE_QUERY, article, reps)
+    await conn.execute(DUE_INDEX)
+    await conn.execute("ANALYZE analysis_jobs")
+    try:
+        result["article_partial_index"] = await _median(conn, baseline.ARTICLE_QUERY, article, reps)
+        result["explain_article_partial_index"] = await _explain(
+            conn, baseline.ARTICLE_QUERY, article
+        )
+    finally:
+        await conn.execute("DROP INDEX analysis_jobs_reactor_due_idx")
+    return result
+
+
+async def _median(conn: Conn, query: str, params: dict[str, Any], reps: int) -> float:
+    """Median wall time; a slow query gets fewer runs (at least 3, its first one included)."""
+    times = []
+    for i in range(reps + 1):
+        started = time.perf_counter()
+        cur = await conn.execute(query, params)
+        rows = await cur.fetchall()
+        times.append(time.perf_counter() - started)
+        if i == 0:
+            assert query.lstrip().startswith("SELECT pg_notification") or not rows, "due rows"
+            if times[0] < SLOW:
+                times.clear()  # a warm-up, not a sample
+        if len(times) >= 3 and sum(times) > SLOW * 3:
+            break
+    return statistics.median(times)
+
+
+async def _explain(conn: Conn, query: str, params: dict[str, Any]) -> dict[str, Any]:
+    cur = await conn.execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + query, params)
+    row = await cur.fetchone()
+    assert row is not None
+    plan = row[0][0]
+    top = plan["Plan"]
+    return {
+        "execution_ms": plan.get("Execution Time"),
+        "shared_hit": top.get("Shared Hit Blocks"),
+        "shared_read": top.get("Shared Read Blocks"),
+        "scans": sorted(set(_scans(top))),
+    }
+
+
+def _scans(node: dict[str, Any]) -> list[str]:
+    """The plan's scan and join nodes, e.g. 'Seq Scan on analysis_runs', 'Hash Anti Join'."""
+    found = []
+    kind = node.get("Node Type", "")
+    if "Scan" in kind and "Relation Name" in node:
+        found.append(f"{kind} on {node['Relation Name']}")
+    elif "Join" in kind or kind in ("Nested Loop", "Hash Join", "Merge Join"):
+        found.append(f"{kind} ({node.get('Join Type', '')})")
+    for child in node.get("Plans", []):
+        found += _scans(child)
+    return found
