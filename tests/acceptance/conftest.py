@@ -5,10 +5,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
-from typing import Any
-
-import pytest
 
 
 def reactor_env(database_url: str | None, **variables: str) -> dict[str, str]:
@@ -33,26 +29,3 @@ def run_reactor(
         timeout=timeout,
         check=False,
     )
-
-
-@pytest.fixture
-def spawn() -> Iterator[Any]:
-    """Start ``reactor`` processes; any still running at the end are killed."""
-    procs: list[subprocess.Popen[str]] = []
-
-    def start(*args: str, env: dict[str, str]) -> subprocess.Popen[str]:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "reactor", *args],
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        procs.append(proc)
-        return proc
-
-    yield start
-    for proc in procs:
-        if proc.poll() is None:
-            proc.kill()
-        proc.communicate()

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
-import sys
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -29,29 +28,6 @@ from tests.helpers import finish, new_job, run_row
 Spawn = Callable[..., subprocess.Popen[str]]
 
 HOOK_CHANNEL = "reactor_privileges_hook"
-
-
-@pytest.fixture
-def spawn() -> Iterator[Spawn]:
-    """Start ``reactor`` processes (as tests/acceptance does); any still running are killed."""
-    procs: list[subprocess.Popen[str]] = []
-
-    def start(*args: str, env: dict[str, str]) -> subprocess.Popen[str]:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "reactor", *args],
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        procs.append(proc)
-        return proc
-
-    yield start
-    for proc in procs:
-        if proc.poll() is None:
-            proc.kill()
-        proc.communicate()
 
 
 def print_grants(role: str) -> str:
