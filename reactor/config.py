@@ -45,6 +45,8 @@ class Settings:
     # How long a claimed hook is ours; None: its timeout plus 30 s to report the outcome.
     hook_lease_seconds: float | None = None
     trim_horizon: float = 86400.0
+    # A full reconcile pass over the jobs ends at least this often; 0 turns the reconcile off.
+    reconcile_interval: float = 600.0
     # How often the listener proves its connection alive, and how long a proof may take.
     probe_interval: float = 5.0
     probe_timeout: float = 5.0
@@ -121,6 +123,7 @@ ENVIRONMENT: dict[str, str] = {
     "hook_backoff": "REACTOR_HOOK_BACKOFF_SECONDS",
     "hook_lease_seconds": "REACTOR_HOOK_LEASE_SECONDS",
     "trim_horizon": "REACTOR_TRIM_HORIZON_SECONDS",
+    "reconcile_interval": "REACTOR_RECONCILE_INTERVAL_SECONDS",
     "probe_interval": "REACTOR_PROBE_INTERVAL_SECONDS",
     "probe_timeout": "REACTOR_PROBE_TIMEOUT_SECONDS",
     "max_pending": "REACTOR_MAX_PENDING",
@@ -208,6 +211,7 @@ _PARSERS: dict[str, Any] = {
     "hook_backoff": _seconds(0.0),
     "hook_lease_seconds": _seconds(0.0, inclusive=False),
     "trim_horizon": _seconds(0.0, inclusive=False),
+    "reconcile_interval": _seconds(0.0),
     "probe_interval": _seconds(0.0, inclusive=False),
     "probe_timeout": _seconds(0.0, inclusive=False),
     "max_pending": _count(1, 100_000_000),

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import AsyncIterator, Sequence
+import uuid
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, Literal
 
 import anyio
@@ -63,6 +65,21 @@ _CHECK_TIMEOUT = 5.0
 
 # The migrations of two processes must not interleave; any constant works, this one is ours.
 _MIGRATE_LOCK = 0x7265_6163  # "reac"
+# A migration waits this long for a lock the app holds, then gives way and tries again: while a
+# DDL statement waits, every app query on that table queues behind it.
+_MIGRATE_LOCK_TIMEOUT = "1s"
+_MIGRATE_ATTEMPTS = 30
+_CONCURRENT_INDEX = re.compile(
+    r"CREATE\s+INDEX\s+CONCURRENTLY\s+IF\s+NOT\s+EXISTS\s+(\w+)", re.IGNORECASE
+)
+
+# Jobs one reconcile step walks: small enough that a step stays well inside a few tens of
+# milliseconds, large enough that a pass over millions of finished jobs takes seconds.
+RECONCILE_CHUNK = 2000
+# How long the replica that stepped a pass keeps it; another takes over once this runs out.
+RECONCILE_LEASE = 30.0
+# An interval that never comes due, for a one-off pass.
+_NEVER = 365 * 86400.0
 
 # Connection failures that retrying cannot fix: the user must change the DSN or the server.
 _PERMANENT = re.compile(
@@ -170,6 +187,42 @@ class Health:
     oldest_overdue: float  # seconds the oldest due job has waited past its grace; 0 if none
     hook_backlog: int  # hook rows pending or running
     hook_failed: int  # hook rows parked as failed
+    reconcile_last_pass: float  # unix time the last full reconcile pass ended; 0 before any
+    reconcile_requested: bool  # a pass was asked for (TRUNCATE analysis_runs)
+
+
+ReconcileOutcome = Literal["stepped", "completed", "idle", "busy"]
+
+
+@dataclass(frozen=True, slots=True)
+class ReconcileStep:
+    """What one reconcile step did: see the ``reconcile_step`` query."""
+
+    outcome: ReconcileOutcome
+    pass_number: int
+    examined: int | None  # jobs this step walked; None when it walked none
+    found: list[tuple[str, float]]  # (job id, seconds until due) of the jobs it queued
+    next_in: float | None  # idle or busy: seconds until this replica may step again
+    # The pass's totals, when this step completed it; None otherwise.
+    pass_examined: int | None = None
+    pass_found: int | None = None
+    pass_example: str | None = None
+    pass_seconds: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ReconcilePass:
+    """The last completed reconcile pass, and whether one is in progress."""
+
+    number: int
+    in_progress: bool
+    started_at: datetime | None
+    finished_at: datetime | None
+    examined: int | None
+    found: int | None
+    example: str | None  # a job id the pass found, for the warning and for status
+    seconds: float | None
+    requested: bool
 
 
 @dataclass(frozen=True, slots=True)
@@ -218,6 +271,20 @@ class Database:
         async with self._connection() as conn:
             cur = await conn.execute(sql.query("upcoming"), {"grace": self.grace, "limit": limit})
             return [(job_id, due_in) for job_id, due_in in await cur.fetchall()]
+
+    async def reconcile_step(
+        self, *, owner: str, interval: float, force: bool = False
+    ) -> ReconcileStep:
+        """Walk the next chunk of the reconcile pass, if it is ours to walk (see the query)."""
+        async with self._connection() as conn:
+            return await reconcile_step(
+                conn, owner=owner, interval=interval, grace=self.grace, force=force
+            )
+
+    async def reconcile_release(self, owner: str) -> None:
+        """Let another replica take over the pass ``owner`` holds, at once."""
+        async with self._connection() as conn:
+            await conn.execute(sql.query("reconcile_release"), {"owner": owner})
 
     async def health(self) -> Health:
         """What the watch loop checks every probe interval."""
@@ -330,46 +397,251 @@ async def require_privileges(conn: AnyConnection) -> None:
 
 
 def migration_script(channel: str, *, reference_schema: bool, applied: int = 0) -> str:
-    """The SQL `reactor migrate` runs from version ``applied``, as one transaction."""
-    parts = ["BEGIN;", f"SELECT pg_advisory_xact_lock({_MIGRATE_LOCK});"]
+    """The SQL `reactor migrate` runs from version ``applied``, for a migration tool to apply.
+
+    Each migration is one transaction; the statements that must run outside any transaction
+    (index builds that leave the app writing) follow it, marked as such. The walk that queues
+    the jobs which finished before the triggers existed is the reactor's, not SQL's: the script
+    ends by saying to run `reactor sweep --once`, or to let a running reactor's reconcile do it.
+    """
+    lock = f"SELECT pg_advisory_xact_lock({_MIGRATE_LOCK});"
+    timeout = f"SET LOCAL lock_timeout = '{_MIGRATE_LOCK_TIMEOUT}';"
+    parts = []
     if reference_schema:
-        parts.append(sql.read("reference.sql"))
+        parts += ["BEGIN;", sql.read("reference.sql"), "COMMIT;"]
     for migration in sql.migrations():
-        if migration.version > applied:
-            parts.append(f"-- {migration.version:04d}_{migration.name}")
-            parts.append(sql.with_channel(migration.text, channel))
-            parts.append(
-                "INSERT INTO reactor.schema_version (version, name) "
-                f"VALUES ({migration.version}, '{migration.name}') ON CONFLICT DO NOTHING;"
-            )
-    parts.append(sql.with_channel(sql.read("notify_triggers.sql"), channel))
-    parts.append("COMMIT;")
+        if migration.version <= applied:
+            continue
+        record = (
+            "INSERT INTO reactor.schema_version (version, name) "
+            f"VALUES ({migration.version}, '{migration.name}') ON CONFLICT DO NOTHING;"
+        )
+        parts += [f"-- {migration.version:04d}_{migration.name}", "BEGIN;", lock, timeout]
+        parts.append(sql.with_channel(migration.in_transaction, channel).strip())
+        if not migration.outside_transaction:
+            parts += [record, "COMMIT;"]
+            continue
+        parts.append("COMMIT;")
+        # The marker names the one statement after it: run it on its own, in autocommit.
+        for statement in migration.outside_transaction:
+            parts += [sql.OUTSIDE_TRANSACTION, f"{statement};"]
+        parts.append(record)
+    parts += ["-- the triggers, repeatable", "BEGIN;", lock, timeout]
+    parts += [sql.with_channel(sql.read("notify_triggers.sql"), channel).strip(), "COMMIT;"]
+    parts.append(
+        "-- Jobs that finished before the triggers existed are not queued yet: run\n"
+        "-- `reactor sweep --once`, or let a running reactor's reconcile pass find them."
+    )
     return "\n".join(parts) + "\n"
 
 
-async def migrate(conn: AnyConnection, channel: str, *, reference_schema: bool) -> list[int]:
-    """Apply what is missing; return the versions applied. Safe to run concurrently.
+async def migrate(
+    conn: AnyConnection,
+    channel: str,
+    *,
+    reference_schema: bool,
+    on_progress: Callable[[int], None] | None = None,
+) -> list[int]:
+    """Apply what is missing, then walk the jobs once; return the versions applied.
 
-    The advisory lock serialises concurrent runs: the second waits, then finds nothing to do.
-    The trigger is always re-pointed at ``channel``, so changing REACTOR_CHANNEL takes effect.
+    Safe while the app writes, and safe to run concurrently: a session advisory lock makes a
+    second migrate wait, then find nothing to do. Each migration is its own short transaction
+    that waits at most a second for the app's locks and is retried; index builds run
+    CONCURRENTLY outside it. The triggers are always re-pointed at ``channel``, so changing
+    REACTOR_CHANNEL takes effect.
+
+    Last comes a full reconcile pass. The triggers exist and are committed by then, so a job
+    that turned eligible before they did is found by the pass, and any later one by them:
+    nothing finishing during the install falls between the two. ``on_progress`` hears the
+    number of jobs walked so far.
     """
-    async with conn.transaction():
-        await conn.execute("SELECT pg_advisory_xact_lock(%s)", (_MIGRATE_LOCK,))
+    # Unbounded: an index build over a big table takes what it takes, and only waits.
+    await conn.execute("SELECT set_config('statement_timeout', '0', false)")
+    await _take_migrate_lock(conn)
+    try:
         if reference_schema:
-            await conn.execute(sql.read("reference.sql"))
+            await _migration_transaction(conn, sql.read("reference.sql"))
         await _require_app_tables(conn)
         applied = await schema_version(conn) or 0
         done = []
         for migration in sql.migrations():
-            if migration.version > applied:
-                await conn.execute(sql.with_channel(migration.text, channel))
-                await conn.execute(
-                    "INSERT INTO reactor.schema_version (version, name) VALUES (%s, %s)",
-                    (migration.version, migration.name),
-                )
-                done.append(migration.version)
-        await conn.execute(sql.with_channel(sql.read("notify_triggers.sql"), channel))
+            if migration.version <= applied:
+                continue
+            text = sql.with_channel(migration.in_transaction, channel)
+            outside = migration.outside_transaction
+            await _migration_transaction(conn, text, None if outside else migration)
+            for statement in outside:
+                await _outside_transaction(conn, statement)
+            if outside:
+                await _record_version(conn, migration)
+            done.append(migration.version)
+        await _migration_transaction(
+            conn, sql.with_channel(sql.read("notify_triggers.sql"), channel)
+        )
+        await reconcile_pass(conn, owner="migrate", on_progress=on_progress)
+    finally:
+        await conn.execute("SELECT pg_advisory_unlock(%s)", (_MIGRATE_LOCK,))
     return done
+
+
+async def _take_migrate_lock(conn: AnyConnection) -> None:
+    # Polled, never waited for inside a statement: a waiting statement holds a snapshot, and
+    # the other migrate's CREATE INDEX CONCURRENTLY waits for every older snapshot to end.
+    # Waiting in the lock would deadlock the two.
+    waited = False
+    while True:
+        cur = await conn.execute("SELECT pg_try_advisory_lock(%s)", (_MIGRATE_LOCK,))
+        row = await cur.fetchone()
+        if row and row[0]:
+            return
+        if not waited:
+            log.info("another `reactor migrate` is running; waiting for it to finish")
+            waited = True
+        await anyio.sleep(0.2)
+
+
+async def _migration_transaction(
+    conn: AnyConnection, text: str, migration: sql.Migration | None = None
+) -> None:
+    # Retried whole when a lock wait gives way to the app (each attempt rolls back cleanly).
+    retrying = tenacity.AsyncRetrying(
+        stop=tenacity.stop_after_attempt(_MIGRATE_ATTEMPTS),
+        wait=tenacity.wait_random_exponential(multiplier=0.2, max=5),
+        retry=tenacity.retry_if_exception_type(psycopg.errors.LockNotAvailable),
+        reraise=True,
+    )
+    try:
+        async for attempt in retrying:
+            with attempt:
+                async with conn.transaction():
+                    await conn.execute(
+                        "SELECT set_config('lock_timeout', %s, true)", (_MIGRATE_LOCK_TIMEOUT,)
+                    )
+                    await conn.execute(text)
+                    if migration is not None:
+                        await _record_version(conn, migration)
+    except psycopg.errors.LockNotAvailable:
+        raise DatabaseUnreachable(
+            f"migrate could not take a table lock in {_MIGRATE_ATTEMPTS} tries of "
+            f"{_MIGRATE_LOCK_TIMEOUT}: a long transaction holds analysis_jobs or analysis_runs; "
+            "nothing was changed by the last try, run `reactor migrate` again later"
+        ) from None
+
+
+async def _outside_transaction(conn: AnyConnection, statement: str) -> None:
+    index = _CONCURRENT_INDEX.search(statement)
+    if index:
+        # A CONCURRENTLY build that failed (a crash, a cancel) leaves an invalid index behind
+        # that IF NOT EXISTS would keep for ever: drop it and build again.
+        cur = await conn.execute(
+            "SELECT NOT i.indisvalid FROM pg_index i WHERE i.indexrelid = to_regclass(%s)",
+            (index.group(1),),
+        )
+        row = await cur.fetchone()
+        if row and row[0]:
+            log.warning("dropping an invalid index left by an earlier build: %s", index.group(1))
+            await conn.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {index.group(1)}")
+    # It waits for old transactions to end, which blocks nobody: no lock timeout.
+    await conn.execute("SELECT set_config('lock_timeout', '0', false)")
+    await conn.execute(statement)
+
+
+async def _record_version(conn: AnyConnection, migration: sql.Migration) -> None:
+    await conn.execute(
+        "INSERT INTO reactor.schema_version (version, name) VALUES (%s, %s) ON CONFLICT DO NOTHING",
+        (migration.version, migration.name),
+    )
+
+
+async def reconcile_step(
+    conn: AnyConnection,
+    *,
+    owner: str,
+    interval: float,
+    grace: float,
+    force: bool = False,
+    limit: int = RECONCILE_CHUNK,
+) -> ReconcileStep:
+    """One step of the shared reconcile pass; see the ``reconcile_step`` query."""
+    cur = await conn.execute(
+        sql.query("reconcile_step"),
+        {
+            "owner": owner,
+            "interval": interval,
+            "grace": grace,
+            "force": force,
+            "limit": limit,
+            "lease": RECONCILE_LEASE,
+        },
+    )
+    row = await cur.fetchone()
+    assert row is not None
+    outcome, number, examined, found_ids, found_due_in, next_in, *totals = row
+    found = list(zip(found_ids, found_due_in, strict=True))
+    return ReconcileStep(outcome, number, examined, found, next_in, *totals)
+
+
+async def reconcile_pass(
+    conn: AnyConnection,
+    *,
+    owner: str,
+    grace: float = 0.0,
+    on_progress: Callable[[int], None] | None = None,
+) -> ReconcilePass:
+    """Run a fresh full pass to its end on ``conn`` (`reactor sweep --once`, migrate).
+
+    It starts a pass at once, taking over from any replica, and steps it until it completes,
+    waiting its turn while a replica runs a step. Replicas may walk chunks of the same pass
+    meanwhile; that only ends it sooner.
+    """
+    owner = f"{owner}-{uuid.uuid4().hex[:8]}"
+    force = True
+    walked = 0
+    while True:
+        step = await reconcile_step(conn, owner=owner, interval=_NEVER, grace=grace, force=force)
+        walked += step.examined or 0
+        if on_progress is not None:
+            on_progress(walked)
+        if step.outcome == "busy":
+            # Another replica is mid-step (or, after a second forced pass, holds the lease).
+            await anyio.sleep(0.05)
+            continue
+        force = False
+        # Idle: the pass ended in another replica's step, and no new one is due.
+        if step.outcome in ("completed", "idle"):
+            break
+    return await last_reconcile_pass(conn)
+
+
+async def last_reconcile_pass(conn: AnyConnection) -> ReconcilePass:
+    """The last completed reconcile pass and whether one is running."""
+    cur = await conn.execute(sql.query("reconcile_last_pass"))
+    row = await cur.fetchone()
+    assert row is not None
+    (
+        number,
+        started,
+        _examined,
+        _found,
+        last_started,
+        last_finished,
+        examined,
+        found,
+        example,
+        seconds,
+        requested,
+    ) = row
+    return ReconcilePass(
+        number=number,
+        in_progress=started is not None,
+        started_at=last_started,
+        finished_at=last_finished,
+        examined=examined,
+        found=found,
+        example=example,
+        seconds=seconds,
+        requested=requested is not None,
+    )
 
 
 async def _require_app_tables(conn: AnyConnection) -> None:

@@ -104,6 +104,22 @@ class Metrics:
             "Hook rows parked as failed after their last attempt.",
             registry=r,
         )
+        self.reconcile_found = Counter(
+            "reactor_reconcile_found",
+            "Jobs the reconcile found needing a run but missing from the pending queue: each "
+            "went around the triggers.",
+            registry=r,
+        )
+        self.reconcile_last_pass = Gauge(
+            "reactor_reconcile_last_pass_timestamp_seconds",
+            "Unix time the last full reconcile pass ended, by any replica (0 before the first).",
+            registry=r,
+        )
+        self.reconcile_interval = Gauge(
+            "reactor_reconcile_interval_seconds",
+            "REACTOR_RECONCILE_INTERVAL_SECONDS: a full pass ends at least this often (0: off).",
+            registry=r,
+        )
         for result in ("accepted", "rejected", "probe"):
             self.notifications.labels(result)
         for source in ("timer", "scan"):

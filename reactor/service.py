@@ -22,11 +22,13 @@ from reactor.deadlines import Deadlines
 from reactor.hooks import Hook, HookRunner
 from reactor.listener import Listener
 from reactor.metrics import Metrics
+from reactor.reconcile import Reconciler
 from reactor.recorder import DATABASE_ERRORS, Recorder
 
 log = logging.getLogger(__name__)
 
-# Past this share of the NOTIFY queue, the app's commits are at risk (they fail when it is full).
+# Past this share of the NOTIFY queue, the app's commits are at risk (they fail when it is full),
+# and the job trigger stops notifying (migration 0008): the reactors poll instead.
 QUEUE_WARNING = 0.5
 
 # Record statements in flight at once: enough that one stuck on a frozen backend does not stop
@@ -63,6 +65,15 @@ class Reactor:
             self.metrics,
             on_recorded=self.hook_runner.wake if self.hook_runner else None,
         )
+        self.reconciler: Reconciler | None = None
+        if settings.reconcile_interval > 0:
+            self.reconciler = Reconciler(
+                database,
+                self.metrics,
+                interval=settings.reconcile_interval,
+                arm=self.arm,
+                is_stopping=lambda: self.stopping,
+            )
         self.listener: Listener | None = None
         if settings.mode == "listen":
             self.listener = Listener(
@@ -77,6 +88,8 @@ class Reactor:
         # Health, as the watch loop last saw it: None until its first check.
         self.database_ok: bool | None = None
         self.last_watch = -math.inf
+        # True while the NOTIFY queue is so full that the trigger skips its notifications.
+        self.notify_skipped = False
         self._wake = anyio.Event()
         self._scan_requested = anyio.Event()
         self._rearm_wanted = False
@@ -88,7 +101,7 @@ class Reactor:
     @property
     def polling(self) -> bool:
         """True when timers come from the scan's view rather than from notifications."""
-        return self.listener is None or not self.listener.delivering
+        return self.listener is None or not self.listener.delivering or self.notify_skipped
 
     @property
     def stopping(self) -> bool:
@@ -121,6 +134,8 @@ class Reactor:
         self._scan_requested.set()
         if self.hook_runner is not None:
             self.hook_runner.wake()
+        if self.reconciler is not None:
+            self.reconciler.wake()
 
     async def run(
         self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
@@ -138,6 +153,8 @@ class Reactor:
                     work.start_soon(self._watch_loop)
                     if self.hook_runner is not None:
                         work.start_soon(self.hook_runner.run)
+                    if self.reconciler is not None:
+                        work.start_soon(self.reconciler.run)
                     task_status.started()
             intake.cancel_scope.cancel()
         if self._work.cancel_called:
@@ -185,11 +202,15 @@ class Reactor:
                 self.metrics.oldest_age.set(health.oldest_overdue)
                 self.metrics.hook_backlog.set(health.hook_backlog)
                 self.metrics.hook_failed.set(health.hook_failed)
+                self.metrics.reconcile_last_pass.set(health.reconcile_last_pass)
+                if health.reconcile_requested and self.reconciler is not None:
+                    self.reconciler.wake()
+                self.notify_skipped = usage >= QUEUE_WARNING
                 if usage >= QUEUE_WARNING and not queue_warned:
                     log.error(
-                        "the NOTIFY queue is filling up: a session is LISTENing without reading "
-                        "(idle in transaction, frozen, or a dead connection); when it is full "
-                        "the app's commits fail",
+                        "the NOTIFY queue is half full: a session is LISTENing without reading "
+                        "(idle in transaction, frozen, or a dead connection); the job trigger "
+                        "skips its notifications until it drains, and the reactor polls",
                         extra={"queue_usage": round(usage, 3)},
                     )
                 queue_warned = usage >= QUEUE_WARNING

@@ -15,6 +15,11 @@ import psycopg.sql
 _BLOCK = re.compile(r"^-- (name|fragment): (\w+)[ \t]*$", re.MULTILINE)
 _INCLUDE = re.compile(r"\{\{(\w+)\}\}")
 _MIGRATION = re.compile(r"(\d{4})_(\w+)\.sql")
+# Everything after this line of a migration runs outside a transaction, one statement at a time:
+# CREATE INDEX CONCURRENTLY cannot run inside one, and is the point (the app keeps writing).
+OUTSIDE_TRANSACTION = "-- reactor: outside-transaction"
+# Statements of the outside part end with a semicolon at the end of a line.
+_STATEMENT_END = re.compile(r";[ \t]*$", re.MULTILINE)
 
 
 @dataclass(frozen=True)
@@ -24,6 +29,18 @@ class Migration:
     version: int
     name: str
     text: str
+
+    @property
+    def in_transaction(self) -> str:
+        """The part that runs in the migration's transaction."""
+        return self.text.partition(OUTSIDE_TRANSACTION)[0]
+
+    @property
+    def outside_transaction(self) -> tuple[str, ...]:
+        """The statements that run after it, each on its own, outside any transaction."""
+        rest = self.text.partition(OUTSIDE_TRANSACTION)[2]
+        statements = (_strip_comments(part) for part in _STATEMENT_END.split(rest))
+        return tuple(statement for statement in statements if statement)
 
 
 def read(name: str) -> str:

@@ -9,22 +9,41 @@ CREATE TABLE IF NOT EXISTS run_audit (
     saved_by   text,
     at         timestamptz NOT NULL DEFAULT clock_timestamp()
 );
+-- Deletions are recorded too (TRUNCATE as one row with nil ids): a run written again after the
+-- app deleted it is a new write, not a duplicate, and lands on no client row.
+CREATE INDEX IF NOT EXISTS run_audit_run_idx ON run_audit (run_id, seq);
 CREATE OR REPLACE FUNCTION run_audit_write() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
-    INSERT INTO run_audit (op, run_id, job_id, saved_by)
-    VALUES (TG_OP, NEW.id, NEW.job_id, NEW.saved_by);
+    IF TG_OP = 'TRUNCATE' THEN
+        INSERT INTO run_audit (op, run_id, job_id)
+        VALUES (TG_OP, '00000000-0000-0000-0000-000000000000', '00000000-0000-0000-0000-000000000000');
+    ELSIF TG_OP = 'DELETE' THEN
+        INSERT INTO run_audit (op, run_id, job_id, saved_by)
+        VALUES (TG_OP, OLD.id, OLD.job_id, OLD.saved_by);
+    ELSE
+        INSERT INTO run_audit (op, run_id, job_id, saved_by)
+        VALUES (TG_OP, NEW.id, NEW.job_id, NEW.saved_by);
+    END IF;
     RETURN NULL;
 END $$;
-CREATE OR REPLACE TRIGGER run_audit AFTER INSERT OR UPDATE ON analysis_runs
+CREATE OR REPLACE TRIGGER run_audit AFTER INSERT OR UPDATE OR DELETE ON analysis_runs
     FOR EACH ROW EXECUTE FUNCTION run_audit_write();
+CREATE OR REPLACE TRIGGER run_audit_truncate AFTER TRUNCATE ON analysis_runs
+    FOR EACH STATEMENT EXECUTE FUNCTION run_audit_write();
 
 -- name: verdict
 -- DESIGN.md's invariants, counted from the database, plus the reactor's lateness. Run it when
 -- the app has been quiet for longer than the grace window, or `lost` counts jobs in flight.
 WITH worker AS (
-    SELECT a.*, j.updated_at + make_interval(secs => %(grace)s) AS due_at
+    SELECT a.*, j.updated_at + make_interval(secs => %(grace)s) AS due_at,
+           -- What the run row was just before this write: the run's previous event.
+           (SELECT p.op || ':' || coalesce(p.saved_by, 'client')
+              FROM run_audit p
+             WHERE p.seq < a.seq
+               AND p.run_id IN (a.run_id, '00000000-0000-0000-0000-000000000000')
+             ORDER BY p.seq DESC LIMIT 1) AS before
       FROM run_audit a JOIN analysis_jobs j ON j.id = a.job_id
-     WHERE a.saved_by = 'worker'
+     WHERE a.saved_by = 'worker' AND a.op <> 'DELETE'
 ), late AS (
     SELECT extract(epoch FROM at - due_at)::float8 AS s FROM worker
 )
@@ -35,12 +54,18 @@ SELECT
     (SELECT count(*) FROM analysis_runs WHERE saved_by = 'worker') AS saved_by_worker,
     (SELECT count(*) FROM analysis_jobs j
       WHERE {{needs_run}} AND j.updated_at < now() - make_interval(secs => %(grace)s)) AS lost,
-    (SELECT count(*) FROM (SELECT 1 FROM worker GROUP BY run_id, job_id HAVING count(*) > 1) d)
+    -- A second worker write of the same (run, job) while its row stood: no deletion between.
+    (SELECT count(*) FROM worker w
+      WHERE EXISTS (SELECT 1 FROM worker e
+                     WHERE e.run_id = w.run_id AND e.job_id = w.job_id AND e.seq < w.seq
+                       AND NOT EXISTS (SELECT 1 FROM run_audit g
+                                        WHERE g.seq > e.seq AND g.seq < w.seq
+                                          AND g.op IN ('DELETE', 'TRUNCATE')
+                                          AND g.run_id IN (w.run_id,
+                                              '00000000-0000-0000-0000-000000000000'))))
         AS dup,
     (SELECT count(*) FROM worker w
-      WHERE EXISTS (SELECT 1 FROM run_audit p
-                     WHERE p.run_id = w.run_id AND p.seq < w.seq
-                       AND coalesce(p.saved_by, 'client') = 'client')) AS clobbered,
+      WHERE w.before IN ('INSERT:client', 'UPDATE:client')) AS clobbered,
     (SELECT count(*) FROM worker WHERE at < due_at) AS early,
     (SELECT count(*) FROM worker w JOIN analysis_jobs j ON j.id = w.job_id
       WHERE j.status NOT IN ('complete', 'failed') OR j.deleted_at IS NOT NULL

@@ -1,10 +1,11 @@
--- Wakes the reactors and queues eligible jobs, on the NOTIFY channel (@channel@, from
+-- The reactor's triggers on the app's tables, on the NOTIFY channel (@channel@, from
 -- REACTOR_CHANNEL). Repeatable: `reactor migrate` applies it after the numbered migrations every
 -- time, so changing the channel needs no new migration.
 --
--- Two triggers because an INSERT has no OLD row. The column list keeps the update trigger from
--- even being considered for updates that touch none of the columns that matter, and WHEN keeps
--- it to terminal rows; reactor.job_changed_v1 decides the rest.
+-- Two job triggers because an INSERT has no OLD row. WHEN keeps the update trigger to terminal
+-- rows that changed status or were not yet eligible, so an ordinary update never calls the
+-- function; reactor.job_changed_v1 decides the rest. There is no column list: an app's BEFORE
+-- trigger may set status on an update that names other columns.
 CREATE OR REPLACE TRIGGER reactor_job_insert
     AFTER INSERT ON analysis_jobs
     FOR EACH ROW
@@ -12,7 +13,37 @@ CREATE OR REPLACE TRIGGER reactor_job_insert
     EXECUTE FUNCTION reactor.job_changed_v1(@channel@);
 
 CREATE OR REPLACE TRIGGER reactor_job_update
-    AFTER UPDATE OF status, results, doc_html, deleted_at ON analysis_jobs
+    AFTER UPDATE ON analysis_jobs
     FOR EACH ROW
-    WHEN (NEW.status IN ('complete', 'failed'))
+    WHEN (NEW.status IN ('complete', 'failed')
+          AND (OLD.status IS DISTINCT FROM NEW.status
+               OR OLD.deleted_at IS NOT NULL OR OLD.doc_html IS NULL
+               OR OLD.results IS NULL OR OLD.results = '{}'::jsonb))
     EXECUTE FUNCTION reactor.job_changed_v1(@channel@);
+
+CREATE OR REPLACE TRIGGER reactor_jobs_delete
+    AFTER DELETE ON analysis_jobs
+    REFERENCING OLD TABLE AS reactor_deleted_jobs
+    FOR EACH STATEMENT
+    EXECUTE FUNCTION reactor.jobs_deleted_v1(@channel@);
+
+-- A run row deleted, or changed so that it may stop standing for a job: from client to worker,
+-- to another job, or to another run id. The reactor's own replacement of an earlier job's row
+-- passes here too; the scan finds that the run's jobs need nothing and drops them.
+CREATE OR REPLACE TRIGGER reactor_run_delete
+    AFTER DELETE ON analysis_runs
+    FOR EACH ROW
+    EXECUTE FUNCTION reactor.run_changed_v1(@channel@);
+
+CREATE OR REPLACE TRIGGER reactor_run_update
+    AFTER UPDATE ON analysis_runs
+    FOR EACH ROW
+    WHEN (OLD.id IS DISTINCT FROM NEW.id
+          OR (NEW.saved_by = 'worker'
+              AND (OLD.saved_by IS DISTINCT FROM 'worker' OR OLD.job_id IS DISTINCT FROM NEW.job_id)))
+    EXECUTE FUNCTION reactor.run_changed_v1(@channel@);
+
+CREATE OR REPLACE TRIGGER reactor_runs_truncate
+    AFTER TRUNCATE ON analysis_runs
+    FOR EACH STATEMENT
+    EXECUTE FUNCTION reactor.run_changed_v1(@channel@);

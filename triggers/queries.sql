@@ -9,18 +9,39 @@
 -- True when the run row r may be replaced by job j: only a worker row written for an earlier
 -- job of the same run (older created_at, ties broken by id). NULL saved_by is a client row.
 -- reactor.outranks_v1 (migration 0007) reads the newest committed jobs, not this statement's
--- snapshot, which is what the write's conflict check needs.
-reactor.outranks_v1(j.id, r.job_id, r.saved_by)
+-- snapshot, which is what the write's conflict check needs. The saved_by test in front spares
+-- the function call for client rows, most of them.
+(r.saved_by = 'worker' AND reactor.outranks_v1(j.id, r.job_id, r.saved_by))
 
--- fragment: needs_run
--- DESIGN.md's "needs a run" for job j. The row-local half matches analysis_jobs_reactor_due_idx.
+-- fragment: outranked_in_snapshot
+-- The same rule read in this statement's snapshot, for statements that only queue or report:
+-- whatever they get wrong by a concurrent commit, the record statement re-checks under lock.
+-- It costs an index probe, not a function call, per worker row: the reconcile walks millions.
+(r.saved_by = 'worker'
+ AND r.job_id <> j.id
+ AND NOT EXISTS (SELECT 1 FROM analysis_jobs rj
+                  WHERE rj.id = r.job_id AND (rj.created_at, rj.id) >= (j.created_at, j.id)))
+
+-- fragment: eligible
+-- The row-local half of "needs a run", what the job row alone decides. The reconcile's walk
+-- index (analysis_jobs_reactor_walk_idx) and the triggers use exactly this predicate.
 (j.status IN ('complete', 'failed')
  AND j.deleted_at IS NULL
  AND j.doc_html IS NOT NULL
  AND j.results IS NOT NULL
- AND j.results <> '{}'::jsonb
+ AND j.results <> '{}'::jsonb)
+
+-- fragment: needs_run
+-- DESIGN.md's "needs a run" for job j, as the claims and the writes judge it.
+({{eligible}}
  AND NOT EXISTS (SELECT 1 FROM analysis_runs r
                   WHERE r.id = j.run_id AND NOT {{outranked}}))
+
+-- fragment: needs_run_in_snapshot
+-- needs_run with the precedence rule read in the statement's snapshot (see above).
+({{eligible}}
+ AND NOT EXISTS (SELECT 1 FROM analysis_runs r
+                  WHERE r.id = j.run_id AND NOT {{outranked_in_snapshot}}))
 
 -- fragment: write_runs
 -- Writes one run per claimed run id, from the newest claimed job of that run, in run id order
@@ -150,10 +171,135 @@ SELECT j.id::text AS job_id,
  ORDER BY j.updated_at
  LIMIT %(limit)s
 
+-- name: reconcile_step
+-- One step of the reconcile, the level-triggered half: walk the next %(limit)s jobs that can
+-- still need a run, in (run_id, id) order on analysis_jobs_reactor_walk_idx, and queue each that
+-- needs a run and is not queued. The state row is shared by every replica and locked for the
+-- step (SKIP LOCKED: a replica that finds it locked just waits its turn), so one pass runs at a
+-- time. The replica that steps holds a lease on the pass until %(lease)s seconds from now; a
+-- pass whose holder died is taken over when that runs out. A pass starts when none is running
+-- and one is due (the last began about %(interval)s seconds before the next should end), was
+-- asked for, or is forced (%(force)s, `reactor sweep --once`: a fresh pass, now).
+-- outcome: stepped | completed (this step ended the pass) | idle (no pass due; next_in says
+-- when one is) | busy (another replica holds the pass; next_in: when its lease runs out).
+-- found: the jobs this step queued, with the seconds until each is due (negative: overdue).
+-- pass_*: when this step completed the pass, the pass's totals, whoever walked its chunks.
+-- The walk's lower bound starts at the nil uuid pair: a job whose id and run_id are both nil
+-- would be skipped, which no generated id is.
+WITH state AS (
+    SELECT s.* FROM reactor.reconcile s FOR UPDATE SKIP LOCKED
+), step AS (
+    SELECT s.pass_started_at IS NULL OR %(force)s AS starting,
+           CASE WHEN s.pass_started_at IS NULL OR %(force)s
+                THEN '00000000-0000-0000-0000-000000000000'::uuid ELSE s.cursor_run END AS from_run,
+           CASE WHEN s.pass_started_at IS NULL OR %(force)s
+                THEN '00000000-0000-0000-0000-000000000000'::uuid ELSE s.cursor_job END AS from_job
+      FROM state s
+     WHERE %(force)s
+        OR (s.pass_started_at IS NOT NULL
+            AND (s.owner = %(owner)s OR s.owner_until IS NULL OR s.owner_until < now()))
+        OR (s.pass_started_at IS NULL
+            AND (s.requested_at IS NOT NULL OR s.last_finished_at IS NULL
+                 OR s.last_finished_at + make_interval(secs => %(interval)s)
+                    - (s.last_finished_at - s.last_started_at) <= now()))
+), chunk AS (
+    SELECT j.id, j.run_id, j.updated_at, {{needs_run_in_snapshot}} AS needs_run
+      FROM analysis_jobs j
+     WHERE {{eligible}}
+       AND (j.run_id, j.id) > ((SELECT from_run FROM step), (SELECT from_job FROM step))
+     ORDER BY j.run_id, j.id
+     LIMIT %(limit)s
+), found AS (
+    INSERT INTO reactor.pending (job_id, since)
+    SELECT c.id, least(c.updated_at, now())
+      FROM chunk c
+     WHERE c.needs_run AND NOT EXISTS (SELECT 1 FROM reactor.pending p WHERE p.job_id = c.id)
+    ON CONFLICT (job_id) DO NOTHING
+    RETURNING job_id
+), walked AS (
+    SELECT count(*) AS examined,
+           count(*) < %(limit)s AS done,
+           (SELECT count(*) FROM found) AS found,
+           (SELECT min(f.job_id::text)::uuid FROM found f) AS example,
+           (array_agg(c.run_id ORDER BY c.run_id DESC, c.id DESC))[1] AS last_run,
+           (array_agg(c.id ORDER BY c.run_id DESC, c.id DESC))[1] AS last_job
+      FROM chunk c
+), advanced AS (
+    UPDATE reactor.reconcile s
+       SET pass = s.pass + step.starting::int,
+           pass_started_at = CASE WHEN w.done THEN NULL
+                                  WHEN step.starting THEN now() ELSE s.pass_started_at END,
+           cursor_run = CASE WHEN w.done THEN NULL ELSE w.last_run END,
+           cursor_job = CASE WHEN w.done THEN NULL ELSE w.last_job END,
+           pass_examined = CASE WHEN step.starting THEN 0 ELSE s.pass_examined END + w.examined,
+           pass_found = CASE WHEN step.starting THEN 0 ELSE s.pass_found END + w.found,
+           pass_example = coalesce(CASE WHEN step.starting THEN NULL ELSE s.pass_example END,
+                                   w.example),
+           owner = CASE WHEN w.done THEN NULL ELSE %(owner)s END,
+           owner_until = CASE WHEN w.done THEN NULL
+                              ELSE now() + make_interval(secs => %(lease)s) END,
+           requested_at = CASE WHEN step.starting THEN NULL ELSE s.requested_at END,
+           last_started_at = CASE WHEN NOT w.done THEN s.last_started_at
+                                  WHEN step.starting THEN now() ELSE s.pass_started_at END,
+           last_finished_at = CASE WHEN w.done THEN clock_timestamp() ELSE s.last_finished_at END,
+           last_examined = CASE WHEN NOT w.done THEN s.last_examined
+                                WHEN step.starting THEN w.examined
+                                ELSE s.pass_examined + w.examined END,
+           last_found = CASE WHEN NOT w.done THEN s.last_found
+                             WHEN step.starting THEN w.found
+                             ELSE s.pass_found + w.found END,
+           last_example = CASE WHEN NOT w.done THEN s.last_example
+                               ELSE coalesce(CASE WHEN step.starting THEN NULL
+                                                  ELSE s.pass_example END, w.example) END
+      FROM step, walked w
+    RETURNING s.pass, w.done, s.last_examined, s.last_found, s.last_example,
+              extract(epoch FROM s.last_finished_at - s.last_started_at)::float8 AS seconds
+)
+SELECT CASE WHEN a.pass IS NOT NULL THEN CASE WHEN a.done THEN 'completed' ELSE 'stepped' END
+            WHEN s.singleton IS NULL OR s.pass_started_at IS NOT NULL THEN 'busy'
+            ELSE 'idle'
+       END AS outcome,
+       coalesce(a.pass, s.pass) AS pass,
+       (SELECT examined FROM walked) AS examined,
+       coalesce((SELECT array_agg(f.job_id::text ORDER BY f.job_id) FROM found f), '{}')
+           AS found_ids,
+       coalesce((SELECT array_agg(extract(epoch FROM c.updated_at
+                                          + make_interval(secs => %(grace)s)
+                                          - clock_timestamp())::float8 ORDER BY c.id)
+                   FROM chunk c WHERE c.id IN (SELECT job_id FROM found)), '{}') AS found_due_in,
+       CASE WHEN a.pass IS NOT NULL THEN NULL
+            WHEN s.pass_started_at IS NOT NULL
+                THEN extract(epoch FROM s.owner_until - now())::float8
+            WHEN s.singleton IS NOT NULL
+                THEN extract(epoch FROM s.last_finished_at + make_interval(secs => %(interval)s)
+                                        - (s.last_finished_at - s.last_started_at) - now())::float8
+       END AS next_in,
+       -- The totals of the pass this step completed; NULL otherwise.
+       CASE WHEN a.done THEN a.last_examined END AS pass_examined,
+       CASE WHEN a.done THEN a.last_found END AS pass_found,
+       CASE WHEN a.done THEN a.last_example::text END AS pass_example,
+       CASE WHEN a.done THEN a.seconds END AS pass_seconds
+  FROM (SELECT 1) AS one
+  LEFT JOIN advanced a ON true
+  LEFT JOIN state s ON true
+
+-- name: reconcile_release
+-- Hands the pass this replica holds to the next replica at once (on shutdown).
+UPDATE reactor.reconcile SET owner_until = now() WHERE owner = %(owner)s
+
+-- name: reconcile_last_pass
+-- The last completed pass and the one in progress, for `reactor sweep --once` and status.
+SELECT pass, pass_started_at, pass_examined, pass_found,
+       last_started_at, last_finished_at, last_examined, last_found, last_example::text,
+       extract(epoch FROM last_finished_at - last_started_at)::float8 AS last_seconds,
+       requested_at
+  FROM reactor.reconcile
+
 -- name: health
 -- The watch loop's view, every probe interval: NOTIFY queue pressure, how long past its grace
--- the oldest queued job that needs a run has waited (0 when none is overdue), and the hook
--- outbox.
+-- the oldest queued job that needs a run has waited (0 when none is overdue), the hook
+-- outbox, and the reconcile: when its last pass ended (unix time, 0 before the first), and
+-- whether a pass was asked for (a TRUNCATE of analysis_runs asks).
 SELECT pg_notification_queue_usage()::float8 AS queue_usage,
        coalesce((SELECT extract(epoch FROM now() - make_interval(secs => %(grace)s)
                                        - j.updated_at)
@@ -164,7 +310,11 @@ SELECT pg_notification_queue_usage()::float8 AS queue_usage,
                   LIMIT 1), 0)::float8 AS oldest_overdue,
        (SELECT count(*) FROM reactor.hook_outbox
          WHERE status IN ('pending', 'running'))::int AS hook_backlog,
-       (SELECT count(*) FROM reactor.hook_outbox WHERE status = 'failed')::int AS hook_failed
+       (SELECT count(*) FROM reactor.hook_outbox WHERE status = 'failed')::int AS hook_failed,
+       coalesce((SELECT extract(epoch FROM last_finished_at) FROM reactor.reconcile), 0)::float8
+           AS reconcile_last_pass,
+       coalesce((SELECT requested_at IS NOT NULL FROM reactor.reconcile), false)
+           AS reconcile_requested
 
 -- name: claim_hooks
 -- Leases up to %(limit)s runnable hook rows, oldest first: pending ones past their backoff, and

@@ -19,6 +19,19 @@ CREATE TABLE reactor.pending (
 
 CREATE INDEX pending_since_idx ON reactor.pending (since);
 
+CREATE FUNCTION reactor.hint_v1(channel text, job_id uuid) RETURNS void
+    LANGUAGE plpgsql
+    SET search_path = pg_catalog, pg_temp AS
+$$
+BEGIN
+    IF pg_notification_queue_usage()
+       < coalesce(nullif(current_setting('reactor.notify_queue_limit', true), ''), '0.5')::float8
+    THEN
+        PERFORM pg_notify(channel, job_id::text);
+    END IF;
+END
+$$;
+
 CREATE FUNCTION reactor.job_changed_v1() RETURNS trigger
     LANGUAGE plpgsql
     -- It runs in the app's transactions, as the app's role, which need not see the reactor's
@@ -42,7 +55,7 @@ BEGIN
     -- becomes eligible later (its results arrive in a second update).
     IF TG_OP = 'INSERT' OR OLD.status IS DISTINCT FROM NEW.status
        OR (eligible AND NOT was_eligible) THEN
-        PERFORM pg_notify(TG_ARGV[0], NEW.id::text);
+        PERFORM reactor.hint_v1(TG_ARGV[0], NEW.id);
     END IF;
     RETURN NULL;
 END
@@ -79,3 +92,102 @@ BEGIN
                           AND (rj.created_at, rj.id) >= (j.created_at, j.id));
 END
 $$;
+
+-- The reconcile's shared state (see queries.sql, reconcile_step), one row.
+CREATE TABLE reactor.reconcile (
+    singleton         boolean PRIMARY KEY DEFAULT true CHECK (singleton),
+    pass              bigint NOT NULL DEFAULT 0,     -- the pass in progress, or the last one
+    -- The pass in progress; pass_started_at is NULL between passes.
+    pass_started_at   timestamptz,
+    cursor_run        uuid,
+    cursor_job        uuid,
+    pass_examined     bigint NOT NULL DEFAULT 0,
+    pass_found        bigint NOT NULL DEFAULT 0,
+    pass_example      uuid,
+    owner             text,
+    owner_until       timestamptz,
+    -- Set when a pass should start at once (TRUNCATE analysis_runs, `reactor sweep --once`).
+    requested_at      timestamptz,
+    -- The last completed pass.
+    last_started_at   timestamptz,
+    last_finished_at  timestamptz,
+    last_examined     bigint,
+    last_found        bigint,
+    last_example      uuid
+);
+
+INSERT INTO reactor.reconcile DEFAULT VALUES;
+
+CREATE FUNCTION reactor.queue_runs_v1(app_schema name, run_ids uuid[], channel text)
+    RETURNS void
+    LANGUAGE plpgsql
+    SET search_path = pg_catalog, pg_temp AS
+$$
+DECLARE
+    queued uuid[];
+    job uuid;
+BEGIN
+    EXECUTE format(
+        'WITH queued AS (
+             INSERT INTO reactor.pending (job_id, since)
+             SELECT j.id, least(j.updated_at, now())
+               FROM %I.analysis_jobs j
+              WHERE j.run_id = ANY($1)
+                AND j.status IN (''complete'', ''failed'')
+                AND j.deleted_at IS NULL
+                AND j.doc_html IS NOT NULL
+                AND j.results IS NOT NULL
+                AND j.results <> ''{}''::jsonb
+             ON CONFLICT (job_id) DO NOTHING
+             RETURNING job_id)
+         SELECT array_agg(job_id) FROM queued', app_schema)
+    INTO queued
+    USING run_ids;
+    FOREACH job IN ARRAY coalesce(queued, '{}') LOOP
+        PERFORM reactor.hint_v1(channel, job);
+    END LOOP;
+END
+$$;
+
+CREATE FUNCTION reactor.run_changed_v1() RETURNS trigger
+    LANGUAGE plpgsql
+    SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS
+$$
+BEGIN
+    IF TG_OP = 'TRUNCATE' THEN
+        UPDATE reactor.reconcile SET requested_at = now();
+    ELSE
+        PERFORM reactor.queue_runs_v1(TG_TABLE_SCHEMA, ARRAY[OLD.id], TG_ARGV[0]);
+    END IF;
+    RETURN NULL;
+END
+$$;
+
+CREATE FUNCTION reactor.jobs_deleted_v1() RETURNS trigger
+    LANGUAGE plpgsql
+    SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS
+$$
+DECLARE
+    runs uuid[];
+BEGIN
+    EXECUTE format(
+        'SELECT array_agg(DISTINCT r.id)
+           FROM reactor_deleted_jobs d
+           JOIN %I.analysis_runs r ON r.id = d.run_id AND r.job_id = d.id
+          WHERE r.saved_by = ''worker''', TG_TABLE_SCHEMA)
+    INTO runs;
+    IF runs IS NOT NULL THEN
+        PERFORM reactor.queue_runs_v1(TG_TABLE_SCHEMA, runs, TG_ARGV[0]);
+    END IF;
+    RETURN NULL;
+END
+$$;
+
+-- The reconcile's walk, and the road from a run to its jobs.
+CREATE INDEX analysis_jobs_reactor_walk_idx
+    ON analysis_jobs (run_id, id)
+    WHERE status IN ('complete', 'failed')
+      AND deleted_at IS NULL
+      AND doc_html IS NOT NULL
+      AND results IS NOT NULL
+      AND results <> '{}'::jsonb;

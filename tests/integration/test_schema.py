@@ -16,7 +16,6 @@ import pytest
 from reactor import db, sql
 from reactor.errors import SchemaMissing
 from tests.conftest import Server
-from tests.helpers import Conn
 from tests.integration.conftest import eventually
 
 pytestmark = pytest.mark.anyio
@@ -114,9 +113,19 @@ def versions(dsn: str) -> list[tuple[int, int]]:
 
 
 def execute(dsn: str, text: str) -> None:
-    """Run SQL text the way psql -f would (simple query protocol, autocommit)."""
+    """Run SQL text the way psql -f would (simple query protocol, autocommit).
+
+    A statement marked as outside any transaction is sent on its own, as psql would send it;
+    the rest go in blocks (one simple query runs as one implicit transaction).
+    """
+    blocks = text.split(sql.OUTSIDE_TRANSACTION)
     with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute(text)
+        conn.execute(blocks[0])
+        for block in blocks[1:]:
+            statement, rest = [*re.split(r";[ \t]*$", block, maxsplit=1, flags=re.M), ""][:2]
+            conn.execute(statement)
+            if rest.strip():
+                conn.execute(rest)
 
 
 async def migrate(dsn: str, *, reference_schema: bool, channel: str = CHANNEL) -> list[int]:
@@ -157,11 +166,23 @@ async def test_migrations_produce_the_current_schema(
     got, want = catalog(migrated), catalog(declared)
     # The snapshot must see what matters, or comparing it proves nothing.
     assert any("pending_since_idx" in row for row in want["indexes"])
+    assert any("analysis_jobs_reactor_walk_idx" in row for row in want["indexes"])
     assert {row[1] for row in want["triggers"]} == {
         "reactor_job_insert",
         "reactor_job_update",
+        "reactor_jobs_delete",
+        "reactor_run_delete",
+        "reactor_run_update",
+        "reactor_runs_truncate",
     }
-    assert [row[1] for row in want["functions"]] == ["job_changed_v1", "outranks_v1"]
+    assert [row[1] for row in want["functions"]] == [
+        "hint_v1",
+        "job_changed_v1",
+        "jobs_deleted_v1",
+        "outranks_v1",
+        "queue_runs_v1",
+        "run_changed_v1",
+    ]
     for kind in CATALOG:
         assert got[kind] == want[kind], f"{kind} differ between migrations/ and schema.sql"
 
@@ -177,7 +198,9 @@ async def test_migrate_twice_is_a_no_op(empty_database_url: str) -> None:
         await db.require_schema(conn)
 
 
-async def test_concurrent_migrates_both_succeed_once(empty_database_url: str) -> None:
+async def test_concurrent_migrates_both_succeed_once(
+    empty_database_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
     dsn = empty_database_url
     lock = re.search(
         r"pg_advisory_xact_lock\((\d+)\)", db.migration_script(CHANNEL, reference_schema=True)
@@ -189,26 +212,20 @@ async def test_concurrent_migrates_both_succeed_once(empty_database_url: str) ->
     async def one() -> None:
         results.append(await migrate(dsn, reference_schema=True))
 
-    with psycopg.connect(dsn, autocommit=True) as holder, psycopg.connect(dsn) as watcher:
+    def waiting() -> int:
+        return sum("another `reactor migrate` is running" in r.getMessage() for r in caplog.records)
+
+    caplog.set_level("INFO", logger="reactor.db")
+    with psycopg.connect(dsn, autocommit=True) as holder:
         # Hold the migration lock so that both migrations are surely in flight at once.
         holder.execute("SELECT pg_advisory_lock(%s)", (key,))
         async with anyio.create_task_group() as tg:
             tg.start_soon(one)
             tg.start_soon(one)
-            await eventually(lambda: _lock_waiters(watcher) == 2)
+            await eventually(lambda: waiting() == 2)
             holder.execute("SELECT pg_advisory_unlock(%s)", (key,))
     assert sorted(results) == [[], ALL_VERSIONS]
     assert versions(dsn) == [(v, 1) for v in ALL_VERSIONS]
-
-
-def _lock_waiters(conn: Conn) -> int:
-    row = conn.execute(
-        "SELECT count(*) FROM pg_locks l JOIN pg_database d ON d.oid = l.database "
-        "WHERE d.datname = current_database() AND l.locktype = 'advisory' AND NOT l.granted"
-    ).fetchone()
-    conn.rollback()  # a fresh snapshot of pg_locks next time
-    assert row is not None
-    return int(row[0])
 
 
 async def test_legacy_app_gets_saved_by(
@@ -293,7 +310,7 @@ async def test_migrate_repoints_the_triggers_at_a_new_channel(empty_database_url
     await migrate(empty_database_url, reference_schema=True)
     assert await migrate(empty_database_url, reference_schema=False, channel="other_chan") == []
     triggers = catalog(empty_database_url)["triggers"]
-    assert len(triggers) == 2
+    assert len(triggers) == 6
     assert all("'other_chan'" in row[3] and CHANNEL not in row[3] for row in triggers)
 
 

@@ -10,7 +10,7 @@ import pytest
 from reactor import sql
 
 QUERIES = sql.queries()
-EXPECTED = ("record_jobs", "record_oldest", "upcoming")
+EXPECTED = ("record_jobs", "record_oldest", "upcoming", "reconcile_step")
 # The queries that decide whether a job needs a run; each must carry the shared predicate.
 NEEDS_RUN_USERS = ("record_jobs", "record_oldest", "upcoming")
 
@@ -83,7 +83,11 @@ def test_queries_are_cached() -> None:
 
 @pytest.mark.parametrize("name", NEEDS_RUN_USERS)
 def test_needs_run_is_spliced_in(name: str) -> None:
-    needs_run = fragment("needs_run").replace("{{outranked}}", fragment("outranked"))
+    needs_run = (
+        fragment("needs_run")
+        .replace("{{outranked}}", fragment("outranked"))
+        .replace("{{eligible}}", fragment("eligible"))
+    )
     assert "{{" not in needs_run
     assert squash(needs_run) in squash(QUERIES[name])
     # And the characteristic pieces, in case the whitespace handling ever changes.
@@ -121,6 +125,31 @@ def test_every_query_the_code_names_exists() -> None:
         text = sql.query(name) if filename is None else sql.query(name, filename)
         assert text.strip()
         assert "{{" not in text
+
+
+def test_the_reconcile_walks_on_the_index_predicate() -> None:
+    # The walk must state the walk index's predicate itself, or the planner cannot use the index.
+    eligible = squash(fragment("eligible"))
+    walk = squash(QUERIES["reconcile_step"])
+    assert f"WHERE {eligible}" in walk
+    assert "ORDER BY j.run_id, j.id" in walk
+    index = squash(sql.migrations()[7].outside_transaction[0])
+    for piece in ("status IN ('complete', 'failed')", "results <> '{}'::jsonb", "(run_id, id)"):
+        assert piece in index
+
+
+def test_outside_transaction_statements_are_split_off() -> None:
+    migration = sql.Migration(
+        9,
+        "x",
+        "CREATE TABLE a ();\n-- reactor: outside-transaction\n"
+        "-- why\nCREATE INDEX CONCURRENTLY b ON a (c);\nDROP INDEX d;\n",
+    )
+    assert migration.in_transaction.strip() == "CREATE TABLE a ();"
+    assert migration.outside_transaction == (
+        "CREATE INDEX CONCURRENTLY b ON a (c)",
+        "DROP INDEX d",
+    )
 
 
 # -- migrations ----------------------------------------------------------------------------------

@@ -44,24 +44,9 @@ BEGIN
 END
 $$;
 
--- Jobs that already need a run when this is installed (the due predicate of queries.sql,
--- frozen here as it was when this migration was written).
-INSERT INTO reactor.pending (job_id, since)
-SELECT j.id, j.updated_at
-  FROM analysis_jobs j
- WHERE j.status IN ('complete', 'failed')
-   AND j.deleted_at IS NULL
-   AND j.doc_html IS NOT NULL
-   AND j.results IS NOT NULL
-   AND j.results <> '{}'::jsonb
-   AND NOT EXISTS (SELECT 1 FROM analysis_runs r
-                    WHERE r.id = j.run_id
-                      AND NOT (coalesce(r.saved_by, 'client') = 'worker'
-                               AND NOT EXISTS (SELECT 1 FROM analysis_jobs rj
-                                                WHERE rj.id = r.job_id
-                                                  AND (rj.created_at, rj.id)
-                                                      >= (j.created_at, j.id))))
-ON CONFLICT (job_id) DO NOTHING;
+-- The jobs that already needed a run when this was installed were once queued here, in one
+-- statement over the whole table. `reactor migrate` now ends with a reconcile pass instead
+-- (migration 0008), in chunks and after the triggers exist, so nothing is missed in between.
 
 -- Replaced by the queue and by reactor.job_changed_v1's triggers.
 DROP TRIGGER IF EXISTS reactor_terminal_insert ON analysis_jobs;
