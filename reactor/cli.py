@@ -69,7 +69,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     migrate.add_argument("--channel", help="NOTIFY channel (REACTOR_CHANNEL)")
 
-    sweep = commands.add_parser("sweep", help="one fallback pass that drains the backlog")
+    sweep = commands.add_parser(
+        "sweep", help="repair after a restore or bypass: a full reconcile pass, then a drain"
+    )
     sweep.add_argument("--once", action="store_true", required=True, help="drain once and exit")
     sweep.add_argument("--grace", type=str, help="seconds (REACTOR_GRACE_SECONDS)")
     sweep.add_argument("--batch-size", type=str, help="rows per claim (REACTOR_BATCH_SIZE)")
@@ -191,16 +193,29 @@ async def cmd_migrate(args: argparse.Namespace) -> int:
 
 
 async def cmd_sweep(args: argparse.Namespace) -> int:
-    """``reactor sweep --once``: drain the due backlog and print how many runs were recorded."""
+    """``reactor sweep --once``: reconcile the whole job table, then drain the due backlog.
+
+    One command repairs a restore or any other bypass of the triggers. stdout carries the
+    number of runs recorded, as always; what the pass found goes to stderr for the operator.
+    """
     settings = _settings(args)
     pool = db.make_pool(settings.require_database(), max_size=1)
     # The runs a sweep writes get their hook rows like any other (a running replica runs them).
     async with open_hooks(settings, pool) as hooks:
         async with await _startup_connection(settings, "startup") as conn:
             await _check_database(conn)
+            found = await db.reconcile_pass(conn, owner="sweep", grace=settings.grace)
         async with pool:
             database = db.Database(pool, grace=settings.grace, hooks=list(hooks))
             recorded = await Recorder(database, Metrics()).drain(settings.batch_size)
+    example = f" (e.g. job {found.example})" if found.found else ""
+    print(
+        f"reactor: reconcile walked {found.examined} finished job(s) in "
+        f"{found.seconds or 0.0:.1f}s and found {found.found} missing from the queue{example}; "
+        f"recorded {recorded} run(s); jobs still inside their grace stay queued for the "
+        "running reactors",
+        file=sys.stderr,
+    )
     print(recorded)
     return 0
 

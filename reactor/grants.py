@@ -90,14 +90,20 @@ GROUPS: tuple[Group, ...] = (
         _table("reactor", "schema_version", "SELECT"),
     ),
     Group(
-        "The queue of jobs that may need a run, filled by the app's trigger. The record\n"
-        "statements read it, lock their rows (FOR UPDATE ... SKIP LOCKED, which again needs\n"
-        "UPDATE on one column; since only orders the scan) and delete what they settled.",
+        "The queue of jobs that may need a run, filled by the app's trigger and by the\n"
+        "reconcile (INSERT). The record statements read it, lock their rows (FOR UPDATE ...\n"
+        "SKIP LOCKED, which again needs UPDATE on one column; since only orders the scan) and\n"
+        "delete what they settled.",
         (
             Privilege("table", "SELECT", "reactor", "pending"),
+            Privilege("table", "INSERT", "reactor", "pending"),
             Privilege("any_column", "UPDATE", "reactor", "pending", column="since"),
             Privilege("table", "DELETE", "reactor", "pending"),
         ),
+    ),
+    Group(
+        "The reconcile's shared state: one row, locked and advanced by each step of a pass.",
+        _table("reactor", "reconcile", "SELECT", "UPDATE"),
     ),
     Group(
         "Hooks. The record statement queues hook rows in the same statement (INSERT, needed\n"

@@ -39,7 +39,19 @@ ISO 8601 from the database clock, and ``null`` means "unknown or not applicable"
       },                             # client_addr and backend_start are null for a session of
                                      # another role unless this one has pg_read_all_stats
       "schema": {"version": 5, "required": 5, "behind": false},
-      "notify_queue": {"usage": 0.0, "at_risk": false}   # pg_notification_queue_usage()
+      "notify_queue": {"usage": 0.0, "at_risk": false},  # pg_notification_queue_usage()
+      "reconcile": {
+        "interval_seconds": 600.0,   # REACTOR_RECONCILE_INTERVAL_SECONDS; 0: turned off
+        "in_progress": false,
+        "requested": false,          # a pass was asked for (TRUNCATE analysis_runs)
+        "last_pass": null,           # or {"started_at": "...", "finished_at": "...",
+                                     #      "seconds": 1.2, "examined": 1400000, "found": 0,
+                                     #      "example_job_id": null, "by": "reactor-..."}
+        "drift": 0,                  # jobs the last pass found missing from the pending
+                                     # queue (an install's first pass counts none)
+        "overdue": false,            # on, and no pass ended within twice the interval
+        "at_risk": false             # drift > 0 or overdue
+      }                              # null before the reconcile migration
     }
 """
 
@@ -124,6 +136,24 @@ class Status:
     schema_version: int
     required_version: int
     queue_usage: float
+    reconcile_interval: float = 0.0
+    reconcile: db.ReconcilePass | None = None  # None before the reconcile migration
+
+    @property
+    def reconcile_overdue(self) -> bool:
+        """The reconcile is on and no full pass ended within twice its interval."""
+        if self.reconcile is None or not self.reconcile_interval:
+            return False
+        finished = self.reconcile.finished_at
+        return (
+            finished is None
+            or (self.checked_at - finished).total_seconds() > 2 * self.reconcile_interval
+        )
+
+    @property
+    def reconcile_at_risk(self) -> bool:
+        """The last pass found drift, or passes stopped happening."""
+        return bool(self.reconcile and self.reconcile.drift) or self.reconcile_overdue
 
     @property
     def oldest_at_risk(self) -> bool:
@@ -178,6 +208,7 @@ async def _collect(conn: db.AnyConnection, settings: Settings) -> Status:
             oldest_backlog_age=counts["oldest_backlog_age"],
             recent_failures=tuple(HookFailure(**row) for row in failures),
         )
+    reconcile = await db.last_reconcile_pass(conn) if server["reconcile"] else None
     listeners = await db.fetch_dicts(
         conn,
         sql.query("status_listeners", "status.sql"),
@@ -197,6 +228,8 @@ async def _collect(conn: db.AnyConnection, settings: Settings) -> Status:
         schema_version=version,
         required_version=sql.latest_version(),
         queue_usage=server["queue_usage"],
+        reconcile_interval=settings.reconcile_interval,
+        reconcile=reconcile,
     )
 
 
@@ -229,6 +262,18 @@ def risks(status: Status) -> list[str]:
         )
     if status.mode == "listen" and status.due and not status.listeners:
         found.append(f"{status.due} job(s) are due and no reactor is LISTENing")
+    if status.reconcile is not None and status.reconcile.drift:
+        found.append(
+            f"the last reconcile pass found {status.reconcile.drift} job(s) missing from the "
+            f"pending queue (e.g. job {status.reconcile.example}): something went around the "
+            "reactor's triggers (a restore, replication, a disabled trigger, deleted queue rows); "
+            "they were queued, and `reactor sweep --once` repairs the rest now"
+        )
+    if status.reconcile_overdue:
+        found.append(
+            f"no full reconcile pass ended in the last {duration(2 * status.reconcile_interval)}:"
+            " check that a reactor runs and what its log says"
+        )
     return found
 
 
@@ -286,6 +331,31 @@ def as_json(status: Status) -> dict[str, Any]:
             "behind": status.schema_behind,
         },
         "notify_queue": {"usage": status.queue_usage, "at_risk": status.queue_at_risk},
+        "reconcile": None if status.reconcile is None else _reconcile_json(status),
+    }
+
+
+def _reconcile_json(status: Status) -> dict[str, Any]:
+    last = status.reconcile
+    assert last is not None
+    return {
+        "interval_seconds": status.reconcile_interval,
+        "in_progress": last.in_progress,
+        "requested": last.requested,
+        "last_pass": None
+        if last.finished_at is None
+        else {
+            "started_at": last.started_at.isoformat() if last.started_at else None,
+            "finished_at": last.finished_at.isoformat(),
+            "seconds": last.seconds,
+            "examined": last.examined,
+            "found": last.found,
+            "example_job_id": last.example,
+            "by": last.owner,
+        },
+        "drift": last.drift,
+        "overdue": status.reconcile_overdue,
+        "at_risk": status.reconcile_at_risk,
     }
 
 
@@ -344,12 +414,34 @@ def render(status: Status, console: Console) -> None:
         status.schema_behind,
     )
     row("NOTIFY queue", f"{status.queue_usage:.1%} used", status.queue_at_risk)
+    if status.reconcile is not None:
+        row("reconcile", _reconcile_text(status), status.reconcile_at_risk)
     console.print(table)
     found = risks(status)
     for risk in found:
         console.print(Text(f"at risk: {risk}", style="red"))
     if not found:
         console.print(Text("nothing at risk", style="green"))
+
+
+def _reconcile_text(status: Status) -> str:
+    last = status.reconcile
+    assert last is not None
+    every = (
+        f"every {duration(status.reconcile_interval)}" if status.reconcile_interval else "off here"
+    )
+    if last.finished_at is None:
+        return f"no pass yet ({every})"
+    ago = duration(max(0.0, (status.checked_at - last.finished_at).total_seconds()))
+    text = (
+        f"last pass {ago} ago, {duration(last.seconds or 0.0)}: walked {last.examined}, "
+        f"found {last.found}"
+    )
+    if last.drift:
+        text += f" (e.g. job {last.example})"
+    if last.in_progress:
+        text += "; a pass is running"
+    return f"{text} ({every})"
 
 
 def duration(seconds: float) -> str:

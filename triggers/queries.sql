@@ -248,6 +248,7 @@ WITH state AS (
            last_found = CASE WHEN NOT w.done THEN s.last_found
                              WHEN step.starting THEN w.found
                              ELSE s.pass_found + w.found END,
+           last_owner = CASE WHEN w.done THEN %(owner)s ELSE s.last_owner END,
            last_example = CASE WHEN NOT w.done THEN s.last_example
                                ELSE coalesce(CASE WHEN step.starting THEN NULL
                                                   ELSE s.pass_example END, w.example) END
@@ -288,11 +289,17 @@ SELECT CASE WHEN a.pass IS NOT NULL THEN CASE WHEN a.done THEN 'completed' ELSE 
 UPDATE reactor.reconcile SET owner_until = now() WHERE owner = %(owner)s
 
 -- name: reconcile_last_pass
--- The last completed pass and the one in progress, for `reactor sweep --once` and status.
-SELECT pass, pass_started_at, pass_examined, pass_found,
-       last_started_at, last_finished_at, last_examined, last_found, last_example::text,
-       extract(epoch FROM last_finished_at - last_started_at)::float8 AS last_seconds,
-       requested_at
+-- The last completed pass and whether one is in progress, for `reactor sweep --once` and status.
+SELECT pass AS number,
+       pass_started_at IS NOT NULL AS in_progress,
+       last_started_at AS started_at,
+       last_finished_at AS finished_at,
+       last_examined AS examined,
+       last_found AS found,
+       last_example::text AS example,
+       extract(epoch FROM last_finished_at - last_started_at)::float8 AS seconds,
+       requested_at IS NOT NULL AS requested,
+       last_owner AS owner
   FROM reactor.reconcile
 
 -- name: health

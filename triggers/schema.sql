@@ -113,7 +113,10 @@ CREATE TABLE reactor.reconcile (
     last_finished_at  timestamptz,
     last_examined     bigint,
     last_found        bigint,
-    last_example      uuid
+    last_example      uuid,
+    -- Who ran it: a replica, `reactor sweep --once`, or the `reactor migrate` that installed
+    -- the triggers (whose pass finds the jobs that finished before they existed: no drift).
+    last_owner        text
 );
 
 INSERT INTO reactor.reconcile DEFAULT VALUES;

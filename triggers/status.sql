@@ -4,14 +4,15 @@
 
 -- name: status_server
 -- The server's side: the database clock, NOTIFY queue pressure, and which optional objects
--- exist. The hook outbox and the pending queue arrived with later migrations, so an older
--- schema may lack them.
+-- exist. The hook outbox, the pending queue and the reconcile arrived with later migrations, so
+-- an older schema may lack them.
 SELECT now() AS checked_at,
        pg_notification_queue_usage()::float8 AS queue_usage,
        to_regclass('analysis_jobs') IS NOT NULL AND to_regclass('analysis_runs') IS NOT NULL
            AS app_tables,
        to_regclass('reactor.hook_outbox') IS NOT NULL AS hook_outbox,
-       to_regclass('reactor.pending') IS NOT NULL AS pending_queue
+       to_regclass('reactor.pending') IS NOT NULL AS pending_queue,
+       to_regclass('reactor.reconcile') IS NOT NULL AS reconcile
 
 -- name: status_jobs
 -- Jobs that need a run, split at the grace window, and the oldest of the due ones with its age

@@ -91,6 +91,31 @@ def test_sweep_once_prints_the_count(database_url: str) -> None:
         assert len(worker_writes(conn)) == 3
 
 
+def test_sweep_once_repairs_a_restore(database_url: str) -> None:
+    # A data-only restore: jobs arrive finished, with every trigger off. One command finds them
+    # all and records the due ones; one inside its grace stays queued for the reactors.
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        with conn.transaction():
+            conn.execute("SET LOCAL session_replication_role = replica")
+            for age in (7200, 7200, 7200, 0):
+                job_id, _ = new_job(conn)
+                conn.execute(
+                    "UPDATE analysis_jobs SET status = 'complete', results = '{\"v\": 1}', "
+                    "updated_at = now() - make_interval(secs => %s) WHERE id = %s",
+                    (age, job_id),
+                )
+        result = run_reactor(
+            "sweep", "--once", env=reactor_env(database_url, REACTOR_GRACE_SECONDS="60")
+        )
+        assert result.returncode == 0, result.stderr
+        assert result.stdout.strip() == "3"
+        assert "found 4 missing from the queue" in result.stderr
+        assert "recorded 3 run(s)" in result.stderr
+        assert len(worker_writes(conn)) == 3
+        row = conn.execute("SELECT count(*) FROM reactor.pending").fetchone()
+        assert row == (1,)
+
+
 def test_migrate_print_is_sql(database_url: str) -> None:
     result = run_reactor(
         "migrate",
@@ -102,7 +127,9 @@ def test_migrate_print_is_sql(database_url: str) -> None:
     assert result.stdout.startswith("BEGIN;")
     assert "CREATE TABLE IF NOT EXISTS analysis_jobs" in result.stdout
     assert "'my_channel'" in result.stdout
-    assert result.stdout.rstrip().endswith("COMMIT;")
+    statements = [line for line in result.stdout.splitlines() if not line.startswith("--")]
+    assert statements[-1] == "COMMIT;"
+    assert "reactor sweep --once" in result.stdout.splitlines()[-1]
 
 
 @pytest.mark.parametrize(

@@ -15,7 +15,7 @@ import anyio
 import psycopg
 import pytest
 
-from reactor import db
+from reactor import db, sql
 from tests.faults.support import judge
 from tests.helpers import Conn, client_save, new_job, run_row
 from tests.integration.conftest import StartReactor, eventually
@@ -292,3 +292,43 @@ async def test_two_replicas_share_one_pass(database_url: str, start_reactor: Sta
 
 def _runs(conn: Conn, jobs: list[uuid.UUID]) -> list[uuid.UUID]:
     return [scalar(conn, "SELECT run_id FROM analysis_jobs WHERE id = %s", (job,)) for job in jobs]
+
+
+# -- no install window ------------------------------------------------------------------------
+
+
+async def test_jobs_finishing_during_migrate_are_all_queued(empty_database_url: str) -> None:
+    dsn = empty_database_url
+    with _connect(dsn) as conn:
+        conn.execute(sql.read("reference.sql"))
+    finished = 0
+    stop = anyio.Event()
+
+    async def app() -> None:
+        # The worker keeps finishing jobs before, during and after the install.
+        nonlocal finished
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as aconn:
+            while not stop.is_set():
+                await aconn.execute(
+                    "INSERT INTO analysis_jobs (id, run_id, status, doc_html, results) "
+                    "VALUES (gen_random_uuid(), gen_random_uuid(), 'complete', '<p/>', "
+                    "'{\"v\": 1}')"
+                )
+                finished += 1
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(app)
+        await eventually(lambda: finished >= 50)
+        async with await db.connect(dsn, "test") as aconn:
+            await db.migrate(aconn, "analysis_jobs_terminal", reference_schema=False)
+        before = finished
+        await eventually(lambda: finished >= before + 50)
+        stop.set()
+    with _connect(dsn) as conn:
+        assert scalar(conn, "SELECT count(*) FROM analysis_jobs") == finished
+        unqueued = scalar(
+            conn,
+            "SELECT count(*) FROM analysis_jobs j "
+            "WHERE NOT EXISTS (SELECT 1 FROM reactor.pending p WHERE p.job_id = j.id)",
+        )
+        assert unqueued == 0

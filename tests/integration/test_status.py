@@ -290,3 +290,47 @@ def test_no_risk_at_the_edges() -> None:
 )
 def test_duration(seconds: float, text: str) -> None:
     assert status.duration(seconds) == text
+
+
+def test_drift_found_by_the_last_pass_is_at_risk(
+    database_url: str, conn: psycopg.Connection[Any]
+) -> None:
+    code, report = status_json(database_url)
+    assert code == 0, report["risks"]
+    assert report["reconcile"]["last_pass"]["by"].startswith("install")
+    # Jobs finished behind the triggers' back, then a pass finds them.
+    with conn.transaction():
+        conn.execute("SET LOCAL session_replication_role = replica")
+        job, _ = add_job(conn, status="complete", results=RESULTS, age=60)
+    sweep = run_reactor("sweep", "--once", env=reactor_env(database_url, REACTOR_GRACE_SECONDS="5"))
+    assert sweep.returncode == 0, sweep.stderr
+    code, report = status_json(database_url)
+    assert code == 1
+    assert report["reconcile"]["drift"] == 1
+    assert report["reconcile"]["last_pass"]["example_job_id"] == str(job)
+    assert report["reconcile"]["at_risk"] is True
+    assert any("missing from the pending queue" in risk for risk in report["risks"])
+    # The next pass finds nothing: the alarm clears by itself.
+    sweep = run_reactor("sweep", "--once", env=reactor_env(database_url, REACTOR_GRACE_SECONDS="5"))
+    assert sweep.returncode == 0, sweep.stderr
+    code, report = status_json(database_url)
+    assert code == 0, report["risks"]
+    assert report["reconcile"]["last_pass"]["found"] == 0
+
+
+def test_no_pass_within_twice_the_interval_is_at_risk(
+    database_url: str, conn: psycopg.Connection[Any]
+) -> None:
+    conn.execute(
+        "UPDATE reactor.reconcile SET last_finished_at = now() - interval '21 minutes', "
+        "last_started_at = now() - interval '22 minutes'"
+    )
+    code, report = status_json(database_url)
+    assert code == 1
+    assert report["reconcile"]["overdue"] is True
+    assert any("no full reconcile pass ended" in risk for risk in report["risks"])
+    # With the reconcile turned off, nobody owes a pass.
+    code, report = status_json(database_url, REACTOR_RECONCILE_INTERVAL_SECONDS="0")
+    assert code == 0, report["risks"]
+    human = run_status(database_url)
+    assert "reconcile" in human.stdout
