@@ -18,7 +18,7 @@ import anyio
 import psycopg.errors
 from rich.console import Console
 
-from reactor import db, grants, http, logs, sql, status
+from reactor import db, grants, http, logs, progress, sql, status
 from reactor.config import Settings
 from reactor.errors import ConfigError, ReactorError
 from reactor.hooks import open_hooks
@@ -181,7 +181,13 @@ async def cmd_migrate(args: argparse.Namespace) -> int:
         )
         return 0
     async with await _startup_connection(settings, "migrate") as conn:
-        applied = await db.migrate(conn, settings.channel, reference_schema=args.reference_schema)
+        with progress.counting("migrate: reconcile pass", "jobs") as update:
+            applied = await db.migrate(
+                conn,
+                settings.channel,
+                reference_schema=args.reference_schema,
+                on_progress=update,
+            )
     if applied:
         print(
             f"applied migrations {', '.join(map(str, applied))}; schema is at version "
@@ -204,7 +210,10 @@ async def cmd_sweep(args: argparse.Namespace) -> int:
     async with open_hooks(settings, pool) as hooks:
         async with await _startup_connection(settings, "startup") as conn:
             await _check_database(conn)
-            found = await db.reconcile_pass(conn, owner="sweep", grace=settings.grace)
+            with progress.counting("sweep: reconcile pass", "jobs") as update:
+                found = await db.reconcile_pass(
+                    conn, owner="sweep", grace=settings.grace, on_progress=update
+                )
         async with pool:
             database = db.Database(pool, grace=settings.grace, hooks=list(hooks))
             recorded = await Recorder(database, Metrics()).drain(settings.batch_size)

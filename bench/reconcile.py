@@ -1,0 +1,203 @@
+"""reconcile: the cost of the level-triggered pass over the job table, against the article's sweep.
+
+The data set is scan_scale's at its middle window: many finished jobs, of which only the newest
+still carry ``doc_html`` (the app's trim window), every one with its run but for a few hundred
+that went around the triggers (a restore) and are not queued. One full pass is walked the way
+the reactor walks it (``reconcile_step``, one chunk per statement, back to back), and timed per
+statement; the article's sweep query is timed on the same data, as it runs on every 30 s tick.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Any
+
+from bench import baseline
+from bench.common import (
+    Conn,
+    Context,
+    Result,
+    Table,
+    conditions,
+    connect,
+    ms,
+    open_server,
+    ratio,
+    safe_div,
+    scalar,
+)
+from bench.scan_scale import LOAD_JOBS
+from reactor import db
+from reactor.config import Settings
+
+TITLE = "Reconcile pass over the job table, against the article's sweep"
+GOAL = (
+    "no chunk statement over 50 ms; at the default 600 s interval at most 1% of one core; at "
+    "least 25x less database time per hour than the article's sweep on its 30 s tick"
+)
+
+INTERVAL = Settings.reconcile_interval
+SWEEP_TICK = 30.0
+DRIFT = 300  # finished with the triggers bypassed: the pass must find exactly these
+
+
+async def run(ctx: Context) -> Result:
+    """Load, then walk one full pass and time the sweep on the same data."""
+    quick = ctx.quick
+    total = 60_000 if quick else 10_000_000
+    window = 8_400 if quick else 1_400_000
+    settings: dict[str, Any] = {
+        "finished_jobs": total,
+        "window": window,
+        "unqueued_jobs_needing_a_run": DRIFT,
+        "chunk": db.RECONCILE_CHUNK,
+        "interval_s": INTERVAL,
+        "sweep_tick_s": SWEEP_TICK,
+    }
+    async with open_server() as server:
+        cond = await conditions(server, quick=quick)
+        dsn = server.dsn_for(await server.create_database("reconcile"))
+        async with await connect(dsn, "setup") as conn:
+            load_s = await _load(conn, total, window)
+            walk = await _walk(conn)
+            again = await _walk(conn)  # nothing left to find: the steady state
+            sweep = await _sweep(conn)
+
+    per_hour = again["db_s"] * 3600 / INTERVAL
+    sweep_per_hour = sweep * 3600 / SWEEP_TICK
+    longest = max(walk["longest_s"], again["longest_s"])
+    core_share = per_hour / 3600
+    advantage = safe_div(sweep_per_hour, per_hour)
+    met = longest <= 0.050 and core_share <= 0.01 and advantage >= 25
+    table = Table(["measure", "reactor reconcile", "article's sweep"])
+    table.add("one full pass / one tick: database time", ms(again["db_s"]), ms(sweep))
+    table.add("one full pass: wall time at the reactor's pace", f"{again['paced_s']:.2f} s", "-")
+    table.add("longest single statement", ms(longest), ms(sweep))
+    table.add("statements per pass / per tick", again["steps"], 1)
+    table.add(
+        f"database time per hour (every {INTERVAL:.0f} s / every {SWEEP_TICK:.0f} s)",
+        f"{per_hour:.1f} s",
+        f"{sweep_per_hour:.0f} s",
+    )
+    table.add("share of one core", f"{core_share:.3%}", f"{sweep_per_hour / 3600:.1%}")
+    table.add("jobs found missing from the queue", walk["found"], "-")
+    notes = [
+        f"{total:,} finished jobs, {window:,} of them still with doc_html; all have a run but "
+        f"{DRIFT} finished with the triggers bypassed (not queued). Loading took {load_s:.0f} s.",
+        f"The first pass found {walk['found']} jobs in {ms(walk['db_s'])} of statements "
+        f"(longest {ms(walk['longest_s'])}); the figures above are the second pass, the steady "
+        "state with nothing to find. Database time is the sum of the chunk statements' "
+        "client-side wall times (round trips included); the reactor rests as long as each "
+        "step took between steps, so its wall time is about twice that.",
+        f"Chunks of {db.RECONCILE_CHUNK:,} jobs in (run_id, id) order on the partial index "
+        "analysis_jobs_reactor_walk_idx; the walk is proportional to the trim window, never to "
+        "the whole table.",
+        "The article's sweep is its query on primary keys only (baseline.ARTICLE_QUERY), median "
+        "of 3; it runs on every tick of every container.",
+    ]
+    headline = (
+        f"a full pass over {window:,} jobs takes {ms(again['db_s'])} of database time, longest "
+        f"statement {ms(longest)}: {per_hour:.1f} s per hour at the default interval against "
+        f"{sweep_per_hour:.0f} s for the sweep ({ratio(advantage)} less)"
+    )
+    return Result(
+        name="reconcile",
+        title=TITLE,
+        goal=GOAL,
+        met=met,
+        headline=headline,
+        table=table,
+        figures={
+            "first_pass": walk,
+            "steady_pass": again,
+            "sweep_tick_s": sweep,
+            "db_s_per_hour": per_hour,
+            "sweep_db_s_per_hour": sweep_per_hour,
+            "advantage": advantage,
+            "core_share": core_share,
+            "load_s": load_s,
+        },
+        settings=settings,
+        conditions=cond,
+        notes=notes,
+    )
+
+
+async def _load(conn: Conn, total: int, window: int) -> float:
+    """scan_scale's bulk load at one window, plus jobs that went around the triggers."""
+    started = time.monotonic()
+    await db.migrate(conn, Settings.channel, reference_schema=True)
+    await conn.execute("ALTER TABLE analysis_jobs DROP CONSTRAINT analysis_jobs_pkey")
+    await conn.execute("ALTER TABLE analysis_runs DROP CONSTRAINT analysis_runs_pkey")
+    await conn.execute("DROP INDEX analysis_jobs_reactor_walk_idx")
+    await conn.execute("ALTER TABLE analysis_jobs DISABLE TRIGGER USER")
+    newest = await scalar(conn, "SELECT now() - interval '2 hours'")
+    chunk = 1_000_000
+    for lo in range(1, total + 1, chunk):
+        params = {
+            "total": total,
+            "window": window,
+            "lo": lo,
+            "hi": min(total, lo + chunk - 1),
+            "newest": newest,
+        }
+        await conn.execute(LOAD_JOBS, params)
+    await conn.execute(
+        "INSERT INTO analysis_runs (id, job_id, results, saved_by) "
+        "SELECT run_id, id, results, CASE WHEN random() < 0.7 THEN 'client' ELSE 'worker' END "
+        "FROM analysis_jobs"
+    )
+    # A restore's worth of finished jobs that no trigger saw: no run, not queued.
+    await conn.execute(
+        "INSERT INTO analysis_jobs (id, run_id, status, doc_html, results) "
+        "SELECT gen_random_uuid(), gen_random_uuid(), 'complete', '<p>restored</p>', "
+        "'{\"verdicts\": 1}' FROM generate_series(1, %s)",
+        (DRIFT,),
+    )
+    await conn.execute("ALTER TABLE analysis_jobs ADD PRIMARY KEY (id)")
+    await conn.execute("ALTER TABLE analysis_runs ADD PRIMARY KEY (id)")
+    await conn.execute(
+        "CREATE INDEX analysis_jobs_reactor_walk_idx ON analysis_jobs (run_id, id) "
+        "WHERE status IN ('complete', 'failed') AND deleted_at IS NULL "
+        "AND doc_html IS NOT NULL AND results IS NOT NULL AND results <> '{}'::jsonb"
+    )
+    await conn.execute("ALTER TABLE analysis_jobs ENABLE TRIGGER USER")
+    await conn.execute("VACUUM (FREEZE, ANALYZE) analysis_jobs")
+    await conn.execute("VACUUM (FREEZE, ANALYZE) analysis_runs")
+    return time.monotonic() - started
+
+
+async def _walk(conn: Conn) -> dict[str, Any]:
+    """One forced pass, chunk by chunk, timing each statement."""
+    times: list[float] = []
+    found = 0
+    force = True
+    while True:
+        started = time.perf_counter()
+        step = await db.reconcile_step(
+            conn, owner="bench", interval=INTERVAL, grace=0.0, force=force
+        )
+        times.append(time.perf_counter() - started)
+        found += len(step.found)
+        force = False
+        if step.outcome != "stepped":
+            break
+    return {
+        "steps": len(times),
+        "db_s": sum(times),
+        "paced_s": 2 * sum(times),
+        "longest_s": max(times),
+        "median_step_s": statistics.median(times),
+        "found": found,
+    }
+
+
+async def _sweep(conn: Conn) -> float:
+    times = []
+    params = {"grace": 3600, "limit": 500}
+    for _ in range(3):
+        started = time.perf_counter()
+        await (await conn.execute(baseline.ARTICLE_QUERY, params)).fetchall()
+        times.append(time.perf_counter() - started)
+    return statistics.median(times)
