@@ -46,6 +46,7 @@ BENCHMARKS: dict[str, str] = {
     "trigger_overhead": "bench.trigger_overhead",
     "scan_scale": "bench.scan_scale",
     "reconcile": "bench.reconcile",
+    "migrate_online": "bench.migrate_online",
     "deadlines": "bench.deadlines",
     "idle": "bench.idle",
 }

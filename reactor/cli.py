@@ -67,6 +67,14 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="ROLE",
         help="write the GRANT statements the runtime role ROLE needs, and nothing else",
     )
+    migrate.add_argument(
+        "--from",
+        dest="from_version",
+        type=int,
+        default=0,
+        metavar="VERSION",
+        help="with --print: only what comes after this applied schema version",
+    )
     migrate.add_argument("--channel", help="NOTIFY channel (REACTOR_CHANNEL)")
 
     sweep = commands.add_parser(
@@ -175,9 +183,17 @@ async def cmd_migrate(args: argparse.Namespace) -> int:
         return 0
     channel = args.channel or os.environ.get("REACTOR_CHANNEL") or Settings.channel
     settings = Settings.from_env(os.environ, {"channel": channel})
+    if args.from_version and not args.print:
+        raise ConfigError("--from goes with --print; `reactor migrate` finds the version itself")
+    if not 0 <= args.from_version <= sql.latest_version():
+        raise ConfigError(f"--from must be a schema version within 0..{sql.latest_version()}")
     if args.print:
         sys.stdout.write(
-            db.migration_script(settings.channel, reference_schema=args.reference_schema)
+            db.migration_script(
+                settings.channel,
+                reference_schema=args.reference_schema,
+                applied=args.from_version,
+            )
         )
         return 0
     async with await _startup_connection(settings, "migrate") as conn:

@@ -203,19 +203,29 @@ WITH state AS (
                  OR s.last_finished_at + make_interval(secs => %(interval)s)
                     - (s.last_finished_at - s.last_started_at) <= now()))
 ), chunk AS (
-    SELECT j.id, j.run_id, j.updated_at, {{needs_run_in_snapshot}} AS needs_run
+    -- Index-only where the visibility map allows: the walk reads no job row it can skip.
+    SELECT j.id, j.run_id
       FROM analysis_jobs j
      WHERE {{eligible}}
        AND (j.run_id, j.id) > ((SELECT from_run FROM step), (SELECT from_job FROM step))
      ORDER BY j.run_id, j.id
      LIMIT %(limit)s
+), uncovered AS (
+    -- Nearly every walked job has a run row that stands for it: a client row, or the worker
+    -- row written for the job itself. Only the rest need the whole predicate and a job row.
+    SELECT c.id FROM chunk c
+     WHERE NOT EXISTS (SELECT 1 FROM analysis_runs r
+                        WHERE r.id = c.run_id
+                          AND (r.saved_by IS DISTINCT FROM 'worker' OR r.job_id = c.id))
 ), found AS (
     INSERT INTO reactor.pending (job_id, since)
-    SELECT c.id, least(c.updated_at, now())
-      FROM chunk c
-     WHERE c.needs_run AND NOT EXISTS (SELECT 1 FROM reactor.pending p WHERE p.job_id = c.id)
+    SELECT j.id, least(j.updated_at, now())
+      FROM analysis_jobs j
+     WHERE j.id IN (SELECT id FROM uncovered)
+       AND {{needs_run_in_snapshot}}
+       AND NOT EXISTS (SELECT 1 FROM reactor.pending p WHERE p.job_id = j.id)
     ON CONFLICT (job_id) DO NOTHING
-    RETURNING job_id
+    RETURNING job_id, since
 ), walked AS (
     SELECT count(*) AS examined,
            count(*) < %(limit)s AS done,
@@ -264,10 +274,9 @@ SELECT CASE WHEN a.pass IS NOT NULL THEN CASE WHEN a.done THEN 'completed' ELSE 
        (SELECT examined FROM walked) AS examined,
        coalesce((SELECT array_agg(f.job_id::text ORDER BY f.job_id) FROM found f), '{}')
            AS found_ids,
-       coalesce((SELECT array_agg(extract(epoch FROM c.updated_at
-                                          + make_interval(secs => %(grace)s)
-                                          - clock_timestamp())::float8 ORDER BY c.id)
-                   FROM chunk c WHERE c.id IN (SELECT job_id FROM found)), '{}') AS found_due_in,
+       coalesce((SELECT array_agg(extract(epoch FROM f.since + make_interval(secs => %(grace)s)
+                                          - clock_timestamp())::float8 ORDER BY f.job_id)
+                   FROM found f), '{}') AS found_due_in,
        CASE WHEN a.pass IS NOT NULL THEN NULL
             WHEN s.pass_started_at IS NOT NULL
                 THEN extract(epoch FROM s.owner_until - now())::float8

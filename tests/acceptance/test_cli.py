@@ -132,6 +132,16 @@ def test_migrate_print_is_sql(database_url: str) -> None:
     assert "reactor sweep --once" in result.stdout.splitlines()[-1]
 
 
+def test_migrate_print_from_a_version_prints_only_the_upgrade() -> None:
+    result = run_reactor("migrate", "--print", "--from", "7", env=reactor_env(None))
+    assert result.returncode == 0, result.stderr
+    assert "-- 0008_reconcile" in result.stdout
+    assert "-- 0007_" not in result.stdout
+    assert "CREATE INDEX CONCURRENTLY" in result.stdout
+    wrong = run_reactor("migrate", "--from", "7", env=reactor_env(None))
+    assert_one_clean_line(wrong, 2)
+
+
 @pytest.mark.parametrize(
     ("variables", "needle"),
     [

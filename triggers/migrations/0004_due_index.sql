@@ -1,10 +1,4 @@
--- Keeps the fallback scan and the re-arm query off a sequential scan. The predicate is the
--- row-local half of "needs a run", so the index holds only finished jobs that still carry their
--- document: it grows with the app's trim window, not with the table.
-CREATE INDEX IF NOT EXISTS analysis_jobs_reactor_due_idx
-    ON analysis_jobs (updated_at, id)
-    WHERE status IN ('complete', 'failed')
-      AND deleted_at IS NULL
-      AND doc_html IS NOT NULL
-      AND results IS NOT NULL
-      AND results <> '{}'::jsonb;
+-- Once built a partial index on analysis_jobs (updated_at, id) for the scan; migration 0006
+-- replaced the scan's road with the pending queue and drops that index where it exists. A new
+-- install skips the build: on a big live table it blocked the app's writes only to be dropped.
+SELECT 'analysis_jobs_reactor_due_idx is no longer built' AS migration_0004;
