@@ -75,7 +75,7 @@ _CONCURRENT_INDEX = re.compile(
 
 # Jobs one reconcile step walks: small enough that a step stays well inside a few tens of
 # milliseconds, large enough that a pass over millions of finished jobs takes seconds.
-RECONCILE_CHUNK = 2000
+RECONCILE_CHUNK = 1000
 # How long the replica that stepped a pass keeps it; another takes over once this runs out.
 RECONCILE_LEASE = 30.0
 # An interval that never comes due, for a one-off pass.

@@ -177,7 +177,7 @@ async def test_deleting_the_job_a_worker_row_stands_for_brings_back_the_earlier_
             conn.execute("DELETE FROM analysis_jobs WHERE id = %s", (newer,))
             assert _queued(conn, older)
             await eventually(lambda: run_row(conn, run) == (older, "worker"))
-        assert (await judge(database_url, GRACE)).verdict.lost == 0
+        assert (await judge(database_url, GRACE)).clean
 
 
 async def test_an_app_before_trigger_that_sets_status_is_seen(
