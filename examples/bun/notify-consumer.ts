@@ -19,8 +19,8 @@ export async function consume(
   // LISTEN needs a direct connection: through a transaction-mode pooler (PgBouncer,
   // Supavisor, RDS Proxy) it "succeeds" and nothing ever arrives.
   const sql = postgres(databaseUrl, { max: 1 });
-  // Delivery is at least once; remember recent keys to skip a repeat (a real consumer keeps
-  // them where its work is recorded).
+  // Delivery is at least once: skip a key seen before (a real consumer keeps the keys where it
+  // records its work, not in memory).
   const seen = new Set<string>();
   await sql.listen(
     channel,
