@@ -1,10 +1,10 @@
 """``reactor demo``: the whole loop on an embedded PostgreSQL, in well under a minute.
 
 A worker finishes jobs at a steady rate while browser tabs save most of them within the grace
-window; reactor replicas record the rest. Midway every replica is killed (an outage, like a
-kill -9 of the sidecar) while jobs keep finishing; fresh replicas then start, and their startup
-scan and re-arm recover what was missed. The summary is counted from the database by an audit
-trigger, not taken from the reactor's word.
+window; reactor replicas record the rest. Midway every replica stops (an outage: the timers they
+hold in memory are gone, as after a kill -9) while jobs keep finishing; fresh replicas then
+start, and their startup scan and re-arm recover what was missed. The summary is counted from
+the database by an audit trigger, not taken from the reactor's word.
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ import logging
 import random
 import time
 import uuid
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -131,9 +130,9 @@ async def _play(settings: Settings, board: Scoreboard, save_ratio: float) -> Non
             rate = max(board.jobs / 4.0, 1.0)  # jobs per second: the worker takes about 4 s
             for i, job_id in enumerate(job_ids):
                 if i == board.jobs * 2 // 5:
-                    fleet.cancel()
-                    board.replicas, board.phase = [], "OUTAGE: every reactor replica killed"
-                    board.note("killed every reactor replica (like kill -9); jobs keep finishing")
+                    await fleet.stop()
+                    board.replicas, board.phase = [], "OUTAGE: no reactor replica running"
+                    board.note("stopped every reactor replica: the timers they held are gone")
                 if i == board.jobs * 7 // 10:
                     fleet = await _start_fleet(tg, settings, board)
                     board.phase = "recovered: fresh replicas re-armed from the database"
@@ -153,18 +152,26 @@ async def _play(settings: Settings, board: Scoreboard, save_ratio: float) -> Non
             board.phase = "waiting for the last grace windows"
             await _wait_until_settled(app, settings.grace)
             board.note("nothing left to record")
-            fleet.cancel()
+            await fleet.stop()
 
 
 class Fleet:
-    """Reactor replicas that can be killed together, abruptly, like kill -9."""
+    """Reactor replicas that go away together, dropping the timers they hold in memory."""
 
     def __init__(self) -> None:
-        self.scopes: list[anyio.CancelScope] = []
+        self.replicas: list[tuple[Reactor, anyio.Event]] = []
 
-    def cancel(self) -> None:
-        for scope in self.scopes:
-            scope.cancel()
+    async def stop(self) -> None:
+        """Stop every replica as SIGTERM does, and wait until each has closed its connections.
+
+        Intake stops at once and the timers in memory are gone, as after a kill -9; only the
+        statements already in flight (milliseconds) finish. Cancelling the replicas outright
+        would interrupt those statements, and psycopg logs each interrupted cancellation.
+        """
+        for reactor, _ in self.replicas:
+            reactor.stop()
+        for _, done in self.replicas:
+            await done.wait()
 
 
 async def _start_fleet(tg: anyio.abc.TaskGroup, settings: Settings, board: Scoreboard) -> Fleet:
@@ -172,7 +179,10 @@ async def _start_fleet(tg: anyio.abc.TaskGroup, settings: Settings, board: Score
     for _ in range(board.replica_count):
         metrics = Metrics()
         board.metrics.append(metrics)
-        fleet.scopes.append(await tg.start(_replica, settings, metrics, board.replicas.append))
+        done = anyio.Event()
+        reactor = await tg.start(_replica, settings, metrics, done)
+        board.replicas.append(reactor)
+        fleet.replicas.append((reactor, done))
     board.note(f"{board.replica_count} reactor replicas listening")
     return fleet
 
@@ -180,17 +190,18 @@ async def _start_fleet(tg: anyio.abc.TaskGroup, settings: Settings, board: Score
 async def _replica(
     settings: Settings,
     metrics: Metrics,
-    register: Callable[[Reactor], None],
+    done: anyio.Event,
     *,
-    task_status: anyio.abc.TaskStatus[anyio.CancelScope],
+    task_status: anyio.abc.TaskStatus[Reactor],
 ) -> None:
-    with anyio.CancelScope() as scope:
+    try:
         async with db.make_pool(settings.require_database(), max_size=POOL_SIZE) as pool:
             reactor = Reactor(settings, db.Database(pool, grace=settings.grace), metrics=metrics)
-            register(reactor)
             async with anyio.create_task_group() as inner:
                 await inner.start(reactor.run)
-                task_status.started(scope)
+                task_status.started(reactor)
+    finally:
+        done.set()
 
 
 async def _tab_save(dsn: str, job_id: uuid.UUID, delay: float, board: Scoreboard) -> None:

@@ -15,8 +15,9 @@ Kinds, from ``REACTOR_HOOKS=name=spec,...``:
 - ``python:module:function``: ``async def function(call: HookCall) -> None``; raising fails.
 - ``notify:channel``: ``pg_notify(channel, json)``, for a worker that judges on its own.
 - ``webhook:url``: a JSON POST; 2xx is success, a 4xx other than 408/429 a permanent failure,
-  anything else is retried. With ``REACTOR_WEBHOOK_SECRET``, the body is signed with
-  HMAC-SHA256 in the ``X-Reactor-Signature: sha256=<hex>`` header.
+  anything else is retried. With ``REACTOR_WEBHOOK_SECRET``, the request is signed in the
+  ``X-Reactor-Signature: t=<unix seconds>,v1=<hex>`` header: HMAC-SHA256 of ``"<t>.<body>"``,
+  so a receiver can refuse a replayed request as well as a forged one.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import json
 import logging
 import math
 import re
+import time
 import urllib.parse
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -88,6 +90,13 @@ class Hook(Protocol):
         ...
 
 
+def signature(secret: str, body: bytes, timestamp: int) -> str:
+    """The ``X-Reactor-Signature`` value: the timestamp is signed with the body against replays."""
+    signed = f"{timestamp}.".encode() + body
+    digest = hmac.new(secret.encode(), signed, hashlib.sha256).hexdigest()
+    return f"t={timestamp},v1={digest}"
+
+
 def idempotency_key(run_id: str, job_id: str, hook: str) -> str:
     """Stable for one hook of one recorded (run, job), whichever replica or attempt runs it."""
     return f"{run_id}:{job_id}:{hook}"
@@ -135,8 +144,7 @@ class WebhookHook:
         body = call.as_json().encode()
         headers = {"Content-Type": "application/json", IDEMPOTENCY_HEADER: call.idempotency_key}
         if self.secret:
-            digest = hmac.new(self.secret.encode(), body, hashlib.sha256).hexdigest()
-            headers[SIGNATURE_HEADER] = f"sha256={digest}"
+            headers[SIGNATURE_HEADER] = signature(self.secret, body, int(time.time()))
         async with self.session().post(self.url, data=body, headers=headers) as response:
             if 200 <= response.status < 300:
                 return

@@ -156,7 +156,10 @@ class Listener:
         while True:
             async for notify in conn.notifies(timeout=self._wait_time()):
                 self._receive(notify.payload)
-            with anyio.fail_after(self.settings.probe_timeout):
+            # Shielded, like the probe: a stop arriving mid-statement waits for it (bounded by
+            # the probe timeout) rather than interrupting psycopg's own cancel, which closes
+            # the connection and logs a warning.
+            with anyio.CancelScope(shield=True), anyio.fail_after(self.settings.probe_timeout):
                 await conn.execute("SELECT 1")
             self._check_probe()
             if anyio.current_time() - self._probe_sent >= self.settings.probe_interval:
@@ -209,7 +212,7 @@ class Listener:
         self._probe_sent = anyio.current_time()
         try:
             # Bounded: while the pool waits for a connection, this loop reads nothing.
-            with anyio.fail_after(self.settings.probe_timeout):
+            with anyio.CancelScope(shield=True), anyio.fail_after(self.settings.probe_timeout):
                 await self.database.notify(self.settings.channel, _PROBE + token)
         except (psycopg.Error, OSError, TimeoutError) as error:
             log.warning("could not send the delivery probe", extra={"error": db.first_line(error)})

@@ -90,6 +90,19 @@ class Metrics:
             "Age of the oldest job that needs a run, past its grace (0 when none).",
             registry=r,
         )
+        # What the alert rules compare with: the horizon past which a due job's run is lost, and
+        # the mode (a replica that polls has no LISTEN to be down).
+        self.trim_horizon = Gauge(
+            "reactor_trim_horizon_seconds",
+            "REACTOR_TRIM_HORIZON_SECONDS: when the app trims doc_html, losing a due job's run.",
+            registry=r,
+        )
+        self.mode = Gauge(
+            "reactor_mode",
+            "1 for the REACTOR_MODE this replica runs in (listen or poll), 0 for the other.",
+            ["mode"],
+            registry=r,
+        )
         self.hook_outcomes = Counter(
             "reactor_hook_outcomes",
             "Hook attempts by hook and outcome (done, retry, failed, released).",
@@ -124,3 +137,5 @@ class Metrics:
             self.notifications.labels(result)
         for source in ("timer", "scan"):
             self.recorded.labels(source)
+        for mode in ("listen", "poll"):
+            self.mode.labels(mode)

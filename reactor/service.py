@@ -53,6 +53,9 @@ class Reactor:
         self.settings = settings
         self.database = database
         self.metrics = metrics or Metrics()
+        self.metrics.trim_horizon.set(settings.trim_horizon)
+        for mode in ("listen", "poll"):
+            self.metrics.mode.labels(mode).set(1 if settings.mode == mode else 0)
         self.clock = clock
         self.deadlines: Deadlines[str] = Deadlines()
         self.hook_runner: HookRunner | None = None

@@ -6,6 +6,7 @@ import hashlib
 import hmac
 import json
 import socket
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -161,8 +162,10 @@ async def test_webhook_is_signed_and_retried(
             await eventually(lambda: outbox(conn) and outbox(conn)[0][1] == "done")
     assert len(requests) == 3
     for request, body in zip(requests, bodies, strict=True):
-        expected = hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
-        assert request.headers[SIGNATURE_HEADER] == f"sha256={expected}"
+        fields = dict(part.split("=", 1) for part in request.headers[SIGNATURE_HEADER].split(","))
+        assert abs(int(fields["t"]) - time.time()) < 60
+        signed = fields["t"].encode() + b"." + body
+        assert fields["v1"] == hmac.new(secret.encode(), signed, hashlib.sha256).hexdigest()
         assert request.headers[IDEMPOTENCY_HEADER] == f"{run_id}:{job_id}:judge"
     payloads = [json.loads(body) for body in bodies]
     assert [p["attempt"] for p in payloads] == [1, 2, 3]

@@ -96,6 +96,10 @@ async def test_health_ready_and_metrics(serve: Serve) -> None:
         assert samples[("reactor_record_errors_total", ())] == 0
         assert samples[("reactor_listener_up", ())] == 1
         assert ("reactor_notification_queue_usage", ()) in samples
+        # What the alert rules compare with (deploy/prometheus/alerts.yml).
+        assert samples[("reactor_trim_horizon_seconds", ())] == reactor.settings.trim_horizon
+        assert samples[("reactor_mode", (("mode", "listen"),))] == 1
+        assert samples[("reactor_mode", (("mode", "poll"),))] == 0
 
         # OpenMetrics for a scraper that asks for it.
         headers = {"Accept": "application/openmetrics-text; version=1.0.0"}

@@ -4,6 +4,7 @@ the two files honest between the times someone runs ``docker compose up``."""
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
 from pathlib import Path
@@ -102,6 +103,28 @@ def test_stop_grace_outlasts_the_drain(services: dict[str, Any]) -> None:
     assert float(grace[:-1]) > float(reactor["environment"]["REACTOR_DRAIN_SECONDS"])
 
 
+def test_the_bun_worker_is_optional_and_runs_the_example(services: dict[str, Any]) -> None:
+    worker = services["worker"]
+    assert worker["profiles"] == ["worker"]  # `docker compose up` alone does not start it
+    for name in ("postgres", "migrate", "reactor"):
+        assert "profiles" not in services[name], name
+    lock = json.loads((ROOT / "examples/bun/package-lock.json").read_text(encoding="utf-8"))
+    bun_version = lock["packages"]["node_modules/bun"]["version"]
+    assert worker["image"] == f"oven/bun:{bun_version}"  # the Bun the tests ran
+    assert worker["user"] != "root"
+    (volume,) = worker["volumes"]
+    source, target, mode = volume.split(":")
+    assert (ROOT / source).resolve() == ROOT / "examples" / "bun"
+    assert (target, mode) == (worker["working_dir"], "ro")
+    runtime, script, *_ = command(worker)
+    assert runtime == "bun"
+    assert (ROOT / source / script).is_file()
+    assert "--until-idle" not in command(worker)  # a service keeps taking jobs
+    env = worker["environment"]
+    assert env["DATABASE_URL"] == services["reactor"]["environment"]["DATABASE_URL"]
+    assert worker["depends_on"]["migrate"]["condition"] == "service_completed_successfully"
+
+
 def test_dockerfile_base_and_install(dockerfile: list[str]) -> None:
     assert instruction(dockerfile, "FROM")[0].startswith("python:3.11-slim")
     runs = " ".join(instruction(dockerfile, "RUN"))
@@ -137,7 +160,7 @@ def test_dockerfile_health_entrypoint_and_address(dockerfile: list[str]) -> None
 
 def test_dockerignore_keeps_the_build_context_small() -> None:
     ignored = (ROOT / ".dockerignore").read_text(encoding="utf-8").split()
-    for entry in (".git", ".venv", "tests", "bench"):
+    for entry in (".git", ".venv", "tests", "bench", "examples"):
         assert entry in ignored
     for needed in ("pyproject.toml", "uv.lock", "README.md", "reactor", "triggers"):
         assert needed not in ignored
