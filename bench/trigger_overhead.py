@@ -1,8 +1,8 @@
 """trigger_overhead: the worker's commit throughput with the notify triggers vs without them.
 
 pgbench plays the worker: several connections commit single-row UPDATEs as fast as they can;
-90% are progress updates of running jobs (they touch none of the columns the reactor's update
-trigger is declared on, so it is not even considered) and 10% are terminal transitions, each
+90% are progress updates of running jobs (the update trigger's WHEN clause rules them out
+before its function is called) and 10% are terminal transitions, each
 finishing a job that was running (the trigger fires: it queues the job in reactor.pending and
 notifies). A reactor replica listens throughout, as in production. The two configurations
 alternate ABBA, so drift (table growth, cache warmth) cancels out.
@@ -59,8 +59,6 @@ SELECT t.tgname, pg_get_triggerdef(t.oid), t.tgfoid::regproc::text, pg_get_funct
  WHERE t.tgrelid = 'analysis_jobs'::regclass AND NOT t.tgisinternal AND t.tgname LIKE 'reactor%'
  ORDER BY t.tgname
 """
-
-_NOTIFY = re.compile(r"PERFORM\s+pg_notify\([^;]*\);", re.IGNORECASE)
 
 
 async def run(ctx: Context) -> Result:
@@ -163,7 +161,7 @@ async def run(ctx: Context) -> Result:
     )
     for config, label in (
         ("with", "with the reactor's triggers"),
-        ("quiet", "prototype: same triggers, queue only, no NOTIFY"),
+        ("quiet", "same triggers, reactor.notify_queue_limit = 0 (queue only, no NOTIFY)"),
         ("without", "without triggers"),
     ):
         values = [r["tps"] for r in rounds if r["config"] == config]
@@ -182,9 +180,9 @@ async def run(ctx: Context) -> Result:
         "transaction is one single-row UPDATE committed on its own (fsync off on this cluster, "
         "which makes commits cheap and the commit-time NOTIFY lock relatively larger).",
         f"'Without' drops the reactor's triggers ({', '.join(triggers.names)}); 'with' "
-        "re-creates them as they were installed; the prototype (bench-local) points them at a "
-        "copy of their function with the pg_notify call removed, so the job is still queued "
-        "in reactor.pending but nobody is woken. Rounds in order: "
+        "re-creates them as they were installed; 'quiet' keeps them and sets the product's "
+        "no-NOTIFY switch for the database (reactor.notify_queue_limit = 0), so the job is "
+        "still queued in reactor.pending but nobody is woken. Rounds in order: "
         + ", ".join(f"{r['config']} {r['tps']:,.0f}" for r in rounds)
         + f". The listening replica accepted {notified:,} notifications.",
         "The terminal share is counted from the table (jobs that went complete during the "
@@ -234,11 +232,11 @@ async def run(ctx: Context) -> Result:
 
 
 class Triggers:
-    """The reactor's triggers on analysis_jobs as installed, and a NOTIFY-less variant."""
+    """The reactor's triggers on analysis_jobs as installed; ``quiet`` is the product's own
+    no-NOTIFY switch (``reactor.notify_queue_limit = 0``): the jobs are queued, never notified."""
 
-    def __init__(self, definitions: list[tuple[str, str]], quiet: list[str]) -> None:
+    def __init__(self, definitions: list[tuple[str, str]]) -> None:
         self.definitions = definitions  # (name, CREATE TRIGGER ...)
-        self.quiet = quiet  # CREATE FUNCTION and CREATE TRIGGER statements of the variant
 
     @property
     def names(self) -> list[str]:
@@ -247,35 +245,25 @@ class Triggers:
 
     @classmethod
     async def read(cls, conn: Conn) -> Triggers:
-        """Read the installed triggers and derive the variant from their functions."""
+        """Read the installed triggers."""
         cur = await conn.execute(REACTOR_TRIGGERS)
         rows = await cur.fetchall()
-        definitions = [(name, trigger_sql) for name, trigger_sql, _, _ in rows]
-        quiet: list[str] = []
-        functions = {function: body for _, _, function, body in rows}
-        for n, (function, body) in enumerate(sorted(functions.items())):
-            copy = f"public.bench_quiet_{n}"
-            silenced, found = _NOTIFY.subn("NULL;", body)
-            if not found:
-                raise RuntimeError(f"{function} sends no pg_notify; nothing to take out")
-            quiet.append(silenced.replace(f"FUNCTION {function}(", f"FUNCTION {copy}(", 1))
-            quiet += [
-                trigger_sql.replace(f"FUNCTION {function}(", f"FUNCTION {copy}(")
-                for _, trigger_sql in definitions
-                if f"FUNCTION {function}(" in trigger_sql
-            ]
-        return cls(definitions, quiet)
+        if not rows:
+            raise RuntimeError("no reactor trigger on analysis_jobs; nothing to measure")
+        return cls([(name, trigger_sql) for name, trigger_sql, _, _ in rows])
 
     async def install(self, conn: Conn, config: str) -> None:
-        """Put ``with``, ``quiet`` or ``without`` in place."""
+        """Put ``with``, ``quiet`` or ``without`` in place (new sessions see the switch)."""
         for name in self.names:
             await conn.execute(f"DROP TRIGGER IF EXISTS {name} ON analysis_jobs")
-        if config == "with":
+        if config in ("with", "quiet"):
             for _, trigger_sql in self.definitions:
                 await conn.execute(trigger_sql)
-        elif config == "quiet":
-            for statement in self.quiet:
-                await conn.execute(statement)
+        database = await scalar(conn, "SELECT quote_ident(current_database())")
+        if config == "quiet":
+            await conn.execute(f"ALTER DATABASE {database} SET reactor.notify_queue_limit = '0'")
+        else:
+            await conn.execute(f"ALTER DATABASE {database} RESET reactor.notify_queue_limit")
 
 
 async def _pgbench(

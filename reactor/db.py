@@ -550,9 +550,15 @@ async def _outside_transaction(conn: AnyConnection, statement: str) -> None:
         if row and row[0]:
             log.warning("dropping an invalid index left by an earlier build: %s", index.group(1))
             await conn.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {index.group(1)}")
-    # It waits for old transactions to end, which blocks nobody: no lock timeout.
+    # It waits for old transactions to end, which blocks nobody: no lock timeout for it.
+    cur = await conn.execute("SELECT current_setting('lock_timeout')")
+    row = await cur.fetchone()
     await conn.execute("SELECT set_config('lock_timeout', '0', false)")
-    await conn.execute(statement)
+    try:
+        await conn.execute(statement)
+    finally:
+        if row is not None:
+            await conn.execute("SELECT set_config('lock_timeout', %s, false)", (row[0],))
 
 
 async def _record_version(conn: AnyConnection, migration: sql.Migration) -> None:
