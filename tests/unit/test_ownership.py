@@ -1,0 +1,58 @@
+"""reactor.ownership: one owner per job, agreed without talking, moving little on a change."""
+
+from __future__ import annotations
+
+import uuid
+from collections import Counter
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from reactor.ownership import Membership, owner
+
+JOBS = [str(uuid.UUID(int=i * 7919 + 1)) for i in range(20_000)]
+REPLICAS = [f"reactor-{i}" for i in range(5)]
+
+
+def test_every_replica_agrees_and_exactly_one_owns() -> None:
+    views = [Membership(me, frozenset(REPLICAS)) for me in REPLICAS]
+    for job in JOBS[:2000]:
+        assert sum(view.owns(job) for view in views) == 1
+
+
+def test_jobs_spread_evenly() -> None:
+    shares = Counter(owner(job, REPLICAS) for job in JOBS)
+    assert set(shares) == set(REPLICAS)
+    expected = len(JOBS) / len(REPLICAS)
+    assert all(abs(n - expected) < 0.1 * expected for n in shares.values())
+
+
+def test_a_leaving_replica_moves_only_its_own_jobs() -> None:
+    before = {job: owner(job, REPLICAS) for job in JOBS}
+    after = {job: owner(job, REPLICAS[1:]) for job in JOBS}
+    moved = {job for job in JOBS if before[job] != after[job]}
+    assert moved == {job for job in JOBS if before[job] == REPLICAS[0]}
+
+
+def test_a_joining_replica_takes_about_its_share_from_everyone() -> None:
+    before = {job: owner(job, REPLICAS[:4]) for job in JOBS}
+    after = {job: owner(job, REPLICAS) for job in JOBS}
+    moved = [job for job in JOBS if before[job] != after[job]]
+    assert all(after[job] == REPLICAS[4] for job in moved)
+    assert abs(len(moved) - len(JOBS) / 5) < 0.1 * len(JOBS) / 5
+
+
+def test_a_replica_that_does_not_see_itself_claims_everything() -> None:
+    view = Membership("reactor-new", frozenset(REPLICAS))
+    assert all(view.owns(job) for job in JOBS[:100])
+    assert Membership("alone").owns(JOBS[0])
+
+
+def test_lost_names_the_replicas_that_left() -> None:
+    old = Membership("a", frozenset({"a", "b", "c"}))
+    assert old.lost(Membership("a", frozenset({"a", "c", "d"}))) == {"b"}
+
+
+@given(st.sets(st.text(min_size=1, max_size=8), min_size=1, max_size=6), st.uuids())
+def test_the_owner_is_always_one_of_the_live(replicas: set[str], job: uuid.UUID) -> None:
+    assert owner(str(job), replicas) in replicas
