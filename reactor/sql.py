@@ -47,8 +47,11 @@ def migrations() -> tuple[Migration, ...]:
             text = entry.read_text(encoding="utf-8")
             found.append(Migration(int(version), name, text))
     found.sort(key=lambda m: m.version)
-    if [m.version for m in found] != list(range(1, len(found) + 1)):
-        raise RuntimeError(f"migrations are not numbered 1..n: {[m.version for m in found]}")
+    versions = [m.version for m in found]
+    # Numbers are reserved per change while it is developed, so a tree may lack one in between
+    # for a while; a number used twice, or a first one other than 1, is always a mistake.
+    if not versions or versions[0] != 1 or len(set(versions)) != len(versions):
+        raise RuntimeError(f"migrations must start at 1, each number once: {versions}")
     return tuple(found)
 
 
