@@ -45,6 +45,7 @@ BENCHMARKS: dict[str, str] = {
     "writes": "bench.writes",
     "trigger_overhead": "bench.trigger_overhead",
     "scan_scale": "bench.scan_scale",
+    "hook_outbox": "bench.hook_outbox",
     "deadlines": "bench.deadlines",
     "idle": "bench.idle",
 }
