@@ -136,8 +136,8 @@ class _Failing(BaseHTTPRequestHandler):
         status = self.answers.pop(0) if self.answers else 500
         self.send_response(status)
         if 300 <= status < 400:
-            port = self.server.server_address[1]
-            self.send_header("Location", f"http://127.0.0.1:{port}/moved?token={LOCATION_TOKEN}")
+            host = self.headers.get("Host", "")
+            self.send_header("Location", f"http://{host}/moved?token={LOCATION_TOKEN}")
         self.send_header("Content-Length", "0")
         self.end_headers()
 
