@@ -80,9 +80,7 @@ def test_list_retry_and_cancel(database_url: str) -> None:
             (("retry", "999999"), "no hook row with id 999999"),
             (("retry", str(pending)), f"hook row {pending} is pending: only failed or cancelled"),
             (("retry", "--failed", str(failed)), "either --failed or row ids"),
-            (("retry",), "either --failed or row ids"),
             (("cancel", str(running)), f"hook row {running} is running: only pending or failed"),
-            (("cancel", "abc"), "'abc' is not a hook row id"),
             (("cancel", str(pending), "424242"), "no hook row with id 424242"),
             (("list", "--limit", "many"), "--limit"),
         ]:
