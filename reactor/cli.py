@@ -82,17 +82,17 @@ def build_parser() -> argparse.ArgumentParser:
     hooks = commands.add_parser("hooks", help="list, re-queue or cancel follow-up hook calls")
     actions = hooks.add_subparsers(dest="hooks_command", required=True, metavar="ACTION")
     listing = actions.add_parser(
-        "list", help="hook calls pending, running or parked as failed; exit 1 if any failed"
+        "list", help="pending, running and failed hook calls; exit 1 if any failed"
     )
     listing.add_argument("--failed", action="store_true", help="only the parked (failed) ones")
     listing.add_argument("--json", action="store_true", help="print the stable JSON shape")
     listing.add_argument("--limit", type=str, default="100", help="most rows shown (100)")
     retry = actions.add_parser(
-        "retry", help="re-queue parked (failed or cancelled) hook calls on a fresh schedule"
+        "retry", help="re-queue failed or cancelled hook calls, on a fresh schedule"
     )
     retry.add_argument("--failed", action="store_true", help="every failed hook call")
     retry.add_argument("ids", nargs="*", metavar="ID", help="row ids from `reactor hooks list`")
-    cancel = actions.add_parser("cancel", help="cancel pending or failed hook calls for good")
+    cancel = actions.add_parser("cancel", help="cancel pending or failed hook calls")
     cancel.add_argument("ids", nargs="+", metavar="ID", help="row ids from `reactor hooks list`")
 
     demo = commands.add_parser("demo", help="the whole loop on an embedded PostgreSQL")
@@ -238,7 +238,7 @@ async def cmd_hooks(args: argparse.Namespace) -> int:
     """``reactor hooks list|retry|cancel``: look at and re-drive the hook outbox."""
     action = args.hooks_command
     if action == "retry" and bool(args.failed) == bool(args.ids):
-        raise UsageError("reactor hooks retry: give either --failed or row ids, not both")
+        raise UsageError("reactor hooks retry: give --failed or row ids, one of the two")
     ids = hook_ops.parse_ids(getattr(args, "ids", None) or [])
     if action == "list" and not (args.limit.isascii() and args.limit.isdigit()):
         raise UsageError(f"reactor hooks list: --limit {args.limit!r} is not a whole number")

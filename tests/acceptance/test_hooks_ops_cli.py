@@ -48,9 +48,12 @@ def hooks(database_url: str, *args: str) -> subprocess.CompletedProcess[str]:
 def test_each_action_has_one_line_of_help() -> None:
     result = run_reactor("hooks", "--help", env=reactor_env(None))
     assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
     for action in ("list", "retry", "cancel"):
-        (line,) = [ln for ln in result.stdout.splitlines() if ln.strip().startswith(action + " ")]
-        assert len(line.split(None, 1)[1]) > 10
+        (at,) = [i for i, ln in enumerate(lines) if ln.strip().startswith(action + " ")]
+        assert len(lines[at].split(None, 1)[1]) > 10
+        # One line: the next one starts the next action or section, not a continuation.
+        assert not lines[at + 1].startswith(" " * 10), lines[at : at + 2]
 
 
 def test_list_retry_and_cancel(database_url: str) -> None:
@@ -79,7 +82,7 @@ def test_list_retry_and_cancel(database_url: str) -> None:
         for args, needle in [
             (("retry", "999999"), "no hook row with id 999999"),
             (("retry", str(pending)), f"hook row {pending} is pending: only failed or cancelled"),
-            (("retry", "--failed", str(failed)), "either --failed or row ids"),
+            (("retry", "--failed", str(failed)), "give --failed or row ids, one of the two"),
             (("cancel", str(running)), f"hook row {running} is running: only pending or failed"),
             (("cancel", str(pending), "424242"), "no hook row with id 424242"),
             (("list", "--limit", "many"), "--limit"),
