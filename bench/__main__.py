@@ -47,6 +47,7 @@ BENCHMARKS: dict[str, str] = {
     "scan_scale": "bench.scan_scale",
     "reconcile": "bench.reconcile",
     "migrate_online": "bench.migrate_online",
+    "hook_outbox": "bench.hook_outbox",
     "deadlines": "bench.deadlines",
     "idle": "bench.idle",
 }

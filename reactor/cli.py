@@ -18,9 +18,9 @@ import anyio
 import psycopg.errors
 from rich.console import Console
 
-from reactor import db, grants, http, logs, progress, sql, status
+from reactor import db, grants, hook_ops, http, logs, progress, sql, status
 from reactor.config import Settings
-from reactor.errors import ConfigError, ReactorError
+from reactor.errors import ConfigError, PrivilegeMissing, ReactorError, UsageError
 from reactor.hooks import open_hooks
 from reactor.metrics import Metrics
 from reactor.recorder import Recorder
@@ -88,6 +88,22 @@ def build_parser() -> argparse.ArgumentParser:
         "status", help="backlog, trim-horizon risk, hooks, LISTEN replicas; exit 1 if at risk"
     )
     state.add_argument("--json", action="store_true", help="print the stable JSON shape")
+
+    hooks = commands.add_parser("hooks", help="list, re-queue or cancel follow-up hook calls")
+    actions = hooks.add_subparsers(dest="hooks_command", required=True, metavar="ACTION")
+    listing = actions.add_parser(
+        "list", help="pending, running and failed hook calls; exit 1 if any failed"
+    )
+    listing.add_argument("--failed", action="store_true", help="only the parked (failed) ones")
+    listing.add_argument("--json", action="store_true", help="print the stable JSON shape")
+    listing.add_argument("--limit", type=str, default="100", help="most rows shown (100)")
+    retry = actions.add_parser(
+        "retry", help="re-queue failed or cancelled hook calls, on a fresh schedule"
+    )
+    retry.add_argument("--failed", action="store_true", help="every failed hook call")
+    retry.add_argument("ids", nargs="*", metavar="ID", help="row ids from `reactor hooks list`")
+    cancel = actions.add_parser("cancel", help="cancel pending or failed hook calls")
+    cancel.add_argument("ids", nargs="+", metavar="ID", help="row ids from `reactor hooks list`")
 
     demo = commands.add_parser("demo", help="the whole loop on an embedded PostgreSQL")
     demo.add_argument("--jobs", type=int, default=300, help="jobs the worker finishes")
@@ -258,6 +274,57 @@ async def cmd_status(args: argparse.Namespace) -> int:
     return 1 if status.risks(report) else 0
 
 
+async def cmd_hooks(args: argparse.Namespace) -> int:
+    """``reactor hooks list|retry|cancel``: look at and re-drive the hook outbox."""
+    action = args.hooks_command
+    if action == "retry" and bool(args.failed) == bool(args.ids):
+        raise UsageError("reactor hooks retry: give --failed or row ids, one of the two")
+    ids = hook_ops.parse_ids(getattr(args, "ids", None) or [])
+    if action == "list" and not (args.limit.isascii() and args.limit.isdigit()):
+        raise UsageError(f"reactor hooks list: --limit {args.limit!r} is not a whole number")
+    settings = _settings(args)
+    async with await db.connect(settings.require_database(), "hooks", attempts=2) as conn:
+        try:
+            await db.require_schema(conn)
+            if action == "list":
+                return await _hooks_list(
+                    conn, failed_only=args.failed, as_json=args.json, limit=int(args.limit)
+                )
+            if action == "retry" and args.failed:
+                retried = await db.retry_failed(conn)
+                print(f"re-queued {len(retried)} failed hook call(s)")
+                return 0
+            if action == "retry":
+                changes = await db.retry_hooks(conn, ids)
+                message = hook_ops.judge_changes(
+                    changes, verb="re-queued", allowed=hook_ops.RETRYABLE, result="pending"
+                )
+            else:
+                changes = await db.cancel_hooks(conn, ids)
+                message = hook_ops.judge_changes(
+                    changes, verb="cancelled", allowed=hook_ops.CANCELLABLE, result="cancelled"
+                )
+        except psycopg.errors.InsufficientPrivilege as error:
+            raise PrivilegeMissing(
+                f"cannot use the hook outbox: {db.first_line(error)}; grant what "
+                "`reactor migrate --print-grants ROLE` prints, or run as the owner"
+            ) from None
+    print(message)
+    return 0
+
+
+async def _hooks_list(
+    conn: db.AnyConnection, *, failed_only: bool, as_json: bool, limit: int
+) -> int:
+    rows, total, failed = await db.list_hooks(conn, failed_only=failed_only, limit=limit)
+    if as_json:
+        print(json.dumps(hook_ops.as_json(rows, total, failed), indent=2))
+    else:
+        hook_ops.render(rows, total, Console())
+    # Parked rows need a person, as `reactor status` judges too.
+    return 1 if failed else 0
+
+
 async def cmd_demo(args: argparse.Namespace) -> int:
     """``reactor demo``: the whole loop on an embedded PostgreSQL."""
     from reactor import demo
@@ -280,5 +347,6 @@ _COMMANDS: dict[str, Callable[[argparse.Namespace], Awaitable[int]]] = {
     "migrate": cmd_migrate,
     "sweep": cmd_sweep,
     "status": cmd_status,
+    "hooks": cmd_hooks,
     "demo": cmd_demo,
 }

@@ -39,9 +39,14 @@ class Settings:
     webhook_secret: str | None = field(default=None, repr=False)
     hook_timeout: float = 120.0
     hook_concurrency: int = 4
-    hook_max_attempts: int = 8
-    # First retry delay; each later one doubles, plus jitter, capped at 10 min.
+    # With the backoff below, 40 attempts keep retrying for at least 28 hours: a receiver's
+    # deploy, outage or key rotation over a day does not park a hook.
+    hook_max_attempts: int = 40
+    # First retry delay; each later one doubles up to hook_max_backoff, plus up to 25% jitter.
     hook_backoff: float = 1.0
+    hook_max_backoff: float = 3600.0
+    # Settled rows (done, superseded, cancelled) are deleted this long after they settled.
+    hook_retention: float = 7 * 86400.0
     # How long a claimed hook is ours; None: its timeout plus 30 s to report the outcome.
     hook_lease_seconds: float | None = None
     trim_horizon: float = 86400.0
@@ -121,6 +126,8 @@ ENVIRONMENT: dict[str, str] = {
     "hook_concurrency": "REACTOR_HOOK_CONCURRENCY",
     "hook_max_attempts": "REACTOR_HOOK_MAX_ATTEMPTS",
     "hook_backoff": "REACTOR_HOOK_BACKOFF_SECONDS",
+    "hook_max_backoff": "REACTOR_HOOK_MAX_BACKOFF_SECONDS",
+    "hook_retention": "REACTOR_HOOK_RETENTION_SECONDS",
     "hook_lease_seconds": "REACTOR_HOOK_LEASE_SECONDS",
     "trim_horizon": "REACTOR_TRIM_HORIZON_SECONDS",
     "reconcile_interval": "REACTOR_RECONCILE_INTERVAL_SECONDS",
@@ -209,6 +216,8 @@ _PARSERS: dict[str, Any] = {
     "hook_concurrency": _count(1, 1000),
     "hook_max_attempts": _count(1, 1000),
     "hook_backoff": _seconds(0.0),
+    "hook_max_backoff": _seconds(0.0),
+    "hook_retention": _seconds(0.0, inclusive=False),
     "hook_lease_seconds": _seconds(0.0, inclusive=False),
     "trim_horizon": _seconds(0.0, inclusive=False),
     "reconcile_interval": _seconds(0.0),

@@ -80,6 +80,8 @@ RECONCILE_CHUNK = 1000
 RECONCILE_LEASE = 30.0
 # An interval that never comes due, for a one-off pass.
 _NEVER = 365 * 86400.0
+# The hook outbox's retention job runs on one replica at a time; another constant of ours.
+_PURGE_LOCK = 0x7265_6170  # "reap"
 
 # Connection failures that retrying cannot fix: the user must change the DSN or the server.
 _PERMANENT = re.compile(
@@ -233,12 +235,50 @@ class ReconcilePass:
 
 @dataclass(frozen=True, slots=True)
 class HookClaim:
-    """One leased hook row: run this hook for this run, as attempt number ``attempt``."""
+    """One leased hook row: run this hook for this run, as attempt number ``attempt``.
 
+    A superseded claim is not a lease: the claim found that the run holds a later job, and
+    settled the row as superseded; the hook must not be called.
+    """
+
+    id: int
     run_id: str
     job_id: str
     hook: str
-    attempt: int
+    attempt: int  # claims of this row so far, this one included; the lease's fencing token
+    retry_base: int = 0  # attempts before the last `reactor hooks retry`
+    superseded: bool = False
+
+    @property
+    def scheduled_attempt(self) -> int:
+        """This attempt's number in the current retry schedule (1 = the first try)."""
+        return self.attempt - self.retry_base
+
+
+@dataclass(frozen=True, slots=True)
+class HookRow:
+    """One hook outbox row, as `reactor hooks list` shows it."""
+
+    id: int
+    hook: str
+    status: str
+    attempts: int
+    run_id: str
+    job_id: str
+    last_error: str | None
+    available_at: datetime
+    leased_until: datetime | None
+    created_at: datetime
+    updated_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class HookChange:
+    """What `reactor hooks retry/cancel` found for one id, and whether it changed the row."""
+
+    id: int
+    status: str | None  # before the change; None: no row has this id
+    changed: bool
 
 
 async def _check_connection(conn: AnyConnection) -> None:
@@ -332,17 +372,25 @@ class Database:
         """Give an interrupted attempt back for another replica to take at once."""
         await self._hook_update("release_hook", claim, {})
 
+    async def purge_hooks(self, retention: float, batch: int) -> int | None:
+        """Delete up to ``batch`` settled hook rows older than ``retention`` seconds.
+
+        Returns how many were deleted, or None when another replica's purge holds the turn.
+        """
+        async with self._connection() as conn:
+            cur = await conn.execute(
+                sql.query("purge_hooks", "hooks.sql"),
+                {"lock": _PURGE_LOCK, "retention": retention, "batch": batch},
+            )
+            row = await cur.fetchone()
+            assert row is not None
+            ours, deleted = row
+            return int(deleted) if ours else None
+
     async def _hook_update(self, name: str, claim: HookClaim, params: dict[str, Any]) -> None:
         async with self._connection() as conn:
             await conn.execute(
-                sql.query(name),
-                {
-                    "run_id": claim.run_id,
-                    "job_id": claim.job_id,
-                    "hook": claim.hook,
-                    "attempt": claim.attempt,
-                    **params,
-                },
+                sql.query(name), {"id": claim.id, "attempt": claim.attempt, **params}
             )
 
     @asynccontextmanager
@@ -364,6 +412,40 @@ async def notify(pool: AsyncConnectionPool[AnyConnection], channel: str, payload
     """Send one notification from a connection of ``pool``."""
     async with pool.connection() as conn:
         await conn.execute("SELECT pg_notify(%s, %s)", (channel, payload))
+
+
+async def list_hooks(
+    conn: AnyConnection, *, failed_only: bool, limit: int
+) -> tuple[list[HookRow], int, int]:
+    """Unsettled hook rows (or the parked ones only), oldest first, at most ``limit``; and how
+    many there are in all, and of them failed."""
+    cur = await conn.execute(
+        sql.query("list_hooks", "hooks.sql"), {"failed_only": failed_only, "limit": limit}
+    )
+    rows = await cur.fetchall()
+    total, failed = (int(rows[0][-2]), int(rows[0][-1])) if rows else (0, 0)
+    return [HookRow(*row[:-2]) for row in rows], total, failed
+
+
+async def retry_hooks(conn: AnyConnection, ids: Sequence[int]) -> list[HookChange]:
+    """Re-queue the given parked hook rows, all or none; one HookChange per id."""
+    return await _hook_changes(conn, "retry_hooks", ids)
+
+
+async def retry_failed(conn: AnyConnection) -> list[int]:
+    """Re-queue every failed hook row; returns their ids."""
+    cur = await conn.execute(sql.query("retry_failed", "hooks.sql"))
+    return sorted(row[0] for row in await cur.fetchall())
+
+
+async def cancel_hooks(conn: AnyConnection, ids: Sequence[int]) -> list[HookChange]:
+    """Cancel the given pending or failed hook rows, all or none; one HookChange per id."""
+    return await _hook_changes(conn, "cancel_hooks", ids)
+
+
+async def _hook_changes(conn: AnyConnection, name: str, ids: Sequence[int]) -> list[HookChange]:
+    cur = await conn.execute(sql.query(name, "hooks.sql"), {"ids": sorted(set(ids))})
+    return [HookChange(*row) for row in await cur.fetchall()]
 
 
 async def schema_version(conn: AnyConnection) -> int | None:

@@ -19,6 +19,12 @@ class ConfigError(ReactorError):
     exit_code = 2
 
 
+class UsageError(ReactorError):
+    """A command names something that does not exist, or asks what cannot be done to it."""
+
+    exit_code = 2
+
+
 class DatabaseUnreachable(ReactorError):
     """The database did not accept a connection at startup, even after retries."""
 

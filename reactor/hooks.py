@@ -2,62 +2,94 @@
 
 Hooks are durable: the record statement queues one ``reactor.hook_outbox`` row per run and hook,
 and the :class:`HookRunner` of any replica leases rows with ``SKIP LOCKED``, runs them with a
-timeout and bounded concurrency, and settles each attempt: done, retried after an exponential
-backoff with jitter, or parked as failed after ``REACTOR_HOOK_MAX_ATTEMPTS``. No transaction
-stays open while a hook runs. A replica killed mid-hook loses nothing: its lease expires and
-another replica takes the row. On SIGTERM, unfinished leases are handed back at once.
+timeout and bounded concurrency, and settles each attempt: done, retried on a capped
+exponential schedule with jitter (:func:`retry_delay`), or parked as failed after
+``REACTOR_HOOK_MAX_ATTEMPTS``. A row whose run holds a later job by the time it is claimed is
+settled as superseded and never called. No transaction stays open while a hook runs. A replica
+killed mid-hook loses nothing: its lease expires and another replica takes the row. On SIGTERM,
+unfinished leases are handed back at once. :class:`HookRetention` deletes settled rows once
+``REACTOR_HOOK_RETENTION_SECONDS`` have passed, one replica at a time.
 
 Delivery is at least once. Every call carries an idempotency key, stable across retries and
 replicas, so a hook can deduplicate.
 
 Kinds, from ``REACTOR_HOOKS=name=spec,...``:
 
-- ``python:module:function``: ``async def function(call: HookCall) -> None``; raising fails.
+- ``python:module:function``: ``async def function(call: HookCall)`` runs on the event loop;
+  a plain ``def`` runs in a worker thread, so blocking code cannot stall the reactor. Raising
+  fails the attempt (:class:`PermanentFailure`: parked at once).
 - ``notify:channel``: ``pg_notify(channel, json)``, for a worker that judges on its own.
-- ``webhook:url``: a JSON POST; 2xx is success, a 4xx other than 408/429 a permanent failure,
-  anything else is retried. With ``REACTOR_WEBHOOK_SECRET``, the request is signed in the
-  ``X-Reactor-Signature: t=<unix seconds>,v1=<hex>`` header: HMAC-SHA256 of ``"<t>.<body>"``,
-  so a receiver can refuse a replayed request as well as a forged one.
+- ``webhook:url``: a JSON POST, signed (:mod:`reactor.signature`) when
+  ``REACTOR_WEBHOOK_SECRET`` is set. 2xx is success; redirects are never followed;
+  :func:`webhook_verdict` says which other statuses are permanent.
+
+Nothing a hook reports is shown whole: URLs are cut to scheme, host and path, and configured
+secrets are masked (:mod:`reactor.redact`), in logs, stored errors and status alike.
 """
 
 from __future__ import annotations
 
-import hashlib
-import hmac
+import asyncio
+import contextlib
 import importlib
 import inspect
 import json
 import logging
 import math
+import random
 import re
+import threading
 import time
 import urllib.parse
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Generator
 from contextlib import asynccontextmanager
-from dataclasses import asdict, dataclass
-from typing import Any, Protocol
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal, Protocol, cast
 
 import aiohttp
 import anyio
 import anyio.abc
-import tenacity
 from psycopg_pool import AsyncConnectionPool
 
-from reactor import db
+from reactor import db, redact
 from reactor.config import Settings
 from reactor.errors import ConfigError
 from reactor.metrics import Metrics
 from reactor.recorder import DATABASE_ERRORS
+from reactor.signature import SIGNATURE_HEADER, sign
 
 log = logging.getLogger(__name__)
 
-SIGNATURE_HEADER = "X-Reactor-Signature"
 IDEMPOTENCY_HEADER = "Idempotency-Key"
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_-]{0,62}")
 # A new hook starts where "name=" follows a comma, so commas inside a URL's query survive.
-_SPLIT = re.compile(r",\s*(?=[A-Za-z_][A-Za-z0-9_-]*=)")
-_MAX_BACKOFF = 600.0
+_SPLIT = re.compile(r",\s*(?=[A-Za-z_][A-Za-z0-9_]*=)")
+
+# Each retry waits up to this share longer than its schedule says, at random, so the rows a
+# receiver's outage failed together do not all come back in the same second.
+JITTER = 0.25
+
+# Answers that retrying the same request cannot change. 301 and 308 say the URL moved for good
+# (redirects are never followed: a followed 301 turns the signed POST into a bodyless GET, and
+# a followed 307 sends the signed body to whatever host the redirect names), and 410 says the
+# endpoint is gone. Every other failure is retried on the schedule, 4xx included: a receiver
+# mid-deploy or mid-key-rotation answers 401, 403 or 404 for minutes, and a day of retries
+# costs little next to a verdict never delivered.
+PERMANENT_STATUSES = frozenset({301, 308, 410})
+
+# A hook step that keeps the event loop longer than this is logged with the hook's name: it
+# delays every timer and notification of the reactor by as much.
+BLOCK_LIMIT = 0.1
+# How often a threaded hook's watchdog looks at the loop's punctuality.
+_WATCH_TICK = 0.05
+_ASYNC_HINT = "blocking code in an async def: make it async all the way, or a plain def"
+_GIL_HINT = "a plain def in a thread that keeps the GIL (a C extension?)"
+
+# Retention runs at least this often (more often if the retention itself is shorter), in
+# batches of _PURGE_BATCH rows, so each delete is a short transaction.
+_PURGE_INTERVAL = 60.0
+_PURGE_BATCH = 1000
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,13 +122,6 @@ class Hook(Protocol):
         ...
 
 
-def signature(secret: str, body: bytes, timestamp: int) -> str:
-    """The ``X-Reactor-Signature`` value: the timestamp is signed with the body against replays."""
-    signed = f"{timestamp}.".encode() + body
-    digest = hmac.new(secret.encode(), signed, hashlib.sha256).hexdigest()
-    return f"t={timestamp},v1={digest}"
-
-
 def idempotency_key(run_id: str, job_id: str, hook: str) -> str:
     """Stable for one hook of one recorded (run, job), whichever replica or attempt runs it."""
     return f"{run_id}:{job_id}:{hook}"
@@ -104,15 +129,28 @@ def idempotency_key(run_id: str, job_id: str, hook: str) -> str:
 
 @dataclass
 class PythonHook:
-    """``python:module:function``: an async callable in the reactor's own process."""
+    """``python:module:function``: a callable in the reactor's own process.
+
+    An ``async def`` is awaited on the event loop. A plain ``def`` runs in a daemon thread,
+    at most ``threads`` of them at once (a thread abandoned at its timeout still counts until
+    it returns), so a blocking hook cannot stall the listener and the timers.
+    """
 
     name: str
     spec: str
-    function: Callable[[HookCall], Awaitable[object]]
+    function: Callable[[HookCall], object]
+    threads: anyio.Semaphore
+    is_async: bool = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.is_async = _is_async(self.function)
 
     async def __call__(self, call: HookCall) -> None:
-        """Await the function."""
-        await self.function(call)
+        """Await the function, or run it in a thread and wait for it."""
+        if self.is_async:
+            await cast(Awaitable[object], self.function(call))
+        else:
+            await _in_thread(self.name, self.function, call, self.threads)
 
 
 @dataclass
@@ -129,29 +167,50 @@ class NotifyHook:
         await db.notify(self.pool, self.channel, call.as_json())
 
 
+def webhook_verdict(status: int) -> Literal["done", "retry", "permanent"]:
+    """What an HTTP status means for a webhook attempt; see PERMANENT_STATUSES for why."""
+    if 200 <= status < 300:
+        return "done"
+    return "permanent" if status in PERMANENT_STATUSES else "retry"
+
+
 @dataclass
 class WebhookHook:
     """``webhook:url``: a signed JSON POST through the runner's shared HTTP session."""
 
     name: str
-    spec: str
-    url: str
-    secret: str | None
-    session: Callable[[], aiohttp.ClientSession]
+    spec: str = field(repr=False)  # the URL may carry credentials
+    url: str = field(repr=False)
+    secret: str | None = field(repr=False)
+    session: Callable[[], aiohttp.ClientSession] = field(repr=False)
+    clock: Callable[[], float] = field(default=time.time, repr=False)
 
     async def __call__(self, call: HookCall) -> None:
-        """POST the call; raise on anything but 2xx."""
+        """POST the call; raise on anything but 2xx (PermanentFailure when retrying is moot)."""
         body = call.as_json().encode()
         headers = {"Content-Type": "application/json", IDEMPOTENCY_HEADER: call.idempotency_key}
         if self.secret:
-            headers[SIGNATURE_HEADER] = signature(self.secret, body, int(time.time()))
-        async with self.session().post(self.url, data=body, headers=headers) as response:
-            if 200 <= response.status < 300:
-                return
-            detail = f"HTTP {response.status} from {self.url}"
-            if 400 <= response.status < 500 and response.status not in (408, 429):
-                raise PermanentFailure(detail)
-            raise RuntimeError(detail)
+            headers[SIGNATURE_HEADER] = sign(self.secret, body, timestamp=int(self.clock()))
+        shown = redact.safe_url(self.url)
+        try:
+            async with self.session().post(
+                self.url, data=body, headers=headers, allow_redirects=False
+            ) as response:
+                status, location = response.status, response.headers.get("Location")
+        except aiohttp.ClientError as error:
+            # Client errors may quote the URL whole (credentials, query): never pass them on.
+            detail = f"{type(error).__name__}: {error}"
+            raise RuntimeError(redact.scrub(detail, redact.url_secrets(self.url))) from None
+        verdict = webhook_verdict(status)
+        if verdict == "done":
+            return
+        detail = f"HTTP {status} from {shown}"
+        if 300 <= status < 400:
+            target = f" to {redact.safe_url(location)}" if location else ""
+            detail += f" (a redirect{target}; redirects are not followed)"
+        if verdict == "permanent":
+            raise PermanentFailure(detail)
+        raise RuntimeError(detail)
 
 
 def parse_hooks(
@@ -160,19 +219,23 @@ def parse_hooks(
     pool: AsyncConnectionPool[db.AnyConnection],
     secret: str | None,
     session: Callable[[], aiohttp.ClientSession],
+    threads: anyio.Semaphore,
 ) -> dict[str, Hook]:
-    """Build the hooks of ``REACTOR_HOOKS``; ConfigError (one line) for anything wrong."""
+    """Build the hooks of ``REACTOR_HOOKS``; ConfigError (one line) for anything wrong.
+
+    Messages never quote a URL whole: REACTOR_HOOKS may hold webhook credentials.
+    """
     hooks: dict[str, Hook] = {}
     for item in filter(None, (part.strip() for part in _SPLIT.split(text.strip()))):
         name, sep, spec = item.partition("=")
         name, spec = name.strip(), spec.strip()
         if not sep or not _NAME.fullmatch(name):
-            raise ConfigError(f"REACTOR_HOOKS: {item!r} is not name=kind:target")
+            raise ConfigError(f"REACTOR_HOOKS: {redact.scrub(item)!r} is not name=kind:target")
         if name in hooks:
             raise ConfigError(f"REACTOR_HOOKS: hook {name!r} is defined twice")
         kind, _, target = spec.partition(":")
         if kind == "python":
-            hooks[name] = PythonHook(name, spec, _import_function(name, target))
+            hooks[name] = PythonHook(name, spec, _import_function(name, target), threads)
         elif kind == "notify":
             if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]{0,62}", target):
                 raise ConfigError(f"REACTOR_HOOKS: {name}: {target!r} is not a channel name")
@@ -180,8 +243,10 @@ def parse_hooks(
         elif kind == "webhook":
             hooks[name] = WebhookHook(name, spec, _check_url(name, target), secret, session)
         else:
+            # Quote the kind only when it looks like one: a mistyped spec may be a bare URL.
+            shown = f" {kind!r}" if re.fullmatch(r"[a-z]{1,20}", kind) else ""
             raise ConfigError(
-                f"REACTOR_HOOKS: {name}: unknown kind {kind!r}; use python:module:function, "
+                f"REACTOR_HOOKS: {name}: unknown kind{shown}; use python:module:function, "
                 "notify:channel or webhook:url"
             )
     return hooks
@@ -208,7 +273,11 @@ async def open_hooks(
         return session
 
     hooks = parse_hooks(
-        settings.hooks, pool=pool, secret=settings.webhook_secret, session=shared_session
+        settings.hooks,
+        pool=pool,
+        secret=settings.webhook_secret,
+        session=shared_session,
+        threads=anyio.Semaphore(settings.hook_concurrency),
     )
     try:
         yield hooks
@@ -217,7 +286,14 @@ async def open_hooks(
             await session.close()
 
 
-def _import_function(name: str, target: str) -> Callable[[HookCall], Awaitable[object]]:
+def _is_async(function: object) -> bool:
+    # A callable object's __call__ counts too, as does a functools.partial of a coroutine.
+    return inspect.iscoroutinefunction(function) or inspect.iscoroutinefunction(
+        getattr(function, "__call__", None)  # noqa: B004 -- the method, not callability
+    )
+
+
+def _import_function(name: str, target: str) -> Callable[[HookCall], object]:
     module_name, _, attribute = target.partition(":")
     if not module_name or not attribute:
         raise ConfigError(f"REACTOR_HOOKS: {name}: write python:module:function, not {target!r}")
@@ -225,37 +301,139 @@ def _import_function(name: str, target: str) -> Callable[[HookCall], Awaitable[o
         module = importlib.import_module(module_name)
     except Exception as error:  # any import failure is the user's to fix; say which
         raise ConfigError(
-            f"REACTOR_HOOKS: {name}: cannot import {module_name!r}: {type(error).__name__}: {error}"
+            f"REACTOR_HOOKS: {name}: cannot import {module_name!r}: {type(error).__name__}: "
+            f"{redact.scrub(str(error))}"
         ) from None
     function = getattr(module, attribute, None)
     if function is None:
         raise ConfigError(f"REACTOR_HOOKS: {name}: {module_name} has no {attribute!r}")
-    if not inspect.iscoroutinefunction(function):
-        raise ConfigError(f"REACTOR_HOOKS: {name}: {target} must be an async function")
+    if not callable(function):
+        raise ConfigError(f"REACTOR_HOOKS: {name}: {target} is not a function")
     return function  # type: ignore[no-any-return]
 
 
 def _check_url(name: str, url: str) -> str:
-    parts = urllib.parse.urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ConfigError(f"REACTOR_HOOKS: {name}: {url!r} is not an http(s) URL")
+    shown = redact.safe_url(url)
     try:
+        parts = urllib.parse.urlsplit(url)
         parts.port  # noqa: B018 -- raises ValueError for a malformed port
     except ValueError:
-        raise ConfigError(f"REACTOR_HOOKS: {name}: {url!r} has a bad port") from None
+        raise ConfigError(f"REACTOR_HOOKS: {name}: {shown!r} has a bad port or host") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ConfigError(f"REACTOR_HOOKS: {name}: {shown!r} is not an http(s) URL")
     return url
 
 
-def backoff_delay(attempt: int, base: float) -> float:
-    """Seconds before retry number ``attempt`` (1 = the first retry): exponential, jittered."""
+def retry_delay(attempt: int, *, base: float, cap: float, jitter: float) -> float:
+    """Seconds to wait after failed attempt number ``attempt`` (1 = the first try).
+
+    Capped exponential: ``min(cap, base * 2**(attempt - 1))``, then up to JITTER longer as
+    ``jitter`` (0..1, random in production) goes from 0 to 1. Pure, so tests pass the jitter.
+    """
     if base <= 0:
         return 0.0
-    wait = tenacity.wait_exponential_jitter(multiplier=base, max=_MAX_BACKOFF, jitter=base)
-    state = tenacity.RetryCallState(
-        retry_object=tenacity.AsyncRetrying(), fn=None, args=(), kwargs={}
-    )
-    state.attempt_number = attempt
-    return float(wait(state))
+    # The exponent is bounded so that a thousandth attempt stays a float, not an overflow.
+    delay = min(cap, base * 2.0 ** min(attempt - 1, 64))
+    return delay * (1 + JITTER * jitter)
+
+
+def retry_span(*, attempts: int, base: float, cap: float) -> float:
+    """The least time from the first try of a row to its last (jitter only adds to it)."""
+    return sum(retry_delay(n, base=base, cap=cap, jitter=0.0) for n in range(1, attempts))
+
+
+class _LoopGuard:
+    """Awaits a coroutine and times each of its steps on the event loop.
+
+    A step is the code between two of the coroutine's suspensions: while it runs, nothing else
+    on the loop does. One that takes longer than BLOCK_LIMIT is reported with ``on_block``.
+    """
+
+    def __init__(self, coroutine: Awaitable[None], on_block: Callable[[float], None]) -> None:
+        self.coroutine = coroutine
+        self.on_block = on_block
+
+    def __await__(self) -> Generator[Any, Any, None]:
+        steps = self.coroutine.__await__()
+        sent: Any = None
+        thrown: BaseException | None = None
+        while True:
+            started = time.perf_counter()
+            try:
+                yielded = steps.throw(thrown) if thrown is not None else steps.send(sent)
+            except StopIteration:
+                self._check(started)
+                return
+            self._check(started)
+            try:
+                sent, thrown = (yield yielded), None
+            except GeneratorExit:
+                steps.close()
+                raise
+            except BaseException as error:  # cancellation included: hand it to the hook
+                sent, thrown = None, error
+
+    def _check(self, started: float) -> None:
+        took = time.perf_counter() - started
+        if took > BLOCK_LIMIT:
+            self.on_block(took)
+
+
+async def _in_thread(
+    name: str, function: Callable[[HookCall], object], call: HookCall, slots: anyio.Semaphore
+) -> None:
+    """Run a plain function in a daemon thread and wait for it, watching the event loop.
+
+    Daemon, not an anyio worker thread: a thread cannot be interrupted, and at a timeout or
+    the end of a drain the reactor must move on (and be able to exit) while it still runs. Its
+    slot is freed only when it returns, so stuck threads cannot pile up past ``slots``.
+    """
+    loop = asyncio.get_running_loop()
+    finished: asyncio.Future[BaseException | None] = loop.create_future()
+    await slots.acquire()
+
+    def settle(outcome: BaseException | None) -> None:
+        slots.release()
+        if not finished.done():  # the waiter may have given up (timeout, drain)
+            finished.set_result(outcome)
+
+    def target() -> None:
+        outcome: BaseException | None = None
+        try:
+            function(call)
+        except BaseException as error:  # the hook's failure, reported on the loop
+            outcome = error
+        # A closed loop means the process is exiting: nobody waits any more.
+        with contextlib.suppress(RuntimeError):
+            loop.call_soon_threadsafe(settle, outcome)
+
+    since = anyio.current_time()  # the watch covers the thread's start, too
+    threading.Thread(target=target, name=f"hook-{name}", daemon=True).start()
+    async with anyio.create_task_group() as watching:
+        watching.start_soon(_watch_loop, name, since)
+        try:
+            outcome = await finished
+        finally:
+            watching.cancel_scope.cancel()
+    if isinstance(outcome, Exception):
+        raise outcome
+    if outcome is not None:  # SystemExit and the like end the hook's thread, not the reactor
+        raise RuntimeError(f"the hook raised {type(outcome).__name__}")
+
+
+async def _watch_loop(name: str, since: float) -> None:
+    # A threaded hook cannot hold the loop itself, but one that keeps the GIL (a C extension
+    # that does not release it) starves it just the same: the loop then wakes this task late.
+    due = since + _WATCH_TICK
+    while True:
+        await anyio.sleep(max(0.0, due - anyio.current_time()))
+        now = anyio.current_time()
+        if now - due > BLOCK_LIMIT:
+            log.warning(
+                "a hook blocked the event loop",
+                extra={"hook": name, "blocked_ms": round((now - due) * 1000), "hint": _GIL_HINT},
+            )
+        due = now + _WATCH_TICK
 
 
 class HookRunner:
@@ -269,16 +447,24 @@ class HookRunner:
         metrics: Metrics,
         *,
         is_stopping: Callable[[], bool],
+        jitter: Callable[[], float] = random.random,
     ) -> None:
         self.settings = settings
         self.database = database
         self.hooks = hooks
         self.metrics = metrics
         self.is_stopping = is_stopping
+        self.jitter = jitter
         self.in_flight = 0
         self._wake = anyio.Event()
+        # Every configured secret, masked in whatever a hook reports.
+        self.secrets = redact.known_secrets(
+            webhook_secret=settings.webhook_secret,
+            dsns=(settings.database_url, settings.listen_database_url),
+            urls=[hook.url for hook in hooks.values() if isinstance(hook, WebhookHook)],
+        )
         for name in hooks:
-            for outcome in ("done", "retry", "failed", "released"):
+            for outcome in OUTCOMES:
                 metrics.hook_outcomes.labels(name, outcome)
 
     def wake(self) -> None:
@@ -296,6 +482,9 @@ class HookRunner:
                     if free > 0:
                         claims = await self.database.claim_hooks(free, self.settings.hook_lease)
                     for claim in claims:
+                        if claim.superseded:
+                            self._superseded(claim)
+                            continue
                         self.in_flight += 1
                         running.start_soon(self._execute, claim)
                     pause = await self._pause(saturated=free > 0 and len(claims) == free)
@@ -315,6 +504,14 @@ class HookRunner:
         ceiling = self.settings.scan_interval
         return ceiling if due_in is None else min(max(due_in, 0.0) + 0.005, ceiling)
 
+    def _superseded(self, claim: db.HookClaim) -> None:
+        # The claim statement settled it already; all that is left is to say so.
+        self.metrics.hook_outcomes.labels(claim.hook, "superseded").inc()
+        log.info(
+            "hook superseded: the run holds a later job",
+            extra={"run_id": claim.run_id, "job_id": claim.job_id, "hook": claim.hook},
+        )
+
     async def _execute(self, claim: db.HookClaim) -> None:
         hook = self.hooks[claim.hook]
         call = HookCall(
@@ -330,10 +527,17 @@ class HookRunner:
             "hook": claim.hook,
             "attempt": claim.attempt,
         }
+
+        def blocked(seconds: float) -> None:
+            extra = {**fields, "blocked_ms": round(seconds * 1000), "hint": _ASYNC_HINT}
+            log.warning("a hook blocked the event loop", extra=extra)
+
+        # A threaded hook's own watch covers it; timing its steps too would report twice.
+        threaded = isinstance(hook, PythonHook) and not hook.is_async
         try:
             try:
                 with anyio.fail_after(self.settings.hook_timeout):
-                    await hook(call)
+                    await (hook(call) if threaded else _LoopGuard(hook(call), blocked))
             except anyio.get_cancelled_exc_class():
                 # The drain ran out: hand the row back so the next replica starts it at once.
                 with anyio.CancelScope(shield=True), anyio.move_on_after(5):
@@ -359,10 +563,16 @@ class HookRunner:
     async def _fail(
         self, claim: db.HookClaim, error: str, fields: dict[str, Any], *, permanent: bool
     ) -> None:
-        if permanent or claim.attempt >= self.settings.hook_max_attempts:
+        error = redact.scrub(error, self.secrets)
+        if permanent or claim.scheduled_attempt >= self.settings.hook_max_attempts:
             await self._settle(claim, "failed", {**fields, "error": error}, error=error)
         else:
-            delay = backoff_delay(claim.attempt, self.settings.hook_backoff)
+            delay = retry_delay(
+                claim.scheduled_attempt,
+                base=self.settings.hook_backoff,
+                cap=self.settings.hook_max_backoff,
+                jitter=self.jitter(),
+            )
             await self._settle(
                 claim,
                 "retry",
@@ -397,3 +607,52 @@ class HookRunner:
                 "could not settle a hook attempt; its lease will expire",
                 extra={**fields, "error": db.first_line(db_error)},
             )
+
+
+# Every outcome of an attempt (or of a claim, for superseded), as the metric counts them.
+OUTCOMES = ("done", "retry", "failed", "released", "superseded")
+
+
+class HookRetention:
+    """Deletes settled hook rows past ``REACTOR_HOOK_RETENTION_SECONDS``, in small batches.
+
+    Every replica runs one; the purge statement's advisory lock lets one of them work at a
+    time, and the others skip their turn. Failed rows are never deleted: they need a person.
+    """
+
+    def __init__(
+        self, settings: Settings, database: db.Database, *, is_stopping: Callable[[], bool]
+    ) -> None:
+        self.settings = settings
+        self.database = database
+        self.is_stopping = is_stopping
+        self.interval = min(_PURGE_INTERVAL, settings.hook_retention)
+        self._wake = anyio.Event()
+
+    def wake(self) -> None:
+        """Look at the stop flag now (the reactor is stopping)."""
+        self._wake.set()
+
+    async def run(self) -> None:
+        """Purge every interval until the reactor stops; a failed purge waits for the next."""
+        while not self.is_stopping():
+            try:
+                await self.purge()
+            except DATABASE_ERRORS as error:
+                log.warning("hook retention failed", extra={"error": db.first_line(error)})
+            with anyio.move_on_after(self.interval):
+                await self._wake.wait()
+
+    async def purge(self, batch: int = _PURGE_BATCH) -> int:
+        """Delete batches until none is full, or another replica has the turn; the count."""
+        total = 0
+        while not self.is_stopping():
+            deleted = await self.database.purge_hooks(self.settings.hook_retention, batch)
+            if deleted is None:
+                break  # another replica is purging
+            total += deleted
+            if deleted < batch:
+                break
+        if total:
+            log.info("deleted settled hook rows past their retention", extra={"deleted": total})
+        return total

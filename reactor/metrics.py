@@ -105,7 +105,8 @@ class Metrics:
         )
         self.hook_outcomes = Counter(
             "reactor_hook_outcomes",
-            "Hook attempts by hook and outcome (done, retry, failed, released).",
+            "Hook attempts by hook and outcome (done, retry, failed, released), and rows "
+            "found superseded by a later job of their run (superseded).",
             ["hook", "outcome"],
             registry=r,
         )

@@ -19,7 +19,7 @@ import anyio.abc
 from reactor import db
 from reactor.config import Settings
 from reactor.deadlines import Deadlines
-from reactor.hooks import Hook, HookRunner
+from reactor.hooks import Hook, HookRetention, HookRunner
 from reactor.listener import Listener
 from reactor.metrics import Metrics
 from reactor.reconcile import Reconciler
@@ -63,6 +63,8 @@ class Reactor:
             self.hook_runner = HookRunner(
                 settings, database, dict(hooks), self.metrics, is_stopping=lambda: self.stopping
             )
+        # Runs even without hooks configured: rows queued under an earlier configuration age too.
+        self.hook_retention = HookRetention(settings, database, is_stopping=lambda: self.stopping)
         self.recorder = Recorder(
             database,
             self.metrics,
@@ -139,6 +141,7 @@ class Reactor:
             self.hook_runner.wake()
         if self.reconciler is not None:
             self.reconciler.wake()
+        self.hook_retention.wake()
 
     async def run(
         self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
@@ -158,6 +161,7 @@ class Reactor:
                         work.start_soon(self.hook_runner.run)
                     if self.reconciler is not None:
                         work.start_soon(self.reconciler.run)
+                    work.start_soon(self.hook_retention.run)
                     task_status.started()
             intake.cancel_scope.cancel()
         if self._work.cancel_called:

@@ -28,8 +28,11 @@ ISO 8601 from the database clock, and ``null`` means "unknown or not applicable"
         "failed": 0,                 # parked after their last attempt: at risk when > 0
         "oldest_backlog_age_seconds": null,
         "recent_failures": [         # newest first, at most 5
-          {"hook": "...", "run_id": "...", "job_id": "...", "attempts": 8,
-           "last_error": "...", "updated_at": "..."}
+          {"id": 42,                 # what `reactor hooks retry/cancel` take; null before
+                                     # the schema has row ids
+           "hook": "...", "run_id": "...", "job_id": "...", "attempts": 40,
+           "last_error": "...",      # URLs shown as scheme, host and path only
+           "updated_at": "..."}
         ]
       },
       "listeners": {
@@ -67,7 +70,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from reactor import db, sql
+from reactor import db, redact, sql
 from reactor.config import Settings
 from reactor.errors import PrivilegeMissing, SchemaMissing
 from reactor.service import QUEUE_WARNING
@@ -92,6 +95,7 @@ class Listener:
 class HookFailure:
     """One hook row parked as failed."""
 
+    id: int | None  # None on a schema from before hook row ids
     hook: str
     run_id: str
     job_id: str
@@ -197,8 +201,11 @@ async def _collect(conn: db.AnyConnection, settings: Settings) -> Status:
     hooks = Hooks(outbox=False)
     if server["hook_outbox"]:
         counts = await _one(conn, "status_hooks")
+        failures_query = (
+            "status_hook_failures" if server["hook_ids"] else "status_hook_failures_unnumbered"
+        )
         failures = await db.fetch_dicts(
-            conn, sql.query("status_hook_failures", "status.sql"), {"limit": RECENT_FAILURES}
+            conn, sql.query(failures_query, "status.sql"), {"limit": RECENT_FAILURES}
         )
         hooks = Hooks(
             outbox=True,
@@ -206,7 +213,9 @@ async def _collect(conn: db.AnyConnection, settings: Settings) -> Status:
             running=counts["running"],
             failed=counts["failed"],
             oldest_backlog_age=counts["oldest_backlog_age"],
-            recent_failures=tuple(HookFailure(**row) for row in failures),
+            recent_failures=tuple(
+                HookFailure(**{**row, "last_error": _shown(row["last_error"])}) for row in failures
+            ),
         )
     reconcile = await db.last_reconcile_pass(conn) if server["reconcile"] else None
     listeners = await db.fetch_dicts(
@@ -233,6 +242,12 @@ async def _collect(conn: db.AnyConnection, settings: Settings) -> Status:
     )
 
 
+def _shown(error: str | None) -> str | None:
+    # Migration 0009 cleaned the errors stored before it; this covers anything a hook's own
+    # message quoted since, such as a URL with a token in its query string.
+    return None if error is None else redact.scrub(error)
+
+
 async def _one(conn: db.AnyConnection, name: str, params: Any = None) -> dict[str, Any]:
     rows = await db.fetch_dicts(conn, sql.query(name, "status.sql"), params)
     return rows[0]
@@ -249,7 +264,11 @@ def risks(status: Status) -> list[str]:
             f"{duration(status.trim_horizon)} trim horizon: record it before doc_html is trimmed"
         )
     if status.hooks.failed:
-        found.append(f"{status.hooks.failed} hook call(s) failed for good and are parked")
+        found.append(
+            f"{status.hooks.failed} hook call(s) failed for good and are parked: "
+            "`reactor hooks list --failed` shows them, `reactor hooks retry --failed` "
+            "re-queues them"
+        )
     if status.schema_behind:
         found.append(
             f"the schema is at version {status.schema_version}, this reactor needs "
@@ -303,6 +322,7 @@ def as_json(status: Status) -> dict[str, Any]:
             "oldest_backlog_age_seconds": status.hooks.oldest_backlog_age,
             "recent_failures": [
                 {
+                    "id": f.id,
                     "hook": f.hook,
                     "run_id": f.run_id,
                     "job_id": f.job_id,
@@ -393,7 +413,7 @@ def render(status: Status, console: Console) -> None:
             hooks += f"; oldest waiting {duration(status.hooks.oldest_backlog_age)}"
         for failure in status.hooks.recent_failures:
             error = (failure.last_error or "").splitlines()[:1]
-            hooks += f"\n{failure.hook} run {failure.run_id}: {''.join(error)[:80]}"
+            hooks += f"\n#{failure.id} {failure.hook} run {failure.run_id}: {''.join(error)[:80]}"
     row("hooks", hooks, bool(status.hooks.failed))
     sessions = [
         f"{s.client_addr or 'local'} since {s.backend_start:%Y-%m-%d %H:%M:%S}"

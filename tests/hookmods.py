@@ -7,7 +7,9 @@ In-process tests read and reset the module state; subprocess tests get a log fil
 
 from __future__ import annotations
 
+import ctypes
 import os
+import threading
 import time
 from collections import Counter
 
@@ -20,12 +22,20 @@ done: Counter[str] = Counter()  # successful calls per idempotency key
 fail_times = 2
 
 
+# For the plain-def hooks, which run in a worker thread: set when one starts, and what lets it
+# finish.
+started = threading.Event()
+release = threading.Event()
+
+
 def reset(failures: int = 2) -> None:
     """Forget every call; ``flaky`` fails ``failures`` times per key."""
     global fail_times
     calls.clear()
     done.clear()
     fail_times = failures
+    started.clear()
+    release.clear()
 
 
 async def count(call: HookCall) -> None:
@@ -60,5 +70,28 @@ async def block(call: HookCall) -> None:
         await f.write(f"done {call.idempotency_key} {call.attempt} {os.getpid()}\n")
 
 
-def not_async(call: HookCall) -> None:
-    """A plain function: configuring it must be rejected."""
+def blocking(call: HookCall) -> None:
+    """A plain def that blocks its thread until the test sets ``release`` (10 s at most)."""
+    calls.append((call.idempotency_key, call.attempt, time.monotonic()))
+    started.set()
+    if not release.wait(timeout=10):
+        raise TimeoutError("the test never released the hook")
+    done[call.idempotency_key] += 1
+
+
+async def hogs_the_loop(call: HookCall) -> None:
+    """The bug the reactor guards against: blocking code inside an async def."""
+    calls.append((call.idempotency_key, call.attempt, time.monotonic()))
+    time.sleep(0.25)  # noqa: ASYNC251 -- the blocking call is the point
+    done[call.idempotency_key] += 1
+
+
+def holds_the_gil(call: HookCall) -> None:
+    """A plain def whose C call keeps the GIL for 0.3 s (as some extensions do), so even in a
+    thread it starves the event loop. PyDLL calls a C function without releasing the GIL."""
+    calls.append((call.idempotency_key, call.attempt, time.monotonic()))
+    ctypes.PyDLL(None).usleep(300_000)
+    done[call.idempotency_key] += 1
+
+
+not_a_function = 42

@@ -336,8 +336,10 @@ SELECT pg_notification_queue_usage()::float8 AS queue_usage,
 -- Leases up to %(limit)s runnable hook rows, oldest first: pending ones past their backoff, and
 -- running ones whose lease expired (their replica died). Only hooks this replica knows.
 -- attempts counts claims; it doubles as the fencing token for finish_hook and release_hook.
+-- A row whose run no longer holds its job (a later job of the run replaced it) is settled as
+-- superseded instead, without an attempt: its hook must not judge verdicts the run lost.
 WITH due AS (
-    SELECT o.run_id, o.job_id, o.hook
+    SELECT o.id, o.run_id, o.job_id
       FROM reactor.hook_outbox o
      WHERE o.status IN ('pending', 'running')
        AND o.available_at <= now()
@@ -345,16 +347,24 @@ WITH due AS (
      ORDER BY o.available_at
      LIMIT %(limit)s
        FOR UPDATE SKIP LOCKED
+), judged AS (
+    SELECT d.id,
+           EXISTS (SELECT 1 FROM analysis_runs r
+                    WHERE r.id = d.run_id AND r.job_id = d.job_id) AS current
+      FROM due d
 )
 UPDATE reactor.hook_outbox o
-   SET status = 'running',
-       attempts = o.attempts + 1,
-       available_at = now() + make_interval(secs => %(lease)s),
-       leased_until = now() + make_interval(secs => %(lease)s),
+   SET status = CASE WHEN j.current THEN 'running' ELSE 'superseded' END,
+       attempts = o.attempts + CASE WHEN j.current THEN 1 ELSE 0 END,
+       available_at = CASE WHEN j.current
+                           THEN now() + make_interval(secs => %(lease)s)
+                           ELSE o.available_at END,
+       leased_until = CASE WHEN j.current THEN now() + make_interval(secs => %(lease)s) END,
        updated_at = now()
-  FROM due
- WHERE (o.run_id, o.job_id, o.hook) = (due.run_id, due.job_id, due.hook)
-RETURNING o.run_id::text, o.job_id::text, o.hook, o.attempts
+  FROM judged j
+ WHERE o.id = j.id
+RETURNING o.id, o.run_id::text, o.job_id::text, o.hook, o.attempts, o.retry_base,
+          o.status = 'superseded' AS superseded
 
 -- name: next_hook_in
 -- Seconds until the next hook row of ours becomes claimable (NULL when there is none).
@@ -371,7 +381,7 @@ UPDATE reactor.hook_outbox
        available_at = now() + make_interval(secs => %(delay)s),
        leased_until = NULL,
        updated_at = now()
- WHERE (run_id, job_id, hook) = (%(run_id)s::uuid, %(job_id)s::uuid, %(hook)s)
+ WHERE id = %(id)s
    AND status = 'running'
    AND (attempts = %(attempt)s OR %(status)s = 'done')
 
@@ -383,6 +393,6 @@ UPDATE reactor.hook_outbox
        available_at = now(),
        leased_until = NULL,
        updated_at = now()
- WHERE (run_id, job_id, hook) = (%(run_id)s::uuid, %(job_id)s::uuid, %(hook)s)
+ WHERE id = %(id)s
    AND status = 'running'
    AND attempts = %(attempt)s

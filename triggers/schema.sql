@@ -65,20 +65,41 @@ CREATE TABLE reactor.hook_outbox (
     run_id        uuid NOT NULL,
     job_id        uuid NOT NULL,
     hook          text NOT NULL,
+    -- pending -> running -> done | pending (retry) | failed (parked); superseded: the run held a
+    -- later job when the row was claimed; cancelled: by an operator.
     status        text NOT NULL DEFAULT 'pending'
-                  CHECK (status IN ('pending', 'running', 'done', 'failed')),
+                  CHECK (status IN ('pending', 'running', 'done', 'failed', 'superseded',
+                                    'cancelled')),
+    -- Claims so far; the fencing token of a lease, so it only grows.
     attempts      integer NOT NULL DEFAULT 0,
     last_error    text,
     available_at  timestamptz NOT NULL DEFAULT now(),
     leased_until  timestamptz,
     created_at    timestamptz NOT NULL DEFAULT now(),
     updated_at    timestamptz NOT NULL DEFAULT now(),
+    -- The short id `reactor hooks` shows and takes.
+    id            bigint GENERATED ALWAYS AS IDENTITY,
+    -- attempts before the last `reactor hooks retry`: the schedule counts from there.
+    retry_base    integer NOT NULL DEFAULT 0,
     PRIMARY KEY (run_id, job_id, hook)
 );
 
-CREATE INDEX hook_outbox_claim_idx
-    ON reactor.hook_outbox (available_at)
+CREATE UNIQUE INDEX hook_outbox_id_idx ON reactor.hook_outbox (id);
+
+-- Open rows only: the claim, the health and status counts, the next-due lookup.
+CREATE INDEX hook_outbox_open_idx
+    ON reactor.hook_outbox (available_at) INCLUDE (status, hook, created_at)
     WHERE status IN ('pending', 'running');
+
+-- Parked rows only: the failure counts and listings.
+CREATE INDEX hook_outbox_failed_idx
+    ON reactor.hook_outbox (updated_at)
+    WHERE status = 'failed';
+
+-- Settled rows only: the retention job, oldest first.
+CREATE INDEX hook_outbox_settled_idx
+    ON reactor.hook_outbox (updated_at)
+    WHERE status IN ('done', 'superseded', 'cancelled');
 
 CREATE FUNCTION reactor.outranks_v1(new_job uuid, run_job uuid, run_saved_by text)
     RETURNS boolean

@@ -4,13 +4,16 @@
 
 -- name: status_server
 -- The server's side: the database clock, NOTIFY queue pressure, and which optional objects
--- exist. The hook outbox, the pending queue and the reconcile arrived with later migrations, so
--- an older schema may lack them.
+-- exist. The hook outbox, its row ids, the pending queue and the reconcile arrived with later
+-- migrations, so an older schema may lack them.
 SELECT now() AS checked_at,
        pg_notification_queue_usage()::float8 AS queue_usage,
        to_regclass('analysis_jobs') IS NOT NULL AND to_regclass('analysis_runs') IS NOT NULL
            AS app_tables,
        to_regclass('reactor.hook_outbox') IS NOT NULL AS hook_outbox,
+       EXISTS (SELECT 1 FROM pg_attribute a
+                WHERE a.attrelid = to_regclass('reactor.hook_outbox')
+                  AND a.attname = 'id' AND NOT a.attisdropped) AS hook_ids,
        to_regclass('reactor.pending') IS NOT NULL AS pending_queue,
        to_regclass('reactor.reconcile') IS NOT NULL AS reconcile
 
@@ -50,20 +53,29 @@ SELECT (SELECT count(*) FROM pending WHERE due)::bigint AS due,
 
 -- name: status_hooks
 -- The hook outbox: what is queued or leased, how long the oldest has waited, and what is
--- parked as failed after its last attempt (it needs a person).
+-- parked as failed after its last attempt (it needs a person). Only the open and the parked
+-- rows are read (each through its partial index, index-only), never the settled ones, which
+-- can be millions.
 SELECT count(*) FILTER (WHERE o.status = 'pending')::bigint AS pending,
        count(*) FILTER (WHERE o.status = 'running')::bigint AS running,
-       count(*) FILTER (WHERE o.status = 'failed')::bigint AS failed,
-       extract(epoch FROM now() - min(o.created_at)
-                                   FILTER (WHERE o.status IN ('pending', 'running')))::float8
-           AS oldest_backlog_age
+       (SELECT count(*) FROM reactor.hook_outbox f WHERE f.status = 'failed')::bigint AS failed,
+       extract(epoch FROM now() - min(o.created_at))::float8 AS oldest_backlog_age
   FROM reactor.hook_outbox o
- WHERE o.status <> 'done'
+ WHERE o.status IN ('pending', 'running')
 
 -- name: status_hook_failures
--- The most recent parked failures, for a person to look at.
-SELECT o.hook, o.run_id::text AS run_id, o.job_id::text AS job_id, o.attempts,
+-- The most recent parked failures, with the id `reactor hooks retry` takes.
+SELECT o.id, o.hook, o.run_id::text AS run_id, o.job_id::text AS job_id, o.attempts,
        o.last_error, o.updated_at
+  FROM reactor.hook_outbox o
+ WHERE o.status = 'failed'
+ ORDER BY o.updated_at DESC
+ LIMIT %(limit)s
+
+-- name: status_hook_failures_unnumbered
+-- status_hook_failures for a schema from before hook row ids (it reports itself behind).
+SELECT NULL::bigint AS id, o.hook, o.run_id::text AS run_id, o.job_id::text AS job_id,
+       o.attempts, o.last_error, o.updated_at
   FROM reactor.hook_outbox o
  WHERE o.status = 'failed'
  ORDER BY o.updated_at DESC

@@ -26,7 +26,8 @@ import pytest
 
 from reactor import sql
 from reactor.audit import Verdict
-from reactor.hooks import IDEMPOTENCY_HEADER, SIGNATURE_HEADER, HookCall, signature
+from reactor.hooks import IDEMPOTENCY_HEADER, HookCall
+from reactor.signature import SIGNATURE_HEADER, sign
 from tests import tools
 from tests.acceptance.conftest import reactor_env
 from tests.acceptance.test_cli import listening, wait_for
@@ -146,7 +147,7 @@ def deliver(url: str, call: HookCall, *, at: int, body: bytes | None = None) -> 
     headers = {
         "Content-Type": "application/json",
         IDEMPOTENCY_HEADER: call.idempotency_key,
-        SIGNATURE_HEADER: signature(SECRET, signed, at),
+        SIGNATURE_HEADER: sign(SECRET, signed, timestamp=at),
     }
     request = urllib.request.Request(url, data=body or signed, headers=headers, method="POST")
     try:

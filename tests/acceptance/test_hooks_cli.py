@@ -95,7 +95,7 @@ def test_sigterm_mid_hook_releases_the_lease_at_once(
     [
         ("judge=smoke:signals", "unknown kind"),
         ("judge=python:no_such_module_here:judge", "cannot import"),
-        ("judge=python:tests.hookmods:not_async", "async"),
+        ("judge=python:tests.hookmods:not_a_function", "is not a function"),
         ("judge=python:tests.hookmods:missing", "has no"),
         ("judge=webhook:ftp://example.invalid/x", "http(s) URL"),
         ("judge=webhook:http://", "http(s) URL"),

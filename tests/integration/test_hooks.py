@@ -5,9 +5,11 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import re
 import socket
 import time
 from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
@@ -15,7 +17,8 @@ import psycopg
 import pytest
 from aiohttp import web
 
-from reactor.hooks import IDEMPOTENCY_HEADER, SIGNATURE_HEADER, backoff_delay
+from reactor.hooks import IDEMPOTENCY_HEADER
+from reactor.signature import SIGNATURE_HEADER, verify_signature
 from tests import hookmods
 from tests.helpers import client_save, finish, new_job
 from tests.integration.conftest import StartReactor, eventually
@@ -51,13 +54,6 @@ async def test_fails_twice_then_succeeds_with_backoff(
     # Retry n waits at least base * 2**(n-1): the jitter only adds.
     assert attempts[1][1] - attempts[0][1] >= backoff * 0.95
     assert attempts[2][1] - attempts[1][1] >= 2 * backoff * 0.95
-
-
-def test_backoff_grows_and_is_capped() -> None:
-    assert 1.0 <= backoff_delay(1, 1.0) <= 2.0
-    assert 8.0 <= backoff_delay(4, 1.0) <= 9.0
-    assert backoff_delay(40, 1.0) == 600.0
-    assert backoff_delay(3, 0.0) == 0.0
 
 
 async def test_always_failing_hook_is_parked(
@@ -121,72 +117,153 @@ def _free_port() -> int:
         return port
 
 
+@dataclass
+class Received:
+    """One request the receiver got, as it arrived."""
+
+    path: str
+    method: str
+    headers: dict[str, str]
+    body: bytes
+    at: float  # the receiver's wall clock, unix seconds
+
+
+@dataclass
+class Receiver:
+    """A real HTTP server. POST /judge answers with the queued (status, headers), else 200;
+    anything to /elsewhere answers 200, so a followed redirect would look delivered."""
+
+    url: str
+    elsewhere: str
+    received: list[Received] = field(default_factory=list)
+    answers: list[tuple[int, dict[str, str]]] = field(default_factory=list)
+
+    def at(self, path: str) -> list[Received]:
+        return [r for r in self.received if r.path == path]
+
+
 @pytest.fixture
-async def webhook_server() -> AsyncIterator[tuple[str, list[web.Request], list[bytes], list[int]]]:
-    """A real HTTP server; answers with the statuses queued in the last list (else 200)."""
-    requests: list[web.Request] = []
-    bodies: list[bytes] = []
-    statuses: list[int] = []
+async def receiver() -> AsyncIterator[Receiver]:
+    port = _free_port()
+    base = f"http://127.0.0.1:{port}"
+    state = Receiver(f"{base}/judge", f"{base}/elsewhere")
 
     async def handle(request: web.Request) -> web.Response:
-        requests.append(request)
-        bodies.append(await request.read())
-        return web.Response(status=statuses.pop(0) if statuses else 200)
+        state.received.append(
+            Received(
+                request.path, request.method, dict(request.headers), await request.read(),
+                time.time(),
+            )
+        )  # fmt: skip
+        if request.path == "/judge" and state.answers:
+            status, headers = state.answers.pop(0)
+            return web.Response(status=status, headers=headers)
+        return web.Response(status=200)
 
     app = web.Application()
-    app.router.add_post("/judge", handle)
+    app.router.add_route("*", "/judge", handle)
+    app.router.add_route("*", "/elsewhere", handle)
     runner = web.AppRunner(app)
     await runner.setup()
-    port = _free_port()
     await web.TCPSite(runner, "127.0.0.1", port).start()
     try:
-        yield f"http://127.0.0.1:{port}/judge", requests, bodies, statuses
+        yield state
     finally:
         await runner.cleanup()
 
 
-async def test_webhook_is_signed_and_retried(
-    database_url: str,
-    start_reactor: StartReactor,
-    webhook_server: tuple[str, list[web.Request], list[bytes], list[int]],
+def signed(secret: str, header: str, body: bytes) -> int:
+    """The signature check written from README alone: returns t, fails the test on a mismatch."""
+    match = re.fullmatch(r"t=(\d+),v1=([0-9a-f]{64})", header)
+    assert match, header
+    t = match.group(1)
+    expected = hmac.new(secret.encode(), t.encode() + b"." + body, hashlib.sha256).hexdigest()
+    assert hmac.compare_digest(expected, match.group(2))
+    return int(t)
+
+
+async def test_webhook_is_signed_with_a_timestamp_and_retried(
+    database_url: str, start_reactor: StartReactor, receiver: Receiver
 ) -> None:
-    url, requests, bodies, statuses = webhook_server
-    statuses.extend([503, 429])  # both retried; then 200
+    # 401 and 404 are what a receiver mid-deploy or mid-key-rotation answers: retried too.
+    receiver.answers.extend([(503, {}), (429, {}), (404, {}), (401, {})])
     secret = "s3cret-key"
     with psycopg.connect(database_url, autocommit=True) as conn:
         async with start_reactor(
-            grace=0.1, hooks=f"judge=webhook:{url}", webhook_secret=secret, hook_backoff=0.05
-        ):
+            grace=0.1, hooks=f"judge=webhook:{receiver.url}", webhook_secret=secret,
+            hook_backoff=0.05,
+        ):  # fmt: skip
             job_id, run_id = new_job(conn)
             finish(conn, job_id)
             await eventually(lambda: outbox(conn) and outbox(conn)[0][1] == "done")
-    assert len(requests) == 3
-    for request, body in zip(requests, bodies, strict=True):
-        fields = dict(part.split("=", 1) for part in request.headers[SIGNATURE_HEADER].split(","))
-        assert abs(int(fields["t"]) - time.time()) < 60
-        signed = fields["t"].encode() + b"." + body
-        assert fields["v1"] == hmac.new(secret.encode(), signed, hashlib.sha256).hexdigest()
-        assert request.headers[IDEMPOTENCY_HEADER] == f"{run_id}:{job_id}:judge"
-    payloads = [json.loads(body) for body in bodies]
-    assert [p["attempt"] for p in payloads] == [1, 2, 3]
+        assert outbox(conn) == [("judge", "done", 5, None)]
+    calls = receiver.at("/judge")
+    assert len(calls) == 5
+    for call in calls:
+        header = call.headers[SIGNATURE_HEADER]
+        t = signed(secret, header, call.body)
+        assert abs(call.at - t) < 5  # signed when sent, by the sender's clock
+        assert verify_signature(secret, header, call.body, now=call.at)
+        # The same request replayed after the tolerance is refused.
+        assert not verify_signature(secret, header, call.body, now=call.at + 301)
+        assert call.headers[IDEMPOTENCY_HEADER] == f"{run_id}:{job_id}:judge"
+    payloads = [json.loads(call.body) for call in calls]
+    assert [p["attempt"] for p in payloads] == [1, 2, 3, 4, 5]
     assert {p["run_id"] for p in payloads} == {str(run_id)}
 
 
-async def test_webhook_4xx_is_permanent(
-    database_url: str,
-    start_reactor: StartReactor,
-    webhook_server: tuple[str, list[web.Request], list[bytes], list[int]],
+async def test_webhook_410_is_permanent(
+    database_url: str, start_reactor: StartReactor, receiver: Receiver
 ) -> None:
-    url, requests, _, statuses = webhook_server
-    statuses.append(404)
+    receiver.answers.append((410, {}))
     with psycopg.connect(database_url, autocommit=True) as conn:
-        async with start_reactor(grace=0.1, hooks=f"judge=webhook:{url}"):
+        async with start_reactor(grace=0.1, hooks=f"judge=webhook:{receiver.url}"):
             finish(conn, new_job(conn)[0])
             await eventually(lambda: outbox(conn) and outbox(conn)[0][1] == "failed")
         ((_, _, attempts, error),) = outbox(conn)
     assert attempts == 1
-    assert "HTTP 404" in error
-    assert len(requests) == 1
+    assert error == f"HTTP 410 from {receiver.url}"
+    assert len(receiver.received) == 1
+
+
+async def test_a_301_parks_the_row_and_is_not_followed(
+    database_url: str, start_reactor: StartReactor, receiver: Receiver
+) -> None:
+    receiver.answers.append((301, {"Location": f"{receiver.elsewhere}?token=zz-planted-9"}))
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        async with start_reactor(
+            grace=0.1, hooks=f"judge=webhook:{receiver.url}", hook_backoff=0.05
+        ):
+            finish(conn, new_job(conn)[0])
+            await eventually(lambda: outbox(conn) and outbox(conn)[0][1] == "failed")
+        ((_, _, attempts, error),) = outbox(conn)
+    # Followed, the POST would have become a GET to /elsewhere, answered 200: a false "done".
+    assert receiver.at("/elsewhere") == []
+    assert [r.method for r in receiver.received] == ["POST"]
+    assert attempts == 1
+    assert error == (
+        f"HTTP 301 from {receiver.url} (a redirect to {receiver.elsewhere}; redirects are not "
+        "followed)"
+    )
+
+
+async def test_a_307_is_retried_and_never_sends_the_body_elsewhere(
+    database_url: str, start_reactor: StartReactor, receiver: Receiver
+) -> None:
+    receiver.answers.append((307, {"Location": receiver.elsewhere}))
+    secret = "s3cret-key"
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        async with start_reactor(
+            grace=0.1, hooks=f"judge=webhook:{receiver.url}", webhook_secret=secret,
+            hook_backoff=0.05,
+        ):  # fmt: skip
+            finish(conn, new_job(conn)[0])
+            await eventually(lambda: outbox(conn) and outbox(conn)[0][1] == "done")
+        assert [row[2] for row in outbox(conn)] == [2]
+    # Followed, the signed body would have gone to the redirect's target at the first attempt.
+    assert receiver.at("/elsewhere") == []
+    calls = receiver.at("/judge")
+    assert [(r.method, json.loads(r.body)["attempt"]) for r in calls] == [("POST", 1), ("POST", 2)]
 
 
 async def test_notify_hook_reaches_a_listener(

@@ -71,13 +71,15 @@ def test_print_grants_is_exactly_the_required_list() -> None:
     for needed in grants.REQUIRED:
         assert needed.privilege in printed
         assert f"ON {needed.target} TO" in printed
-    # The minimum for the row locks, not UPDATE on the whole table; DELETE only on the queue.
+    # The minimum for the row locks, not UPDATE on the whole table; DELETE only on the queue
+    # and on the hook outbox (retention), never on the app's tables.
     assert 'GRANT UPDATE (updated_at) ON analysis_jobs TO "reactor_app";' in statements
     assert 'GRANT SELECT, INSERT, UPDATE (since), DELETE ON reactor.pending TO "reactor_app";' in (
         statements
     )
     assert [s for s in statements if "DELETE" in s] == [
-        'GRANT SELECT, INSERT, UPDATE (since), DELETE ON reactor.pending TO "reactor_app";'
+        'GRANT SELECT, INSERT, UPDATE (since), DELETE ON reactor.pending TO "reactor_app";',
+        'GRANT SELECT, INSERT, UPDATE, DELETE ON reactor.hook_outbox TO "reactor_app";',
     ]
     assert "ALL" not in printed
 

@@ -45,6 +45,8 @@ def test_defaults_match_the_design() -> None:
     assert s.http_addr == ("127.0.0.1", 9187)
     assert s.hooks == ""
     assert s.trim_horizon == 86400.0
+    assert s.hook_retention == 7 * 86400.0
+    assert s.hook_max_backoff == 3600.0
 
 
 def test_every_field_has_an_environment_variable() -> None:
@@ -75,6 +77,8 @@ def test_every_variable_parses() -> None:
             "REACTOR_HOOK_CONCURRENCY": "2",
             "REACTOR_HOOK_MAX_ATTEMPTS": "3",
             "REACTOR_HOOK_BACKOFF_SECONDS": "0.5",
+            "REACTOR_HOOK_MAX_BACKOFF_SECONDS": "60",
+            "REACTOR_HOOK_RETENTION_SECONDS": "86400",
             "REACTOR_HOOK_LEASE_SECONDS": "45",
             "REACTOR_TRIM_HORIZON_SECONDS": "3600",
             "REACTOR_PROBE_INTERVAL_SECONDS": "2",
@@ -97,6 +101,8 @@ def test_every_variable_parses() -> None:
     assert s.hook_concurrency == 2
     assert s.hook_max_attempts == 3
     assert s.hook_backoff == 0.5
+    assert s.hook_max_backoff == 60.0
+    assert s.hook_retention == 86400.0
     assert s.hook_lease == 45.0
     assert s.trim_horizon == 3600.0
     assert s.probe_interval == 2.0
@@ -176,6 +182,8 @@ SECONDS = [
     "REACTOR_DRAIN_SECONDS",
     "REACTOR_HOOK_TIMEOUT_SECONDS",
     "REACTOR_HOOK_BACKOFF_SECONDS",
+    "REACTOR_HOOK_MAX_BACKOFF_SECONDS",
+    "REACTOR_HOOK_RETENTION_SECONDS",
     "REACTOR_HOOK_LEASE_SECONDS",
     "REACTOR_TRIM_HORIZON_SECONDS",
     "REACTOR_PROBE_INTERVAL_SECONDS",
@@ -183,6 +191,7 @@ SECONDS = [
 ]
 SECONDS_ZERO_NOT_ALLOWED = [
     "REACTOR_SCAN_INTERVAL_SECONDS",
+    "REACTOR_HOOK_RETENTION_SECONDS",
     "REACTOR_HOOK_TIMEOUT_SECONDS",
     "REACTOR_HOOK_LEASE_SECONDS",
     "REACTOR_TRIM_HORIZON_SECONDS",
