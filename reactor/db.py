@@ -191,6 +191,7 @@ class Health:
     hook_failed: int  # hook rows parked as failed
     reconcile_last_pass: float  # unix time the last full reconcile pass ended; 0 before any
     reconcile_requested: bool  # a pass was asked for (TRUNCATE analysis_runs)
+    live_replicas: list[str]  # replicas whose heartbeat is fresh, this one included
 
 
 ReconcileOutcome = Literal["stepped", "completed", "idle", "busy"]
@@ -332,13 +333,21 @@ class Database:
         async with self._connection() as conn:
             await conn.execute(sql.query("reconcile_release"), {"owner": owner})
 
-    async def health(self) -> Health:
-        """What the watch loop checks every probe interval."""
+    async def health(self, replica: str, liveness: float) -> Health:
+        """What the watch loop checks every probe interval; also ``replica``'s heartbeat."""
         async with self._connection() as conn:
-            cur = await conn.execute(sql.query("health"), {"grace": self.grace})
+            cur = await conn.execute(
+                sql.query("health"),
+                {"grace": self.grace, "replica": replica, "liveness": liveness},
+            )
             row = await cur.fetchone()
             assert row is not None
             return Health(*row)
+
+    async def leave(self, replica: str) -> None:
+        """Drop ``replica``'s heartbeat: the others take its jobs at their next check."""
+        async with self._connection() as conn:
+            await conn.execute(sql.query("replica_leave"), {"replica": replica})
 
     async def notify(self, channel: str, payload: str) -> None:
         """Send one notification from a pool connection."""

@@ -106,6 +106,11 @@ GROUPS: tuple[Group, ...] = (
         _table("reactor", "reconcile", "SELECT", "UPDATE"),
     ),
     Group(
+        "Heartbeats: each replica upserts its row and reads the others' to split the work, and\n"
+        "deletes its own on a clean stop and the rows of replicas gone for an hour.",
+        _table("reactor", "replicas", "SELECT", "INSERT", "UPDATE", "DELETE"),
+    ),
+    Group(
         "Hooks. The record statement queues hook rows in the same statement (INSERT, needed\n"
         "even with REACTOR_HOOKS empty: PostgreSQL checks privileges before it knows that no\n"
         "row comes), the hook runner leases and settles them (SELECT ... FOR UPDATE SKIP\n"

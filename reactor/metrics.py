@@ -134,6 +134,16 @@ class Metrics:
             "REACTOR_RECONCILE_INTERVAL_SECONDS: a full pass ends at least this often (0: off).",
             registry=r,
         )
+        self.replicas_live = Gauge(
+            "reactor_replicas_live",
+            "Replicas whose heartbeat this one saw in its last health check, itself included.",
+            registry=r,
+        )
+        self.left_to_owner = Counter(
+            "reactor_deadlines_left_to_owner",
+            "Deadlines that fired here for a job another live replica owns; it claims them.",
+            registry=r,
+        )
         for result in ("accepted", "rejected", "probe"):
             self.notifications.labels(result)
         for source in ("timer", "scan"):

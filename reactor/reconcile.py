@@ -18,7 +18,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-import uuid
 from collections.abc import Callable
 
 import anyio
@@ -44,6 +43,7 @@ class Reconciler:
         database: db.Database,
         metrics: Metrics,
         *,
+        owner: str,
         interval: float,
         arm: Callable[[str, float], None],
         is_stopping: Callable[[], bool],
@@ -53,7 +53,7 @@ class Reconciler:
         self.interval = interval
         self.arm = arm
         self.is_stopping = is_stopping
-        self.owner = f"reactor-{uuid.uuid4().hex[:12]}"
+        self.owner = owner
         self.steps = 0
         self._wake = anyio.Event()
         self._holding = False

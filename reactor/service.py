@@ -8,9 +8,11 @@ deadline, then cancels what is left; a record statement cut short rolls back and
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import time
+import uuid
 from collections.abc import Callable, Mapping
 
 import anyio
@@ -22,6 +24,7 @@ from reactor.deadlines import Deadlines
 from reactor.hooks import Hook, HookRetention, HookRunner
 from reactor.listener import Listener
 from reactor.metrics import Metrics
+from reactor.ownership import Membership
 from reactor.reconcile import Reconciler
 from reactor.recorder import DATABASE_ERRORS, Recorder
 
@@ -35,6 +38,10 @@ QUEUE_WARNING = 0.5
 # the rest, few enough to leave the pool room for the scan and the probes.
 RECORD_CONCURRENCY = 4
 POOL_SIZE = RECORD_CONCURRENCY + 3
+
+# A replica is live while its heartbeat (one per probe interval) is younger than this many probe
+# intervals: a slow check or two does not hand its jobs away.
+LIVENESS_PROBES = 3
 
 
 class Reactor:
@@ -57,7 +64,14 @@ class Reactor:
         for mode in ("listen", "poll"):
             self.metrics.mode.labels(mode).set(1 if settings.mode == mode else 0)
         self.clock = clock
+        self.replica_id = f"reactor-{uuid.uuid4().hex[:12]}"
+        # Who claims what: until the first heartbeat this replica sees nobody, itself included,
+        # and claims everything it fires.
+        self.membership = Membership(self.replica_id)
         self.deadlines: Deadlines[str] = Deadlines()
+        # Jobs this replica found itself (the reconcile): nobody else was told, so it claims them
+        # whoever owns them.
+        self._adopted: set[str] = set()
         self.hook_runner: HookRunner | None = None
         if hooks:
             self.hook_runner = HookRunner(
@@ -75,8 +89,9 @@ class Reactor:
             self.reconciler = Reconciler(
                 database,
                 self.metrics,
+                owner=self.replica_id,
                 interval=settings.reconcile_interval,
-                arm=self.arm,
+                arm=self.adopt,
                 is_stopping=lambda: self.stopping,
             )
         self.listener: Listener | None = None
@@ -122,6 +137,16 @@ class Reactor:
             self._wake.set()
         self.metrics.deadlines_pending.set(len(self.deadlines))
 
+    def adopt(self, job_id: str, delay: float) -> None:
+        """Like :meth:`arm`, for a job this replica must claim itself, whoever owns it."""
+        self._adopted.add(job_id)
+        self.arm(job_id, delay)
+
+    @property
+    def takeover_delay(self) -> float:
+        """How long a dead, frozen or cut-off replica keeps its jobs before others take them."""
+        return (LIVENESS_PROBES + 1) * self.settings.probe_interval
+
     def request_scan(self, *, rearm: bool = False) -> None:
         """Run the fallback scan soon; with ``rearm``, also re-arm timers from the database."""
         self._rearm_wanted |= rearm
@@ -166,6 +191,9 @@ class Reactor:
             intake.cancel_scope.cancel()
         if self._work.cancel_called:
             log.warning("drain deadline passed; unfinished statements were rolled back")
+        # Hand this replica's jobs over now rather than when its heartbeat goes stale.
+        with anyio.move_on_after(2, shield=True), contextlib.suppress(*DATABASE_ERRORS):
+            await self.database.leave(self.replica_id)
         log.info("stopped")
 
     def health(self) -> tuple[bool, bool, str]:
@@ -197,7 +225,9 @@ class Reactor:
             next_turn = anyio.current_time() + self.settings.probe_interval
             try:
                 with anyio.fail_after(self.settings.probe_timeout):
-                    health = await self.database.health()
+                    health = await self.database.health(
+                        self.replica_id, LIVENESS_PROBES * self.settings.probe_interval
+                    )
             except DATABASE_ERRORS as error:
                 if self.database_ok is not False:
                     log.warning("database check failed", extra={"error": db.first_line(error)})
@@ -213,6 +243,7 @@ class Reactor:
                 if health.reconcile_requested and self.reconciler is not None:
                     self.reconciler.wake()
                 self.notify_skipped = usage >= QUEUE_WARNING
+                self._see_replicas(frozenset(health.live_replicas))
                 if usage >= QUEUE_WARNING and not queue_warned:
                     log.error(
                         "the NOTIFY queue is half full: a session is LISTENing without reading "
@@ -223,6 +254,22 @@ class Reactor:
                 queue_warned = usage >= QUEUE_WARNING
             self.last_watch = anyio.current_time()
             await self._sleep_until(next_turn)
+
+    def _see_replicas(self, live: frozenset[str]) -> None:
+        seen = Membership(self.replica_id, live)
+        if seen == self.membership:
+            return
+        lost = self.membership.lost(seen)
+        log.info(
+            "replicas changed",
+            extra={"live": len(live), "left": ",".join(sorted(lost)) or None},
+        )
+        self.membership = seen
+        self.metrics.replicas_live.set(len(live))
+        if lost:
+            # Their jobs are ours now: whatever came due while they were gone is recorded by
+            # a scan at once, and later deadlines fire here (every replica armed every job).
+            self.request_scan()
 
     async def _sleep_until(self, when: float) -> None:
         with anyio.move_on_after(max(0.0, when - anyio.current_time())):
@@ -242,7 +289,12 @@ class Reactor:
     async def _timer_loop(self, work: anyio.abc.TaskGroup) -> None:
         while not self.stopping:
             now = self.clock()
-            due = self.deadlines.pop_due(now, limit=self.settings.batch_size)
+            fired = self.deadlines.pop_due(now, limit=self.settings.batch_size)
+            # Every replica armed every job; only the owner claims it. Should the owner die,
+            # the others learn it from the heartbeats and scan for what it left.
+            due = [job for job in fired if self._claims(job)]
+            if fired:
+                self.metrics.left_to_owner.inc(len(fired) - len(due))
             if due:
                 self.metrics.deadlines_pending.set(len(self.deadlines))
                 await self._slots.acquire()
@@ -252,6 +304,12 @@ class Reactor:
             self._wake = anyio.Event()
             with anyio.move_on_after(math.inf if next_at is None else next_at - now):
                 await self._wake.wait()
+
+    def _claims(self, job_id: str) -> bool:
+        if job_id in self._adopted:
+            self._adopted.discard(job_id)
+            return True
+        return self.membership.owns(job_id)
 
     async def _record(self, job_ids: list[str]) -> None:
         try:

@@ -314,8 +314,16 @@ SELECT pass AS number,
 -- name: health
 -- The watch loop's view, every probe interval: NOTIFY queue pressure, how long past its grace
 -- the oldest queued job that needs a run has waited (0 when none is overdue), the hook
--- outbox, and the reconcile: when its last pass ended (unix time, 0 before the first), and
--- whether a pass was asked for (a TRUNCATE of analysis_runs asks).
+-- outbox, the reconcile (when its last pass ended, unix time, 0 before the first; whether a
+-- pass was asked for: a TRUNCATE of analysis_runs asks), and the live replicas. The same
+-- statement is this replica's heartbeat; the live set it reads back is the others' heartbeats
+-- within %(liveness)s seconds, and this one.
+WITH beat AS (
+    INSERT INTO reactor.replicas (id) VALUES (%(replica)s)
+    ON CONFLICT (id) DO UPDATE SET heartbeat_at = now()
+), gone AS (
+    DELETE FROM reactor.replicas WHERE heartbeat_at < now() - interval '1 hour'
+)
 SELECT pg_notification_queue_usage()::float8 AS queue_usage,
        coalesce((SELECT extract(epoch FROM now() - make_interval(secs => %(grace)s)
                                        - j.updated_at)
@@ -330,7 +338,16 @@ SELECT pg_notification_queue_usage()::float8 AS queue_usage,
        coalesce((SELECT extract(epoch FROM last_finished_at) FROM reactor.reconcile), 0)::float8
            AS reconcile_last_pass,
        coalesce((SELECT requested_at IS NOT NULL FROM reactor.reconcile), false)
-           AS reconcile_requested
+           AS reconcile_requested,
+       array(SELECT id FROM reactor.replicas
+              WHERE heartbeat_at > now() - make_interval(secs => %(liveness)s)
+                AND id <> %(replica)s
+             UNION ALL SELECT %(replica)s
+             ORDER BY 1) AS live_replicas
+
+-- name: replica_leave
+-- A replica that stops cleanly hands its jobs to the others at their next health check.
+DELETE FROM reactor.replicas WHERE id = %(replica)s
 
 -- name: claim_hooks
 -- Leases up to %(limit)s runnable hook rows, oldest first: pending ones past their backoff, and

@@ -215,3 +215,9 @@ CREATE INDEX analysis_jobs_reactor_walk_idx
       AND doc_html IS NOT NULL
       AND results IS NOT NULL
       AND results <> '{}'::jsonb;
+
+CREATE TABLE reactor.replicas (
+    id            text PRIMARY KEY,
+    started_at    timestamptz NOT NULL DEFAULT now(),
+    heartbeat_at  timestamptz NOT NULL DEFAULT now()
+);

@@ -189,3 +189,42 @@ def test_unreachable_exit_3_without_password() -> None:
 def test_missing_schema_exit_4(empty_database_url: str) -> None:
     line = assert_one_clean_line(run_reactor("run", env=reactor_env(empty_database_url)), 4)
     assert "reactor migrate" in line
+
+
+def test_a_killed_replicas_jobs_are_taken_over_within_the_takeover_delay(
+    database_url: str, spawn: Spawn
+) -> None:
+    # Probes every 0.5 s: a replica is live while its heartbeat is younger than 1.5 s, and the
+    # others take its jobs within 2 s of its death.
+    env = reactor_env(
+        database_url,
+        REACTOR_GRACE_SECONDS="0.5",
+        REACTOR_PROBE_INTERVAL_SECONDS="0.5",
+        REACTOR_PROBE_TIMEOUT_SECONDS="1",
+    )
+    victim = spawn("run", env=env)
+    spawn("run", env=env)
+    with psycopg.connect(database_url, autocommit=True) as conn:
+
+        def live() -> int:
+            row = conn.execute(
+                "SELECT count(*) FROM reactor.replicas "
+                "WHERE heartbeat_at > now() - interval '1 second'"
+            ).fetchone()
+            return int(row[0]) if row else 0
+
+        wait_for(lambda: listening(conn, 2) and live() == 2)
+        victim.kill()
+        victim.communicate()
+        jobs = [new_job(conn)[0] for _ in range(40)]
+        for job_id in jobs:
+            finish(conn, job_id)
+        wait_for(lambda: len(worker_writes(conn)) == len(jobs))
+        late = conn.execute(
+            "SELECT max(extract(epoch FROM a.at - j.updated_at))::float8 - 0.5 "
+            "FROM run_audit a JOIN analysis_jobs j ON j.id = a.job_id"
+        ).fetchone()
+        assert late is not None
+        assert late[0] <= 2.0 + 1.0
+        assert early_writes(conn, 0.5) == 0
+        assert len({(run, job) for run, job, _ in worker_writes(conn)}) == len(jobs)

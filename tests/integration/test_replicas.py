@@ -10,7 +10,7 @@ import pytest
 from reactor.service import Reactor
 from tests.helpers import Conn, client_save, early_writes, finish, new_job, worker_writes
 from tests.integration.conftest import StartReactor, eventually
-from tests.integration.support import audit, claims_skipped, recorded, scalar
+from tests.integration.support import audit, claims_skipped, recorded, scalar, watch_recorder
 
 pytestmark = pytest.mark.anyio
 
@@ -120,3 +120,54 @@ def _assert_exactly_once(conn: Conn, expected: set[uuid.UUID], saved: set[uuid.U
         saved_by == "worker" and job_id in saved for _, _, job_id, saved_by in audit(conn)
     )
     assert early_writes(conn, GRACE) == 0
+
+
+async def test_replicas_split_the_claims_one_statement_per_job(
+    database_url: str, start_reactor: StartReactor
+) -> None:
+    settings = {"grace": GRACE, "probe_interval": 0.2, "probe_timeout": 0.5}
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        async with (
+            start_reactor(**settings) as r1,
+            start_reactor(**settings) as r2,
+            start_reactor(**settings) as r3,
+        ):
+            replicas = (r1, r2, r3)
+            # Every replica sees all three through PostgreSQL before the jobs come.
+            await eventually(lambda: all(len(r.membership.live) == 3 for r in replicas))
+            logs = [watch_recorder(r) for r in replicas]
+            jobs = [new_job(conn)[0] for _ in range(60)]
+            for job_id in jobs:
+                finish(conn, job_id)
+            await eventually(
+                lambda: scalar(conn, "SELECT count(*) FROM analysis_runs") == len(jobs)
+            )
+            await eventually(lambda: all(len(r.deadlines) == 0 for r in replicas))
+        claimed = [job for log in logs for batch in log.batches for job in batch]
+        # Each job was claimed once, by its owner; every replica owned a share.
+        assert sorted(claimed) == sorted(str(j) for j in jobs)
+        assert all(log.batches for log in logs)
+        left = [
+            r.metrics.registry.get_sample_value("reactor_deadlines_left_to_owner_total") or 0
+            for r in replicas
+        ]
+        assert sum(left) == 2 * len(jobs)
+        assert len(worker_writes(conn)) == len(jobs)
+
+
+async def test_a_stopping_replica_hands_its_jobs_over_at_once(
+    database_url: str, start_reactor: StartReactor
+) -> None:
+    settings = {"grace": GRACE, "probe_interval": 0.2, "probe_timeout": 0.5}
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        async with start_reactor(**settings) as staying:
+            async with start_reactor(**settings) as leaving:
+                await eventually(lambda: len(staying.membership.live) == 2)
+                gone = leaving.replica_id
+            # It said goodbye: no heartbeat row is left to wait out.
+            assert scalar(conn, "SELECT count(*) FROM reactor.replicas WHERE id = %s", (gone,)) == 0
+            await eventually(lambda: staying.membership.live == {staying.replica_id})
+            jobs = [new_job(conn)[0] for _ in range(20)]
+            for job_id in jobs:
+                finish(conn, job_id)
+            await eventually(lambda: len(worker_writes(conn)) == len(jobs))
