@@ -40,6 +40,7 @@ from reactor import sql
 # Name -> module, in report order. The chosen ones are imported when the run starts.
 BENCHMARKS: dict[str, str] = {
     "lateness": "bench.lateness",
+    "replicas": "bench.replicas",
     "event_latency": "bench.event_latency",
     "catchup": "bench.catchup",
     "writes": "bench.writes",
