@@ -75,6 +75,8 @@ PARAMS: dict[str, Any] = {
     "retention": RETENTION,
     "batch": BATCH,
     "failed_only": False,
+    "replica": "bench",
+    "liveness": 15.0,
 }
 SLOW = 1.0  # seconds: past this, a query is timed fewer times
 

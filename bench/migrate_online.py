@@ -28,7 +28,7 @@ from bench.common import (
     open_server,
     scalar,
 )
-from bench.scan_scale import LOAD_JOBS
+from bench.history import load_history
 from bench.workload import FINISH, RESULTS, TAB_SAVE
 from reactor import db, sql
 from reactor.config import Settings
@@ -140,25 +140,7 @@ def _p99(values: list[float]) -> float:
 async def _load(conn: Conn, total: int, window: int) -> float:
     started = time.monotonic()
     await conn.execute(sql.read("reference.sql"))
-    await conn.execute("ALTER TABLE analysis_jobs DROP CONSTRAINT analysis_jobs_pkey")
-    await conn.execute("ALTER TABLE analysis_runs DROP CONSTRAINT analysis_runs_pkey")
-    newest = await scalar(conn, "SELECT now() - interval '2 hours'")
-    chunk = 1_000_000
-    for lo in range(1, total + 1, chunk):
-        params = {
-            "total": total,
-            "window": window,
-            "lo": lo,
-            "hi": min(total, lo + chunk - 1),
-            "newest": newest,
-        }
-        await conn.execute(LOAD_JOBS, params)
-    await conn.execute(
-        "INSERT INTO analysis_runs (id, job_id, results, saved_by) "
-        "SELECT run_id, id, results, 'client' FROM analysis_jobs"
-    )
-    await conn.execute("ALTER TABLE analysis_jobs ADD PRIMARY KEY (id)")
-    await conn.execute("ALTER TABLE analysis_runs ADD PRIMARY KEY (id)")
+    await load_history(conn, total, window)
     await conn.execute("VACUUM (FREEZE, ANALYZE) analysis_jobs")
     await conn.execute("VACUUM (FREEZE, ANALYZE) analysis_runs")
     return time.monotonic() - started

@@ -25,9 +25,8 @@ from bench.common import (
     open_server,
     ratio,
     safe_div,
-    scalar,
 )
-from bench.scan_scale import LOAD_JOBS
+from bench.history import MOSTLY_CLIENT, load_history
 from reactor import db
 from reactor.config import Settings
 
@@ -128,26 +127,9 @@ async def _load(conn: Conn, total: int, window: int) -> float:
     """scan_scale's bulk load at one window, plus jobs that went around the triggers."""
     started = time.monotonic()
     await db.migrate(conn, Settings.channel, reference_schema=True)
-    await conn.execute("ALTER TABLE analysis_jobs DROP CONSTRAINT analysis_jobs_pkey")
-    await conn.execute("ALTER TABLE analysis_runs DROP CONSTRAINT analysis_runs_pkey")
     await conn.execute("DROP INDEX analysis_jobs_reactor_walk_idx")
     await conn.execute("ALTER TABLE analysis_jobs DISABLE TRIGGER USER")
-    newest = await scalar(conn, "SELECT now() - interval '2 hours'")
-    chunk = 1_000_000
-    for lo in range(1, total + 1, chunk):
-        params = {
-            "total": total,
-            "window": window,
-            "lo": lo,
-            "hi": min(total, lo + chunk - 1),
-            "newest": newest,
-        }
-        await conn.execute(LOAD_JOBS, params)
-    await conn.execute(
-        "INSERT INTO analysis_runs (id, job_id, results, saved_by) "
-        "SELECT run_id, id, results, CASE WHEN random() < 0.7 THEN 'client' ELSE 'worker' END "
-        "FROM analysis_jobs"
-    )
+    await load_history(conn, total, window, saved_by=MOSTLY_CLIENT)
     # A restore's worth of finished jobs that no trigger saw: no run, not queued.
     await conn.execute(
         "INSERT INTO analysis_jobs (id, run_id, status, doc_html, results) "
@@ -155,8 +137,6 @@ async def _load(conn: Conn, total: int, window: int) -> float:
         "'{\"verdicts\": 1}' FROM generate_series(1, %s)",
         (DRIFT,),
     )
-    await conn.execute("ALTER TABLE analysis_jobs ADD PRIMARY KEY (id)")
-    await conn.execute("ALTER TABLE analysis_runs ADD PRIMARY KEY (id)")
     await conn.execute(
         "CREATE INDEX analysis_jobs_reactor_walk_idx ON analysis_jobs (run_id, id) "
         "WHERE status IN ('complete', 'failed') AND deleted_at IS NULL "
