@@ -77,7 +77,7 @@ SELECT s.query, sum(s.calls)::bigint, sum(s.total_exec_time)::float8
 
 async def run(ctx: Context) -> Result:
     """Each replica count on a fresh database, then the kill."""
-    jobs = 300 if ctx.quick else 3000
+    jobs = 100 if ctx.quick else 3000
     settings: dict[str, Any] = {
         "replica_counts": list(COUNTS),
         "jobs_per_count": jobs,
@@ -95,7 +95,7 @@ async def run(ctx: Context) -> Result:
             dsn = await server.app_database(f"replicas{count}", with_audit=False)
             measured.append(await _measure(server.admin_dsn, dsn, count, jobs))
         kill_dsn = await server.app_database("replicas_kill", with_audit=True)
-        kill = await _kill(kill_dsn, 20 if ctx.quick else 60)
+        kill = await _kill(kill_dsn, 8 if ctx.quick else 60)
 
     per_job = {m["replicas"]: m["record_statements_per_job"] for m in measured}
     db_ms = {m["replicas"]: m["db_ms_per_1000_jobs"] for m in measured}

@@ -277,7 +277,8 @@ def test_periodic_queries_never_read_the_settled_rows(conn: psycopg.Connection[A
     conn.execute("VACUUM ANALYZE reactor.hook_outbox")
     params: dict[str, Any] = {
         "grace": 1.0, "hooks": ["judge"], "limit": 4, "lease": 60.0, "retention": 86400.0,
-        "batch": 1000, "lock": db._PURGE_LOCK, "failed_only": False,
+        "batch": 1000, "lock": db._PURGE_LOCK, "failed_only": False, "replica": "test",
+        "liveness": 15.0,
     }  # fmt: skip
     plans = {
         "health": plan(conn, sql.query("health"), params),
