@@ -192,6 +192,7 @@ class Health:
     reconcile_last_pass: float  # unix time the last full reconcile pass ended; 0 before any
     reconcile_requested: bool  # a pass was asked for (TRUNCATE analysis_runs)
     live_replicas: list[str]  # replicas whose heartbeat is fresh, this one included
+    database_time: float  # clock_timestamp() as unix seconds, read during the statement
 
 
 ReconcileOutcome = Literal["stepped", "completed", "idle", "busy"]

@@ -54,8 +54,26 @@ def parse_payload(payload: str) -> str | None:
     return text.lower() if _UUID.fullmatch(text) else None
 
 
+_EPOCH = re.compile(r"[0-9]{1,12}(?:\.[0-9]{1,9})?")
+
+
+def parse_hint(payload: str) -> tuple[str, float | None] | None:
+    """The job a payload names and, when it carries it, the job's updated_at as unix seconds.
+
+    The trigger sends ``<job id>@<updated_at>``; a bare job id (an older trigger) is accepted
+    too, without a time. Anything else names no job.
+    """
+    job, sep, at = payload.partition("@")
+    job_id = parse_payload(job)
+    if job_id is None:
+        return None
+    if not sep:
+        return job_id, None
+    return (job_id, float(at)) if _EPOCH.fullmatch(at) else None
+
+
 class Listener:
-    """Keeps a LISTEN connection alive and hands job ids to ``on_job``."""
+    """Keeps a LISTEN connection alive and hands job ids (with updated_at) to ``on_job``."""
 
     def __init__(
         self,
@@ -63,7 +81,7 @@ class Listener:
         database: db.Database,
         metrics: Metrics,
         *,
-        on_job: Callable[[str], None],
+        on_job: Callable[[str, float | None], None],
         on_listening: Callable[[], None],
         dsn: str,
     ) -> None:
@@ -182,8 +200,8 @@ class Listener:
                     log.info("probe notifications arrive again; back to LISTEN")
                 self._set_state("listening")
             return
-        job_id = parse_payload(payload)
-        if job_id is None:
+        hint = parse_hint(payload)
+        if hint is None:
             self.metrics.notifications.labels("rejected").inc()
             log.warning(
                 "ignored a notification that names no job",
@@ -191,7 +209,7 @@ class Listener:
             )
             return
         self.metrics.notifications.labels("accepted").inc()
-        self.on_job(job_id)
+        self.on_job(*hint)
 
     def _check_probe(self) -> None:
         late = anyio.current_time() - self._probe_sent > self.settings.probe_timeout

@@ -20,6 +20,7 @@ import anyio.abc
 
 from reactor import db
 from reactor.config import Settings
+from reactor.dbclock import DatabaseClock
 from reactor.deadlines import Deadlines
 from reactor.hooks import Hook, HookRetention, HookRunner
 from reactor.listener import Listener
@@ -68,6 +69,7 @@ class Reactor:
         # Who claims what: until the first heartbeat this replica sees nobody, itself included,
         # and claims everything it fires.
         self.membership = Membership(self.replica_id)
+        self.db_clock = DatabaseClock()
         self.deadlines: Deadlines[str] = Deadlines()
         # Jobs this replica found itself (the reconcile): nobody else was told, so it claims them
         # whoever owns them.
@@ -225,9 +227,11 @@ class Reactor:
             next_turn = anyio.current_time() + self.settings.probe_interval
             try:
                 with anyio.fail_after(self.settings.probe_timeout):
+                    sent = self.clock()
                     health = await self.database.health(
                         self.replica_id, LIVENESS_PROBES * self.settings.probe_interval
                     )
+                    self.db_clock.observe(health.database_time, sent, self.clock())
             except DATABASE_ERRORS as error:
                 if self.database_ok is not False:
                     log.warning("database check failed", extra={"error": db.first_line(error)})
@@ -280,11 +284,17 @@ class Reactor:
         with self._intake:
             await self.listener.run(task_status=task_status)
 
-    def _on_notified(self, job_id: str) -> None:
-        # The job's updated_at is at most "now" by the database clock (it is set before commit,
-        # and the notification comes after commit), so a full grace from receipt is never early.
-        # The record statement decides in database time anyway.
-        self.arm(job_id, self.settings.grace)
+    def _on_notified(self, job_id: str, updated_at: float | None) -> None:
+        # A full grace from receipt is never early: updated_at is set before the commit, and the
+        # notification comes after it. Aiming at updated_at + grace by the database clock is
+        # earlier by however long the app's transaction ran after setting updated_at; the
+        # record statement decides in database time whichever way the timer was aimed.
+        delay = self.settings.grace
+        if updated_at is not None:
+            deadline = self.db_clock.local(updated_at + self.settings.grace)
+            if deadline is not None:
+                delay = min(delay, deadline - self.clock())
+        self.arm(job_id, delay)
 
     async def _timer_loop(self, work: anyio.abc.TaskGroup) -> None:
         while not self.stopping:

@@ -317,7 +317,7 @@ SELECT pass AS number,
 -- outbox, the reconcile (when its last pass ended, unix time, 0 before the first; whether a
 -- pass was asked for: a TRUNCATE of analysis_runs asks), and the live replicas. The same
 -- statement is this replica's heartbeat; the live set it reads back is the others' heartbeats
--- within %(liveness)s seconds, and this one.
+-- within %(liveness)s seconds, and this one. Last, the database clock, for the timers' aim.
 WITH beat AS (
     INSERT INTO reactor.replicas (id) VALUES (%(replica)s)
     ON CONFLICT (id) DO UPDATE SET heartbeat_at = now()
@@ -343,7 +343,8 @@ SELECT pg_notification_queue_usage()::float8 AS queue_usage,
               WHERE heartbeat_at > now() - make_interval(secs => %(liveness)s)
                 AND id <> %(replica)s
              UNION ALL SELECT %(replica)s
-             ORDER BY 1) AS live_replicas
+             ORDER BY 1) AS live_replicas,
+       extract(epoch FROM clock_timestamp())::float8 AS database_time
 
 -- name: replica_leave
 -- A replica that stops cleanly hands its jobs to the others at their next health check.

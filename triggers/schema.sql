@@ -19,7 +19,8 @@ CREATE TABLE reactor.pending (
 
 CREATE INDEX pending_since_idx ON reactor.pending (since);
 
-CREATE FUNCTION reactor.hint_v1(channel text, job_id uuid) RETURNS void
+CREATE FUNCTION reactor.hint_v1(channel text, job_id uuid, updated_at timestamptz)
+    RETURNS void
     LANGUAGE plpgsql
     SET search_path = pg_catalog, pg_temp AS
 $$
@@ -27,7 +28,7 @@ BEGIN
     IF pg_notification_queue_usage()
        < coalesce(nullif(current_setting('reactor.notify_queue_limit', true), ''), '0.5')::float8
     THEN
-        PERFORM pg_notify(channel, job_id::text);
+        PERFORM pg_notify(channel, job_id::text || '@' || extract(epoch FROM updated_at));
     END IF;
 END
 $$;
@@ -55,7 +56,7 @@ BEGIN
     -- becomes eligible later (its results arrive in a second update).
     IF TG_OP = 'INSERT' OR OLD.status IS DISTINCT FROM NEW.status
        OR (eligible AND NOT was_eligible) THEN
-        PERFORM reactor.hint_v1(TG_ARGV[0], NEW.id);
+        PERFORM reactor.hint_v1(TG_ARGV[0], NEW.id, NEW.updated_at);
     END IF;
     RETURN NULL;
 END
@@ -149,7 +150,7 @@ CREATE FUNCTION reactor.queue_runs_v1(app_schema name, run_ids uuid[], channel t
 $$
 DECLARE
     queued uuid[];
-    job uuid;
+    queued_since timestamptz[];
 BEGIN
     EXECUTE format(
         'WITH queued AS (
@@ -163,12 +164,12 @@ BEGIN
                 AND j.results IS NOT NULL
                 AND j.results <> ''{}''::jsonb
              ON CONFLICT (job_id) DO NOTHING
-             RETURNING job_id)
-         SELECT array_agg(job_id) FROM queued', app_schema)
-    INTO queued
+             RETURNING job_id, since)
+         SELECT array_agg(job_id), array_agg(since) FROM queued', app_schema)
+    INTO queued, queued_since
     USING run_ids;
-    FOREACH job IN ARRAY coalesce(queued, '{}') LOOP
-        PERFORM reactor.hint_v1(channel, job);
+    FOR i IN 1 .. coalesce(array_length(queued, 1), 0) LOOP
+        PERFORM reactor.hint_v1(channel, queued[i], queued_since[i]);
     END LOOP;
 END
 $$;

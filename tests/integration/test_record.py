@@ -346,3 +346,23 @@ async def test_poll_mode_records_after_grace_without_listen(
         # The scan re-arms a timer for the upcoming deadline: on time, not a scan late.
         assert 0.0 <= lateness < 0.5 + PROMPT
         assert early_writes(conn, GRACE) == 0
+
+
+async def test_the_timer_aims_at_updated_at_plus_grace_by_the_database_clock(
+    database_url: str, start_reactor: StartReactor
+) -> None:
+    # The app's transaction set updated_at 0.4 s before it committed: a timer armed at receipt
+    # plus grace would write 0.4 s late. Aimed by the database clock, it writes on time.
+    grace = 0.6
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        async with start_reactor(grace=grace, probe_interval=0.2, probe_timeout=0.5) as reactor:
+            await eventually(lambda: reactor.db_clock.local(0.0) is not None)
+            job_id, run_id = new_job(conn)
+            conn.execute(
+                "UPDATE analysis_jobs SET status = 'complete', results = '{\"v\": 1}', "
+                "updated_at = now() - interval '0.4 seconds' WHERE id = %s",
+                (job_id,),
+            )
+            await eventually(lambda: run_row(conn, run_id) is not None)
+        [late] = worker_lateness(conn, grace)
+        assert 0 <= late < 0.2

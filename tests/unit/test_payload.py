@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from reactor import db
 from reactor.config import Settings
 from reactor.errors import ConfigError
-from reactor.listener import Listener, parse_payload
+from reactor.listener import Listener, parse_hint, parse_payload
 
 JOB = "5f0c6a2e-1b7d-4c3e-9a8f-0123456789ab"
 CANONICAL = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
@@ -109,6 +109,28 @@ def test_uuid_glued_to_other_text_is_rejected(job: uuid.UUID, junk: str) -> None
     assert parse_payload(f"{junk}:{job}") is None
 
 
+# -- hints: the job id and its updated_at -------------------------------------------------------
+
+
+def test_a_hint_carries_the_jobs_updated_at() -> None:
+    assert parse_hint(f"{JOB}@1733030400.123456") == (JOB, 1733030400.123456)
+    assert parse_hint(f"{JOB}@1733030400") == (JOB, 1733030400.0)
+    assert parse_hint(JOB) == (JOB, None)
+
+
+@pytest.mark.parametrize(
+    "tail",
+    ["@", "@-1", "@1e9", "@nan", "@inf", "@1.2.3", "@ 12", "@12@13", "@0x10", "@\uff11\uff12"],
+)
+def test_a_hint_with_a_bad_time_names_no_job(tail: str) -> None:
+    assert parse_hint(JOB + tail) is None
+
+
+def test_garbage_is_no_hint() -> None:
+    assert parse_hint("garbage@123") is None
+    assert parse_hint("") is None
+
+
 # -- what the listener does with payloads ---------------------------------------------------------
 
 
@@ -118,7 +140,7 @@ def make_listener(channel: str = "analysis_jobs_terminal") -> tuple[Listener, li
         Settings.from_env({"REACTOR_CHANNEL": channel}),
         cast(Any, MagicMock()),
         cast(Any, MagicMock()),
-        on_job=jobs.append,
+        on_job=lambda job_id, updated_at: jobs.append(job_id),
         on_listening=lambda: None,
         dsn="host=unused",
     )

@@ -35,12 +35,16 @@ CREATE TABLE IF NOT EXISTS reactor.reconcile (
 INSERT INTO reactor.reconcile DEFAULT VALUES ON CONFLICT DO NOTHING;
 
 -- Wakes the reactors about one job, unless the NOTIFY queue is too full for it: the queue row
--- is what matters, the NOTIFY only makes the reactors hear of it sooner. When the queue is half
+-- is what matters, the NOTIFY only makes the reactors hear of it sooner. The payload is
+-- `<job id>@<updated_at as unix seconds>`: the reactors aim their timers at updated_at + grace
+-- by the database clock, not at receipt plus grace, which would add the time the app's
+-- transaction ran after setting updated_at. When the queue is half
 -- full (a session LISTENs without reading), the NOTIFY is skipped so that the app's commit can
 -- never fail on it; the reactors' scan finds the queued job instead, and they report the
 -- queue's state. The share can be set per database or role (`ALTER DATABASE ... SET
 -- reactor.notify_queue_limit = '0.2'`); 0 never notifies.
-CREATE OR REPLACE FUNCTION reactor.hint_v1(channel text, job_id uuid) RETURNS void
+CREATE OR REPLACE FUNCTION reactor.hint_v1(channel text, job_id uuid, updated_at timestamptz)
+    RETURNS void
     LANGUAGE plpgsql
     SET search_path = pg_catalog, pg_temp AS
 $$
@@ -48,7 +52,7 @@ BEGIN
     IF pg_notification_queue_usage()
        < coalesce(nullif(current_setting('reactor.notify_queue_limit', true), ''), '0.5')::float8
     THEN
-        PERFORM pg_notify(channel, job_id::text);
+        PERFORM pg_notify(channel, job_id::text || '@' || extract(epoch FROM updated_at));
     END IF;
 END
 $$;
@@ -77,7 +81,7 @@ BEGIN
     -- becomes eligible later (its results arrive in a second update).
     IF TG_OP = 'INSERT' OR OLD.status IS DISTINCT FROM NEW.status
        OR (eligible AND NOT was_eligible) THEN
-        PERFORM reactor.hint_v1(TG_ARGV[0], NEW.id);
+        PERFORM reactor.hint_v1(TG_ARGV[0], NEW.id, NEW.updated_at);
     END IF;
     RETURN NULL;
 END
@@ -94,7 +98,7 @@ CREATE OR REPLACE FUNCTION reactor.queue_runs_v1(app_schema name, run_ids uuid[]
 $$
 DECLARE
     queued uuid[];
-    job uuid;
+    queued_since timestamptz[];
 BEGIN
     EXECUTE format(
         'WITH queued AS (
@@ -108,12 +112,12 @@ BEGIN
                 AND j.results IS NOT NULL
                 AND j.results <> ''{}''::jsonb
              ON CONFLICT (job_id) DO NOTHING
-             RETURNING job_id)
-         SELECT array_agg(job_id) FROM queued', app_schema)
-    INTO queued
+             RETURNING job_id, since)
+         SELECT array_agg(job_id), array_agg(since) FROM queued', app_schema)
+    INTO queued, queued_since
     USING run_ids;
-    FOREACH job IN ARRAY coalesce(queued, '{}') LOOP
-        PERFORM reactor.hint_v1(channel, job);
+    FOR i IN 1 .. coalesce(array_length(queued, 1), 0) LOOP
+        PERFORM reactor.hint_v1(channel, queued[i], queued_since[i]);
     END LOOP;
 END
 $$;
