@@ -112,6 +112,8 @@ class Reactor:
         self.last_watch = -math.inf
         # True while the NOTIFY queue is so full that the trigger skips its notifications.
         self.notify_skipped = False
+        # How long past its grace the oldest queued job waits, as the last health check saw.
+        self.oldest_overdue = math.inf
         self._wake = anyio.Event()
         self._scan_requested = anyio.Event()
         self._rearm_wanted = False
@@ -241,6 +243,7 @@ class Reactor:
                 usage = health.queue_usage
                 self.metrics.queue_usage.set(usage)
                 self.metrics.oldest_age.set(health.oldest_overdue)
+                self.oldest_overdue = health.oldest_overdue
                 self.metrics.hook_backlog.set(health.hook_backlog)
                 self.metrics.hook_failed.set(health.hook_failed)
                 self.metrics.reconcile_last_pass.set(health.reconcile_last_pass)
@@ -340,9 +343,18 @@ class Reactor:
                 await self._scan_requested.wait()
             if self.stopping:
                 return
+            requested = self._scan_requested.is_set()
             self._scan_requested = anyio.Event()
             rearm, self._rearm_wanted = self._rearm_wanted or self.polling, False
+            if not (requested or rearm or failures) and self._nothing_overdue():
+                # The health check just read the queue and found nothing past its grace: a
+                # periodic scan would find nothing either.
+                continue
             failures = 0 if await self.scan(rearm=rearm) is not None else failures + 1
+
+    def _nothing_overdue(self) -> bool:
+        fresh = anyio.current_time() - self.last_watch < 2 * self.settings.probe_interval
+        return fresh and self.database_ok is True and self.oldest_overdue == 0
 
     async def scan(self, *, rearm: bool) -> int | None:
         """One fallback pass: re-arm upcoming deadlines if asked, then drain the due backlog.
