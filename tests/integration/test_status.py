@@ -207,7 +207,7 @@ def test_schema_behind_is_at_risk(database_url: str, conn: psycopg.Connection[An
     code, report = status_json(database_url)
     assert code == 1
     assert report["schema"]["behind"] is True
-    assert report["schema"]["version"] == sql.latest_version() - 1
+    assert report["schema"]["version"] == sql.migrations()[-2].version
     assert any("reactor migrate" in risk for risk in report["risks"])
 
 
