@@ -47,6 +47,7 @@ BENCHMARKS: dict[str, str] = {
     "scan_scale": "bench.scan_scale",
     "deadlines": "bench.deadlines",
     "idle": "bench.idle",
+    "pinning": "bench.pinning",
 }
 
 

@@ -226,7 +226,15 @@ async def _sizes(conn: Conn) -> dict[str, int]:
 
 
 async def _measure(conn: Conn, window: int, reps: int) -> dict[str, Any]:
-    params: dict[str, Any] = {"grace": GRACE, "limit": 500, "hooks": [], "ids": []}
+    params: dict[str, Any] = {
+        "grace": GRACE,
+        "limit": 500,
+        "hooks": [],
+        "ids": [],
+        "only": None,
+        "skip": [],
+        "max_bytes": db.BATCH_BYTES,
+    }
     found = int(await scalar(conn, "SELECT count(*) FROM analysis_jobs WHERE doc_html IS NOT NULL"))
     result: dict[str, Any] = {"window": window, "jobs_with_doc": found}
     result["record_oldest"] = await _median(conn, sql.query("record_oldest"), params, reps)
