@@ -13,6 +13,7 @@ import subprocess
 import urllib.error
 import urllib.request
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import anyio
@@ -57,13 +58,24 @@ def test_two_poll_mode_replicas_through_pgbouncer(
     # REACTOR_MODE=poll, two replicas, tabs saving some runs, the app on the same pooler.
     pooled = pgbouncer.dsn_for(database_url)
     grace = 0.3
-    env = reactor_env(
-        pooled,
-        REACTOR_MODE="poll",
-        REACTOR_SCAN_INTERVAL_SECONDS="0.1",
-        REACTOR_GRACE_SECONDS=str(grace),
-    )
-    replicas = [spawn("run", env=env), spawn("run", env=env)]
+    ports = [_free_port(), _free_port()]
+    replicas = [
+        spawn(
+            "run",
+            env=reactor_env(
+                pooled,
+                REACTOR_MODE="poll",
+                REACTOR_SCAN_INTERVAL_SECONDS="0.1",
+                REACTOR_GRACE_SECONDS=str(grace),
+                REACTOR_HTTP_ADDR=f"127.0.0.1:{port}",
+            ),
+        )
+        for port in ports
+    ]
+    # Both at work before the app starts: each must have run its statements many times.
+    for port, proc in zip(ports, replicas, strict=True):
+        wait_for(partial(_ready_or_gone, port, proc))
+        assert proc.poll() is None, proc.communicate()[1]
     jobs = 150
     with psycopg.connect(pooled, autocommit=True, prepare_threshold=None) as app:
         for n in range(jobs):
@@ -143,6 +155,10 @@ def _get(port: int, path: str) -> tuple[int, str]:
         return error.code, error.read().decode()
     except OSError:
         return 0, ""  # not serving yet
+
+
+def _ready_or_gone(port: int, proc: subprocess.Popen[str]) -> bool:
+    return _get(port, "/readyz")[0] == 200 or proc.poll() is not None
 
 
 def _listener_failures(port: int) -> float:

@@ -141,3 +141,20 @@ def test_sweep_and_status_as_that_role(database_url: str, hostile_role: str, app
 def app(database_url: str) -> Iterator[Conn]:
     with psycopg.connect(database_url, autocommit=True) as conn:
         yield conn
+
+
+def test_the_precedence_rule_reads_the_app_table_whatever_the_search_path(app: Conn) -> None:
+    # The caller's search_path may not name the app's schema at all (or may put a temporary
+    # table of the same name first): the function carries its own.
+    earlier, _ = new_job(app)
+    later, _ = new_job(app)
+    with app.transaction():
+        app.execute("SET LOCAL search_path = pg_catalog")
+        app.execute(
+            "CREATE TEMP TABLE analysis_jobs (id uuid, created_at timestamptz) ON COMMIT DROP"
+        )
+        rows = app.execute(
+            "SELECT reactor.outranks_v1(%s, %s, 'worker'), reactor.outranks_v1(%s, %s, 'worker')",
+            (later, earlier, earlier, later),
+        ).fetchone()
+    assert rows == (True, False)
