@@ -51,6 +51,7 @@ BENCHMARKS: dict[str, str] = {
     "hook_outbox": "bench.hook_outbox",
     "deadlines": "bench.deadlines",
     "idle": "bench.idle",
+    "pinning": "bench.pinning",
 }
 
 

@@ -203,6 +203,9 @@ async def _measure(conn: Conn, window: int, reps: int) -> dict[str, Any]:
         "ids": [],
         "replica": "bench",
         "liveness": 15.0,
+        "only": None,
+        "skip": [],
+        "max_bytes": db.BATCH_BYTES,
     }
     found = int(await scalar(conn, "SELECT count(*) FROM analysis_jobs WHERE doc_html IS NOT NULL"))
     result: dict[str, Any] = {"window": window, "jobs_with_doc": found}

@@ -199,13 +199,15 @@ class StampedDatabase(db.Database):
         self.stamps = stamps
         self.record_calls = 0
 
-    async def record_jobs(self, job_ids: Sequence[str]) -> list[db.JobOutcome]:
+    async def record_jobs(
+        self, job_ids: Sequence[str], *, lock_timeout: float | None = None
+    ) -> list[db.JobOutcome]:
         """Stamp and count, then claim exactly as the reactor does."""
         now = time.monotonic()
         self.record_calls += 1
         for job_id in job_ids:
             self.stamps.setdefault(job_id, now)
-        return await super().record_jobs(job_ids)
+        return await super().record_jobs(job_ids, lock_timeout=lock_timeout)
 
 
 def stamped(stamps: dict[str, float]) -> DatabaseFactory:

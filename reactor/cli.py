@@ -121,12 +121,33 @@ def main(argv: Sequence[str] | None = None) -> None:
     command: Callable[[argparse.Namespace], Awaitable[int]] = _COMMANDS[args.command]
     try:
         code = anyio.run(command, args, backend="asyncio")
-    except ReactorError as error:
-        print(f"reactor: {error}", file=sys.stderr)
-        sys.exit(error.exit_code)
     except KeyboardInterrupt:
         sys.exit(130)
+    except BaseException as error:
+        known = _known_error(error)
+        if known is None:
+            raise
+        print(f"reactor: {known}", file=sys.stderr)
+        sys.exit(known.exit_code)
     sys.exit(code)
+
+
+def _known_error(error: BaseException) -> ReactorError | None:
+    """The user-facing error ``error`` stands for (looking inside a task group's exception
+    group), or None for a bug, which keeps its traceback."""
+    if isinstance(error, BaseExceptionGroup) and len(error.exceptions) == 1:
+        return _known_error(error.exceptions[0])
+    if isinstance(error, ReactorError):
+        return error
+    if isinstance(error, psycopg.errors.InsufficientPrivilege):
+        # One the startup check does not cover (a policy, a revoked default, a statement of
+        # `reactor migrate` that needs the owner): still a line, not a traceback.
+        return PrivilegeMissing(
+            f"the database role lacks a privilege: {db.first_line(error)}; "
+            "`reactor migrate --print-grants ROLE` prints what the runtime role needs, and "
+            "`reactor migrate` must run as the tables' owner"
+        )
+    return None
 
 
 def _settings(args: argparse.Namespace) -> Settings:
@@ -135,7 +156,12 @@ def _settings(args: argparse.Namespace) -> Settings:
 
 
 async def _startup_connection(settings: Settings, role: str) -> db.AnyConnection:
-    return await db.connect(settings.require_database(), role, attempts=5)
+    # Only `reactor migrate` sets session settings: its DDL needs the lock and statement
+    # bounds, and it must run on a direct connection anyway. The startup checks only read, and
+    # DATABASE_URL may point at a transaction pooler that would pass the settings on to the app.
+    return await db.connect(
+        settings.require_database(), role, attempts=5, configure_session=role == "migrate"
+    )
 
 
 async def _check_database(conn: db.AnyConnection) -> None:
@@ -265,7 +291,9 @@ async def cmd_status(args: argparse.Namespace) -> int:
     """``reactor status [--json]``: report, and exit 1 when something is at risk."""
     settings = _settings(args)
     # Two attempts, not five: someone is waiting at a terminal.
-    async with await db.connect(settings.require_database(), "status", attempts=2) as conn:
+    async with await db.connect(
+        settings.require_database(), "status", attempts=2, configure_session=False
+    ) as conn:
         report = await status.collect(conn, settings)
     if args.json:
         print(json.dumps(status.as_json(report), indent=2))

@@ -1,9 +1,23 @@
 """Every conversation with PostgreSQL: connections, the pool, migrations and the named queries.
 
-Everything else in the reactor calls this module and never builds SQL of its own. Statements
-that write are single autocommit statements: each is its own transaction and commits on the
-server the moment it finishes, so a reactor that dies or is cut off mid-call cannot leave an
-idle transaction holding job rows locked.
+Everything else in the reactor calls this module and never builds SQL of its own.
+
+What the reactor's statements mean must not depend on the session defaults a role or database
+hands out (``serializable``, a read-only default, a short statement_timeout), nor leak into other
+clients' sessions through a transaction-mode pooler. So each pooled connection is looked at
+once, when it opens:
+
+- A session of its own (the server's pid is the one the connection was given: no pooler in
+  between) gets the reactor's settings for the session, READ COMMITTED included, and keeps
+  psycopg's prepared statements. Each call is then one bare autocommit statement, as cheap as
+  it gets.
+- Behind a pooler it gets no session settings and no prepared statements (the next statement
+  may run on another server session, one the app uses next). Each call is pinned instead:
+  ``BEGIN ISOLATION LEVEL READ COMMITTED READ WRITE``, the settings set LOCAL, the statement,
+  ``COMMIT``, sent in one pipeline: one round trip, and nothing outlives the transaction.
+
+Either way the server has the whole of a call in hand at once, so a reactor that dies or is cut
+off mid-call cannot leave an idle transaction holding job rows locked.
 """
 
 from __future__ import annotations
@@ -11,8 +25,8 @@ from __future__ import annotations
 import logging
 import re
 import uuid
-from collections.abc import AsyncIterator, Callable, Sequence
-from contextlib import asynccontextmanager
+import weakref
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
@@ -21,7 +35,9 @@ import anyio
 import psycopg
 import psycopg.conninfo
 import psycopg.errors
+import psycopg.sql
 import tenacity
+from psycopg.pq import TransactionStatus
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
@@ -32,7 +48,7 @@ log = logging.getLogger(__name__)
 
 AnyConnection = psycopg.AsyncConnection[Any]
 
-Outcome = Literal["recorded", "superseded", "waiting", "busy", "dropped", "kept"]
+Outcome = Literal["recorded", "superseded", "waiting", "busy", "dropped", "kept", "deferred"]
 
 # libpq settings that make a dead peer visible within seconds instead of the kernel's hours.
 _CLIENT_TCP = {
@@ -44,18 +60,55 @@ _CLIENT_TCP = {
     "tcp_user_timeout": "20000",
 }
 
-# The same on the server side, plus bounds on every statement. The server drops a session whose
-# client vanished instead of keeping its locks until the kernel gives up on the socket.
-_SESSION_SETTINGS = {
+# Bounds on every statement. A session of our own gets them for the session; behind a pooler
+# they are set LOCAL to each transaction (see the module docstring).
+_BOUNDS = {
     "statement_timeout": "30s",
     "lock_timeout": "10s",
     "idle_in_transaction_session_timeout": "30s",
+}
+
+# The client-side TCP settings on the server side: the server drops a session whose client
+# vanished instead of keeping its locks until the kernel gives up on the socket. Only for a
+# session of our own: behind a pooler the server's client is the pooler, not the reactor.
+_LIVENESS = {
     "tcp_keepalives_idle": "10",
     "tcp_keepalives_interval": "5",
     "tcp_keepalives_count": "3",
     "tcp_user_timeout": "20000",
     "client_connection_check_interval": "5s",
 }
+
+# Only for a session of our own: a pinned call says all this in its BEGIN.
+_SESSION_DEFAULTS = {
+    "default_transaction_isolation": "read committed",
+    "default_transaction_read_only": "off",
+}
+
+# The start of every pinned transaction. Explicit, because the session's defaults may say
+# otherwise: the claim's SKIP LOCKED and reactor.outranks_v1's fresh snapshot per query need READ
+# COMMITTED; under REPEATABLE READ or SERIALIZABLE a race between writers turns into a
+# serialization failure of the whole batch.
+_BEGIN = b"BEGIN ISOLATION LEVEL READ COMMITTED READ WRITE"
+
+
+def _pin(settings: Mapping[str, str]) -> bytes:
+    """One statement that sets ``settings`` LOCAL: literals, not parameters, so the server
+    has no plan to make for it (it runs unprepared on every call behind a pooler)."""
+    calls = psycopg.sql.SQL(", ").join(
+        psycopg.sql.SQL("set_config({}, {}, true)").format(
+            psycopg.sql.Literal(name), psycopg.sql.Literal(value)
+        )
+        for name, value in settings.items()
+    )
+    return psycopg.sql.SQL("SELECT {}").format(calls).as_bytes(None)
+
+
+_PIN_BOUNDS = _pin(_BOUNDS)
+
+# Documents one scan statement writes at most: 500 reports of several MB each would otherwise
+# pass the statement timeout together and fail the whole batch.
+BATCH_BYTES = 64 * 1024 * 1024
 
 # Every pooled call gives up client-side after this long. TCP settings cannot see a peer that
 # keeps the connection open and never answers (a frozen backend, a stuck proxy); this can.
@@ -115,22 +168,31 @@ def first_line(error: BaseException) -> str:
 
 
 async def configure(conn: AnyConnection) -> None:
-    """Apply the session settings to a fresh connection, in one round trip when possible."""
+    """Apply the session settings to a connection that is a session of its own, not one a
+    transaction-mode pooler shares with other clients (the settings would leak into theirs)."""
+    settings = {**_BOUNDS, **_LIVENESS, **_SESSION_DEFAULTS}
     query = "SELECT set_config(n, v, false) FROM unnest(%s::text[], %s::text[]) AS s(n, v)"
     try:
-        await conn.execute(query, (list(_SESSION_SETTINGS), list(_SESSION_SETTINGS.values())))
+        await conn.execute(query, (list(settings), list(settings.values())))
     except psycopg.errors.UndefinedObject:
         # An older server lacks one (client_connection_check_interval arrived in PostgreSQL 14):
         # set them one by one and go without what it does not know.
-        for name, value in _SESSION_SETTINGS.items():
+        for name, value in settings.items():
             try:
                 await conn.execute("SELECT set_config(%s, %s, false)", (name, value))
             except psycopg.errors.UndefinedObject:
                 log.debug("server does not know %s; skipped", name)
 
 
-async def connect(dsn: str, role: str, *, attempts: int = 1) -> AnyConnection:
+async def connect(
+    dsn: str, role: str, *, attempts: int = 1, configure_session: bool = True
+) -> AnyConnection:
     """One dedicated autocommit connection, retried with jitter on transient failures.
+
+    With ``configure_session`` False the session keeps the server's settings: for connections
+    that may go through a transaction-mode pooler, where a session setting would land on a
+    server session other clients use next. Prepared statements are never used: a transaction
+    pooler hands each statement to whichever server session is free, which never saw them.
 
     Raises ConfigError when retrying cannot help (bad password, unknown database) and
     DatabaseUnreachable when every attempt failed.
@@ -144,12 +206,15 @@ async def connect(dsn: str, role: str, *, attempts: int = 1) -> AnyConnection:
     try:
         async for attempt in retrying:
             with attempt:
-                conn = await psycopg.AsyncConnection.connect(conninfo(dsn, role), autocommit=True)
-                try:
-                    await configure(conn)
-                except BaseException:
-                    await conn.close()
-                    raise
+                conn = await psycopg.AsyncConnection.connect(
+                    conninfo(dsn, role), autocommit=True, prepare_threshold=None
+                )
+                if configure_session:
+                    try:
+                        await configure(conn)
+                    except BaseException:
+                        await conn.close()
+                        raise
                 return conn
     except psycopg.OperationalError as error:
         if _is_transient(error):
@@ -166,19 +231,47 @@ def _is_transient(error: BaseException) -> bool:
 
 
 def make_pool(dsn: str, *, max_size: int) -> AsyncConnectionPool[AnyConnection]:
-    """The pool for everything but LISTEN; connections are checked before use."""
+    """The pool for everything but LISTEN; connections are checked before use, and configured
+    by :func:`configure_pooled` when they open."""
     return AsyncConnectionPool(
         conninfo(dsn, "pool"),
         min_size=1,
         max_size=max_size,
         kwargs={"autocommit": True},
-        configure=configure,
+        configure=configure_pooled,
         check=_check_connection,
         open=False,
         name="reactor",
         timeout=15.0,
         reconnect_timeout=86400,  # keep trying: the database coming back is the normal case
     )
+
+
+# Pool connections found to be sessions of their own: see the module docstring.
+_OWN_SESSIONS: weakref.WeakSet[AnyConnection] = weakref.WeakSet()
+
+
+async def configure_pooled(conn: AnyConnection) -> None:
+    """Tell a session of its own from one behind a pooler, and set it up accordingly.
+
+    A pooler hands its client a cancel key of its own making, so the pid in it is not the pid of
+    the server session that runs the statements. Session pooling is taken for a pooler too: safe,
+    a little slower.
+    """
+    cur = await conn.execute("SELECT pg_backend_pid()", prepare=False)
+    row = await cur.fetchone()
+    if row is not None and row[0] == conn.info.backend_pid:
+        await configure(conn)
+        _OWN_SESSIONS.add(conn)
+    else:
+        # Named prepared statements break on PgBouncer before 1.21, and on any version with
+        # max_prepared_statements = 0: they were made on another server session.
+        conn.prepare_threshold = None
+
+
+def is_own_session(conn: AnyConnection) -> bool:
+    """True for a pool connection :func:`configure_pooled` found to be a session of its own."""
+    return conn in _OWN_SESSIONS
 
 
 @dataclass(frozen=True, slots=True)
@@ -289,10 +382,11 @@ async def _check_connection(conn: AnyConnection) -> None:
 
 
 class Database:
-    """The reactor's named queries, run on a pool of autocommit connections.
+    """The reactor's named queries, each run as one pinned transaction on a pooled connection.
 
     ``hooks`` are the names of the configured follow-up hooks: every run written gets one
-    outbox row per name, in the same statement.
+    outbox row per name, in the same statement. ``batch_bytes`` caps the documents one scan
+    statement writes (the first job is always taken, however large).
     """
 
     def __init__(
@@ -301,54 +395,90 @@ class Database:
         *,
         grace: float,
         hooks: Sequence[str] = (),
+        batch_bytes: int = BATCH_BYTES,
     ) -> None:
         self.pool = pool
         self.grace = grace
         self.hooks = list(hooks)
+        self.batch_bytes = batch_bytes
 
-    async def record_jobs(self, job_ids: Sequence[str]) -> list[JobOutcome]:
-        """Record the given jobs that are due; report on each of them that still needs a run."""
-        return await self._outcomes("record_jobs", {"ids": list(job_ids)})
+    async def record_jobs(
+        self, job_ids: Sequence[str], *, lock_timeout: float | None = None
+    ) -> list[JobOutcome]:
+        """Record the given jobs that are due; report on each of them that still needs a run.
 
-    async def record_oldest(self, limit: int) -> list[JobOutcome]:
-        """Settle up to ``limit`` queued jobs past their grace, oldest first; report on each."""
-        return await self._outcomes("record_oldest", {"limit": limit})
+        ``lock_timeout`` (seconds) replaces the usual bound on waiting for another
+        transaction's row lock; past it the statement fails with LockNotAvailable.
+        """
+        rows = await self._fetch(
+            "record_jobs",
+            {"grace": self.grace, "hooks": self.hooks, "ids": list(job_ids)},
+            lock_timeout=lock_timeout,
+        )
+        return [JobOutcome(*row) for row in rows]
+
+    async def record_oldest(
+        self,
+        limit: int,
+        *,
+        only: Sequence[str] | None = None,
+        skip: Sequence[str] = (),
+        lock_timeout: float | None = None,
+    ) -> list[JobOutcome]:
+        """Settle up to ``limit`` queued jobs past their grace, oldest first; report on each.
+
+        ``only`` restricts the statement to those queued jobs, ``skip`` leaves those out; at
+        most :attr:`batch_bytes` of documents are written, the rest come back ``deferred``.
+        """
+        rows = await self._fetch(
+            "record_oldest",
+            {
+                "grace": self.grace,
+                "hooks": self.hooks,
+                "limit": limit,
+                "only": None if only is None else list(only),
+                "skip": list(skip),
+                "max_bytes": self.batch_bytes,
+            },
+            lock_timeout=lock_timeout,
+        )
+        return [JobOutcome(*row) for row in rows]
+
+    async def oldest_queued(self, limit: int, *, skip: Sequence[str] = ()) -> list[str]:
+        """The ids :meth:`record_oldest` would take next, oldest first, without locking them."""
+        rows = await self._fetch(
+            "oldest_queued", {"grace": self.grace, "limit": limit, "skip": list(skip)}
+        )
+        return [job_id for (job_id,) in rows]
 
     async def upcoming(self, limit: int) -> list[tuple[str, float]]:
         """(job id, seconds until due) for jobs that need a run and are inside their grace."""
-        async with self._connection() as conn:
-            cur = await conn.execute(sql.query("upcoming"), {"grace": self.grace, "limit": limit})
-            return [(job_id, due_in) for job_id, due_in in await cur.fetchall()]
+        rows = await self._fetch("upcoming", {"grace": self.grace, "limit": limit})
+        return [(job_id, due_in) for job_id, due_in in rows]
 
     async def reconcile_step(
         self, *, owner: str, interval: float, force: bool = False
     ) -> ReconcileStep:
         """Walk the next chunk of the reconcile pass, if it is ours to walk (see the query)."""
-        async with self._connection() as conn:
-            return await reconcile_step(
-                conn, owner=owner, interval=interval, grace=self.grace, force=force
-            )
+        rows = await self._fetch(
+            "reconcile_step", reconcile_params(owner, interval, self.grace, force)
+        )
+        return reconcile_result(rows[0])
 
     async def reconcile_release(self, owner: str) -> None:
         """Let another replica take over the pass ``owner`` holds, at once."""
-        async with self._connection() as conn:
-            await conn.execute(sql.query("reconcile_release"), {"owner": owner})
+        await self._fetch("reconcile_release", {"owner": owner})
 
     async def health(self, replica: str, liveness: float) -> Health:
         """What the watch loop checks every probe interval; also ``replica``'s heartbeat."""
-        async with self._connection() as conn:
-            cur = await conn.execute(
-                sql.query("health"),
-                {"grace": self.grace, "replica": replica, "liveness": liveness},
-            )
-            row = await cur.fetchone()
-            assert row is not None
-            return Health(*row)
+        rows = await self._fetch(
+            "health", {"grace": self.grace, "replica": replica, "liveness": liveness}
+        )
+        return Health(*rows[0])
 
     async def leave(self, replica: str) -> None:
         """Drop ``replica``'s heartbeat: the others take its jobs at their next check."""
-        async with self._connection() as conn:
-            await conn.execute(sql.query("replica_leave"), {"replica": replica})
+        await self._fetch("replica_leave", {"replica": replica})
 
     async def notify(self, channel: str, payload: str) -> None:
         """Send one notification from a pool connection."""
@@ -357,18 +487,15 @@ class Database:
 
     async def claim_hooks(self, limit: int, lease: float) -> list[HookClaim]:
         """Lease up to ``limit`` runnable hook rows of our hooks, oldest first."""
-        async with self._connection() as conn:
-            cur = await conn.execute(
-                sql.query("claim_hooks"), {"hooks": self.hooks, "limit": limit, "lease": lease}
-            )
-            return [HookClaim(*row) for row in await cur.fetchall()]
+        rows = await self._fetch(
+            "claim_hooks", {"hooks": self.hooks, "limit": limit, "lease": lease}
+        )
+        return [HookClaim(*row) for row in rows]
 
     async def next_hook_in(self) -> float | None:
         """Seconds until one of our hook rows becomes claimable; None when none is queued."""
-        async with self._connection() as conn:
-            cur = await conn.execute(sql.query("next_hook_in"), {"hooks": self.hooks})
-            row = await cur.fetchone()
-            return None if row is None or row[0] is None else float(row[0])
+        rows = await self._fetch("next_hook_in", {"hooks": self.hooks})
+        return None if not rows or rows[0][0] is None else float(rows[0][0])
 
     async def finish_hook(
         self, claim: HookClaim, status: str, *, error: str | None = None, delay: float = 0.0
@@ -387,41 +514,119 @@ class Database:
 
         Returns how many were deleted, or None when another replica's purge holds the turn.
         """
-        async with self._connection() as conn:
-            cur = await conn.execute(
-                sql.query("purge_hooks", "hooks.sql"),
-                {"lock": _PURGE_LOCK, "retention": retention, "batch": batch},
-            )
-            row = await cur.fetchone()
-            assert row is not None
-            ours, deleted = row
-            return int(deleted) if ours else None
+        [(ours, deleted)] = await self._fetch(
+            "purge_hooks",
+            {"lock": _PURGE_LOCK, "retention": retention, "batch": batch},
+            filename="hooks.sql",
+        )
+        return int(deleted) if ours else None
 
     async def _hook_update(self, name: str, claim: HookClaim, params: dict[str, Any]) -> None:
-        async with self._connection() as conn:
-            await conn.execute(
-                sql.query(name), {"id": claim.id, "attempt": claim.attempt, **params}
-            )
+        await self._fetch(name, {"id": claim.id, "attempt": claim.attempt, **params})
 
-    @asynccontextmanager
-    async def _connection(self) -> AsyncIterator[AnyConnection]:
+    async def _fetch(
+        self,
+        name: str,
+        params: dict[str, Any],
+        *,
+        lock_timeout: float | None = None,
+        filename: str = "queries.sql",
+    ) -> list[tuple[Any, ...]]:
         # The bound covers waiting for a connection and the whole call made on it.
         with anyio.fail_after(CALL_TIMEOUT):
             async with self.pool.connection() as conn:
-                yield conn
+                return await call(
+                    conn, sql.query(name, filename), params, lock_timeout=lock_timeout
+                )
 
-    async def _outcomes(self, name: str, params: dict[str, Any]) -> list[JobOutcome]:
-        async with self._connection() as conn:
-            cur = await conn.execute(
-                sql.query(name), {"grace": self.grace, "hooks": self.hooks, **params}
-            )
-            return [JobOutcome(*row) for row in await cur.fetchall()]
+
+async def call(
+    conn: AnyConnection, query: str, params: Any = None, *, lock_timeout: float | None = None
+) -> list[tuple[Any, ...]]:
+    """Run one statement on a pool connection, as the module docstring says; its rows.
+
+    ``lock_timeout`` (seconds) replaces the usual bound on waiting for a row lock, for this
+    statement only.
+    """
+    own = is_own_session(conn)
+    if own and lock_timeout is None:
+        cur = await conn.execute(query, params)
+        return await cur.fetchall() if cur.description is not None else []
+    if lock_timeout is None:
+        return await run_pinned(conn, query, params)
+    waiting = {"lock_timeout": f"{max(1, round(lock_timeout * 1000))}ms"}
+    return await run_pinned(conn, query, params, waiting if own else {**_BOUNDS, **waiting})
+
+
+async def run_pinned(
+    conn: AnyConnection,
+    query: str,
+    params: Any = None,
+    settings: Mapping[str, str] | None = None,
+) -> list[tuple[Any, ...]]:
+    """Run ``query`` in a READ COMMITTED transaction of its own with ``settings`` set LOCAL
+    (default: the reactor's statement bounds), in one round trip; return its rows (none for a
+    command).
+
+    The transaction is rolled back if anything fails, so the connection goes back idle.
+    """
+    pin = _PIN_BOUNDS if settings is None else _pin(settings) if settings else None
+    try:
+        async with conn.pipeline():
+            await conn.execute(_BEGIN)
+            if pin is not None:
+                await conn.execute(pin)
+            cur = await conn.execute(query, params)
+            await conn.execute(b"COMMIT")
+    except BaseException:
+        await _roll_back(conn)
+        raise
+    return await cur.fetchall() if cur.description is not None else []
+
+
+async def _roll_back(conn: AnyConnection) -> None:
+    # An error inside the explicit transaction leaves it aborted until ROLLBACK. A connection
+    # that is broken or still running the statement (cancelled mid-call) is left to the pool,
+    # which discards it.
+    status = conn.info.transaction_status
+    if conn.closed or status not in (TransactionStatus.INTRANS, TransactionStatus.INERROR):
+        return
+    with anyio.move_on_after(_CHECK_TIMEOUT, shield=True):
+        try:
+            await conn.rollback()
+        except psycopg.Error as error:
+            log.debug("rollback after a failed call failed", extra={"error": first_line(error)})
 
 
 async def notify(pool: AsyncConnectionPool[AnyConnection], channel: str, payload: str) -> None:
     """Send one notification from a connection of ``pool``."""
     async with pool.connection() as conn:
-        await conn.execute("SELECT pg_notify(%s, %s)", (channel, payload))
+        await call(conn, "SELECT pg_notify(%s, %s)", (channel, payload))
+
+
+async def session_identity(conn: AnyConnection) -> tuple[int, datetime]:
+    """(pid, backend_start) of the server session serving ``conn`` right now.
+
+    Through a pooler this is whichever server session the pooler picked, not one of our own.
+    """
+    cur = await conn.execute(
+        "SELECT pid, backend_start FROM pg_stat_activity WHERE pid = pg_backend_pid()"
+    )
+    row = await cur.fetchone()
+    assert row is not None
+    return int(row[0]), row[1]
+
+
+async def end_listener_session(conn: AnyConnection, pid: int, started: datetime) -> bool:
+    """End the reactor listener session ``pid`` if it is still the one that started at
+    ``started`` (a pid alone may by now belong to another session); True if it was ended."""
+    cur = await conn.execute(
+        "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM pg_stat_activity "
+        "WHERE pid = %s AND backend_start = %s AND application_name = %s",
+        (pid, started, "reactor-listener"),
+    )
+    row = await cur.fetchone()
+    return bool(row and row[0])
 
 
 async def list_hooks(
@@ -660,6 +865,27 @@ async def _record_version(conn: AnyConnection, migration: sql.Migration) -> None
     )
 
 
+def reconcile_params(
+    owner: str, interval: float, grace: float, force: bool, limit: int = RECONCILE_CHUNK
+) -> dict[str, Any]:
+    """The parameters of the ``reconcile_step`` query."""
+    return {
+        "owner": owner,
+        "interval": interval,
+        "grace": grace,
+        "force": force,
+        "limit": limit,
+        "lease": RECONCILE_LEASE,
+    }
+
+
+def reconcile_result(row: tuple[Any, ...]) -> ReconcileStep:
+    """The ``reconcile_step`` query's one row, read."""
+    outcome, number, examined, found_ids, found_due_in, next_in, *totals = row
+    found = list(zip(found_ids, found_due_in, strict=True))
+    return ReconcileStep(outcome, number, examined, found, next_in, *totals)
+
+
 async def reconcile_step(
     conn: AnyConnection,
     *,
@@ -669,23 +895,13 @@ async def reconcile_step(
     force: bool = False,
     limit: int = RECONCILE_CHUNK,
 ) -> ReconcileStep:
-    """One step of the shared reconcile pass; see the ``reconcile_step`` query."""
+    """One step of the shared reconcile pass on a dedicated connection; see the query."""
     cur = await conn.execute(
-        sql.query("reconcile_step"),
-        {
-            "owner": owner,
-            "interval": interval,
-            "grace": grace,
-            "force": force,
-            "limit": limit,
-            "lease": RECONCILE_LEASE,
-        },
+        sql.query("reconcile_step"), reconcile_params(owner, interval, grace, force, limit)
     )
     row = await cur.fetchone()
     assert row is not None
-    outcome, number, examined, found_ids, found_due_in, next_in, *totals = row
-    found = list(zip(found_ids, found_due_in, strict=True))
-    return ReconcileStep(outcome, number, examined, found, next_in, *totals)
+    return reconcile_result(row)
 
 
 async def reconcile_pass(

@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 from reactor.errors import ConfigError
 
-Kind = Literal["schema", "table", "any_column"]
+Kind = Literal["schema", "table", "any_column", "function"]
 
 # What PostgreSQL accepts unquoted, minus nothing: the name is double-quoted on output anyway,
 # so mixed case survives, but anything fancier is more likely a typo than a role.
@@ -29,18 +29,22 @@ class Privilege:
     """One privilege the runtime role must hold on one object, and why."""
 
     kind: Kind  # schema: USAGE on a schema; table: a table privilege; any_column: see below
-    privilege: str  # USAGE, SELECT, INSERT or UPDATE
+    privilege: str  # USAGE, SELECT, INSERT, UPDATE or EXECUTE
     schema: str | None  # None: the app's tables, found through the search_path
-    name: str  # the schema's or the table's name
+    name: str  # the schema's, the table's or the function's name
     # For any_column: the column granted. PostgreSQL is satisfied by the privilege on any
     # column (or on the table), so the check accepts any; the grant names the one we chose.
     column: str | None = None
+    # For a function: its argument types, as oidvectortypes() spells them.
+    args: str | None = None
 
     @property
     def target(self) -> str:
         """The object as GRANT names it."""
         if self.kind == "schema":
             return f"SCHEMA {self.name}"
+        if self.kind == "function":
+            return f"FUNCTION {self.schema}.{self.name}({self.args})"
         return f"{self.schema}.{self.name}" if self.schema else self.name
 
     @property
@@ -118,6 +122,12 @@ GROUPS: tuple[Group, ...] = (
         "rows once REACTOR_HOOK_RETENTION_SECONDS have passed (DELETE).",
         _table("reactor", "hook_outbox", "SELECT", "INSERT", "UPDATE", "DELETE"),
     ),
+    Group(
+        "The precedence rule the record statements call. PostgreSQL grants EXECUTE to PUBLIC\n"
+        "by default, but a database that revokes it (ALTER DEFAULT PRIVILEGES ... REVOKE\n"
+        "EXECUTE ON FUNCTIONS FROM PUBLIC) would fail every record statement without this.",
+        (Privilege("function", "EXECUTE", "reactor", "outranks_v1", args="uuid, uuid, text"),),
+    ),
 )
 
 REQUIRED: tuple[Privilege, ...] = tuple(p for group in GROUPS for p in group.privileges)
@@ -165,5 +175,6 @@ def check_params() -> dict[str, Any]:
         "privileges": [p.privilege for p in REQUIRED],
         "schemas": [p.schema for p in REQUIRED],
         "names": [p.name for p in REQUIRED],
+        "args": [p.args for p in REQUIRED],
         "grants": [p.grant for p in REQUIRED],
     }

@@ -10,26 +10,36 @@ over LISTEN. A connection that fails the first check is replaced; one that passe
 not the second is listening somewhere notifications never arrive, which is what a
 transaction-mode pooler does, so the listener reports itself degraded and the service falls back
 to polling until probes arrive again.
+
+Nothing waits for the listener: the service scans, fires timers and runs hooks whatever this
+connection does, and polls until LISTEN is up. Every reconnect backs off, with jitter, from the
+first failure until a probe proves a connection again, whether the connect failed (a wrong
+password), LISTEN failed after a good connect (a standby refuses it) or the session dropped
+later. Each distinct problem is logged once, not once per attempt.
+
+Session settings (server-side keepalives, statement bounds) are applied only once a probe has
+come back on the connection: that proves it is a session of its own. Through a transaction-mode
+pooler they would land on a server session the app uses next.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+import random
 import re
 import uuid
 from collections.abc import Callable
+from datetime import datetime
 from typing import Literal
 
 import anyio
-import anyio.abc
 import psycopg
 import psycopg.sql
-import tenacity
 
 from reactor import db
 from reactor.config import Settings
-from reactor.errors import ReactorError
+from reactor.errors import ConfigError, ReactorError
 from reactor.metrics import Metrics
 
 log = logging.getLogger(__name__)
@@ -37,6 +47,22 @@ log = logging.getLogger(__name__)
 State = Literal["connecting", "listening", "degraded"]
 
 _PROBE = "probe:"
+
+# Reconnect backoff: the first retry within BACKOFF_BASE seconds, doubling per failure up to a
+# cap; a problem retrying cannot fix (a wrong password, a missing role) is retried rarely.
+BACKOFF_BASE = 0.2
+BACKOFF_CAP = 5.0
+BACKOFF_CAP_PERMANENT = 60.0
+
+
+def backoff(failures: int, *, cap: float, base: float = BACKOFF_BASE, rand: float) -> float:
+    """Seconds to wait before reconnect attempt ``failures + 1``; ``rand`` in [0, 1) jitters it.
+
+    Exponential from ``base``, at most ``cap``, and never below half of that (so a burst of
+    replicas spreads out, but none retries in a tight loop).
+    """
+    ceiling = min(cap, base * 2.0 ** max(0, failures - 1))
+    return ceiling * (0.5 + rand / 2)
 
 
 _UUID = re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}")
@@ -97,80 +123,105 @@ class Listener:
         self._probe_sent = -math.inf
         # Whether a probe came back on the current connection: readiness waits for it.
         self.proven = False
+        # Why the listener is not listening, as last logged (first line, never a password).
+        self.problem: str | None = None
+        # Reconnect attempts that failed since a connection was last proven.
+        self.failures = 0
+        self.backoff_base = BACKOFF_BASE
+        # Set once the first attempt is over, up or not: the service waits for no more.
+        self.settled = anyio.Event()
+        # (pid, backend_start) of the last session a probe proved our own: after a reconnect it
+        # may linger on the server.
+        self._previous: tuple[int, datetime] | None = None
 
     @property
     def delivering(self) -> bool:
         """False when notifications cannot be relied on: not connected, or probes lost."""
         return self.state == "listening"
 
-    async def run(
-        self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
-    ) -> None:
-        """Listen for ever, reconnecting with jittered backoff; started once LISTEN is up."""
-        started = False
-        previous_pid = 0
+    async def run(self) -> None:
+        """Listen for ever, reconnecting with jittered backoff. :attr:`settled` is set once the
+        first attempt is over, whether LISTEN came up or not."""
+        permanent = False
         while True:
-            conn = await self._connect()
+            if self.failures:
+                cap = BACKOFF_CAP_PERMANENT if permanent else BACKOFF_CAP
+                delay = backoff(
+                    self.failures, cap=cap, base=self.backoff_base, rand=random.random()
+                )
+                log.debug("listener reconnects after a pause", extra={"delay_s": round(delay, 3)})
+                await anyio.sleep(delay)
             try:
-                async with conn:
-                    # Quoted: pg_notify() takes the name verbatim, LISTEN would fold its case.
-                    await conn.execute(
-                        psycopg.sql.SQL("LISTEN {}").format(
-                            psycopg.sql.Identifier(self.settings.channel)
-                        )
-                    )
-                    self.connections += 1
-                    self.proven = False
-                    if self.connections > 1:
-                        self.metrics.reconnects.inc()
-                        log.info("listener reconnected", extra={"channel": self.settings.channel})
-                        await self._end_previous_session(conn, previous_pid)
-                    previous_pid = conn.info.backend_pid
-                    self._set_state("listening")
-                    # Re-arm from the database: anything notified while we were away is found.
-                    self.on_listening()
-                    if not started:
-                        task_status.started()
-                        started = True
-                    await self._listen(conn)
+                conn = await db.connect(self.dsn, "listener", configure_session=False)
+            except ReactorError as error:
+                permanent = isinstance(error, ConfigError)
+                self._failed("listener cannot connect; polling meanwhile", str(error))
+                continue
+            permanent = False
+            try:
+                await self._session(conn)
             except (psycopg.Error, OSError, TimeoutError) as error:
-                log.warning(
-                    "listener connection lost, reconnecting", extra={"error": db.first_line(error)}
+                self._failed(
+                    "listener connection lost or refused; polling meanwhile", db.first_line(error)
                 )
             finally:
                 self._set_state("connecting")
+                # Not `async with conn`: its exit awaits a rollback first, which a cancellation
+                # (stop) interrupts before the connection is closed.
+                with anyio.CancelScope(shield=True):
+                    await conn.close()
 
-    async def _end_previous_session(self, conn: db.AnyConnection, pid: int) -> None:
+    async def _session(self, conn: db.AnyConnection) -> None:
+        """LISTEN on ``conn`` until the connection fails (it raises)."""
+        # Quoted: pg_notify() takes the name verbatim, LISTEN would fold its case.
+        await conn.execute(
+            psycopg.sql.SQL("LISTEN {}").format(psycopg.sql.Identifier(self.settings.channel))
+        )
+        identity = await db.session_identity(conn)
+        self.connections += 1
+        self.proven = False
+        if self.connections > 1:
+            self.metrics.reconnects.inc()
+            log.info("listener reconnected", extra={"channel": self.settings.channel})
+        self._set_state("listening")
+        # Re-arm from the database: anything notified while we were away is found.
+        self.on_listening()
+        self.settled.set()
+        try:
+            await self._listen(conn)
+        finally:
+            if self.proven:
+                self._previous = identity
+
+    async def _end_previous_session(self, conn: db.AnyConnection) -> None:
         # A connection we gave up on (a silent partition, a probe timeout) may still be alive on
         # the server, registered as a listener that reads nothing: it holds the NOTIFY queue
         # back until the server's keepalives notice. End it now; a role may end its own sessions.
+        # Only a session a probe proved our own, matched by pid *and* start time: through a
+        # pooler, or once the pid is reused, the same pid is someone else's session.
+        if self._previous is None:
+            return
         try:
-            await conn.execute(
-                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                "WHERE pid = %s AND application_name = 'reactor-listener'",
-                (pid,),
-            )
+            await db.end_listener_session(conn, *self._previous)
         except psycopg.Error as error:
             log.debug("could not end the previous listener session", extra={"error": str(error)})
 
-    async def _connect(self) -> db.AnyConnection:
-        retrying = tenacity.AsyncRetrying(
-            wait=tenacity.wait_random_exponential(multiplier=0.1, max=5),
-            retry=tenacity.retry_if_exception_type(ReactorError),
-            before_sleep=lambda state: log.warning(
-                "listener cannot connect, retrying",
-                extra={"attempt": state.attempt_number, "error": str(state.outcome.exception())}
-                if state.outcome
-                else {},
-            ),
-        )
-        async for attempt in retrying:
-            with attempt:
-                return await db.connect(self.dsn, "listener")
-        raise AssertionError("unreachable: retrying never stops")
+    def _failed(self, message: str, problem: str) -> None:
+        self.failures += 1
+        self.metrics.listener_failures.inc()
+        self.proven = False
+        self.settled.set()
+        # Once per state change: the same failure again is not news, and a wrong password
+        # would otherwise log a line every few seconds for ever.
+        if problem != self.problem:
+            log.warning(message, extra={"error": problem, "attempt": self.failures})
+        else:
+            log.debug(message, extra={"error": problem, "attempt": self.failures})
+        self.problem = problem
 
     async def _listen(self, conn: db.AnyConnection) -> None:
         await self._send_probe()
+        configured = False
         while True:
             async for notify in conn.notifies(timeout=self._wait_time()):
                 self._receive(notify.payload)
@@ -180,8 +231,21 @@ class Listener:
             with anyio.CancelScope(shield=True), anyio.fail_after(self.settings.probe_timeout):
                 await conn.execute("SELECT 1")
             self._check_probe()
+            if self.proven and not configured:
+                # A probe came back: this is a session of our own, not a pooler's.
+                configured = True
+                with anyio.fail_after(self.settings.probe_timeout):
+                    await db.configure(conn)
+                    await self._end_previous_session(conn)
+                self._recovered()
             if anyio.current_time() - self._probe_sent >= self.settings.probe_interval:
                 await self._send_probe()
+
+    def _recovered(self) -> None:
+        if self.problem is not None:
+            log.info("listener is back", extra={"channel": self.settings.channel})
+        self.problem = None
+        self.failures = 0
 
     def _wait_time(self) -> float:
         # Wake up in time to judge the outstanding probe, or to send the next one.

@@ -66,6 +66,16 @@ class Metrics:
         self.record_errors = Counter(
             "reactor_record_errors", "Record statements that failed and were retried.", registry=r
         )
+        self.record_timeouts = Counter(
+            "reactor_record_timeouts",
+            "Record statements that hit a lock or statement timeout; batches are then split.",
+            registry=r,
+        )
+        self.stuck_jobs = Gauge(
+            "reactor_stuck_jobs",
+            "Jobs isolated behind another transaction's row lock, recorded on their own.",
+            registry=r,
+        )
         self.scan_duration = Histogram(
             "reactor_scan_duration_seconds", "Duration of one full fallback scan.", registry=r
         )
@@ -74,6 +84,11 @@ class Metrics:
         )
         self.reconnects = Counter(
             "reactor_reconnects", "Times the listener connection was re-established.", registry=r
+        )
+        self.listener_failures = Counter(
+            "reactor_listener_failures",
+            "LISTEN connection attempts that failed, or sessions that ended in an error.",
+            registry=r,
         )
         self.listener_up = Gauge(
             "reactor_listener_up",

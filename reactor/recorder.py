@@ -3,14 +3,22 @@
 The recorder never trusts what woke it: the record statement re-reads each job under a row lock
 and decides from the row (controller-runtime's reconcile). What comes back is a list of
 ``(job_id, delay)`` pairs for jobs that still need a run but could not be recorded yet.
+
+A stuck row costs only itself. A statement for many jobs waits at most ``batch_lock_timeout``
+for another transaction's row lock (a tab's save that is not committed yet); past it, or past
+the statement timeout, the batch is split into parts that are tried again, until the job behind
+the lock stands alone. That job is *stuck*: the scan leaves it out, and it is recorded by a
+statement of its own, which waits for the lock as long as the usual lock timeout allows, so it
+is written as soon as the lock goes.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import psycopg
+import psycopg.errors
 from psycopg_pool import PoolTimeout
 
 from reactor.db import Database, JobOutcome, first_line
@@ -21,7 +29,32 @@ log = logging.getLogger(__name__)
 # Errors that mean "the database is unwell right now": the work is retried, never dropped.
 DATABASE_ERRORS = (psycopg.Error, PoolTimeout, OSError, TimeoutError)
 
+# A statement that gave up on a row lock, or ran out of time: something in this batch is held
+# or heavy, the rest of the batch most likely is not.
+TIMEOUTS = (psycopg.errors.LockNotAvailable, psycopg.errors.QueryCanceled)
+
+# How long a statement for several jobs waits on a row lock before it is split. A tab's save
+# commits in milliseconds; an open transaction can hold its row for as long as it likes.
+BATCH_LOCK_TIMEOUT = 0.5
+
+# Parts a timed-out batch is split into: one stuck row among 500 stands alone after three
+# rounds, three lock timeouts, instead of nine when halving.
+SPLIT = 8
+
 Rearm = list[tuple[str, float]]
+
+
+def split(items: Sequence[str], parts: int = SPLIT) -> list[list[str]]:
+    """``items`` in at most ``parts`` consecutive, non-empty parts of near-equal size."""
+    count = min(parts, len(items))
+    size, extra = divmod(len(items), count) if count else (0, 0)
+    result: list[list[str]] = []
+    start = 0
+    for index in range(count):
+        end = start + size + (1 if index < extra else 0)
+        result.append(list(items[start:end]))
+        start = end
+    return result
 
 
 class Recorder:
@@ -35,11 +68,18 @@ class Recorder:
         busy_retry: float = 1.0,
         error_retry: float = 1.0,
         on_recorded: Callable[[], None] | None = None,
+        on_stuck: Callable[[str], None] | None = None,
     ) -> None:
         self.db = db
         self.metrics = metrics
         # Called after a statement that wrote runs: their hooks are queued, wake the runner.
         self.on_recorded = on_recorded
+        # Called with a job the scan isolated behind a row lock: the caller records it on its
+        # own (the service arms its timer at once).
+        self.on_stuck = on_stuck
+        self.batch_lock_timeout = BATCH_LOCK_TIMEOUT
+        # Jobs isolated behind another transaction's row lock, until a statement settles them.
+        self.stuck: set[str] = set()
         # A job another replica holds is checked again soon: if that replica dies mid-write,
         # the row lock goes with it and the job is still ours to record.
         self.busy_retry = busy_retry
@@ -47,8 +87,33 @@ class Recorder:
 
     async def record(self, job_ids: Sequence[str]) -> Rearm:
         """Record the due jobs among ``job_ids``; return the ones to try again, and when."""
+        # A stuck job goes alone, so its wait for the lock holds up nobody else.
+        fresh = [job_id for job_id in job_ids if job_id not in self.stuck]
+        groups = [fresh] if fresh else []
+        groups += [[job_id] for job_id in job_ids if job_id in self.stuck]
+        rearm: Rearm = []
+        for group in groups:
+            rearm += await self._record(group, waits=len(group) == 1)
+        return rearm
+
+    async def _record(self, job_ids: list[str], *, waits: bool) -> Rearm:
+        # Only a job on its own from the start waits the usual lock timeout; the parts of a
+        # split batch give up as soon as the batch did, so the stuck job is found quickly.
         try:
-            outcomes = await self.db.record_jobs(job_ids)
+            outcomes = await self.db.record_jobs(
+                job_ids, lock_timeout=None if waits else self.batch_lock_timeout
+            )
+        except TIMEOUTS as error:
+            self.metrics.record_timeouts.inc()
+            if len(job_ids) == 1:
+                found = job_ids[0] not in self.stuck
+                self._isolated(job_ids[0], error)
+                # Just isolated: again at once, alone, waiting for the lock this time.
+                return [(job_ids[0], 0.0 if found else self.error_retry)]
+            rearm: Rearm = []
+            for part in split(job_ids):
+                rearm += await self._record(part, waits=False)
+            return rearm
         except DATABASE_ERRORS as error:
             self.metrics.record_errors.inc()
             log.warning(
@@ -56,23 +121,67 @@ class Recorder:
                 extra={"jobs": len(job_ids), "error": first_line(error)},
             )
             return [(job_id, self.error_retry) for job_id in job_ids]
+        self._settled(job_ids)
         return self._digest(outcomes, "timer")
 
     async def drain(self, batch_size: int) -> int:
         """Record due jobs oldest first, batch after batch, until a batch comes back short.
 
-        Returns how many runs were written. Database errors propagate to the caller.
+        Returns how many runs were written. Jobs stuck behind another transaction's row lock
+        are left out (and handed to ``on_stuck``); other database errors propagate.
         """
         total = 0
         while True:
-            outcomes = await self.db.record_oldest(batch_size)
-            self.metrics.scan_rows.inc(len(outcomes))
+            outcomes = await self._oldest(batch_size)
+            taken = [o for o in outcomes if o.outcome != "deferred"]
+            self.metrics.scan_rows.inc(len(taken))
             self._digest(outcomes, "scan")
             total += sum(o.outcome == "recorded" for o in outcomes)
-            # A batch of only "kept" rows means other transactions hold them: the next scan
-            # settles them, looping now would only spin.
-            if len(outcomes) < batch_size or all(o.outcome == "kept" for o in outcomes):
+            # Only "kept" rows means other transactions hold them: the next scan settles them,
+            # looping now would only spin. Deferred rows (past the byte cap) are next in line.
+            progress = any(o.outcome in ("recorded", "superseded", "dropped") for o in taken)
+            full = len(outcomes) >= batch_size or len(taken) < len(outcomes)
+            if not (full and progress):
                 return total
+
+    async def _oldest(self, limit: int, only: list[str] | None = None) -> list[JobOutcome]:
+        try:
+            outcomes = await self.db.record_oldest(
+                limit, only=only, skip=sorted(self.stuck), lock_timeout=self.batch_lock_timeout
+            )
+        except TIMEOUTS as error:
+            self.metrics.record_timeouts.inc()
+            ids = (
+                only
+                if only is not None
+                else await self.db.oldest_queued(limit, skip=sorted(self.stuck))
+            )
+            if len(ids) == 1:
+                self._isolated(ids[0], error)
+                if self.on_stuck is not None:
+                    self.on_stuck(ids[0])
+                return [JobOutcome(ids[0], None, "kept", None)]
+            found: list[JobOutcome] = []
+            for part in split(ids):
+                found += await self._oldest(len(part), part)
+            return found
+        self._settled(o.job_id for o in outcomes if o.outcome != "deferred")
+        return outcomes
+
+    def _isolated(self, job_id: str, error: BaseException) -> None:
+        if job_id not in self.stuck:
+            log.warning(
+                "a job's run waits on another transaction's lock; it is recorded on its own "
+                "once the lock goes",
+                extra={"job_id": job_id, "error": first_line(error)},
+            )
+        self.stuck.add(job_id)
+        self.metrics.stuck_jobs.set(len(self.stuck))
+
+    def _settled(self, job_ids: Iterable[str]) -> None:
+        if self.stuck:
+            self.stuck.difference_update(job_ids)
+            self.metrics.stuck_jobs.set(len(self.stuck))
 
     def _digest(self, outcomes: list[JobOutcome], source: str) -> Rearm:
         rearm: Rearm = []

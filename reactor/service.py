@@ -1,9 +1,12 @@
 """The sidecar: listener, timer loop and fallback scan in one structured task group.
 
-Startup is ordered: LISTEN is established before the first scan, so nothing that finishes in
-between can fall through the gap. Shutdown is ordered too: :meth:`Reactor.stop` stops intake
-(the listener and new scans) at once, lets in-flight record statements finish within the drain
-deadline, then cancels what is left; a record statement cut short rolls back and loses nothing.
+Startup never waits for LISTEN: the scan, the timers and the hooks start at once, and the
+reactor polls (each scan re-arms timers) until LISTEN is up; a bad or unreachable listen DSN
+costs lateness, never work. When LISTEN comes up it asks for another scan with a re-arm, so
+nothing that finished before it was listening falls through the gap. Shutdown is ordered:
+:meth:`Reactor.stop` stops intake (the listener and new scans) at once, lets in-flight record
+statements finish within the drain deadline, then cancels what is left; a record statement cut
+short rolls back and loses nothing.
 """
 
 from __future__ import annotations
@@ -85,6 +88,7 @@ class Reactor:
             database,
             self.metrics,
             on_recorded=self.hook_runner.wake if self.hook_runner else None,
+            on_stuck=lambda job_id: self.arm(job_id, 0.0),
         )
         self.reconciler: Reconciler | None = None
         if settings.reconcile_interval > 0:
@@ -175,12 +179,10 @@ class Reactor:
     async def run(
         self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
     ) -> None:
-        """Run until :meth:`stop`; ``task_status`` fires once LISTEN is up (polling: at once)."""
+        """Run until :meth:`stop`; ``task_status`` fires once the listener's first attempt is
+        over, up or not (polling: at once). The work does not wait for it."""
         async with anyio.create_task_group() as intake:
-            if self.listener is not None:
-                await intake.start(self._listen)
-            else:
-                self.request_scan(rearm=True)
+            self.request_scan(rearm=True)
             with self._work:
                 async with anyio.create_task_group() as work:
                     work.start_soon(self._timer_loop, work)
@@ -191,6 +193,9 @@ class Reactor:
                     if self.reconciler is not None:
                         work.start_soon(self.reconciler.run)
                     work.start_soon(self.hook_retention.run)
+                    if self.listener is not None:
+                        intake.start_soon(self._listen)
+                        await self._first_listen_attempt(self.listener)
                     task_status.started()
             intake.cancel_scope.cancel()
         if self._work.cancel_called:
@@ -215,7 +220,10 @@ class Reactor:
             return alive, False, "database unreachable" if self.database_ok is False else "starting"
         if self.listener is not None:
             if self.listener.state == "connecting":
-                return alive, False, "LISTEN connection down; reconnecting"
+                problem = self.listener.problem
+                if problem is None:
+                    return alive, False, "LISTEN connection not up yet; polling"
+                return alive, False, f"LISTEN connection down: {problem}; polling, reconnecting"
             if self.listener.state == "degraded":
                 return alive, False, "probe notifications do not arrive (pooler?); polling"
             if not self.listener.proven:
@@ -282,10 +290,21 @@ class Reactor:
         with anyio.move_on_after(max(0.0, when - anyio.current_time())):
             await self._stopping.wait()
 
-    async def _listen(self, *, task_status: anyio.abc.TaskStatus[None]) -> None:
+    async def _listen(self) -> None:
         assert self.listener is not None
         with self._intake:
-            await self.listener.run(task_status=task_status)
+            await self.listener.run()
+
+    async def _first_listen_attempt(self, listener: Listener) -> None:
+        # Whichever comes first: the listener's first attempt ends, or stop() is called.
+        async with anyio.create_task_group() as tg:
+
+            async def wait(event: anyio.Event) -> None:
+                await event.wait()
+                tg.cancel_scope.cancel()
+
+            tg.start_soon(wait, listener.settled)
+            tg.start_soon(wait, self._stopping)
 
     def _on_notified(self, job_id: str, updated_at: float | None) -> None:
         # A full grace from receipt is never early: updated_at is set before the commit, and the

@@ -21,6 +21,7 @@ import pytest
 
 from reactor import sql
 from reactor.embedded import EmbeddedPostgres
+from tests import pgbouncer as bouncer
 from tests.helpers import AUDIT_SQL
 
 TEMPLATE = "reactor_test_template"
@@ -154,3 +155,26 @@ def spawn() -> Iterator[Callable[..., subprocess.Popen[str]]]:
         if proc.poll() is None:
             proc.kill()
         proc.communicate()
+
+
+@pytest.fixture(scope="session")
+def pgbouncer(server: Server) -> Iterator[bouncer.PgBouncer]:
+    """A PgBouncer in transaction mode in front of the test server (see tests/pgbouncer.py).
+
+    Skipped when the binary is missing, unless CI is set: there a missing pooler is a failure.
+    """
+    executable = bouncer.binary()
+    if executable is None:
+        reason = "pgbouncer is not installed (Debian: apt-get install pgbouncer; .ci/run does)"
+        if os.environ.get("CI"):
+            pytest.fail(f"{reason}, and CI is set")
+        pytest.skip(reason)
+    params = psycopg.conninfo.conninfo_to_dict(server.admin_dsn)
+    with bouncer.PgBouncer(
+        str(params.get("host") or "127.0.0.1"),
+        int(params.get("port") or 5432),
+        executable=executable,
+        user=str(params.get("user") or "postgres"),
+        password=str(params.get("password") or ""),
+    ) as running:
+        yield running

@@ -118,22 +118,35 @@ SELECT w.id::text AS job_id,
 -- the version this statement's snapshot judged (same xmin): a job that became eligible again
 -- after the snapshot was re-queued by a newer transaction, and stays. Jobs touched since they
 -- became eligible wait for their new deadline without holding up the batch.
+-- %(only)s (NULL: any) and %(skip)s narrow the queue rows taken: the recorder uses them to split
+-- a batch that waited too long on a lock, and to leave out a job it isolated behind one.
+-- Documents are written oldest first up to %(max_bytes)s (the first always): the claimed jobs
+-- past the cap stay queued for the next statement, so a batch of large documents cannot pass
+-- the statement timeout together.
 -- outcome: recorded | superseded | dropped (needed no run) | kept (another transaction holds
--- the job row). due_in is negative: how late each job was.
+-- the job row) | deferred (past the byte cap). due_in is negative: how late each job was.
 WITH queued AS (
-    SELECT p.job_id
+    SELECT p.job_id, p.since
       FROM reactor.pending p LEFT JOIN analysis_jobs j ON j.id = p.job_id
-     WHERE j.id IS NULL OR j.updated_at < now() - make_interval(secs => %(grace)s)
+     WHERE (j.id IS NULL OR j.updated_at < now() - make_interval(secs => %(grace)s))
+       AND (%(only)s::uuid[] IS NULL OR p.job_id = ANY(%(only)s::uuid[]))
+       AND p.job_id <> ALL(%(skip)s::uuid[])
      ORDER BY p.since
      LIMIT %(limit)s
        FOR UPDATE OF p SKIP LOCKED
-), claimed AS (
-    SELECT j.id, j.run_id, j.created_at, j.updated_at, j.doc_html, j.results
-      FROM analysis_jobs j
-     WHERE j.id IN (SELECT job_id FROM queued)
-       AND {{needs_run}}
+), claimable AS (
+    SELECT j.id, j.run_id, j.created_at, j.updated_at, j.doc_html, j.results, q.since,
+           octet_length(j.doc_html) + pg_column_size(j.results) AS bytes
+      FROM analysis_jobs j JOIN queued q ON q.job_id = j.id
+     WHERE {{needs_run}}
        AND j.updated_at < now() - make_interval(secs => %(grace)s)
        FOR NO KEY UPDATE OF j SKIP LOCKED
+), claimed AS (
+    -- octet_length reads a TOASTed document's length from its header, not the document.
+    SELECT k.id, k.run_id, k.created_at, k.updated_at, k.doc_html, k.results
+      FROM (SELECT c.*, sum(c.bytes) OVER (ORDER BY c.since, c.id) - c.bytes AS before
+              FROM claimable c) AS k
+     WHERE k.before < %(max_bytes)s
 ), seen AS (
     SELECT p.job_id, p.xmin AS version FROM reactor.pending p
      WHERE p.job_id IN (SELECT job_id FROM queued)
@@ -150,13 +163,24 @@ WITH queued AS (
 SELECT q.job_id::text AS job_id,
        c.run_id::text AS run_id,
        CASE WHEN q.job_id IN (SELECT job_id FROM written) THEN 'recorded'
-            WHEN c.id IS NOT NULL THEN 'superseded'
+            WHEN q.job_id IN (SELECT id FROM claimed) THEN 'superseded'
+            WHEN c.id IS NOT NULL THEN 'deferred'
             WHEN q.job_id IN (SELECT job_id FROM settled) THEN 'dropped'
             ELSE 'kept'
        END AS outcome,
        extract(epoch FROM c.updated_at + make_interval(secs => %(grace)s) - clock_timestamp())
            ::float8 AS due_in
-  FROM queued q LEFT JOIN claimed c ON c.id = q.job_id
+  FROM queued q LEFT JOIN claimable c ON c.id = q.job_id
+
+-- name: oldest_queued
+-- The queue rows record_oldest would take next, oldest first, read without locking: when a
+-- batch waited too long on a row lock, the recorder splits these ids and settles them in parts.
+SELECT p.job_id::text
+  FROM reactor.pending p LEFT JOIN analysis_jobs j ON j.id = p.job_id
+ WHERE (j.id IS NULL OR j.updated_at < now() - make_interval(secs => %(grace)s))
+   AND p.job_id <> ALL(%(skip)s::uuid[])
+ ORDER BY p.since
+ LIMIT %(limit)s
 
 -- name: upcoming
 -- Queued jobs that need a run and are still inside their grace window, with the seconds left:

@@ -104,7 +104,9 @@ CREATE INDEX hook_outbox_settled_idx
 
 CREATE FUNCTION reactor.outranks_v1(new_job uuid, run_job uuid, run_saved_by text)
     RETURNS boolean
-    LANGUAGE plpgsql VOLATILE AS
+    LANGUAGE plpgsql VOLATILE
+    -- The schema of analysis_jobs when it was migrated (the reference schema's is public).
+    SET search_path = pg_catalog, public, pg_temp AS
 $$
 BEGIN
     RETURN coalesce(run_saved_by, 'client') = 'worker'

@@ -97,14 +97,21 @@ SELECT a.pid, host(a.client_addr) AS client_addr, a.backend_start
 -- are skipped (NULL oid): the schema check reports those. Relations of a named schema are
 -- found through pg_class rather than to_regclass(), which fails outright on a schema the role
 -- may not use; that lack is reported once, by the schema's own row. For a row lock, PostgreSQL
--- accepts UPDATE on any column of the table, so any_column checks exactly that.
+-- accepts UPDATE on any column of the table, so any_column checks exactly that. A function is
+-- found by name and argument types (%(args)s) through pg_proc, for the same reason.
 SELECT need.grant_sql, current_user::text AS role
   FROM unnest(%(kinds)s::text[], %(privileges)s::text[], %(schemas)s::text[],
-              %(names)s::text[], %(grants)s::text[])
-       WITH ORDINALITY AS need(kind, privilege, schema_name, object_name, grant_sql, position)
+              %(names)s::text[], %(args)s::text[], %(grants)s::text[])
+       WITH ORDINALITY
+       AS need(kind, privilege, schema_name, object_name, args, grant_sql, position)
  CROSS JOIN LATERAL (
        SELECT CASE
                 WHEN need.kind = 'schema' THEN to_regnamespace(need.object_name)::oid
+                WHEN need.kind = 'function' THEN
+                     (SELECT p.oid FROM pg_proc p
+                       WHERE p.pronamespace = to_regnamespace(need.schema_name)::oid
+                         AND p.proname = need.object_name
+                         AND oidvectortypes(p.proargtypes) = need.args)
                 WHEN need.schema_name IS NULL THEN to_regclass(need.object_name)::oid
                 ELSE (SELECT c.oid FROM pg_class c
                        WHERE c.relnamespace = to_regnamespace(need.schema_name)::oid
@@ -114,6 +121,7 @@ SELECT need.grant_sql, current_user::text AS role
  WHERE CASE need.kind
          WHEN 'schema' THEN NOT has_schema_privilege(found.oid, need.privilege)
          WHEN 'any_column' THEN NOT has_any_column_privilege(found.oid, need.privilege)
+         WHEN 'function' THEN NOT has_function_privilege(found.oid, need.privilege)
          ELSE NOT has_table_privilege(found.oid, need.privilege)
        END
  ORDER BY need.position

@@ -21,8 +21,9 @@ StartReactor = Callable[..., AbstractAsyncContextManager[Reactor]]
 def start_reactor(database_url: str) -> StartReactor:
     """``async with start_reactor(grace=0.3) as r:`` runs a reactor until the block ends.
 
-    Keyword arguments are Settings fields; the reactor is started (LISTEN up) on entry and
-    stopped with its drain on exit.
+    Keyword arguments are Settings fields (``database_url`` too, e.g. through a pooler); the
+    reactor is started (its listener's first attempt over) on entry and stopped with its drain
+    on exit.
     """
 
     @asynccontextmanager
@@ -38,7 +39,7 @@ def start_reactor(database_url: str) -> StartReactor:
         }
         settings = Settings(**fields)
         async with (
-            db.make_pool(database_url, max_size=POOL_SIZE) as pool,
+            db.make_pool(settings.require_database(), max_size=POOL_SIZE) as pool,
             open_hooks(settings, pool) as hooks,
         ):
             database = db.Database(pool, grace=settings.grace, hooks=list(hooks))

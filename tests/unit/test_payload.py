@@ -187,6 +187,9 @@ class _FakeConnection:
     async def __aexit__(self, *exc: object) -> None:
         return None
 
+    async def close(self) -> None:
+        return None
+
     async def execute(self, statement: object, params: object = None) -> None:
         if isinstance(statement, psycopg.sql.Composable):
             statement = statement.as_string(None)
