@@ -184,8 +184,9 @@ def plain_database(pool: AsyncConnectionPool[db.AnyConnection], grace: float) ->
 
 
 class StampedDatabase(db.Database):
-    """The reactor's Database, noting when its first claim of each job starts (monotonic clock)
-    and counting its record statements. Behaviour is unchanged: it then claims as usual.
+    """The reactor's Database, noting when its first claim of each job starts and, if asked,
+    when that claim returned (monotonic clock), and counting its record statements. Behaviour
+    is unchanged: it claims as usual.
     """
 
     def __init__(
@@ -194,9 +195,11 @@ class StampedDatabase(db.Database):
         *,
         grace: float,
         stamps: dict[str, float],
+        returns: dict[str, float] | None = None,
     ) -> None:
         super().__init__(pool, grace=grace)
         self.stamps = stamps
+        self.returns = returns
         self.record_calls = 0
 
     async def record_jobs(
@@ -207,14 +210,19 @@ class StampedDatabase(db.Database):
         self.record_calls += 1
         for job_id in job_ids:
             self.stamps.setdefault(job_id, now)
-        return await super().record_jobs(job_ids, lock_timeout=lock_timeout)
+        outcomes = await super().record_jobs(job_ids, lock_timeout=lock_timeout)
+        if self.returns is not None:
+            now = time.monotonic()
+            for job_id in job_ids:
+                self.returns.setdefault(job_id, now)
+        return outcomes
 
 
-def stamped(stamps: dict[str, float]) -> DatabaseFactory:
-    """A factory of StampedDatabase sharing ``stamps``, for :func:`replicas`."""
+def stamped(stamps: dict[str, float], returns: dict[str, float] | None = None) -> DatabaseFactory:
+    """A factory of StampedDatabase sharing ``stamps`` (and ``returns``), for :func:`replicas`."""
 
     def make(pool: AsyncConnectionPool[db.AnyConnection], grace: float) -> db.Database:
-        return StampedDatabase(pool, grace=grace, stamps=stamps)
+        return StampedDatabase(pool, grace=grace, stamps=stamps, returns=returns)
 
     return make
 

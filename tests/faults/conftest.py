@@ -24,6 +24,7 @@ from reactor.hooks import open_hooks
 from reactor.service import POOL_SIZE, Reactor
 from tests.conftest import Server
 from tests.faults.proxy import FaultProxy
+from tests.faults.scenario import REPLICAS, Scenario
 from tests.faults.support import Judgement, Replicas, Workload, host_port
 
 StartReactor = Callable[..., AbstractAsyncContextManager[Reactor]]
@@ -202,3 +203,15 @@ def reactor_at() -> StartReactor:
                     reactor.stop()
 
     return start
+
+
+@pytest.fixture(params=REPLICAS, ids=lambda n: f"{n}-replica")
+def scenario(
+    request: pytest.FixtureRequest,
+    database_url: str,
+    reactor_at: StartReactor,
+    workload: Callable[..., Workload],
+    report: Report,
+) -> Scenario:
+    """An in-process scenario's app, replicas and verdict; once per entry of ``REPLICAS``."""
+    return Scenario(database_url, reactor_at, workload, report, replicas=request.param)

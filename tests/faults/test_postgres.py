@@ -13,7 +13,7 @@ import random
 import signal
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 
 import anyio
@@ -21,28 +21,11 @@ import psycopg
 import pytest
 
 from reactor.embedded import EmbeddedPostgres
-from tests.faults.conftest import Report, StartReactor
-from tests.faults.support import (
-    Conn,
-    Workload,
-    connect,
-    reactor_pids,
-    scalar,
-    settle,
-)
+from tests.faults.scenario import Scenario
+from tests.faults.support import Conn, connect, reactor_pids, scalar
 from tests.integration.conftest import eventually
 
 pytestmark = pytest.mark.anyio
-
-GRACE = 1.0
-
-
-async def drive(app: Workload, seconds: float, rate: float = 20.0) -> None:
-    await anyio.to_thread.run_sync(app.drive, seconds, rate)
-
-
-async def finish(app: Workload, count: int) -> None:
-    await anyio.to_thread.run_sync(app.finish, count)
 
 
 async def server_answers(dsn: str, *, within: float = 60.0) -> None:
@@ -66,269 +49,162 @@ async def server_answers(dsn: str, *, within: float = 60.0) -> None:
 
 
 @contextmanager
-def frozen(pid: int) -> Iterator[None]:
-    """SIGSTOP a backend; SIGCONT it on the way out."""
-    os.kill(pid, signal.SIGSTOP)
+def frozen(*pids: int) -> Iterator[None]:
+    """SIGSTOP backends; SIGCONT them on the way out."""
+    for pid in pids:
+        os.kill(pid, signal.SIGSTOP)
     try:
         yield
     finally:
-        os.kill(pid, signal.SIGCONT)
+        for pid in pids:
+            os.kill(pid, signal.SIGCONT)
 
 
 # -- restarts, crashes, downtime ---------------------------------------------------------------
 
 
 async def _restarts(
-    database_url: str,
-    embedded: EmbeddedPostgres,
-    reactor_at: StartReactor,
-    workload: Callable[..., Workload],
-    report: Report,
-    *,
-    cycles: int,
-    scenario: str,
+    scenario: Scenario, embedded: EmbeddedPostgres, *, cycles: int, name: str
 ) -> None:
-    app = workload(grace=GRACE, seed=11)
-    async with reactor_at(database_url, grace=GRACE) as reactor:
+    app = scenario.app(seed=11)
+    async with scenario.fleet() as fleet:
         for _ in range(cycles):
-            await drive(app, 1.0)
-            await finish(app, 10)  # deadlines across the restart
+            await scenario.drive(app, 1.0)
+            await scenario.finish(app, 10)  # deadlines across the restart
             await anyio.to_thread.run_sync(embedded.restart, "fast")
-            await drive(app, 1.0)
-        await anyio.to_thread.run_sync(app.quiesce)
-        judgement, took = await settle(database_url, GRACE, within=30)
-        assert reactor.listener is not None
-        reconnects = reactor.listener.connections - 1
-    report(scenario, cycles, judgement, recovery=took, note=f"{reconnects} listener reconnects")
-    assert judgement.clean, str(judgement)
+            await scenario.drive(app, 1.0)
+        judgement, took = await scenario.verdict(app)
+        reconnects = min(fleet.connections()) - 1
+    scenario.conclude(
+        name, cycles, judgement, recovery=took, note=f"{reconnects} listener reconnects"
+    )
     assert reconnects >= cycles
 
 
-async def test_fast_shutdown_and_restart(
-    database_url: str,
-    embedded: EmbeddedPostgres,
-    reactor_at: StartReactor,
-    workload: Callable[..., Workload],
-    report: Report,
-) -> None:
-    await _restarts(
-        database_url,
-        embedded,
-        reactor_at,
-        workload,
-        report,
-        cycles=1,
-        scenario="pg: fast shutdown + restart",
-    )
+async def test_fast_shutdown_and_restart(scenario: Scenario, embedded: EmbeddedPostgres) -> None:
+    await _restarts(scenario, embedded, cycles=1, name="pg: fast shutdown + restart")
 
 
 @pytest.mark.slow
 async def test_fast_shutdown_and_restart_long(
-    database_url: str,
-    embedded: EmbeddedPostgres,
-    reactor_at: StartReactor,
-    workload: Callable[..., Workload],
-    report: Report,
+    scenario: Scenario, embedded: EmbeddedPostgres
 ) -> None:
-    await _restarts(
-        database_url,
-        embedded,
-        reactor_at,
-        workload,
-        report,
-        cycles=8,
-        scenario="pg: fast shutdown + restart (long)",
-    )
+    await _restarts(scenario, embedded, cycles=8, name="pg: fast shutdown + restart (long)")
 
 
-async def _backend_crashes(
-    database_url: str,
-    embedded: EmbeddedPostgres,
-    reactor_at: StartReactor,
-    workload: Callable[..., Workload],
-    report: Report,
-    *,
-    cycles: int,
-    scenario: str,
-) -> None:
-    app = workload(grace=GRACE, seed=12)
+async def _backend_crashes(scenario: Scenario, *, cycles: int, name: str) -> None:
+    app = scenario.app(seed=12)
     rng = random.Random(12)
-    async with reactor_at(database_url, grace=GRACE) as reactor:
+    async with scenario.fleet() as fleet:
         for _ in range(cycles):
-            await eventually(lambda: reactor.listener is not None and reactor.listener.proven)
-            await drive(app, rng.uniform(0.3, 1.5))
-            await finish(app, 10)
-            with connect(database_url) as conn:
+            await eventually(lambda: fleet.all_listeners(lambda listener: listener.proven))
+            await scenario.drive(app, rng.uniform(0.3, 1.5))
+            await scenario.finish(app, 10)
+            with connect(scenario.database_url) as conn:
                 victims = reactor_pids(conn)
             assert victims
             # One backend dies by SIGKILL: the postmaster resets every connection and recovers.
             os.kill(rng.choice(victims), signal.SIGKILL)
-            await server_answers(database_url)
-            await drive(app, 1.0)
-        await anyio.to_thread.run_sync(app.quiesce)
-        judgement, took = await settle(database_url, GRACE, within=30)
-    report(scenario, cycles, judgement, recovery=took, note="SIGKILL of one reactor backend")
-    assert judgement.clean, str(judgement)
+            await server_answers(scenario.database_url)
+            await scenario.drive(app, 1.0)
+        judgement, took = await scenario.verdict(app)
+    scenario.conclude(name, cycles, judgement, recovery=took, note="SIGKILL of one reactor backend")
 
 
 async def test_backend_crash_resets_every_connection(
-    database_url: str,
-    embedded: EmbeddedPostgres,
-    reactor_at: StartReactor,
-    workload: Callable[..., Workload],
-    report: Report,
+    scenario: Scenario, embedded: EmbeddedPostgres
 ) -> None:
-    await _backend_crashes(
-        database_url,
-        embedded,
-        reactor_at,
-        workload,
-        report,
-        cycles=1,
-        scenario="pg: backend SIGKILL (crash)",
-    )
+    await _backend_crashes(scenario, cycles=1, name="pg: backend SIGKILL (crash)")
 
 
 @pytest.mark.slow
-async def test_backend_crashes_long(
-    database_url: str,
-    embedded: EmbeddedPostgres,
-    reactor_at: StartReactor,
-    workload: Callable[..., Workload],
-    report: Report,
-) -> None:
-    await _backend_crashes(
-        database_url,
-        embedded,
-        reactor_at,
-        workload,
-        report,
-        cycles=8,
-        scenario="pg: backend SIGKILL (crash, long)",
-    )
+async def test_backend_crashes_long(scenario: Scenario, embedded: EmbeddedPostgres) -> None:
+    await _backend_crashes(scenario, cycles=8, name="pg: backend SIGKILL (crash, long)")
 
 
 async def _downtime(
-    database_url: str,
-    embedded: EmbeddedPostgres,
-    reactor_at: StartReactor,
-    workload: Callable[..., Workload],
-    report: Report,
-    *,
-    seconds: float,
-    scenario: str,
+    scenario: Scenario, embedded: EmbeddedPostgres, *, seconds: float, name: str
 ) -> None:
-    app = workload(grace=GRACE, seed=13)
-    async with reactor_at(database_url, grace=GRACE) as reactor:
-        await drive(app, 1.0)
+    app = scenario.app(seed=13)
+    async with scenario.fleet():
+        await scenario.drive(app, 1.0)
         # Finished right before the stop: every one of these comes due while the server is down.
-        await finish(app, 20)
+        await scenario.finish(app, 20)
         await anyio.to_thread.run_sync(embedded.stop, "fast")
         stopped = time.monotonic()
         try:
-            await drive(app, seconds)  # the worker cannot write; it keeps trying
+            await scenario.drive(app, seconds)  # the worker cannot write; it keeps trying
         finally:
             await anyio.to_thread.run_sync(embedded.start)
         started = time.monotonic()
-        await drive(app, 1.0)
-        await anyio.to_thread.run_sync(app.quiesce)
-        judgement, took = await settle(database_url, GRACE, within=30)
+        await scenario.drive(app, 1.0)
+        judgement, took = await scenario.verdict(app)
         caught_up = started + took
-        assert reactor.listener is not None
-    report(
-        scenario,
+    scenario.conclude(
+        name,
         1,
         judgement,
         recovery=took,
         note=f"down {started - stopped:.1f}s; worker writes refused: {app.failed_writes}",
     )
     assert app.failed_writes > 0
-    assert judgement.clean, str(judgement)
     # Recovery is the reconnect (its backoff is capped at 5 s), not the 30 s scan.
     assert judgement.verdict.lateness_max is not None
     assert judgement.verdict.lateness_max < (started - stopped) + 10
     assert caught_up - started < 10
 
 
-async def test_downtime(
-    database_url: str,
-    embedded: EmbeddedPostgres,
-    reactor_at: StartReactor,
-    workload: Callable[..., Workload],
-    report: Report,
-) -> None:
-    await _downtime(
-        database_url,
-        embedded,
-        reactor_at,
-        workload,
-        report,
-        seconds=5.0,
-        scenario="pg: downtime 5 s",
-    )
+async def test_downtime(scenario: Scenario, embedded: EmbeddedPostgres) -> None:
+    await _downtime(scenario, embedded, seconds=5.0, name="pg: downtime 5 s")
 
 
 @pytest.mark.slow
-async def test_downtime_long(
-    database_url: str,
-    embedded: EmbeddedPostgres,
-    reactor_at: StartReactor,
-    workload: Callable[..., Workload],
-    report: Report,
-) -> None:
-    await _downtime(
-        database_url,
-        embedded,
-        reactor_at,
-        workload,
-        report,
-        seconds=30.0,
-        scenario="pg: downtime 30 s",
-    )
+async def test_downtime_long(scenario: Scenario, embedded: EmbeddedPostgres) -> None:
+    await _downtime(scenario, embedded, seconds=30.0, name="pg: downtime 30 s")
 
 
 # -- frozen backends ---------------------------------------------------------------------------
 
 
 async def test_frozen_listener_backend_holds_the_queue_and_is_replaced(
-    database_url: str,
-    embedded: EmbeddedPostgres,
-    reactor_at: StartReactor,
-    workload: Callable[..., Workload],
-    report: Report,
+    scenario: Scenario, embedded: EmbeddedPostgres
 ) -> None:
     # The NOTIFY queue holds 8 GB by default: filling it takes far too long for a test. What we
     # can check quickly is that a frozen LISTENer holds the queue's tail and that the reactor's
     # queue_usage gauge shows it, while the reactor replaces the frozen session and goes on.
-    app = workload(grace=GRACE, seed=14)
-    async with reactor_at(database_url, grace=GRACE) as reactor:
-        listener = reactor.listener
-        assert listener is not None
-        await eventually(lambda: listener.proven)
-        with connect(database_url) as conn:
-            [pid] = reactor_pids(conn, "listener")
+    app = scenario.app(seed=14)
+    async with scenario.fleet() as fleet:
+        await eventually(lambda: fleet.all_listeners(lambda listener: listener.proven))
+        with connect(scenario.database_url) as conn:
+            pids = reactor_pids(conn, "listener")
+            assert len(pids) == len(fleet.reactors)
 
             def usage() -> float:
-                value = reactor.metrics.registry.get_sample_value(
-                    "reactor_notification_queue_usage"
-                )
-                return value or 0.0
+                values = [
+                    r.metrics.registry.get_sample_value("reactor_notification_queue_usage")
+                    for r in fleet.reactors
+                ]
+                return max(value or 0.0 for value in values)
 
-            with frozen(pid):
-                await finish(app, 10)
+            with frozen(*pids):
+                await scenario.finish(app, 10)
                 # Traffic on another channel: ~100 kB, a dozen queue pages behind the tail.
                 for _ in range(200):
                     conn.execute("SELECT pg_notify('fault_noise', repeat('n', 500))")
                 await eventually(lambda: usage() > 0, timeout=5)
                 seen = usage()
-                await eventually(lambda: listener.connections >= 2, timeout=10)
-                await drive(app, 1.0)
-            # Resumed, the old session meets the pg_terminate_backend the reactor sent it.
-            await eventually(lambda: pid not in reactor_pids(conn, "listener"), timeout=10)
-            await drive(app, 1.0)
-        await anyio.to_thread.run_sync(app.quiesce)
-        judgement, took = await settle(database_url, GRACE, within=30)
-    report(
+                await eventually(
+                    lambda: fleet.all_listeners(lambda listener: listener.connections >= 2),
+                    timeout=10,
+                )
+                await scenario.drive(app, 1.0)
+            # Resumed, the old sessions meet the pg_terminate_backend their reactor sent them.
+            await eventually(
+                lambda: not set(pids) & set(reactor_pids(conn, "listener")), timeout=10
+            )
+            await scenario.drive(app, 1.0)
+        judgement, took = await scenario.verdict(app)
+    scenario.conclude(
         "pg: frozen LISTEN backend",
         1,
         judgement,
@@ -336,7 +212,6 @@ async def test_frozen_listener_backend_holds_the_queue_and_is_replaced(
         note=f"queue usage seen {seen:.2e} (>0) while frozen; queue-full itself not reproduced",
     )
     assert seen > 0
-    assert judgement.clean, str(judgement)
 
 
 GATE_SQL = """
@@ -364,22 +239,14 @@ def run_of(conn: Conn, run_id: object) -> tuple[object, ...] | None:
     return None if row is None else tuple(row)
 
 
-async def _frozen_claim(
-    database_url: str,
-    reactor_at: StartReactor,
-    workload: Callable[..., Workload],
-    report: Report,
-    *,
-    seconds: float,
-    reanalyse: bool,
-    scenario: str,
-) -> None:
-    """Two replicas; the backend of the one that claimed job J is frozen mid-statement."""
-    app = workload(grace=GRACE, seed=15, reanalyse_ratio=0.0)
+async def _frozen_claim(scenario: Scenario, *, seconds: float, reanalyse: bool, name: str) -> None:
+    """Two replicas or more; the backend of the one that claimed job J is frozen mid-statement."""
+    app = scenario.app(seed=15, reanalyse_ratio=0.0)
+    database_url = scenario.database_url
     with connect(database_url) as gate, connect(database_url) as conn:
         gate.execute(GATE_SQL)
         gate.execute("SELECT pg_advisory_lock(4242)")
-        async with reactor_at(database_url, grace=GRACE), reactor_at(database_url, grace=GRACE):
+        async with scenario.fleet(at_least=2) as fleet:
             [held] = await anyio.to_thread.run_sync(lambda: app.finish(1, save=False))
             run_id = scalar(conn, "SELECT run_id FROM analysis_jobs WHERE id = %s", (held,))
 
@@ -391,7 +258,7 @@ async def _frozen_claim(
                 return [int(r[0]) for r in rows]
 
             # One replica's record statement claimed J (row lock held) and waits at the gate;
-            # the other replica found J locked and skipped it.
+            # the others found J locked and skipped it.
             [victim] = await eventually(blocked, timeout=10)
             with frozen(victim):
                 conn.execute("UPDATE fault_gate SET closed = false")
@@ -401,25 +268,23 @@ async def _frozen_claim(
                     # A re-analysis of J's run finishes and is recorded while J's claim sleeps.
                     later, _ = new_job_of(conn, run_id)
                     await eventually(lambda: run_of(conn, run_id) == (later, "worker"), timeout=10)
-                await drive(app, seconds)
-                await anyio.to_thread.run_sync(app.quiesce)
+                await scenario.drive(app, seconds)
                 # Everything but the frozen claim is recorded, by whichever replica.
-                during, _ = await settle(
-                    database_url, GRACE, within=10, until=lambda j: j.verdict.lost <= 1
+                during, _ = await scenario.verdict(
+                    app, within=10, until=lambda j: j.verdict.lost <= 1
                 )
             resumed = time.monotonic()
-            judgement, _ = await settle(database_url, GRACE, within=4)
+            judgement, _ = await scenario.verdict(app, within=4)
             final = run_of(conn, run_id)
-    report(
-        scenario,
+    scenario.conclude(
+        name,
         1,
         judgement,
         recovery=time.monotonic() - resumed,
-        note=f"2 replicas; a backend holding job J's claim frozen {seconds:g}s+"
-        + ("; J's run re-analysed meanwhile" if reanalyse else ""),
+        note=f"{len(fleet.reactors)} replicas; a backend holding job J's claim frozen "
+        f"{seconds:g}s+" + ("; J's run re-analysed meanwhile" if reanalyse else ""),
     )
     assert during.verdict.lost == (0 if reanalyse else 1), str(during)
-    assert judgement.clean, str(judgement)
     assert final == ((later, "worker") if reanalyse else (held, "worker"))
 
 
@@ -435,119 +300,55 @@ def new_job_of(conn: Conn, run_id: object) -> tuple[object, object]:
 
 
 async def test_frozen_backend_holding_a_claim(
-    database_url: str,
-    embedded: EmbeddedPostgres,
-    reactor_at: StartReactor,
-    workload: Callable[..., Workload],
-    report: Report,
+    scenario: Scenario, embedded: EmbeddedPostgres
 ) -> None:
     await _frozen_claim(
-        database_url,
-        reactor_at,
-        workload,
-        report,
-        seconds=2.0,
-        reanalyse=False,
-        scenario="pg: frozen backend holding a claim",
+        scenario, seconds=2.0, reanalyse=False, name="pg: frozen backend holding a claim"
     )
 
 
 @pytest.mark.slow
 async def test_frozen_backend_holding_a_claim_long(
-    database_url: str,
-    embedded: EmbeddedPostgres,
-    reactor_at: StartReactor,
-    workload: Callable[..., Workload],
-    report: Report,
+    scenario: Scenario, embedded: EmbeddedPostgres
 ) -> None:
     await _frozen_claim(
-        database_url,
-        reactor_at,
-        workload,
-        report,
-        seconds=20.0,
-        reanalyse=False,
-        scenario="pg: frozen backend holding a claim (long)",
+        scenario, seconds=20.0, reanalyse=False, name="pg: frozen backend holding a claim (long)"
     )
 
 
 async def test_frozen_claim_resumed_after_a_reanalysis_keeps_the_later_job(
-    database_url: str,
-    embedded: EmbeddedPostgres,
-    reactor_at: StartReactor,
-    workload: Callable[..., Workload],
-    report: Report,
+    scenario: Scenario, embedded: EmbeddedPostgres
 ) -> None:
     await _frozen_claim(
-        database_url,
-        reactor_at,
-        workload,
-        report,
-        seconds=1.0,
-        reanalyse=True,
-        scenario="pg: frozen claim + re-analysis meanwhile",
+        scenario, seconds=1.0, reanalyse=True, name="pg: frozen claim + re-analysis meanwhile"
     )
 
 
 # -- terminated sessions -----------------------------------------------------------------------
 
 
-async def _terminations(
-    database_url: str,
-    reactor_at: StartReactor,
-    workload: Callable[..., Workload],
-    report: Report,
-    *,
-    cycles: int,
-    scenario: str,
-) -> None:
-    app = workload(grace=GRACE, seed=16)
+async def _terminations(scenario: Scenario, *, cycles: int, name: str) -> None:
+    app = scenario.app(seed=16)
     rng = random.Random(16)
     ended = 0
-    async with reactor_at(database_url, grace=GRACE):
-        with connect(database_url) as conn:
+    async with scenario.fleet():
+        with connect(scenario.database_url) as conn:
             for _ in range(cycles):
-                await drive(app, rng.uniform(0.1, 1.2))
+                await scenario.drive(app, rng.uniform(0.1, 1.2))
                 pids = reactor_pids(conn)
                 chosen = rng.sample(pids, rng.randint(1, len(pids))) if pids else []
                 for pid in chosen:
                     ended += bool(scalar(conn, "SELECT pg_terminate_backend(%s)", (pid,)))
-        await drive(app, 1.0)
-        await anyio.to_thread.run_sync(app.quiesce)
-        judgement, took = await settle(database_url, GRACE, within=30)
-    report(scenario, cycles, judgement, recovery=took, note=f"{ended} sessions terminated")
+        await scenario.drive(app, 1.0)
+        judgement, took = await scenario.verdict(app)
+    scenario.conclude(name, cycles, judgement, recovery=took, note=f"{ended} sessions terminated")
     assert ended >= cycles
-    assert judgement.clean, str(judgement)
 
 
-async def test_terminated_reactor_sessions(
-    database_url: str,
-    reactor_at: StartReactor,
-    workload: Callable[..., Workload],
-    report: Report,
-) -> None:
-    await _terminations(
-        database_url,
-        reactor_at,
-        workload,
-        report,
-        cycles=4,
-        scenario="pg: pg_terminate_backend at random",
-    )
+async def test_terminated_reactor_sessions(scenario: Scenario) -> None:
+    await _terminations(scenario, cycles=4, name="pg: pg_terminate_backend at random")
 
 
 @pytest.mark.slow
-async def test_terminated_reactor_sessions_long(
-    database_url: str,
-    reactor_at: StartReactor,
-    workload: Callable[..., Workload],
-    report: Report,
-) -> None:
-    await _terminations(
-        database_url,
-        reactor_at,
-        workload,
-        report,
-        cycles=60,
-        scenario="pg: pg_terminate_backend at random (long)",
-    )
+async def test_terminated_reactor_sessions_long(scenario: Scenario) -> None:
+    await _terminations(scenario, cycles=60, name="pg: pg_terminate_backend at random (long)")

@@ -1,4 +1,4 @@
-"""reactor.deadlines: the keyed min-heap, driven by a fake clock (``now`` is always passed in)."""
+"""reactor.deadlines: its FIFO and heap, driven by a fake clock (``now`` is always passed in)."""
 
 from __future__ import annotations
 
@@ -6,21 +6,33 @@ import itertools
 import math
 import random
 import time
+import uuid
+from collections.abc import Hashable
+from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from reactor.deadlines import Deadlines
+from reactor.deadlines import Deadlines, pack_text, unpack_text
+
+GRACE = 120.0
 
 
-def bound(d: Deadlines[int] | Deadlines[str]) -> int:
-    """The most entries the heap may hold right after a schedule() call."""
+def held(d: Deadlines[Any]) -> int:
+    """Entries the structure holds, tombstones included."""
+    return len(d._fifo_keys) + len(d._heap)
+
+
+def bound(d: Deadlines[Any]) -> int:
+    """The most entries it may hold right after any call."""
     return 2 * len(d) + 64 + 1
 
 
-def drain(d: Deadlines[str]) -> list[str]:
-    return d.pop_due(math.inf)
+def job_ids(n: int, seed: int = 0) -> list[str]:
+    rng = random.Random(seed)
+    return [str(uuid.UUID(int=rng.getrandbits(128), version=4)) for _ in range(n)]
 
 
 # -- ordering -----------------------------------------------------------------------------------
@@ -48,6 +60,18 @@ def test_earliest_comes_out_first() -> None:
     assert d.next_deadline() is None
 
 
+def test_in_order_and_out_of_order_deadlines_merge() -> None:
+    d: Deadlines[int] = Deadlines()
+    for key, when in enumerate([1.0, 3.0, 5.0, 7.0]):  # in arrival order: the FIFO
+        d.schedule(key, when)
+    for key, when in [(10, 2.0), (11, 6.0), (12, 0.5)]:  # earlier than the last: the heap
+        d.schedule(key, when)
+    assert len(d._heap) == 3
+    assert d.next_deadline() == 0.5
+    assert d.pop_due(5.0) == [12, 0, 10, 1, 2]
+    assert d.pop_due(math.inf) == [11, 3]
+
+
 def test_pop_due_takes_only_what_is_due_inclusive() -> None:
     d: Deadlines[str] = Deadlines()
     d.schedule("a", 10.0)
@@ -69,15 +93,27 @@ def test_int_deadlines_are_accepted() -> None:
     assert d.pop_due(5) == ["a"]
 
 
+def test_nan_is_refused_and_changes_nothing() -> None:
+    d: Deadlines[str] = Deadlines()
+    d.schedule("a", 1.0)
+    with pytest.raises(ValueError, match="NaN"):
+        d.schedule("a", math.nan)
+    assert d.when("a") == 1.0
+    assert d.pop_due(1.0) == ["a"]
+
+
 def test_equal_deadlines_for_different_keys() -> None:
     d: Deadlines[str] = Deadlines()
     for key in ["b", "c", "a"]:
         d.schedule(key, 7.0)
-    assert len(d) == 3
-    assert d.next_deadline() == 7.0
-    assert d.pop_due(6.0) == []
-    # Ties are broken by key order, so the result is deterministic.
-    assert d.pop_due(7.0) == ["a", "b", "c"]
+    d.schedule("z", 3.0)
+    d.schedule("y", 7.0)  # earlier than the last? no: equal, so it joins the FIFO
+    d.schedule("x", 5.0)  # the heap
+    assert len(d) == 6
+    assert d.next_deadline() == 3.0
+    assert d.pop_due(6.0) == ["z", "x"]
+    # Equal deadlines come out together, in no promised order.
+    assert sorted(d.pop_due(7.0)) == ["a", "b", "c", "y"]
     assert len(d) == 0
 
 
@@ -118,6 +154,17 @@ def test_reschedule_to_an_equal_time_leaves_one_entry_live() -> None:
     assert d.pop_due(10.0) == ["a"]
     assert d.pop_due(math.inf) == []
     assert d.next_deadline() is None
+
+
+def test_a_tombstone_with_the_new_time_comes_out_once() -> None:
+    d: Deadlines[str] = Deadlines()
+    first = 10.0
+    d.schedule("a", first)
+    d.schedule("a", 20.0)
+    d.schedule("a", first)  # the same float object as the FIFO's first entry, now in the heap
+    assert d.pop_due(10.0) == ["a"]
+    assert d.pop_due(math.inf) == []
+    assert len(d) == 0
 
 
 def test_rescheduling_after_pop_starts_afresh() -> None:
@@ -175,6 +222,7 @@ def test_everything_cancelled_means_nothing_pending() -> None:
     for i in range(1000):
         assert d.cancel(i)
     assert len(d) == 0
+    assert held(d) <= bound(d)
     assert d.next_deadline() is None
     assert d.pop_due(math.inf) == []
 
@@ -187,6 +235,7 @@ def test_pop_due_with_limit() -> None:
     for i in range(10):
         d.schedule(i, float(i))
     assert d.pop_due(100.0, limit=0) == []
+    assert d.pop_due(100.0, limit=-1) == []
     assert d.pop_due(100.0, limit=3) == [0, 1, 2]
     assert d.pop_due(4.0, limit=3) == [3, 4]  # the limit is a maximum, not a quota
     assert d.pop_due(100.0, limit=1) == [5]
@@ -208,15 +257,15 @@ def test_pop_due_limit_does_not_count_tombstones() -> None:
 # -- schedule's return value ---------------------------------------------------------------------
 
 
-def test_schedule_returns_true_when_the_key_becomes_the_head() -> None:
+def test_schedule_returns_true_when_nothing_pending_is_earlier() -> None:
     d: Deadlines[str] = Deadlines()
     assert d.schedule("b", 20.0) is True  # first key: the head
     assert d.schedule("c", 30.0) is False
     assert d.schedule("a", 10.0) is True  # earlier than b
-    assert d.schedule("d", 10.0) is False  # ties with a, but a sorts first
+    assert d.schedule("d", 10.0) is True  # ties with a: the loop's wake-up time is right anyway
+    assert d.schedule("e", 11.0) is False
     assert d.schedule("c", 5.0) is True  # rescheduled to the front
-    assert d.schedule("e", 5.0) is False
-    assert d.pop_due(math.inf) == ["c", "e", "a", "d", "b"]
+    assert d.pop_due(10.0) == ["c", "a", "d"]
 
 
 def test_schedule_returns_true_after_the_head_was_popped() -> None:
@@ -232,12 +281,9 @@ def test_schedule_returns_true_when_the_head_is_a_cancelled_tombstone() -> None:
     d.schedule("a", 1.0)
     d.cancel("a")
     assert d.schedule("b", 5.0) is True  # b is the only pending key, so it is the head
-
-
-def test_schedule_returns_true_when_rescheduled_to_an_equal_time() -> None:
-    d: Deadlines[str] = Deadlines()
-    d.schedule("a", float("1"))
-    assert d.schedule("a", float("1")) is True
+    d.schedule("c", 0.5)
+    d.cancel("c")
+    assert d.schedule("d", 6.0) is False  # the heap's head is a tombstone; b is earlier
 
 
 def test_schedule_returns_true_when_the_head_moves_later_but_stays_first() -> None:
@@ -247,8 +293,7 @@ def test_schedule_returns_true_when_the_head_moves_later_but_stays_first() -> No
     assert d.schedule("a", 10.0) is True  # still earlier than b
 
 
-def test_schedule_true_is_never_wrong() -> None:
-    """Whenever schedule() says True, the key really is the head (no false positives)."""
+def test_schedule_true_means_nothing_earlier_and_false_means_something_is() -> None:
     rng = random.Random(7)
     d: Deadlines[int] = Deadlines()
     for _ in range(5000):
@@ -257,17 +302,83 @@ def test_schedule_true_is_never_wrong() -> None:
             d.cancel(key)
             continue
         when = float(rng.randrange(100))
-        if d.schedule(key, when):
-            head = min((w, k) for k in d if (w := d.when(k)) is not None)
-            assert head == (when, key)
+        others = [w for k in d if k != key and (w := d.when(k)) is not None]
+        assert d.schedule(key, when) is all(w >= when for w in others)
         if rng.random() < 0.1:
             d.pop_due(float(rng.randrange(100)), limit=rng.randrange(5))
 
 
-# -- compaction ----------------------------------------------------------------------------------
+# -- job ids are held as ints --------------------------------------------------------------------
 
 
-def test_rescheduling_one_key_keeps_the_heap_bounded() -> None:
+def test_job_ids_are_held_as_ints_and_given_back_as_text() -> None:
+    ids = job_ids(3)
+    d: Deadlines[str] = Deadlines()
+    for i, job in enumerate(ids):
+        d.schedule(job, float(i))
+    assert all(isinstance(k, int) for k in d._when)
+    assert ids[1] in d
+    assert d.when(ids[2]) == 2.0
+    assert set(d) == set(ids)
+    assert d.pop_due(0.0) == [ids[0]]
+    assert d.cancel(ids[1])
+    assert d.pop_due(math.inf) == [ids[2]]
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "A0EEBC99-9C0B-4EF8-BB6D-6BB9BD380A11",  # uppercase
+        "{a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11}",
+        "a0eebc999c0b4ef8bb6d6bb9bd380a11",
+        "a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a1g",
+        "a0eebc99-9c0b-4ef8-bb6d-6bb9bd38_a11",
+        "+0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11",
+        " 0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11",
+        "a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a1-",
+        "a0eebc99-9c0b-4ef8-bb6d-6bb9bd38\u0661a11",  # an Arabic-Indic digit: int() takes it
+        "job-7",
+        "",
+    ],
+)
+def test_other_text_is_kept_as_it_is(text: str) -> None:
+    assert pack_text(text) == text
+    d: Deadlines[str] = Deadlines()
+    d.schedule(text, 1.0)
+    d.schedule("a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11", 1.0)
+    assert text in d
+    assert sorted(d.pop_due(1.0)) == sorted([text, "a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11"])
+
+
+def test_pack_and_unpack_round_trip() -> None:
+    for job in [*job_ids(200, seed=4), str(uuid.UUID(int=0)), str(uuid.UUID(int=2**128 - 1))]:
+        packed = pack_text(job)
+        assert packed == uuid.UUID(job).int
+        assert unpack_text(packed) == job
+
+
+def test_one_instance_takes_one_kind_of_key() -> None:
+    job = str(uuid.UUID(int=5))
+    text: Deadlines[Hashable] = Deadlines()
+    text.schedule(job, 1.0)
+    with pytest.raises(TypeError, match="str keys"):
+        text.schedule(5, 1.0)
+    # A look-alike of the other kind is never found, not even the packed form of the job.
+    assert 5 not in text
+    assert text.when(5) is None
+    assert not text.cancel(5)
+    ints: Deadlines[Hashable] = Deadlines()
+    ints.schedule(5, 1.0)
+    with pytest.raises(TypeError, match="non-str keys"):
+        ints.schedule(job, 1.0)
+    assert job not in ints
+    assert ints.pop_due(1.0) == [5]
+
+
+# -- memory stays proportional to the live keys --------------------------------------------------
+
+
+def test_rescheduling_one_key_keeps_the_structure_bounded() -> None:
     d: Deadlines[str] = Deadlines()
     d.schedule("other", 1e9)
     last = math.nan
@@ -275,11 +386,20 @@ def test_rescheduling_one_key_keeps_the_heap_bounded() -> None:
         # Alternately earlier and later than the previous deadline.
         last = float(10_000 - i) if i % 2 else float(i)
         d.schedule("a", last)
-        assert len(d._heap) <= bound(d)
+        assert held(d) <= bound(d)
     assert len(d) == 2
     assert d.when("a") == last
     assert d.next_deadline() == last
     assert d.pop_due(math.inf) == ["a", "other"]
+
+
+def test_schedule_and_cancel_forever_keeps_the_structure_bounded() -> None:
+    d: Deadlines[int] = Deadlines()
+    for i in range(10_000):
+        d.schedule(i, float(i))
+        d.cancel(i)
+        assert held(d) <= bound(d)
+    assert len(d) == 0
 
 
 def test_compaction_keeps_behaviour_with_many_keys() -> None:
@@ -291,31 +411,31 @@ def test_compaction_keeps_behaviour_with_many_keys() -> None:
         when = rng.uniform(0, 1000)
         d.schedule(key, when)
         model[key] = when
-        assert len(d._heap) <= bound(d)
+        assert held(d) <= bound(d)
     for key in rng.sample(sorted(model), 100):
         assert d.cancel(key)
         del model[key]
     assert len(d) == len(model)
     assert d.next_deadline() == min(model.values())
-    expected = [k for k, _ in sorted(model.items(), key=lambda kv: (kv[1], kv[0]))]
+    expected = [k for k, _ in sorted(model.items(), key=lambda kv: kv[1])]
     assert d.pop_due(math.inf) == expected
 
 
-def test_schedule_after_mass_cancel_compacts() -> None:
+def test_after_a_far_deadline_goes_the_fifo_takes_in_order_ones_again() -> None:
     d: Deadlines[int] = Deadlines()
-    for i in range(10_000):
-        d.schedule(i, float(i))
-    for i in range(10_000):
-        d.cancel(i)
-    d.schedule(-1, 5.0)
-    assert len(d._heap) <= bound(d)
-    assert d.pop_due(math.inf) == [-1]
+    d.schedule(0, 1e9)
+    assert d.cancel(0)
+    assert d.pop_due(0.0) == []
+    for key in range(1, 100):
+        d.schedule(key, float(key))
+    assert d._heap == []
+    assert d.pop_due(math.inf) == list(range(1, 100))
 
 
 # -- scale ---------------------------------------------------------------------------------------
 
 
-def test_a_million_entries() -> None:
+def test_a_million_entries_in_random_order() -> None:
     n = 1_000_000
     rng = random.Random(1)
     d: Deadlines[int] = Deadlines()
@@ -343,57 +463,113 @@ def test_a_million_entries() -> None:
     assert elapsed < 120, f"1M schedule+pop took {elapsed:.1f}s"
 
 
+def test_a_million_jobs_as_the_service_arms_them() -> None:
+    """Receipt + grace on a fake clock, a few re-arms to earlier retries, pops in batches."""
+    n = 1_000_000
+    rng = random.Random(2)
+    d: Deadlines[int] = Deadlines()
+    expected: dict[int, float] = {}
+    now = 0.0
+    out: list[tuple[float, int]] = []
+    started = time.perf_counter()
+    for key in range(n):
+        now += 1e-4
+        when = now + GRACE
+        if key % 97 == 0 and key:  # a retry after a busy row: earlier than the last arming
+            earlier = rng.randrange(max(0, key - 1000), key)
+            if earlier in d:
+                expected[earlier] = now + 1.0
+                d.schedule(earlier, now + 1.0)
+        d.schedule(key, when)
+        expected[key] = when
+        if key % 500 == 0:
+            out += [(now, k) for k in d.pop_due(now, limit=500)]
+    assert len(d._heap) < n // 50  # nearly every entry took the FIFO
+    while popped := d.pop_due(math.inf, limit=500):
+        out += [(math.inf, k) for k in popped]
+    elapsed = time.perf_counter() - started
+    keys = [k for _, k in out]
+    assert len(keys) == n
+    assert set(keys) == set(range(n))
+    assert all(expected[k] <= clock for clock, k in out)
+    assert all(expected[a] <= expected[b] for a, b in itertools.pairwise(keys))
+    assert len(d) == 0
+    assert elapsed < 120, f"1M arm+pop took {elapsed:.1f}s"
+
+
 # -- against a model -----------------------------------------------------------------------------
 
-KEYS = st.integers(min_value=0, max_value=12)
-# Few distinct times, so ties between keys are common; some fractional ones too.
-TIMES = st.one_of(
-    st.integers(min_value=0, max_value=20).map(float),
+INT_KEYS = st.integers(min_value=0, max_value=12)
+TEXT_KEYS = st.sampled_from([*job_ids(10, seed=8), "job-7", job_ids(1, seed=9)[0].upper()])
+# Few distinct offsets, so ties between keys are common; some arbitrary times too.
+OFFSETS = st.one_of(
+    st.just(GRACE),
+    st.integers(min_value=-5, max_value=20).map(float),
     st.floats(min_value=-1e6, max_value=1e6, allow_nan=False, allow_infinity=False),
 )
 
 
 class DeadlinesModel(RuleBasedStateMachine):
-    """Deadlines against a plain dict of key -> deadline, where the earliest (when, key) wins."""
+    """Deadlines against a plain dict of key -> deadline, on a clock that only moves forward.
+
+    Most deadlines are "now + grace", as the service makes them, so the FIFO and the heap both
+    fill and their heads meet. Equal deadlines may come out in any order, so a pop is checked
+    as "the earliest ones, in time order", not as one exact list.
+    """
+
+    keys: st.SearchStrategy[Hashable] = INT_KEYS
 
     def __init__(self) -> None:
         super().__init__()
-        self.d: Deadlines[int] = Deadlines()
-        self.model: dict[int, float] = {}
+        self.d: Deadlines[Hashable] = Deadlines()
+        self.model: dict[Hashable, float] = {}
+        self.now = 0.0
 
-    def _ordered(self) -> list[int]:
-        return [k for k, _ in sorted(self.model.items(), key=lambda kv: (kv[1], kv[0]))]
+    def check_pop(self, out: list[Hashable], now: float, limit: int | None) -> None:
+        due = {k: w for k, w in self.model.items() if w <= now}
+        assert len(set(out)) == len(out)
+        assert set(out) <= set(due)
+        assert len(out) == (len(due) if limit is None else min(max(limit, 0), len(due)))
+        times = [due[k] for k in out]
+        assert times == sorted(times)
+        if out:
+            assert all(w >= times[-1] for k, w in due.items() if k not in set(out))
+        for k in out:
+            del self.model[k]
 
-    @rule(key=KEYS, when=TIMES)
-    def schedule(self, key: int, when: float) -> None:
-        head = self.d.schedule(key, when)
+    @rule(step=st.sampled_from([0.0, 0.5, 1.0, 7.0, GRACE]))
+    def advance(self, step: float) -> None:
+        self.now += step
+
+    @rule(data=st.data(), offset=OFFSETS)
+    def schedule(self, data: st.DataObject, offset: float) -> None:
+        key = data.draw(self.keys)
+        when = self.now + offset
+        earliest = all(w >= when for k, w in self.model.items() if k != key)
+        assert self.d.schedule(key, when) is earliest
         self.model[key] = when
-        if head:
-            assert self._ordered()[0] == key
-        assert len(self.d._heap) <= 2 * len(self.model) + 64 + 1
+        assert held(self.d) <= bound(self.d)
 
-    @rule(key=KEYS)
-    def cancel(self, key: int) -> None:
+    @rule(data=st.data())
+    def cancel(self, data: st.DataObject) -> None:
+        key = data.draw(self.keys)
         assert self.d.cancel(key) == (key in self.model)
         self.model.pop(key, None)
+        assert held(self.d) <= bound(self.d)
 
-    @rule(now=TIMES, limit=st.one_of(st.none(), st.integers(min_value=0, max_value=5)))
-    def pop_due(self, now: float, limit: int | None) -> None:
-        due = [k for k in self._ordered() if self.model[k] <= now]
-        if limit is not None:
-            due = due[:limit]
-        assert self.d.pop_due(now, limit) == due
-        for k in due:
-            del self.model[k]
+    @rule(limit=st.one_of(st.none(), st.integers(min_value=-1, max_value=5)))
+    def pop_due(self, limit: int | None) -> None:
+        self.check_pop(self.d.pop_due(self.now, limit), self.now, limit)
 
     @precondition(lambda self: len(self.model) > 0)
     @rule()
     def pop_everything(self) -> None:
-        assert self.d.pop_due(math.inf) == self._ordered()
-        self.model.clear()
+        self.check_pop(self.d.pop_due(math.inf), math.inf, None)
+        assert not self.model
 
-    @rule(key=KEYS)
-    def lookup(self, key: int) -> None:
+    @rule(data=st.data())
+    def lookup(self, data: st.DataObject) -> None:
+        key = data.draw(self.keys)
         assert self.d.when(key) == self.model.get(key)
         assert (key in self.d) == (key in self.model)
 
@@ -405,11 +581,20 @@ class DeadlinesModel(RuleBasedStateMachine):
         assert self.d.next_deadline() == expected
 
 
-TestDeadlinesModel = DeadlinesModel.TestCase
-TestDeadlinesModel.settings = settings(
-    max_examples=100,
-    stateful_step_count=40,
+class TextDeadlinesModel(DeadlinesModel):
+    """The same, with job ids (held as ints) and other text (held as it is) as keys."""
+
+    keys = TEXT_KEYS
+
+
+SETTINGS = settings(
+    max_examples=150,
+    stateful_step_count=50,
     deadline=None,
     database=None,
     suppress_health_check=[HealthCheck.too_slow],
 )
+TestDeadlinesModel = DeadlinesModel.TestCase
+TestDeadlinesModel.settings = SETTINGS
+TestTextDeadlinesModel = TextDeadlinesModel.TestCase
+TestTextDeadlinesModel.settings = SETTINGS
