@@ -186,7 +186,10 @@ GRACE = 120.0
 
 def _cheap() -> dict[str, Statement]:
     return {
-        "health": lambda i, v: (sql.query("health"), {"grace": GRACE}),
+        "health": lambda i, v: (
+            sql.query("health"),
+            {"grace": GRACE, "replica": "bench", "liveness": 15.0},
+        ),
         "upcoming": lambda i, v: (sql.query("upcoming"), {"grace": 3600.0, "limit": 1000}),
         "claim_hooks (none)": lambda i, v: (
             sql.query("claim_hooks"),

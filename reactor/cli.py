@@ -268,12 +268,10 @@ async def cmd_sweep(args: argparse.Namespace) -> int:
     async with open_hooks(settings, pool) as hooks:
         async with await _startup_connection(settings, "startup") as conn:
             await _check_database(conn)
-            with progress.counting("sweep: reconcile pass", "jobs") as update:
-                found = await db.reconcile_pass(
-                    conn, owner="sweep", grace=settings.grace, on_progress=update
-                )
         async with pool:
             database = db.Database(pool, grace=settings.grace, hooks=list(hooks))
+            with progress.counting("sweep: reconcile pass", "jobs") as update:
+                found = await database.reconcile_pass("sweep", on_progress=update)
             recorded = await Recorder(database, Metrics()).drain(settings.batch_size)
     example = f" (e.g. job {found.example})" if found.found else ""
     print(

@@ -26,7 +26,7 @@ import logging
 import re
 import uuid
 import weakref
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
@@ -464,6 +464,21 @@ class Database:
             "reconcile_step", reconcile_params(owner, interval, self.grace, force)
         )
         return reconcile_result(rows[0])
+
+    async def reconcile_pass(
+        self, owner: str, on_progress: Callable[[int], None] | None = None
+    ) -> ReconcilePass:
+        """Run a fresh full pass to its end (`reactor sweep --once`); its totals."""
+        owner = f"{owner}-{uuid.uuid4().hex[:8]}"
+
+        async def step(force: bool) -> ReconcileStep:
+            rows = await self._fetch(
+                "reconcile_step", reconcile_params(owner, _NEVER, self.grace, force)
+            )
+            return reconcile_result(rows[0])
+
+        await walk_pass(step, on_progress)
+        return ReconcilePass(*(await self._fetch("reconcile_last_pass", {}))[0])
 
     async def reconcile_release(self, owner: str) -> None:
         """Let another replica take over the pass ``owner`` holds, at once."""
@@ -911,29 +926,40 @@ async def reconcile_pass(
     grace: float = 0.0,
     on_progress: Callable[[int], None] | None = None,
 ) -> ReconcilePass:
-    """Run a fresh full pass to its end on ``conn`` (`reactor sweep --once`, migrate).
-
-    It starts a pass at once, taking over from any replica, and steps it until it completes,
-    waiting its turn while a replica runs a step. Replicas may walk chunks of the same pass
-    meanwhile; that only ends it sooner.
-    """
+    """Run a fresh full pass to its end on a dedicated connection (`reactor migrate`)."""
     owner = f"{owner}-{uuid.uuid4().hex[:8]}"
+
+    async def step(force: bool) -> ReconcileStep:
+        return await reconcile_step(conn, owner=owner, interval=_NEVER, grace=grace, force=force)
+
+    await walk_pass(step, on_progress)
+    return await last_reconcile_pass(conn)
+
+
+async def walk_pass(
+    step: Callable[[bool], Awaitable[ReconcileStep]],
+    on_progress: Callable[[int], None] | None = None,
+) -> None:
+    """Start a fresh pass at once, taking over from any replica, and step it to its end.
+
+    ``step(force)`` runs one step. A replica mid-step makes this wait its turn; replicas may
+    walk chunks of the same pass meanwhile, which only ends it sooner.
+    """
     force = True
     walked = 0
     while True:
-        step = await reconcile_step(conn, owner=owner, interval=_NEVER, grace=grace, force=force)
-        walked += step.examined or 0
+        taken = await step(force)
+        walked += taken.examined or 0
         if on_progress is not None:
             on_progress(walked)
-        if step.outcome == "busy":
+        if taken.outcome == "busy":
             # Another replica is mid-step (or, after a second forced pass, holds the lease).
             await anyio.sleep(0.05)
             continue
         force = False
         # Idle: the pass ended in another replica's step, and no new one is due.
-        if step.outcome in ("completed", "idle"):
-            break
-    return await last_reconcile_pass(conn)
+        if taken.outcome in ("completed", "idle"):
+            return
 
 
 async def last_reconcile_pass(conn: AnyConnection) -> ReconcilePass:

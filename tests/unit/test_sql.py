@@ -155,12 +155,10 @@ def test_outside_transaction_statements_are_split_off() -> None:
 # -- migrations ----------------------------------------------------------------------------------
 
 
-def test_migrations_are_numbered_upwards_from_one() -> None:
+def test_migrations_are_numbered_one_to_n() -> None:
     migrations = sql.migrations()
     assert migrations
-    versions = [m.version for m in migrations]
-    assert versions[0] == 1
-    assert versions == sorted(set(versions))
+    assert [m.version for m in migrations] == list(range(1, len(migrations) + 1))
     assert len({m.name for m in migrations}) == len(migrations)
 
 
