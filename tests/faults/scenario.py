@@ -10,6 +10,7 @@ replica or several. How many is :data:`REPLICAS`: the fixture runs each scenario
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -23,9 +24,12 @@ from tests.faults.support import Judgement, Workload, settle
 if TYPE_CHECKING:  # the fixtures module makes Scenarios, so it imports this one
     from tests.faults.conftest import Report, StartReactor
 
-# Replicas per scenario; (1, 3, 5) would run every scenario three times. A scenario that needs
-# more (two replicas racing for one claim) asks for them with ``at_least``.
-REPLICAS: Sequence[int] = (1,)
+# Replicas per scenario, from REACTOR_FAULT_REPLICAS (default 1): "1,3,5" runs every scenario
+# three times. A scenario that needs more (two replicas racing for one claim) asks for them
+# with ``at_least``.
+REPLICAS: Sequence[int] = tuple(
+    int(n) for n in os.environ.get("REACTOR_FAULT_REPLICAS", "1").split(",") if n.strip()
+)
 
 GRACE = 1.0
 RATE = 20.0  # jobs finished per second while the app is driven
