@@ -61,9 +61,10 @@ async def test_jobs_finished_with_triggers_bypassed_are_recorded(
     database_url: str, start_reactor: StartReactor
 ) -> None:
     with _connect(database_url) as conn:
+        # Before the reactor starts, so that only the triggers could have queued them.
+        jobs = _finish_bypassing_triggers(conn, 16)
+        assert not any(_queued(conn, j) for j in jobs)
         async with start_reactor(grace=GRACE, reconcile_interval=RECONCILE) as reactor:
-            jobs = _finish_bypassing_triggers(conn, 16)
-            assert not any(_queued(conn, j) for j in jobs)
             await _clean(database_url)
             assert all(run_row(conn, r) is not None for r in _runs(conn, jobs))
             found = reactor.metrics.registry.get_sample_value("reactor_reconcile_found_total")
@@ -74,13 +75,13 @@ async def test_jobs_finished_while_the_trigger_is_disabled_are_recorded(
     database_url: str, start_reactor: StartReactor
 ) -> None:
     with _connect(database_url) as conn:
+        conn.execute("ALTER TABLE analysis_jobs DISABLE TRIGGER reactor_job_insert")
+        try:
+            jobs = [new_job(conn, status="complete", results={"v": 1})[0] for _ in range(5)]
+        finally:
+            conn.execute("ALTER TABLE analysis_jobs ENABLE TRIGGER reactor_job_insert")
+        assert not any(_queued(conn, j) for j in jobs)
         async with start_reactor(grace=GRACE, reconcile_interval=RECONCILE):
-            conn.execute("ALTER TABLE analysis_jobs DISABLE TRIGGER reactor_job_insert")
-            try:
-                jobs = [new_job(conn, status="complete", results={"v": 1})[0] for _ in range(5)]
-            finally:
-                conn.execute("ALTER TABLE analysis_jobs ENABLE TRIGGER reactor_job_insert")
-            assert not any(_queued(conn, j) for j in jobs)
             await _clean(database_url)
 
 
@@ -135,8 +136,10 @@ async def test_a_deleted_run_is_written_again(
         async with start_reactor(grace=GRACE, reconcile_interval=0):
             jobs = [new_job(conn, status="complete", results={"v": 1}) for _ in range(5)]
             await eventually(lambda: scalar(conn, "SELECT count(*) FROM analysis_runs") == 5)
-            conn.execute("DELETE FROM analysis_runs")
-            assert all(_queued(conn, job) for job, _ in jobs)
+            with conn.transaction():
+                conn.execute("DELETE FROM analysis_runs")
+                # Queued by the trigger, in the deleting transaction itself.
+                assert all(_queued(conn, job) for job, _ in jobs)
             await eventually(lambda: scalar(conn, "SELECT count(*) FROM analysis_runs") == 5)
         # Written twice each, but once per life of the row: not a duplicate.
         assert (await judge(database_url, GRACE)).clean
@@ -154,11 +157,12 @@ async def test_a_run_row_moved_to_an_older_job_brings_the_newer_one_back(
         async with start_reactor(grace=GRACE, reconcile_interval=0):
             # The app rewrites the row as a worker row of the older job: the newer job needs
             # its run again (rule (b)), and the trigger queued it in that same statement.
-            conn.execute(
-                "UPDATE analysis_runs SET saved_by = 'worker', job_id = %s WHERE id = %s",
-                (older, run),
-            )
-            assert _queued(conn, newer)
+            with conn.transaction():
+                conn.execute(
+                    "UPDATE analysis_runs SET saved_by = 'worker', job_id = %s WHERE id = %s",
+                    (older, run),
+                )
+                assert _queued(conn, newer)
             await eventually(lambda: run_row(conn, run) == (newer, "worker"))
         # The app's own rewrite counts as a worker write in the audit (and as landing on its
         # client row); the reactor's is the one after it.
@@ -174,8 +178,9 @@ async def test_deleting_the_job_a_worker_row_stands_for_brings_back_the_earlier_
         newer, _ = add_job(conn, run_id=run, status="complete", results={"v": 2}, age=5)
         async with start_reactor(grace=GRACE, reconcile_interval=0):
             await eventually(lambda: run_row(conn, run) == (newer, "worker"))
-            conn.execute("DELETE FROM analysis_jobs WHERE id = %s", (newer,))
-            assert _queued(conn, older)
+            with conn.transaction():
+                conn.execute("DELETE FROM analysis_jobs WHERE id = %s", (newer,))
+                assert _queued(conn, older)
             await eventually(lambda: run_row(conn, run) == (older, "worker"))
         assert (await judge(database_url, GRACE)).clean
 
@@ -202,11 +207,11 @@ async def test_an_app_before_trigger_that_sets_status_is_seen(
             "UPDATE analysis_jobs SET results = %s WHERE id = %s", (json.dumps({"v": 1}), job)
         )
         async with start_reactor(grace=GRACE, reconcile_interval=0):
-            conn.execute("UPDATE analysis_jobs SET updated_at = now() WHERE id = %s", (job,))
-            assert scalar(conn, "SELECT status FROM analysis_jobs WHERE id = %s", (job,)) == (
-                "complete"
-            )
-            assert _queued(conn, job)
+            with conn.transaction():
+                conn.execute("UPDATE analysis_jobs SET updated_at = now() WHERE id = %s", (job,))
+                status = scalar(conn, "SELECT status FROM analysis_jobs WHERE id = %s", (job,))
+                assert status == "complete"
+                assert _queued(conn, job)
             await eventually(lambda: run_row(conn, run) is not None)
         assert (await judge(database_url, GRACE)).clean
 
