@@ -96,20 +96,20 @@ class Reconciler:
             for job_id, due_in in step.found:
                 # A found job still has its whole grace: due ones fire at once.
                 self.arm(job_id, max(0.0, due_in) + 0.001)
-        if step.outcome == "completed":
-            self.metrics.reconcile_last_pass.set(time.time())
-            if step.pass_found:
-                log.warning(
-                    "reconcile found jobs missing from the pending queue: something went around "
-                    "the reactor's triggers (a restore, replication, a disabled trigger, queue "
-                    "rows deleted by hand); they are queued now",
-                    extra={
-                        "found": step.pass_found,
-                        "example_job_id": step.pass_example,
-                        "examined": step.pass_examined,
-                        "pass_seconds": round(step.pass_seconds or 0.0, 3),
-                    },
-                )
+        # reactor_reconcile_last_pass_timestamp_seconds comes from the health check alone: the
+        # state row's end time, by the database clock, whichever replica ended the pass.
+        if step.outcome == "completed" and step.pass_found:
+            log.warning(
+                "reconcile found jobs missing from the pending queue: something went around "
+                "the reactor's triggers (a restore, replication, a disabled trigger, queue "
+                "rows deleted by hand); they are queued now",
+                extra={
+                    "found": step.pass_found,
+                    "example_job_id": step.pass_example,
+                    "examined": step.pass_examined,
+                    "pass_seconds": round(step.pass_seconds or 0.0, 3),
+                },
+            )
 
     async def _rest(self, seconds: float) -> None:
         with anyio.move_on_after(seconds):
