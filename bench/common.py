@@ -167,11 +167,14 @@ class Server:
         if name in self._scratch:
             self._scratch.remove(name)
 
-    async def app_database(self, label: str, *, with_audit: bool = True) -> str:
-        """A scratch database with the app's tables, every migration, and the audit trigger."""
+    async def app_database(
+        self, label: str, *, with_audit: bool = True, notify: bool = True
+    ) -> str:
+        """A scratch database with the app's tables, every migration, and the audit trigger;
+        with ``notify`` False, the job trigger is installed not to notify."""
         dsn = self.dsn_for(await self.create_database(label))
         async with await connect(dsn, "setup") as conn:
-            await db.migrate(conn, Settings.channel, reference_schema=True)
+            await db.migrate(conn, Settings.channel, reference_schema=True, notify=notify)
             if with_audit:
                 await audit.install(conn)
             await conn.execute(DOC_FUNCTION)

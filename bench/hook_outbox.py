@@ -67,16 +67,13 @@ QUERIES: tuple[tuple[str, str, str], ...] = (
 )
 
 PARAMS: dict[str, Any] = {
-    "grace": 120.0,
+    **db.health_params(120.0, db.HealthCheck("bench", 15.0, RETENTION, "analysis_jobs_terminal")),
     "hooks": ["judge", "ops"],
     "limit": 4,
     "lease": 150.0,
     "lock": db._PURGE_LOCK,
-    "retention": RETENTION,
     "batch": BATCH,
     "failed_only": False,
-    "replica": "bench",
-    "liveness": 15.0,
 }
 SLOW = 1.0  # seconds: past this, a query is timed fewer times
 

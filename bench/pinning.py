@@ -188,7 +188,7 @@ def _cheap() -> dict[str, Statement]:
     return {
         "health": lambda i, v: (
             sql.query("health"),
-            {"grace": GRACE, "replica": "bench", "liveness": 15.0},
+            db.health_params(GRACE, db.HealthCheck("bench", 15.0, 86400.0, "bench")),
         ),
         "upcoming": lambda i, v: (sql.query("upcoming"), {"grace": 3600.0, "limit": 1000}),
         "claim_hooks (none)": lambda i, v: (

@@ -197,12 +197,10 @@ async def _sizes(conn: Conn) -> dict[str, int]:
 
 async def _measure(conn: Conn, window: int, reps: int) -> dict[str, Any]:
     params: dict[str, Any] = {
-        "grace": GRACE,
+        **db.health_params(GRACE, db.HealthCheck("bench", 15.0, 86400.0, "bench")),
         "limit": 500,
         "hooks": [],
         "ids": [],
-        "replica": "bench",
-        "liveness": 15.0,
         "only": None,
         "skip": [],
         "max_bytes": db.BATCH_BYTES,

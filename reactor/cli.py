@@ -76,6 +76,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="with --print: only what comes after this applied schema version",
     )
     migrate.add_argument("--channel", help="NOTIFY channel (REACTOR_CHANNEL)")
+    migrate.add_argument(
+        "--notify",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="whether the job trigger notifies the reactors; --no-notify queues without it "
+        "and the reactors poll (default: keep what is installed, notify on a first install)",
+    )
 
     sweep = commands.add_parser(
         "sweep", help="repair after a restore or bypass: a full reconcile pass, then a drain"
@@ -235,6 +242,7 @@ async def cmd_migrate(args: argparse.Namespace) -> int:
                 settings.channel,
                 reference_schema=args.reference_schema,
                 applied=args.from_version,
+                notify=args.notify is not False,
             )
         )
         return 0
@@ -244,6 +252,7 @@ async def cmd_migrate(args: argparse.Namespace) -> int:
                 conn,
                 settings.channel,
                 reference_schema=args.reference_schema,
+                notify=args.notify,
                 on_progress=update,
             )
     if applied:

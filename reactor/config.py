@@ -55,6 +55,9 @@ class Settings:
     # How often the listener proves its connection alive, and how long a proof may take.
     probe_interval: float = 5.0
     probe_timeout: float = 5.0
+    # How often the queue is polled while notifications cannot be relied on (REACTOR_MODE=poll,
+    # a trigger installed not to notify, LISTEN down).
+    poll_interval: float = 0.25
     # The most deadlines held in memory; past it, new ones are left to the fallback scan.
     max_pending: int = 1_000_000
 
@@ -133,6 +136,7 @@ ENVIRONMENT: dict[str, str] = {
     "reconcile_interval": "REACTOR_RECONCILE_INTERVAL_SECONDS",
     "probe_interval": "REACTOR_PROBE_INTERVAL_SECONDS",
     "probe_timeout": "REACTOR_PROBE_TIMEOUT_SECONDS",
+    "poll_interval": "REACTOR_POLL_INTERVAL_SECONDS",
     "max_pending": "REACTOR_MAX_PENDING",
 }
 
@@ -223,6 +227,7 @@ _PARSERS: dict[str, Any] = {
     "reconcile_interval": _seconds(0.0),
     "probe_interval": _seconds(0.0, inclusive=False),
     "probe_timeout": _seconds(0.0, inclusive=False),
+    "poll_interval": _seconds(0.01),
     "max_pending": _count(1, 100_000_000),
 }
 

@@ -113,8 +113,15 @@ BATCH_BYTES = 64 * 1024 * 1024
 # Every pooled call gives up client-side after this long. TCP settings cannot see a peer that
 # keeps the connection open and never answers (a frozen backend, a stuck proxy); this can.
 CALL_TIMEOUT = 35.0  # statement_timeout above, plus room to hear about it
-# Checking out a pooled connection runs an empty query first; a dead one must fail fast.
+# Checking out a pooled connection runs an empty query first; a dead one must fail fast. The
+# check is what keeps a connection that froze in the pool (a half-open link, a stopped backend)
+# from stalling a claim for the whole call timeout. It costs nothing when the reactor is idle:
+# its one periodic statement runs on the LISTEN connection, not through the pool.
 _CHECK_TIMEOUT = 5.0
+
+# psycopg's own default: a statement is prepared on its fifth run. Only for a session of our
+# own: behind a transaction pooler the next statement may run on a session that never saw it.
+PREPARE_THRESHOLD = 5
 
 # The migrations of two processes must not interleave; any constant works, this one is ours.
 _MIGRATE_LOCK = 0x7265_6163  # "reac"
@@ -282,10 +289,45 @@ class Health:
     oldest_overdue: float  # seconds the oldest due job has waited past its grace; 0 if none
     hook_backlog: int  # hook rows pending or running
     hook_failed: int  # hook rows parked as failed
+    hooks_expired: bool  # settled hook rows outlived their retention: the purge has work
     reconcile_last_pass: float  # unix time the last full reconcile pass ended; 0 before any
     reconcile_requested: bool  # a pass was asked for (TRUNCATE analysis_runs)
     live_replicas: list[str]  # replicas whose heartbeat is fresh, this one included
+    # The channel the job trigger notifies; '' when installed not to; None: missing, disabled.
+    trigger_channel: str | None
+    probes_sent: int  # 1 when the statement sent the probe notification it was given
     database_time: float  # clock_timestamp() as unix seconds, read during the statement
+
+
+@dataclass(frozen=True, slots=True)
+class HealthCheck:
+    """Who checks, and what the ``health`` query needs besides the grace."""
+
+    replica: str  # this replica's heartbeat row
+    liveness: float  # seconds within which a heartbeat counts as live
+    retention: float  # REACTOR_HOOK_RETENTION_SECONDS, for hooks_expired
+    channel: str  # where a probe notification goes
+
+
+def health_params(grace: float, check: HealthCheck, probe: str | None = None) -> dict[str, Any]:
+    """The parameters of the ``health`` query."""
+    return {
+        "grace": grace,
+        "replica": check.replica,
+        "liveness": check.liveness,
+        "retention": check.retention,
+        "channel": check.channel,
+        "probe": probe,
+    }
+
+
+@dataclass(frozen=True, slots=True)
+class QueuedJob:
+    """A queued job as ``poll_queue`` reads it."""
+
+    job_id: str
+    due_in: float  # seconds until since + grace (negative: past it)
+    since: datetime
 
 
 ReconcileOutcome = Literal["stepped", "completed", "idle", "busy"]
@@ -484,12 +526,36 @@ class Database:
         """Let another replica take over the pass ``owner`` holds, at once."""
         await self._fetch("reconcile_release", {"owner": owner})
 
-    async def health(self, replica: str, liveness: float) -> Health:
-        """What the watch loop checks every probe interval; also ``replica``'s heartbeat."""
-        rows = await self._fetch(
-            "health", {"grace": self.grace, "replica": replica, "liveness": liveness}
-        )
+    async def health(
+        self,
+        check: HealthCheck,
+        *,
+        probe: str | None = None,
+        conn: AnyConnection | None = None,
+    ) -> Health:
+        """The replica's periodic check, and its heartbeat; see the ``health`` query.
+
+        On ``conn`` (the LISTEN connection, a session of our own) when given, else pooled.
+        ``probe``: a payload to notify on ``check.channel`` in the same round trip.
+        """
+        params = health_params(self.grace, check, probe)
+        if conn is None:
+            rows = await self._fetch("health", params)
+        else:
+            cur = await conn.execute(sql.query("health"), params)
+            rows = await cur.fetchall()
         return Health(*rows[0])
+
+    async def poll_queue(
+        self, low: datetime | None, *, ahead: float, limit: int
+    ) -> tuple[list[QueuedJob], datetime]:
+        """Queued jobs whose deadline comes within ``ahead`` seconds, from ``low`` on (see the
+        ``poll_queue`` query), and the end of the window they were read from."""
+        rows = await self._fetch(
+            "poll_queue", {"grace": self.grace, "low": low, "ahead": ahead, "limit": limit}
+        )
+        jobs = [QueuedJob(job_id, due_in, since) for job_id, due_in, since, _ in rows if job_id]
+        return jobs, rows[0][3]
 
     async def leave(self, replica: str) -> None:
         """Drop ``replica``'s heartbeat: the others take its jobs at their next check."""
@@ -714,8 +780,11 @@ async def require_privileges(conn: AnyConnection) -> None:
         )
 
 
-def migration_script(channel: str, *, reference_schema: bool, applied: int = 0) -> str:
-    """The SQL `reactor migrate` runs from version ``applied``, for a migration tool to apply.
+def migration_script(
+    channel: str, *, reference_schema: bool, applied: int = 0, notify: bool = True
+) -> str:
+    """The SQL `reactor migrate` runs from version ``applied``, for a migration tool to apply;
+    with ``notify`` False, the job trigger queues without notifying.
 
     Each migration is one transaction; the statements that must run outside any transaction
     (index builds that leave the app writing) follow it, marked as such. The walk that queues
@@ -745,7 +814,8 @@ def migration_script(channel: str, *, reference_schema: bool, applied: int = 0) 
             parts += [sql.OUTSIDE_TRANSACTION, f"{statement};"]
         parts.append(record)
     parts += ["-- the triggers, repeatable", "BEGIN;", lock, timeout]
-    parts += [sql.with_channel(sql.read("notify_triggers.sql"), channel).strip(), "COMMIT;"]
+    trigger_channel = channel if notify else ""
+    parts += [sql.with_channel(sql.read("notify_triggers.sql"), trigger_channel).strip(), "COMMIT;"]
     parts.append(
         "-- Jobs that finished before the triggers existed are not queued yet: run\n"
         "-- `reactor sweep --once`, or let a running reactor's reconcile pass find them."
@@ -758,6 +828,7 @@ async def migrate(
     channel: str,
     *,
     reference_schema: bool,
+    notify: bool | None = None,
     on_progress: Callable[[int], None] | None = None,
 ) -> list[int]:
     """Apply what is missing, then walk the jobs once; return the versions applied.
@@ -766,7 +837,8 @@ async def migrate(
     second migrate wait, then find nothing to do. Each migration is its own short transaction
     that waits at most a second for the app's locks and is retried; index builds run
     CONCURRENTLY outside it. The triggers are always re-pointed at ``channel``, so changing
-    REACTOR_CHANNEL takes effect.
+    REACTOR_CHANNEL takes effect; with ``notify`` False they queue without notifying, and with
+    None they keep the choice installed (notifying on a first install).
 
     Last comes a full reconcile pass. The triggers exist and are committed by then, so a job
     that turned eligible before they did is found by the pass, and any later one by them:
@@ -793,8 +865,11 @@ async def migrate(
             if outside:
                 await _record_version(conn, migration)
             done.append(migration.version)
+        if notify is None:
+            installed = await job_trigger(conn)
+            notify = installed is None or installed[0] != ""
         await _migration_transaction(
-            conn, sql.with_channel(sql.read("notify_triggers.sql"), channel)
+            conn, sql.with_channel(sql.read("notify_triggers.sql"), channel if notify else "")
         )
         # After an install, the pass queues what finished before the triggers existed: that is
         # expected, not drift. After a plain re-run, whatever it finds is drift.
@@ -803,6 +878,14 @@ async def migrate(
     finally:
         await conn.execute("SELECT pg_advisory_unlock(%s)", (_MIGRATE_LOCK,))
     return done
+
+
+async def job_trigger(conn: AnyConnection) -> tuple[str, bool] | None:
+    """(channel, enabled) of the job trigger as installed (channel '': it does not notify);
+    None when there is none."""
+    cur = await conn.execute(sql.query("job_trigger"))
+    row = await cur.fetchone()
+    return None if row is None else (row[0], row[1])
 
 
 async def _take_migrate_lock(conn: AnyConnection) -> None:

@@ -86,9 +86,7 @@ _WATCH_TICK = 0.05
 _ASYNC_HINT = "blocking code in an async def: make it async all the way, or a plain def"
 _GIL_HINT = "a plain def in a thread that keeps the GIL (a C extension?)"
 
-# Retention runs at least this often (more often if the retention itself is shorter), in
-# batches of _PURGE_BATCH rows, so each delete is a short transaction.
-_PURGE_INTERVAL = 60.0
+# Retention deletes in batches of this many rows, so each delete is a short transaction.
 _PURGE_BATCH = 1000
 
 
@@ -616,8 +614,10 @@ OUTCOMES = ("done", "retry", "failed", "released", "superseded")
 class HookRetention:
     """Deletes settled hook rows past ``REACTOR_HOOK_RETENTION_SECONDS``, in small batches.
 
-    Every replica runs one; the purge statement's advisory lock lets one of them work at a
-    time, and the others skip their turn. Failed rows are never deleted: they need a person.
+    It runs when woken: the replica's health check says when settled rows have outlived their
+    retention, so a quiet outbox costs no statement of its own. Every replica runs one; the
+    purge statement's advisory lock lets one of them work at a time, and the others skip their
+    turn. Failed rows are never deleted: they need a person.
     """
 
     def __init__(
@@ -626,22 +626,24 @@ class HookRetention:
         self.settings = settings
         self.database = database
         self.is_stopping = is_stopping
-        self.interval = min(_PURGE_INTERVAL, settings.hook_retention)
         self._wake = anyio.Event()
 
     def wake(self) -> None:
-        """Look at the stop flag now (the reactor is stopping)."""
+        """Purge now (settled rows expired), or look at the stop flag (the reactor stops)."""
         self._wake.set()
 
     async def run(self) -> None:
-        """Purge every interval until the reactor stops; a failed purge waits for the next."""
-        while not self.is_stopping():
+        """Purge whenever woken, until the reactor stops; a failed purge waits for the next
+        wake-up (the health check keeps seeing the expired rows)."""
+        while True:
+            await self._wake.wait()
+            self._wake = anyio.Event()
+            if self.is_stopping():
+                return
             try:
                 await self.purge()
             except DATABASE_ERRORS as error:
                 log.warning("hook retention failed", extra={"error": db.first_line(error)})
-            with anyio.move_on_after(self.interval):
-                await self._wake.wait()
 
     async def purge(self, batch: int = _PURGE_BATCH) -> int:
         """Delete batches until none is full, or another replica has the turn; the count."""

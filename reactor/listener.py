@@ -3,13 +3,17 @@
 A notification is only a hint that a job may need its timer; the payload is parsed, never
 trusted, and garbage is counted and logged while the loop carries on.
 
-The listener proves itself rather than assuming: between waits for notifications it runs
-``SELECT 1`` on its own connection (a frozen backend or a silent partition raises nothing in
-``notifies()``) and sends itself a probe notification through the pool, which must come back
-over LISTEN. A connection that fails the first check is replaced; one that passes the first but
-not the second is listening somewhere notifications never arrive, which is what a
-transaction-mode pooler does, so the listener reports itself degraded and the service falls back
-to polling until probes arrive again.
+The listener proves itself rather than assuming. After LISTEN it sends itself a probe
+notification from another session, through the pool, which must come back over LISTEN: a
+connection that LISTENs somewhere notifications never arrive is what a transaction-mode pooler
+gives, so the listener then reports itself degraded, and the service polls until probes arrive
+again. Once proven, the connection carries the replica's periodic health check (its
+heartbeat): the same round trip shows the session alive, which ``notifies()`` cannot (a frozen
+backend or a silent partition raises nothing there). When nothing arrived since the last
+check, the check also sends a probe to this session itself, which must be back by the next
+check; any notification that did arrive proves delivery just as well. So a dead, frozen or
+deaf connection is replaced within two probe intervals, and a quiet replica sends one
+statement per probe interval in all.
 
 Nothing waits for the listener: the service scans, fires timers and runs hooks whatever this
 connection does, and polls until LISTEN is up. Every reconnect backs off, with jitter, from the
@@ -29,7 +33,7 @@ import math
 import random
 import re
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from datetime import datetime
 from typing import Literal
 
@@ -98,6 +102,14 @@ def parse_hint(payload: str) -> tuple[str, float | None] | None:
     return (job_id, float(at)) if _EPOCH.fullmatch(at) else None
 
 
+# The health check the listener runs on its proven connection: (connection, probe payload).
+Check = Callable[[db.AnyConnection, str | None], Awaitable[None]]
+
+
+class ProbeLost(ReactorError):
+    """A probe this session sent itself did not come back by the next check."""
+
+
 class Listener:
     """Keeps a LISTEN connection alive and hands job ids (with updated_at) to ``on_job``."""
 
@@ -109,6 +121,7 @@ class Listener:
         *,
         on_job: Callable[[str, float | None], None],
         on_listening: Callable[[], None],
+        check: Check,
         dsn: str,
     ) -> None:
         self.settings = settings
@@ -116,11 +129,16 @@ class Listener:
         self.metrics = metrics
         self.on_job = on_job
         self.on_listening = on_listening
+        self.check = check
         self.dsn = dsn
         self.state: State = "connecting"
         self.connections = 0
         self._probe_token: str | None = None
         self._probe_sent = -math.inf
+        # The proven connection's check: when the next is due, and whether anything arrived
+        # since the last one (then no probe is needed).
+        self._next_check = -math.inf
+        self._heard = False
         # Whether a probe came back on the current connection: readiness waits for it.
         self.proven = False
         # Why the listener is not listening, as last logged (first line, never a password).
@@ -138,6 +156,11 @@ class Listener:
     def delivering(self) -> bool:
         """False when notifications cannot be relied on: not connected, or probes lost."""
         return self.state == "listening"
+
+    @property
+    def checking(self) -> bool:
+        """True while this connection carries the health check (it is proven)."""
+        return self.state == "listening" and self.proven
 
     async def run(self) -> None:
         """Listen for ever, reconnecting with jittered backoff. :attr:`settled` is set once the
@@ -160,7 +183,7 @@ class Listener:
             permanent = False
             try:
                 await self._session(conn)
-            except (psycopg.Error, OSError, TimeoutError) as error:
+            except (psycopg.Error, OSError, TimeoutError, ProbeLost) as error:
                 self._failed(
                     "listener connection lost or refused; polling meanwhile", db.first_line(error)
                 )
@@ -225,21 +248,42 @@ class Listener:
         while True:
             async for notify in conn.notifies(timeout=self._wait_time()):
                 self._receive(notify.payload)
-            # Shielded, like the probe: a stop arriving mid-statement waits for it (bounded by
-            # the probe timeout) rather than interrupting psycopg's own cancel, which closes
-            # the connection and logs a warning.
-            with anyio.CancelScope(shield=True), anyio.fail_after(self.settings.probe_timeout):
-                await conn.execute("SELECT 1")
-            self._check_probe()
-            if self.proven and not configured:
-                # A probe came back: this is a session of our own, not a pooler's.
+            if not self.proven:
+                # Shielded, like the probe: a stop arriving mid-statement waits for it (bounded
+                # by the probe timeout) rather than interrupting psycopg's own cancel, which
+                # closes the connection and logs a warning.
+                with anyio.CancelScope(shield=True), anyio.fail_after(self.settings.probe_timeout):
+                    await conn.execute("SELECT 1")
+                self._check_probe()
+                if not self.proven:
+                    if anyio.current_time() - self._probe_sent >= self.settings.probe_interval:
+                        await self._send_probe()
+                    continue
+            if not configured:
+                # A probe from another session came back: this is a session of our own, not a
+                # pooler's, and from now on it carries the health check.
                 configured = True
                 with anyio.fail_after(self.settings.probe_timeout):
                     await db.configure(conn)
                     await self._end_previous_session(conn)
+                conn.prepare_threshold = db.PREPARE_THRESHOLD
                 self._recovered()
-            if anyio.current_time() - self._probe_sent >= self.settings.probe_interval:
-                await self._send_probe()
+                self._next_check = -math.inf
+            if anyio.current_time() >= self._next_check:
+                await self._check(conn)
+
+    async def _check(self, conn: db.AnyConnection) -> None:
+        # The self-probe of the last check must be back by now; any notification since then
+        # proved delivery as well.
+        if self._probe_token is not None and not self._heard:
+            raise ProbeLost("a probe this LISTEN session sent itself did not come back")
+        token = None if self._heard else uuid.uuid4().hex
+        self._probe_token = token
+        self._heard = False
+        self._next_check = anyio.current_time() + self.settings.probe_interval
+        self._probe_sent = anyio.current_time()
+        with anyio.CancelScope(shield=True), anyio.fail_after(self.settings.probe_timeout):
+            await self.check(conn, None if token is None else _PROBE + token)
 
     def _recovered(self) -> None:
         if self.problem is not None:
@@ -248,8 +292,11 @@ class Listener:
         self.failures = 0
 
     def _wait_time(self) -> float:
-        # Wake up in time to judge the outstanding probe, or to send the next one.
+        # Wake up in time for the next check; unproven, to judge the outstanding probe or to
+        # send the next one.
         now = anyio.current_time()
+        if self.proven:
+            return max(0.01, self._next_check - now)
         if self._probe_token is not None:
             return max(0.01, self._probe_sent + self.settings.probe_timeout - now)
         return max(0.01, self._probe_sent + self.settings.probe_interval - now)
@@ -257,13 +304,17 @@ class Listener:
     def _receive(self, payload: str) -> None:
         if payload.startswith(_PROBE):
             self.metrics.notifications.labels("probe").inc()
-            if payload[len(_PROBE) :] == self._probe_token:
-                self._probe_token = None
-                self.proven = True
-                if self.state == "degraded":
-                    log.info("probe notifications arrive again; back to LISTEN")
-                self._set_state("listening")
+            if payload[len(_PROBE) :] != self._probe_token:
+                # Another replica's probe: as good a proof of delivery as any notification.
+                self._heard = True
+                return
+            self._probe_token = None
+            self.proven = True
+            if self.state == "degraded":
+                log.info("probe notifications arrive again; back to LISTEN")
+            self._set_state("listening")
             return
+        self._heard = True
         hint = parse_hint(payload)
         if hint is None:
             self.metrics.notifications.labels("rejected").inc()

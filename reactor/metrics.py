@@ -29,6 +29,10 @@ _LATENESS_BUCKETS = (
 )
 
 
+# What reactor_job_trigger{state} distinguishes; see reactor.service.trigger_state.
+TRIGGER_STATES = ("notifies", "quiet", "elsewhere", "missing")
+
+
 class Metrics:
     """Counters, gauges and histograms of one reactor."""
 
@@ -154,6 +158,14 @@ class Metrics:
             "Replicas whose heartbeat this one saw in its last health check, itself included.",
             registry=r,
         )
+        self.job_trigger = Gauge(
+            "reactor_job_trigger",
+            "1 for the job trigger's state as the last health check read it from the catalog: "
+            "notifies (this replica's channel), quiet (installed not to notify), elsewhere "
+            "(another channel), missing (missing or disabled); 0 for the others.",
+            ["state"],
+            registry=r,
+        )
         self.left_to_owner = Counter(
             "reactor_deadlines_left_to_owner",
             "Deadlines that fired here for a job another live replica owns; it claims them.",
@@ -165,3 +177,5 @@ class Metrics:
             self.recorded.labels(source)
         for mode in ("listen", "poll"):
             self.mode.labels(mode)
+        for state in TRIGGER_STATES:
+            self.job_trigger.labels(state)

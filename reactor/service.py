@@ -17,6 +17,7 @@ import math
 import time
 import uuid
 from collections.abc import Callable, Mapping
+from datetime import datetime, timedelta
 
 import anyio
 import anyio.abc
@@ -27,7 +28,7 @@ from reactor.dbclock import DatabaseClock
 from reactor.deadlines import Deadlines
 from reactor.hooks import Hook, HookRetention, HookRunner
 from reactor.listener import Listener
-from reactor.metrics import Metrics
+from reactor.metrics import TRIGGER_STATES, Metrics
 from reactor.ownership import Membership
 from reactor.reconcile import Reconciler
 from reactor.recorder import DATABASE_ERRORS, Recorder
@@ -46,6 +47,20 @@ POOL_SIZE = RECORD_CONCURRENCY + 3
 # A replica is live while its heartbeat (one per probe interval) is younger than this many probe
 # intervals: a slow check or two does not hand its jobs away.
 LIVENESS_PROBES = 3
+
+# Most queued jobs one poll arms; more (a burst) are read by the next poll, from where it ended.
+POLL_LIMIT = 10_000
+
+
+def trigger_state(trigger_channel: str | None, channel: str) -> str:
+    """What the job trigger does for a replica listening on ``channel``: ``notifies`` it,
+    queues without notifying anyone (``quiet``), notifies ``elsewhere``, or is ``missing``
+    (or disabled), given the channel the trigger notifies ('' for none; None when missing)."""
+    if trigger_channel is None:
+        return "missing"
+    if trigger_channel == "":
+        return "quiet"
+    return "notifies" if trigger_channel == channel else "elsewhere"
 
 
 class Reactor:
@@ -108,14 +123,28 @@ class Reactor:
                 self.metrics,
                 on_job=self._on_notified,
                 on_listening=lambda: self.request_scan(rearm=True),
+                check=self._check_on,
                 dsn=listen_dsn or settings.listen_database_url or settings.require_database(),
             )
+        self._health_check = db.HealthCheck(
+            replica=self.replica_id,
+            liveness=LIVENESS_PROBES * settings.probe_interval,
+            retention=settings.hook_retention,
+            channel=settings.channel,
+        )
         self.scans = 0
-        # Health, as the watch loop last saw it: None until its first check.
+        self.polls = 0
+        # Health, as the last check saw it: None until the first one.
         self.database_ok: bool | None = None
         self.last_watch = -math.inf
+        self._last_check = -math.inf
         # True while the NOTIFY queue is so full that the trigger skips its notifications.
         self.notify_skipped = False
+        # The channel the job trigger notifies, as the last check read it from the catalog: ''
+        # when it was installed not to notify, None when it is missing or disabled. Until the
+        # first check, the channel this replica listens on.
+        self.trigger_channel: str | None = settings.channel
+        self._trigger_known = False
         # How long past its grace the oldest queued job waits, as the last health check saw.
         self.oldest_overdue = math.inf
         self._wake = anyio.Event()
@@ -128,8 +157,10 @@ class Reactor:
 
     @property
     def polling(self) -> bool:
-        """True when timers come from the scan's view rather than from notifications."""
-        return self.listener is None or not self.listener.delivering or self.notify_skipped
+        """True when timers come from polling the queue rather than from notifications."""
+        if self.listener is None or not self.listener.delivering or self.notify_skipped:
+            return True
+        return trigger_state(self.trigger_channel, self.settings.channel) != "notifies"
 
     @property
     def stopping(self) -> bool:
@@ -187,6 +218,7 @@ class Reactor:
                 async with anyio.create_task_group() as work:
                     work.start_soon(self._timer_loop, work)
                     work.start_soon(self._scan_loop)
+                    work.start_soon(self._poll_loop)
                     work.start_soon(self._watch_loop)
                     if self.hook_runner is not None:
                         work.start_soon(self.hook_runner.run)
@@ -218,6 +250,9 @@ class Reactor:
             return alive, False, "stopping"
         if not self.database_ok:
             return alive, False, "database unreachable" if self.database_ok is False else "starting"
+        state = trigger_state(self.trigger_channel, self.settings.channel)
+        if state == "missing":
+            return alive, False, "the job trigger is missing or disabled; run `reactor migrate`"
         if self.listener is not None:
             if self.listener.state == "connecting":
                 problem = self.listener.problem
@@ -228,47 +263,107 @@ class Reactor:
                 return alive, False, "probe notifications do not arrive (pooler?); polling"
             if not self.listener.proven:
                 return alive, False, "waiting for the first delivery probe"
+            if state == "elsewhere":
+                return (
+                    alive,
+                    False,
+                    (
+                        f"the job trigger notifies channel {self.trigger_channel!r}, not "
+                        f"REACTOR_CHANNEL {self.settings.channel!r}; polling"
+                    ),
+                )
         return alive, True, "ok"
 
     async def _watch_loop(self) -> None:
-        # Rescheduling comes first in each turn, so a failing check cannot stop the next one.
-        queue_warned = False
+        # The health check runs once per probe interval: on the LISTEN connection while the
+        # listener carries it (one round trip proves that connection too), through the pool
+        # otherwise. This loop steps in when the listener does not: not proven, reconnecting,
+        # or no listener at all; it waits out a check the listener may still have in flight.
         while not self.stopping:
-            next_turn = anyio.current_time() + self.settings.probe_interval
+            self.last_watch = anyio.current_time()
+            carried = self.listener is not None and self.listener.checking
+            due = self._last_check + self.settings.probe_interval
+            if carried:
+                due += self.settings.probe_timeout
+            now = anyio.current_time()
+            if now < due:
+                # At least once per probe interval, for /healthz and to notice the listener
+                # giving the check back.
+                await self._sleep_until(min(due, now + self.settings.probe_interval))
+                continue
+            self._last_check = now
             try:
-                with anyio.fail_after(self.settings.probe_timeout):
-                    sent = self.clock()
-                    health = await self.database.health(
-                        self.replica_id, LIVENESS_PROBES * self.settings.probe_interval
-                    )
-                    self.db_clock.observe(health.database_time, sent, self.clock())
+                await self._check()
             except DATABASE_ERRORS as error:
                 if self.database_ok is not False:
                     log.warning("database check failed", extra={"error": db.first_line(error)})
                 self.database_ok = False
-            else:
-                self.database_ok = True
-                usage = health.queue_usage
-                self.metrics.queue_usage.set(usage)
-                self.metrics.oldest_age.set(health.oldest_overdue)
-                self.oldest_overdue = health.oldest_overdue
-                self.metrics.hook_backlog.set(health.hook_backlog)
-                self.metrics.hook_failed.set(health.hook_failed)
-                self.metrics.reconcile_last_pass.set(health.reconcile_last_pass)
-                if health.reconcile_requested and self.reconciler is not None:
-                    self.reconciler.wake()
-                self.notify_skipped = usage >= QUEUE_WARNING
-                self._see_replicas(frozenset(health.live_replicas))
-                if usage >= QUEUE_WARNING and not queue_warned:
-                    log.error(
-                        "the NOTIFY queue is half full: a session is LISTENing without reading "
-                        "(idle in transaction, frozen, or a dead connection); the job trigger "
-                        "skips its notifications until it drains, and the reactor polls",
-                        extra={"queue_usage": round(usage, 3)},
-                    )
-                queue_warned = usage >= QUEUE_WARNING
-            self.last_watch = anyio.current_time()
-            await self._sleep_until(next_turn)
+
+    async def _check_on(self, conn: db.AnyConnection, probe: str | None) -> None:
+        # The listener's turn: the check on its own connection, with its probe if any.
+        self._last_check = anyio.current_time()
+        await self._check(probe, conn)
+
+    async def _check(self, probe: str | None = None, conn: db.AnyConnection | None = None) -> None:
+        sent = self.clock()
+        with anyio.fail_after(self.settings.probe_timeout):
+            health = await self.database.health(self._health_check, probe=probe, conn=conn)
+        self.db_clock.observe(health.database_time, sent, self.clock())
+        self._see_health(health)
+
+    def _see_health(self, health: db.Health) -> None:
+        self.database_ok = True
+        usage = health.queue_usage
+        self.metrics.queue_usage.set(usage)
+        self.metrics.oldest_age.set(health.oldest_overdue)
+        self.oldest_overdue = health.oldest_overdue
+        self.metrics.hook_backlog.set(health.hook_backlog)
+        self.metrics.hook_failed.set(health.hook_failed)
+        self.metrics.reconcile_last_pass.set(health.reconcile_last_pass)
+        if health.reconcile_requested and self.reconciler is not None:
+            self.reconciler.wake()
+        if health.hooks_expired:
+            self.hook_retention.wake()
+        if usage >= QUEUE_WARNING and not self.notify_skipped:
+            log.error(
+                "the NOTIFY queue is half full: a session is LISTENing without reading "
+                "(idle in transaction, frozen, or a dead connection); the job trigger "
+                "skips its notifications until it drains, and the reactor polls",
+                extra={"queue_usage": round(usage, 3)},
+            )
+        self.notify_skipped = usage >= QUEUE_WARNING
+        self._see_trigger(health.trigger_channel)
+        self._see_replicas(frozenset(health.live_replicas))
+
+    def _see_trigger(self, channel: str | None) -> None:
+        known, self._trigger_known = self._trigger_known, True
+        if known and channel == self.trigger_channel:
+            return
+        self.trigger_channel = channel
+        state = trigger_state(channel, self.settings.channel)
+        for each in TRIGGER_STATES:
+            self.metrics.job_trigger.labels(each).set(1 if each == state else 0)
+        extra = {"trigger_channel": channel, "channel": self.settings.channel}
+        if state == "missing":
+            log.error(
+                "the job trigger on analysis_jobs is missing or disabled: finished jobs are not "
+                "queued, only the reconcile finds them; run `reactor migrate`",
+                extra=extra,
+            )
+        elif state == "quiet":
+            log.info(
+                "the job trigger queues without notifying (`reactor migrate --no-notify`): "
+                "polling the queue",
+                extra={"poll_interval_s": self.settings.poll_interval},
+            )
+        elif state == "elsewhere" and self.listener is not None:
+            log.error(
+                "the job trigger notifies another channel than REACTOR_CHANNEL: run `reactor "
+                "migrate` with this REACTOR_CHANNEL; polling meanwhile",
+                extra=extra,
+            )
+        elif state == "notifies" and known:
+            log.info("the job trigger notifies this replica's channel again", extra=extra)
 
     def _see_replicas(self, live: frozenset[str]) -> None:
         seen = Membership(self.replica_id, live)
@@ -364,12 +459,40 @@ class Reactor:
                 return
             requested = self._scan_requested.is_set()
             self._scan_requested = anyio.Event()
-            rearm, self._rearm_wanted = self._rearm_wanted or self.polling, False
+            rearm, self._rearm_wanted = self._rearm_wanted, False
             if not (requested or rearm or failures) and self._nothing_overdue():
                 # The health check just read the queue and found nothing past its grace: a
                 # periodic scan would find nothing either.
                 continue
             failures = 0 if await self.scan(rearm=rearm) is not None else failures + 1
+
+    async def _poll_loop(self) -> None:
+        # While notifications cannot be relied on, the timers come from the queue itself: every
+        # poll interval, the queued jobs whose deadline comes within two intervals. Windows
+        # overlap by that much, so a job queued by a transaction that was still open at the last
+        # poll is read now (one that committed after its deadline is the scan's).
+        interval = self.settings.poll_interval
+        ahead = 2 * interval
+        low: datetime | None = None
+        while not self.stopping:
+            started = anyio.current_time()
+            if not self.polling:
+                low = None
+            else:
+                try:
+                    jobs, high = await self.database.poll_queue(low, ahead=ahead, limit=POLL_LIMIT)
+                except DATABASE_ERRORS as error:
+                    # The check says so when the database is down; anything overdue meanwhile
+                    # is the scan's.
+                    log.debug("poll failed", extra={"error": db.first_line(error)})
+                    low = None
+                else:
+                    self.polls += 1
+                    for job in jobs:
+                        self.arm(job.job_id, job.due_in + 0.001)
+                    full = len(jobs) >= POLL_LIMIT
+                    low = jobs[-1].since if full else high - timedelta(seconds=ahead)
+            await self._sleep_until(started + interval)
 
     def _nothing_overdue(self) -> bool:
         fresh = anyio.current_time() - self.last_watch < 2 * self.settings.probe_interval

@@ -42,6 +42,14 @@ ISO 8601 from the database clock, and ``null`` means "unknown or not applicable"
       },                             # client_addr and backend_start are null for a session of
                                      # another role unless this one has pg_read_all_stats
       "schema": {"version": 5, "required": 5, "behind": false},
+      "trigger": {                   # the job trigger on analysis_jobs
+        "installed": true,
+        "enabled": true,             # fires for the app's sessions
+        "channel": "analysis_jobs_terminal",  # what it notifies; "" when installed with
+                                     # `reactor migrate --no-notify`; null when not installed
+        "notifies": true,
+        "at_risk": false             # missing or disabled: nothing is queued
+      },
       "notify_queue": {"usage": 0.0, "at_risk": false},  # pg_notification_queue_usage()
       "reconcile": {
         "interval_seconds": 600.0,   # REACTOR_RECONCILE_INTERVAL_SECONDS; 0: turned off
@@ -140,8 +148,16 @@ class Status:
     schema_version: int
     required_version: int
     queue_usage: float
+    # The job trigger: the channel it notifies ('' for none), None when it is not installed.
+    trigger_channel: str | None
+    trigger_enabled: bool
     reconcile_interval: float = 0.0
     reconcile: db.ReconcilePass | None = None  # None before the reconcile migration
+
+    @property
+    def trigger_at_risk(self) -> bool:
+        """The job trigger is missing or disabled: finished jobs are not queued."""
+        return self.trigger_channel is None or not self.trigger_enabled
 
     @property
     def reconcile_overdue(self) -> bool:
@@ -239,6 +255,8 @@ async def _collect(conn: db.AnyConnection, settings: Settings) -> Status:
         queue_usage=server["queue_usage"],
         reconcile_interval=settings.reconcile_interval,
         reconcile=reconcile,
+        trigger_channel=server["trigger_channel"],
+        trigger_enabled=server["trigger_enabled"],
     )
 
 
@@ -278,6 +296,12 @@ def risks(status: Status) -> list[str]:
         found.append(
             f"the NOTIFY queue is {status.queue_usage:.0%} full: a session LISTENs without "
             "reading, and the app's commits fail when it is full"
+        )
+    if status.trigger_at_risk:
+        state = "missing" if status.trigger_channel is None else "disabled"
+        found.append(
+            f"the job trigger on analysis_jobs is {state}: finished jobs are not queued and "
+            "only the reconcile finds them; run `reactor migrate`"
         )
     if status.mode == "listen" and status.due and not status.listeners:
         found.append(f"{status.due} job(s) are due and no reactor is LISTENing")
@@ -349,6 +373,13 @@ def as_json(status: Status) -> dict[str, Any]:
             "version": status.schema_version,
             "required": status.required_version,
             "behind": status.schema_behind,
+        },
+        "trigger": {
+            "installed": status.trigger_channel is not None,
+            "enabled": status.trigger_enabled,
+            "channel": status.trigger_channel,
+            "notifies": bool(status.trigger_channel),
+            "at_risk": status.trigger_at_risk,
         },
         "notify_queue": {"usage": status.queue_usage, "at_risk": status.queue_at_risk},
         "reconcile": None if status.reconcile is None else _reconcile_json(status),
@@ -433,6 +464,7 @@ def render(status: Status, console: Console) -> None:
         f"version {status.schema_version} (this reactor needs {status.required_version})",
         status.schema_behind,
     )
+    row("job trigger", _trigger_text(status), status.trigger_at_risk)
     row("NOTIFY queue", f"{status.queue_usage:.1%} used", status.queue_at_risk)
     if status.reconcile is not None:
         row("reconcile", _reconcile_text(status), status.reconcile_at_risk)
@@ -442,6 +474,16 @@ def render(status: Status, console: Console) -> None:
         console.print(Text(f"at risk: {risk}", style="red"))
     if not found:
         console.print(Text("nothing at risk", style="green"))
+
+
+def _trigger_text(status: Status) -> str:
+    if status.trigger_channel is None:
+        return "not installed (run `reactor migrate`)"
+    if not status.trigger_enabled:
+        return "disabled (ALTER TABLE analysis_jobs ENABLE TRIGGER reactor_job_update)"
+    if not status.trigger_channel:
+        return "queues without notifying: the reactors poll the queue"
+    return f"notifies channel {status.trigger_channel}"
 
 
 def _reconcile_text(status: Status) -> str:

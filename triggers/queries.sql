@@ -43,6 +43,14 @@
  AND NOT EXISTS (SELECT 1 FROM analysis_runs r
                   WHERE r.id = j.run_id AND NOT {{outranked_in_snapshot}}))
 
+-- fragment: job_trigger
+-- The job trigger as installed: the channel it notifies (its argument; '' when it was installed
+-- not to notify) and whether it fires for the app's sessions. No row when it is missing.
+SELECT split_part(encode(t.tgargs, 'escape'), '\000', 1) AS channel,
+       t.tgenabled IN ('O', 'A') AS enabled
+  FROM pg_trigger t
+ WHERE t.tgrelid = to_regclass('analysis_jobs') AND t.tgname = 'reactor_job_update'
+
 -- fragment: write_runs
 -- Writes one run per claimed run id, from the newest claimed job of that run, in run id order
 -- (so concurrent writers take the run rows' locks in one order). The conflict clause re-checks
@@ -73,18 +81,27 @@ newest AS (
     ON CONFLICT DO NOTHING
 )
 
+-- name: job_trigger
+{{job_trigger}}
+
 -- name: record_jobs
 -- The timer path: claim the given jobs if they are due, write their runs, and say what became
 -- of every given job that still needs a run. One statement is one transaction that commits on
 -- the server, so a reactor cut off mid-call never leaves job rows locked.
 -- outcome: recorded | superseded (claimed, but a newer job or another writer owns the run)
 --          | waiting (inside its grace window) | busy (another transaction holds the row)
--- The claimed jobs leave the pending queue; a queue row another transaction holds is left for
--- the scan to settle rather than waited for.
+-- Every given job leaves the pending queue that was claimed or needs no run (a tab saved it, it
+-- was deleted): a timer fires once per job, so the queue holds only what timers have yet to
+-- settle, never the tabs' saves. As in record_oldest, a queue row is dropped for needing no run
+-- only if it is the version this statement's snapshot judged; a queue row another transaction
+-- holds is left for the scan rather than waited for.
 WITH wanted AS (
     SELECT j.id, j.run_id, j.updated_at
       FROM analysis_jobs j
      WHERE j.id = ANY(%(ids)s::uuid[]) AND {{needs_run}}
+), seen AS (
+    SELECT p.job_id, p.xmin AS version FROM reactor.pending p
+     WHERE p.job_id = ANY(%(ids)s::uuid[])
 ), claimed AS (
     SELECT j.id, j.run_id, j.created_at, j.updated_at, j.doc_html, j.results
       FROM analysis_jobs j
@@ -94,9 +111,13 @@ WITH wanted AS (
        FOR NO KEY UPDATE OF j SKIP LOCKED
 ), {{write_runs}}, dequeued AS (
     DELETE FROM reactor.pending p
-     WHERE p.job_id IN (SELECT q.job_id FROM reactor.pending q
-                         WHERE q.job_id IN (SELECT id FROM claimed)
+     USING seen s
+     WHERE p.job_id = s.job_id
+       AND p.job_id IN (SELECT q.job_id FROM reactor.pending q
+                         WHERE q.job_id IN (SELECT job_id FROM seen)
                            FOR UPDATE SKIP LOCKED)
+       AND (p.job_id IN (SELECT id FROM claimed)
+            OR (p.xmin = s.version AND p.job_id NOT IN (SELECT id FROM wanted)))
 )
 SELECT w.id::text AS job_id,
        w.run_id::text AS run_id,
@@ -193,6 +214,28 @@ SELECT j.id::text AS job_id,
  WHERE {{needs_run}}
    AND j.updated_at >= now() - make_interval(secs => %(grace)s)
  ORDER BY j.updated_at
+ LIMIT %(limit)s
+
+-- name: poll_queue
+-- The timers' road when no notification can be relied on (REACTOR_MODE=poll, a trigger that does
+-- not notify, a LISTEN that is down): the queued jobs whose deadline, since + grace by the
+-- database clock, comes within %(ahead)s seconds, from the queue's since index alone. It looks
+-- at deadlines, not arrivals: a job is returned as its deadline nears, whenever it was queued.
+-- %(low)s is where the last call's window ended, less an overlap the caller chooses; NULL starts
+-- %(ahead)s seconds back. One row always comes back, carrying `high`, the window's end (job_id
+-- is NULL when the window is empty). A job touched after it was queued (updated_at later than
+-- since) is refused as waiting by its claim and re-armed at its new deadline; one queued by a
+-- transaction that committed after its deadline had passed is left to the scan.
+SELECT p.job_id::text AS job_id,
+       extract(epoch FROM p.since + make_interval(secs => %(grace)s) - clock_timestamp())
+           ::float8 AS due_in,
+       p.since,
+       w.high
+  FROM (SELECT now() - make_interval(secs => %(grace)s - %(ahead)s) AS high) w
+  LEFT JOIN reactor.pending p
+    ON p.since >= coalesce(%(low)s::timestamptz, w.high - make_interval(secs => 2 * %(ahead)s))
+   AND p.since <= w.high
+ ORDER BY p.since
  LIMIT %(limit)s
 
 -- name: reconcile_step
@@ -336,29 +379,51 @@ SELECT pass AS number,
   FROM reactor.reconcile
 
 -- name: health
--- The watch loop's view, every probe interval: NOTIFY queue pressure, how long past its grace
--- the oldest queued job that needs a run has waited (0 when none is overdue), the hook
--- outbox, the reconcile (when its last pass ended, unix time, 0 before the first; whether a
--- pass was asked for: a TRUNCATE of analysis_runs asks), and the live replicas. The same
--- statement is this replica's heartbeat; the live set it reads back is the others' heartbeats
--- within %(liveness)s seconds, and this one. Last, the database clock, for the timers' aim.
+-- The replica's one periodic statement, every probe interval; on the LISTEN connection while it
+-- is up, so that the same round trip proves that connection alive. It is this replica's
+-- heartbeat, and reads back the live set: the others' heartbeats within %(liveness)s seconds,
+-- and this one. It sends the probe notification %(probe)s on %(channel)s when one is given (the
+-- listener heard nothing since its last check), unless the NOTIFY queue is half full. And it
+-- reads what the loops would otherwise each ask on a timer of their own:
+-- - queue_usage: NOTIFY queue pressure;
+-- - oldest_overdue: how long past its grace the oldest queued job that needs a run has waited
+--   (0 when none is overdue); since is at most the updated_at that queued a job, so the range
+--   on since skips the jobs still inside their grace;
+-- - the hook outbox: rows open and parked, and whether settled rows have outlived
+--   %(retention)s seconds (the retention job has work);
+-- - the reconcile: when its last pass ended (unix time, 0 before the first) and whether a pass
+--   was asked for (a TRUNCATE of analysis_runs asks);
+-- - trigger_channel: the channel the job trigger notifies, '' when it was installed not to
+--   notify, NULL when it is missing or disabled;
+-- - the database clock, for the timers' aim.
 WITH beat AS (
     INSERT INTO reactor.replicas (id) VALUES (%(replica)s)
     ON CONFLICT (id) DO UPDATE SET heartbeat_at = now()
 ), gone AS (
-    DELETE FROM reactor.replicas WHERE heartbeat_at < now() - interval '1 hour'
+    -- SKIP LOCKED: another replica's check deleting the same rows never holds this one up.
+    DELETE FROM reactor.replicas
+     WHERE id IN (SELECT id FROM reactor.replicas
+                   WHERE heartbeat_at < now() - interval '1 hour'
+                     FOR UPDATE SKIP LOCKED)
+), probe AS (
+    SELECT pg_notify(%(channel)s, %(probe)s)
+     WHERE %(probe)s::text IS NOT NULL AND pg_notification_queue_usage() < 0.5
 )
 SELECT pg_notification_queue_usage()::float8 AS queue_usage,
        coalesce((SELECT extract(epoch FROM now() - make_interval(secs => %(grace)s)
                                        - j.updated_at)
                    FROM reactor.pending p JOIN analysis_jobs j ON j.id = p.job_id
-                  WHERE {{needs_run}}
+                  WHERE p.since < now() - make_interval(secs => %(grace)s)
+                    AND {{needs_run}}
                     AND j.updated_at < now() - make_interval(secs => %(grace)s)
                   ORDER BY p.since
                   LIMIT 1), 0)::float8 AS oldest_overdue,
        (SELECT count(*) FROM reactor.hook_outbox
          WHERE status IN ('pending', 'running'))::int AS hook_backlog,
        (SELECT count(*) FROM reactor.hook_outbox WHERE status = 'failed')::int AS hook_failed,
+       EXISTS (SELECT 1 FROM reactor.hook_outbox
+                WHERE status IN ('done', 'superseded', 'cancelled')
+                  AND updated_at < now() - make_interval(secs => %(retention)s)) AS hooks_expired,
        coalesce((SELECT extract(epoch FROM last_finished_at) FROM reactor.reconcile), 0)::float8
            AS reconcile_last_pass,
        coalesce((SELECT requested_at IS NOT NULL FROM reactor.reconcile), false)
@@ -368,6 +433,8 @@ SELECT pg_notification_queue_usage()::float8 AS queue_usage,
                 AND id <> %(replica)s
              UNION ALL SELECT %(replica)s
              ORDER BY 1) AS live_replicas,
+       (SELECT t.channel FROM ({{job_trigger}}) AS t WHERE t.enabled) AS trigger_channel,
+       (SELECT count(*) FROM probe)::int AS probes_sent,
        extract(epoch FROM clock_timestamp())::float8 AS database_time
 
 -- name: replica_leave

@@ -25,8 +25,9 @@ CREATE FUNCTION reactor.hint_v1(channel text, job_id uuid, updated_at timestampt
     SET search_path = pg_catalog, pg_temp AS
 $$
 BEGIN
-    IF pg_notification_queue_usage()
-       < coalesce(nullif(current_setting('reactor.notify_queue_limit', true), ''), '0.5')::float8
+    IF channel <> ''
+       AND pg_notification_queue_usage()
+           < coalesce(nullif(current_setting('reactor.notify_queue_limit', true), ''), '0.5')::float8
     THEN
         PERFORM pg_notify(channel, job_id::text || '@' || extract(epoch FROM updated_at));
     END IF;
@@ -53,9 +54,11 @@ BEGIN
             ON CONFLICT (job_id) DO UPDATE SET since = EXCLUDED.since;
     END IF;
     -- Wake the reactors on the transition into a terminal status, and when a terminal job
-    -- becomes eligible later (its results arrive in a second update).
-    IF TG_OP = 'INSERT' OR OLD.status IS DISTINCT FROM NEW.status
-       OR (eligible AND NOT was_eligible) THEN
+    -- becomes eligible later (its results arrive in a second update); not at all when the
+    -- trigger was installed not to notify.
+    IF TG_ARGV[0] <> ''
+       AND (TG_OP = 'INSERT' OR OLD.status IS DISTINCT FROM NEW.status
+            OR (eligible AND NOT was_eligible)) THEN
         PERFORM reactor.hint_v1(TG_ARGV[0], NEW.id, NEW.updated_at);
     END IF;
     RETURN NULL;
@@ -156,7 +159,7 @@ DECLARE
 BEGIN
     EXECUTE format(
         'WITH queued AS (
-             INSERT INTO reactor.pending (job_id, since)
+             INSERT INTO reactor.pending AS p (job_id, since)
              SELECT j.id, least(j.updated_at, now())
                FROM %I.analysis_jobs j
               WHERE j.run_id = ANY($1)
@@ -165,7 +168,7 @@ BEGIN
                 AND j.doc_html IS NOT NULL
                 AND j.results IS NOT NULL
                 AND j.results <> ''{}''::jsonb
-             ON CONFLICT (job_id) DO NOTHING
+             ON CONFLICT (job_id) DO UPDATE SET since = least(p.since, EXCLUDED.since)
              RETURNING job_id, since)
          SELECT array_agg(job_id), array_agg(since) FROM queued', app_schema)
     INTO queued, queued_since

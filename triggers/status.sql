@@ -3,10 +3,13 @@
 -- Times come from the database clock, as everywhere in the reactor.
 
 -- name: status_server
--- The server's side: the database clock, NOTIFY queue pressure, and which optional objects
--- exist. The hook outbox, its row ids, the pending queue and the reconcile arrived with later
--- migrations, so an older schema may lack them.
+-- The server's side: the database clock, NOTIFY queue pressure, the job trigger (the channel it
+-- notifies, '' for none; NULL when it is missing) and which optional objects exist. The hook
+-- outbox, its row ids, the pending queue and the reconcile arrived with later migrations, so an
+-- older schema may lack them.
 SELECT now() AS checked_at,
+       t.channel AS trigger_channel,
+       coalesce(t.enabled, false) AS trigger_enabled,
        pg_notification_queue_usage()::float8 AS queue_usage,
        to_regclass('analysis_jobs') IS NOT NULL AND to_regclass('analysis_runs') IS NOT NULL
            AS app_tables,
@@ -16,6 +19,8 @@ SELECT now() AS checked_at,
                   AND a.attname = 'id' AND NOT a.attisdropped) AS hook_ids,
        to_regclass('reactor.pending') IS NOT NULL AS pending_queue,
        to_regclass('reactor.reconcile') IS NOT NULL AS reconcile
+  FROM (SELECT 1) AS one
+  LEFT JOIN ({{job_trigger}}) AS t ON true
 
 -- name: status_jobs
 -- Jobs that need a run, split at the grace window, and the oldest of the due ones with its age

@@ -12,6 +12,7 @@ import time
 
 import pytest
 
+from reactor import db
 from reactor.service import Reactor
 from tests.faults.proxy import FaultProxy
 from tests.faults.scenario import Scenario
@@ -131,16 +132,19 @@ async def test_partition_during_the_probe_send_is_noticed_within_the_probe_timeo
         await eventually(lambda: fleet.all_listeners(lambda listener: listener.proven), timeout=10)
         cut: list[float] = []
         first = fleet.reactors[0]
-        send = first.database.notify
+        check = first.database.health
 
-        async def notify(channel: str, payload: str) -> None:
-            # The cut lands exactly as the first replica's next probe notification leaves.
-            if payload.startswith("probe:") and not cut:
+        async def health(
+            what: db.HealthCheck, *, probe: str | None = None, conn: db.AnyConnection | None = None
+        ) -> db.Health:
+            # The cut lands exactly as the first replica's next probe leaves, inside the health
+            # check its listener runs on the LISTEN connection.
+            if probe is not None and conn is not None and not cut:
                 proxy.partition()
                 cut.append(time.monotonic())
-            await send(channel, payload)
+            return await check(what, probe=probe, conn=conn)
 
-        first.database.notify = notify  # type: ignore[method-assign]
+        first.database.health = health  # type: ignore[method-assign, assignment]
         await eventually(lambda: cut, timeout=5)
         noticed: float | None = None
         try:

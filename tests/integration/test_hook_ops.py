@@ -276,9 +276,9 @@ def test_periodic_queries_never_read_the_settled_rows(conn: psycopg.Connection[A
     add_rows(conn, 2, "failed", 0)
     conn.execute("VACUUM ANALYZE reactor.hook_outbox")
     params: dict[str, Any] = {
-        "grace": 1.0, "hooks": ["judge"], "limit": 4, "lease": 60.0, "retention": 86400.0,
-        "batch": 1000, "lock": db._PURGE_LOCK, "failed_only": False, "replica": "test",
-        "liveness": 15.0,
+        **db.health_params(1.0, db.HealthCheck("test", 15.0, 86400.0, "test")),
+        "hooks": ["judge"], "limit": 4, "lease": 60.0, "batch": 1000, "lock": db._PURGE_LOCK,
+        "failed_only": False,
     }  # fmt: skip
     plans = {
         "health": plan(conn, sql.query("health"), params),

@@ -65,16 +65,16 @@ def server_sessions(pooled_dsn: str) -> list[dict[str, Any]]:
             conn.close()
 
 
-async def test_poll_mode_through_pgbouncer_records_everything_past_many_scans(
+async def test_poll_mode_through_pgbouncer_records_everything_past_many_polls(
     start_reactor: StartReactor, database_url: str, pgbouncer: bouncer.PgBouncer
 ) -> None:
     pooled = pgbouncer.dsn_for(database_url)
     jobs = 120
     grace = 0.3
-    async with (
-        start_reactor(database_url=pooled, mode="poll", scan_interval=0.05, grace=grace) as one,
-        start_reactor(database_url=pooled, mode="poll", scan_interval=0.05, grace=grace) as two,
-    ):
+    options: dict[str, Any] = {
+        "database_url": pooled, "mode": "poll", "poll_interval": 0.05, "grace": grace,
+    }  # fmt: skip
+    async with start_reactor(**options) as one, start_reactor(**options) as two:
         # The app goes through the same pooler: its statements and the reactors' interleave
         # on the same four server sessions.
         with psycopg.connect(pooled, autocommit=True, prepare_threshold=None) as app:
@@ -85,7 +85,7 @@ async def test_poll_mode_through_pgbouncer_records_everything_past_many_scans(
             await eventually(lambda: len(worker_writes(app)) >= jobs, timeout=30)
             # Every statement shape ran many times on every pool connection: prepared
             # statements (psycopg's default after five) would have failed by now.
-            await eventually(lambda: one.scans >= 60 and two.scans >= 60, timeout=30)
+            await eventually(lambda: one.polls >= 60 and two.polls >= 60, timeout=30)
         errors = [
             r.metrics.registry.get_sample_value("reactor_record_errors_total") for r in (one, two)
         ]

@@ -121,7 +121,8 @@ async def test_the_reactor_records_and_hooks_as_that_role(
         assert run_row(app, run_id) == (job_id, "worker")
         # The other statements of a running reactor, as that role, one by one.
         assert await database.upcoming(10) == []
-        assert (await database.health("test", 15.0)).oldest_overdue == 0
+        check = db.HealthCheck("test", 15.0, 86400.0, "reactor_session_defaults")
+        assert (await database.health(check, probe="probe:x")).oldest_overdue == 0
         assert await database.claim_hooks(10, 60) == []
         await database.notify("reactor_session_defaults", "ping")
 

@@ -253,6 +253,8 @@ def snapshot(**changes: Any) -> status.Status:
         schema_version=sql.latest_version(),
         required_version=sql.latest_version(),
         queue_usage=0.0,
+        trigger_channel="analysis_jobs_terminal",
+        trigger_enabled=True,
     )
     return replace(clean, **changes)
 
@@ -265,6 +267,8 @@ def snapshot(**changes: Any) -> status.Status:
         ({"schema_version": sql.latest_version() - 1}, "reactor migrate"),
         ({"hooks": status.Hooks(outbox=True, pending=0, running=0, failed=2)}, "2 hook call"),
         ({"due": 1}, "no reactor is LISTENing"),
+        ({"trigger_channel": None}, "job trigger on analysis_jobs is missing"),
+        ({"trigger_enabled": False}, "job trigger on analysis_jobs is disabled"),
     ],
 )
 def test_each_risk(changes: dict[str, Any], needle: str) -> None:
@@ -338,3 +342,37 @@ def test_no_pass_within_twice_the_interval_is_at_risk(
     assert code == 0, report["risks"]
     human = run_status(database_url)
     assert "reconcile" in human.stdout
+
+
+def test_the_job_trigger_as_migrate_installed_it(
+    database_url: str, conn: psycopg.Connection[Any]
+) -> None:
+    def trigger() -> tuple[int, dict[str, Any]]:
+        code, report = status_json(database_url)
+        return code, report["trigger"]
+
+    notifying = {
+        "installed": True,
+        "enabled": True,
+        "channel": "analysis_jobs_terminal",
+        "notifies": True,
+        "at_risk": False,
+    }
+    assert trigger() == (0, notifying)
+    env = reactor_env(database_url)
+    assert run_reactor("migrate", "--no-notify", env=env).returncode == 0
+    quiet = {**notifying, "channel": "", "notifies": False}
+    assert trigger() == (0, quiet)
+    # A plain migrate (an upgrade, say) keeps the choice; --notify turns it back.
+    assert run_reactor("migrate", env=env).returncode == 0
+    assert trigger() == (0, quiet)
+    conn.execute("ALTER TABLE analysis_jobs DISABLE TRIGGER reactor_job_update")
+    code, report = status_json(database_url)
+    assert (code, report["trigger"]) == (1, {**quiet, "enabled": False, "at_risk": True})
+    assert "job trigger on analysis_jobs is disabled" in report["risks"][0]
+    assert run_reactor("migrate", "--notify", env=env).returncode == 0
+    assert trigger() == (0, notifying)
+    conn.execute("DROP TRIGGER reactor_job_update ON analysis_jobs")
+    code, report = status_json(database_url)
+    missing = {"installed": False, "enabled": False, "channel": None, "notifies": False}
+    assert (code, report["trigger"]) == (1, {**missing, "at_risk": True})

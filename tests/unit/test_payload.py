@@ -142,6 +142,7 @@ def make_listener(channel: str = "analysis_jobs_terminal") -> tuple[Listener, li
         cast(Any, MagicMock()),
         on_job=lambda job_id, updated_at: jobs.append(job_id),
         on_listening=lambda: None,
+        check=cast(Any, MagicMock()),
         dsn="host=unused",
     )
     return listener, jobs
