@@ -137,7 +137,9 @@ class Reactor:
         # Health, as the last check saw it: None until the first one.
         self.database_ok: bool | None = None
         self.last_watch = -math.inf
+        # When the last check started (from either road), and when one last answered.
         self._last_check = -math.inf
+        self._last_seen = -math.inf
         # True while the NOTIFY queue is so full that the trigger skips its notifications.
         self.notify_skipped = False
         # The channel the job trigger notifies, as the last check read it from the catalog: ''
@@ -313,6 +315,7 @@ class Reactor:
 
     def _see_health(self, health: db.Health) -> None:
         self.database_ok = True
+        self._last_seen = anyio.current_time()
         usage = health.queue_usage
         self.metrics.queue_usage.set(usage)
         self.metrics.oldest_age.set(health.oldest_overdue)
@@ -495,7 +498,7 @@ class Reactor:
             await self._sleep_until(started + interval)
 
     def _nothing_overdue(self) -> bool:
-        fresh = anyio.current_time() - self.last_watch < 2 * self.settings.probe_interval
+        fresh = anyio.current_time() - self._last_seen < 2 * self.settings.probe_interval
         return fresh and self.database_ok is True and self.oldest_overdue == 0
 
     async def scan(self, *, rearm: bool) -> int | None:
