@@ -103,9 +103,12 @@ WITH wanted AS (
     SELECT p.job_id, p.xmin AS version FROM reactor.pending p
      WHERE p.job_id = ANY(%(ids)s::uuid[])
 ), claimed AS (
+    -- By the given ids, not a semi-join with wanted: with statistics that still see few
+    -- finished jobs (a fresh database, a bulk finish) the planner turned that join into a walk
+    -- of the whole walk index for every claim.
     SELECT j.id, j.run_id, j.created_at, j.updated_at, j.doc_html, j.results
       FROM analysis_jobs j
-     WHERE j.id IN (SELECT id FROM wanted)
+     WHERE j.id = ANY(%(ids)s::uuid[])
        AND {{needs_run}}
        AND j.updated_at < now() - make_interval(secs => %(grace)s)
        FOR NO KEY UPDATE OF j SKIP LOCKED
