@@ -538,22 +538,22 @@ class Database:
         On ``conn`` (the LISTEN connection, a session of our own) when given, else pooled.
         ``probe``: a payload to notify on ``check.channel`` in the same round trip.
         """
-        params = health_params(self.grace, check, probe)
-        if conn is None:
-            rows = await self._fetch("health", params)
-        else:
-            cur = await conn.execute(sql.query("health"), params)
-            rows = await cur.fetchall()
+        rows = await self._fetch("health", health_params(self.grace, check, probe), conn=conn)
         return Health(*rows[0])
 
     async def poll_queue(
-        self, low: datetime | None, *, ahead: float, limit: int
+        self,
+        low: datetime | None,
+        *,
+        ahead: float,
+        limit: int,
+        conn: AnyConnection | None = None,
     ) -> tuple[list[QueuedJob], datetime]:
         """Queued jobs whose deadline comes within ``ahead`` seconds, from ``low`` on (see the
-        ``poll_queue`` query), and the end of the window they were read from."""
-        rows = await self._fetch(
-            "poll_queue", {"grace": self.grace, "low": low, "ahead": ahead, "limit": limit}
-        )
+        ``poll_queue`` query), and the end of the window they were read from. On ``conn`` (the
+        LISTEN connection, a session of our own) when given, else pooled."""
+        params = {"grace": self.grace, "low": low, "ahead": ahead, "limit": limit}
+        rows = await self._fetch("poll_queue", params, conn=conn)
         jobs = [QueuedJob(job_id, due_in, since) for job_id, due_in, since, _ in rows if job_id]
         return jobs, rows[0][3]
 
@@ -612,13 +612,18 @@ class Database:
         *,
         lock_timeout: float | None = None,
         filename: str = "queries.sql",
+        conn: AnyConnection | None = None,
     ) -> list[tuple[Any, ...]]:
+        query = sql.query(name, filename)
+        if conn is not None:
+            # A dedicated session of our own (the LISTEN connection): one bare statement, its
+            # bounds set for the session; the caller bounds the wait.
+            cur = await conn.execute(query, params)
+            return await cur.fetchall()
         # The bound covers waiting for a connection and the whole call made on it.
         with anyio.fail_after(CALL_TIMEOUT):
-            async with self.pool.connection() as conn:
-                return await call(
-                    conn, sql.query(name, filename), params, lock_timeout=lock_timeout
-                )
+            async with self.pool.connection() as pooled:
+                return await call(pooled, query, params, lock_timeout=lock_timeout)
 
 
 async def call(

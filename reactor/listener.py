@@ -13,7 +13,9 @@ backend or a silent partition raises nothing there). When nothing arrived since 
 check, the check also sends a probe to this session itself, which must be back by the next
 check; any notification that did arrive proves delivery just as well. So a dead, frozen or
 deaf connection is replaced within two probe intervals, and a quiet replica sends one
-statement per probe interval in all.
+statement per probe interval in all. While the service polls the queue (the trigger does not
+notify this channel), the polls ride this connection too: it is idle, and a session of its own
+needs no check before each statement, as a pooled one does.
 
 Nothing waits for the listener: the service scans, fires timers and runs hooks whatever this
 connection does, and polls until LISTEN is up. Every reconnect backs off, with jitter, from the
@@ -104,6 +106,10 @@ def parse_hint(payload: str) -> tuple[str, float | None] | None:
 
 # The health check the listener runs on its proven connection: (connection, probe payload).
 Check = Callable[[db.AnyConnection, str | None], Awaitable[None]]
+# The queue poll it runs there too while one is wanted, and when the next one is due (anyio
+# time; None: no poll wanted).
+Poll = Callable[[db.AnyConnection], Awaitable[None]]
+PollDue = Callable[[], float | None]
 
 
 class ProbeLost(ReactorError):
@@ -122,6 +128,8 @@ class Listener:
         on_job: Callable[[str, float | None], None],
         on_listening: Callable[[], None],
         check: Check,
+        poll: Poll,
+        poll_due: PollDue,
         dsn: str,
     ) -> None:
         self.settings = settings
@@ -130,6 +138,8 @@ class Listener:
         self.on_job = on_job
         self.on_listening = on_listening
         self.check = check
+        self.poll = poll
+        self.poll_due = poll_due
         self.dsn = dsn
         self.state: State = "connecting"
         self.connections = 0
@@ -269,8 +279,12 @@ class Listener:
                 conn.prepare_threshold = db.PREPARE_THRESHOLD
                 self._recovered()
                 self._next_check = -math.inf
-            if anyio.current_time() >= self._next_check:
+            now = anyio.current_time()
+            if now >= self._next_check:
                 await self._check(conn)
+            elif (due := self.poll_due()) is not None and now >= due:
+                with anyio.CancelScope(shield=True), anyio.fail_after(self.settings.probe_timeout):
+                    await self.poll(conn)
 
     async def _check(self, conn: db.AnyConnection) -> None:
         # The self-probe of the last check must be back by now; any notification since then
@@ -292,11 +306,13 @@ class Listener:
         self.failures = 0
 
     def _wait_time(self) -> float:
-        # Wake up in time for the next check; unproven, to judge the outstanding probe or to
-        # send the next one.
+        # Wake up in time for the next check or poll; unproven, to judge the outstanding probe
+        # or to send the next one.
         now = anyio.current_time()
         if self.proven:
-            return max(0.01, self._next_check - now)
+            due = self.poll_due()
+            wake = self._next_check if due is None else min(self._next_check, due)
+            return max(0.001, wake - now)
         if self._probe_token is not None:
             return max(0.01, self._probe_sent + self.settings.probe_timeout - now)
         return max(0.01, self._probe_sent + self.settings.probe_interval - now)

@@ -124,6 +124,8 @@ class Reactor:
                 on_job=self._on_notified,
                 on_listening=lambda: self.request_scan(rearm=True),
                 check=self._check_on,
+                poll=self._poll_on,
+                poll_due=self._poll_due,
                 dsn=listen_dsn or settings.listen_database_url or settings.require_database(),
             )
         self._health_check = db.HealthCheck(
@@ -134,6 +136,9 @@ class Reactor:
         )
         self.scans = 0
         self.polls = 0
+        # The queue poll: when the last one started, and where the next one's window begins.
+        self._last_poll = -math.inf
+        self._poll_low: datetime | None = None
         # Health, as the last check saw it: None until the first one.
         self.database_ok: bool | None = None
         self.last_watch = -math.inf
@@ -365,6 +370,12 @@ class Reactor:
                 "migrate` with this REACTOR_CHANNEL; polling meanwhile",
                 extra=extra,
             )
+        elif state == "notifies" and self.listener is None:
+            log.info(
+                "the job trigger notifies, and in poll mode nobody hears it: `reactor migrate "
+                "--no-notify` spares the app's commits the NOTIFY",
+                extra=extra,
+            )
         elif state == "notifies" and known:
             log.info("the job trigger notifies this replica's channel again", extra=extra)
 
@@ -473,29 +484,55 @@ class Reactor:
         # While notifications cannot be relied on, the timers come from the queue itself: every
         # poll interval, the queued jobs whose deadline comes within two intervals. Windows
         # overlap by that much, so a job queued by a transaction that was still open at the last
-        # poll is read now (one that committed after its deadline is the scan's).
+        # poll is read now (one that committed after its deadline is the scan's). Like the
+        # health check, the poll rides the LISTEN connection while the listener carries the
+        # check (the trigger notifies elsewhere or not at all); this loop polls through the pool
+        # otherwise, waiting out a poll the listener may still have in flight.
         interval = self.settings.poll_interval
-        ahead = 2 * interval
-        low: datetime | None = None
         while not self.stopping:
-            started = anyio.current_time()
-            if not self.polling:
-                low = None
-            else:
-                try:
-                    jobs, high = await self.database.poll_queue(low, ahead=ahead, limit=POLL_LIMIT)
-                except DATABASE_ERRORS as error:
-                    # The check says so when the database is down; anything overdue meanwhile
-                    # is the scan's.
-                    log.debug("poll failed", extra={"error": db.first_line(error)})
-                    low = None
-                else:
-                    self.polls += 1
-                    for job in jobs:
-                        self.arm(job.job_id, job.due_in + 0.001)
-                    full = len(jobs) >= POLL_LIMIT
-                    low = jobs[-1].since if full else high - timedelta(seconds=ahead)
-            await self._sleep_until(started + interval)
+            now = anyio.current_time()
+            due = self._poll_due()
+            if due is None:
+                self._poll_low = None
+                await self._sleep_until(now + interval)
+                continue
+            if self.listener is not None and self.listener.checking:
+                due += self.settings.probe_timeout
+            if now < due:
+                await self._sleep_until(min(due, now + interval))
+                continue
+            try:
+                await self._poll()
+            except DATABASE_ERRORS as error:
+                # The check says so when the database is down; anything overdue meanwhile
+                # is the scan's.
+                log.debug("poll failed", extra={"error": db.first_line(error)})
+
+    def _poll_due(self) -> float | None:
+        """When the next poll of the queue is due (anyio time); None while none is wanted."""
+        if not self.polling:
+            return None
+        return self._last_poll + self.settings.poll_interval
+
+    async def _poll_on(self, conn: db.AnyConnection) -> None:
+        # The listener's turn: the poll on its own connection.
+        await self._poll(conn)
+
+    async def _poll(self, conn: db.AnyConnection | None = None) -> None:
+        self._last_poll = anyio.current_time()
+        ahead = 2 * self.settings.poll_interval
+        try:
+            jobs, high = await self.database.poll_queue(
+                self._poll_low, ahead=ahead, limit=POLL_LIMIT, conn=conn
+            )
+        except BaseException:
+            self._poll_low = None
+            raise
+        self.polls += 1
+        for job in jobs:
+            self.arm(job.job_id, job.due_in + 0.001)
+        full = len(jobs) >= POLL_LIMIT
+        self._poll_low = jobs[-1].since if full else high - timedelta(seconds=ahead)
 
     def _nothing_overdue(self) -> bool:
         fresh = anyio.current_time() - self._last_seen < 2 * self.settings.probe_interval

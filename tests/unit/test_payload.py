@@ -143,6 +143,8 @@ def make_listener(channel: str = "analysis_jobs_terminal") -> tuple[Listener, li
         on_job=lambda job_id, updated_at: jobs.append(job_id),
         on_listening=lambda: None,
         check=cast(Any, MagicMock()),
+        poll=cast(Any, MagicMock()),
+        poll_due=lambda: None,
         dsn="host=unused",
     )
     return listener, jobs
