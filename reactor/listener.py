@@ -30,6 +30,7 @@ pooler they would land on a server session the app uses next.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import random
@@ -256,8 +257,12 @@ class Listener:
         await self._send_probe()
         configured = False
         while True:
-            async for notify in conn.notifies(timeout=self._wait_time()):
-                self._receive(notify.payload)
+            # Closed explicitly when left early: the generator holds the connection's lock.
+            async with contextlib.aclosing(conn.notifies(timeout=self._wait_time())) as arriving:
+                async for notify in arriving:
+                    self._receive(notify.payload)
+                    if self.proven and not configured:
+                        break  # proven: take up the check and the polls at once
             if not self.proven:
                 # Shielded, like the probe: a stop arriving mid-statement waits for it (bounded
                 # by the probe timeout) rather than interrupting psycopg's own cancel, which
