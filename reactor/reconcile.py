@@ -82,7 +82,11 @@ class Reconciler:
             self._digest(step)
             if step.outcome == "stepped":
                 await self._rest(max(_MIN_REST, time.monotonic() - started))
-            elif step.outcome != "completed":
+            elif step.outcome == "completed":
+                # The next pass is due one interval after this one began, so that it ends one
+                # interval after this one did: no step to ask when.
+                await self._rest(max(_MIN_REST, self.interval - (step.pass_seconds or 0.0)))
+            else:
                 # Idle: the next pass is due in next_in. Busy: another replica holds the pass,
                 # and it is ours to take over if its lease runs out.
                 wait = step.next_in if step.next_in is not None else self.interval

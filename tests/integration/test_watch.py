@@ -9,6 +9,8 @@ replicas find out from the catalog at their next check and poll the queue, on ti
 
 from __future__ import annotations
 
+from typing import Any
+
 import psycopg
 import pytest
 
@@ -57,12 +59,30 @@ def reinstall_triggers(conn: psycopg.Connection[tuple[object, ...]], channel: st
 async def test_a_quiet_replica_checks_on_its_listen_connection_alone(
     database_url: str, start_reactor: StartReactor
 ) -> None:
-    async with start_reactor(probe_interval=PROBE, probe_timeout=PROBE) as reactor:
+    # No reconcile here: its pass is periodic pool work of its own, once per interval.
+    async with start_reactor(
+        probe_interval=PROBE, probe_timeout=PROBE, reconcile_interval=0
+    ) as reactor:
         listener = reactor.listener
         assert listener is not None
+        pooled: list[str] = []
+        check, notify = reactor.database.health, reactor.database.notify
+
+        async def health(what: db.HealthCheck, **options: Any) -> db.Health:
+            if options.get("conn") is None:
+                pooled.append("health")
+            return await check(what, **options)
+
+        async def probe(channel: str, payload: str) -> None:
+            pooled.append("notify")
+            await notify(channel, payload)
+
+        reactor.database.health = health  # type: ignore[method-assign, assignment]
+        reactor.database.notify = probe  # type: ignore[method-assign]
         await eventually(lambda: listener.checking and reactor.scans >= 1)
         with psycopg.connect(database_url, autocommit=True) as conn:
             await eventually(lambda: heartbeat(conn, reactor) is not None)
+            pooled.clear()
             checkouts = reactor.database.pool.get_stats().get("requests_num", 0)
             probes = reactor.metrics.notifications.labels("probe")._value.get()
             # Five probe intervals with nothing to do.
@@ -70,6 +90,7 @@ async def test_a_quiet_replica_checks_on_its_listen_connection_alone(
                 await next_heartbeat(conn, reactor)
             # The heartbeat went on, the listener stayed proven, its own probes came back, and
             # nothing went through the pool: no probe sent from it, no health query, no scan.
+            assert pooled == []
             assert reactor.database.pool.get_stats().get("requests_num", 0) == checkouts
             assert listener.checking
             assert listener.failures == 0
