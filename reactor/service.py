@@ -161,6 +161,8 @@ class Reactor:
         self._intake = anyio.CancelScope()
         self._work = anyio.CancelScope()
         self._slots = anyio.Semaphore(RECORD_CONCURRENCY)
+        # The task group the record statements run in, while the reactor runs.
+        self._work_group: anyio.abc.TaskGroup | None = None
 
     @property
     def polling(self) -> bool:
@@ -223,6 +225,7 @@ class Reactor:
             self.request_scan(rearm=True)
             with self._work:
                 async with anyio.create_task_group() as work:
+                    self._work_group = work
                     work.start_soon(self._timer_loop, work)
                     work.start_soon(self._scan_loop)
                     work.start_soon(self._poll_loop)
@@ -425,7 +428,23 @@ class Reactor:
             deadline = self.db_clock.local(updated_at + self.settings.grace)
             if deadline is not None:
                 delay = min(delay, deadline - self.clock())
+        if delay <= 0 and self._record_now(job_id):
+            return
         self.arm(job_id, delay)
+
+    def _record_now(self, job_id: str) -> bool:
+        # Due on arrival (a grace shorter than the notification took): claim it straight away
+        # when a record slot is free, rather than by way of the timer loop, one task switch
+        # later. False when it must wait its turn: the timer loop takes it then.
+        if self._work_group is None or self.stopping or not self._claims(job_id):
+            return False
+        try:
+            self._slots.acquire_nowait()
+        except anyio.WouldBlock:
+            return False
+        self.deadlines.cancel(job_id)  # an earlier arming (a re-arm scan) would claim it twice
+        self._work_group.start_soon(self._record, [job_id])
+        return True
 
     async def _timer_loop(self, work: anyio.abc.TaskGroup) -> None:
         while not self.stopping:

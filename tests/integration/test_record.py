@@ -370,3 +370,26 @@ async def test_the_timer_aims_at_updated_at_plus_grace_by_the_database_clock(
             await eventually(lambda: run_row(conn, run_id) is not None)
         [late] = worker_lateness(conn, grace)
         assert 0 <= late < 0.2
+
+
+async def test_a_job_due_on_arrival_is_claimed_without_a_timer(
+    database_url: str, start_reactor: StartReactor
+) -> None:
+    # At grace 0 the deadline has passed when the notification arrives: the claim starts from
+    # the listener's hand-over, with no timer armed and no timer-loop wake-up in between.
+    with _connect(database_url) as conn:
+        async with start_reactor(grace=0.0) as reactor:
+            await eventually(lambda: reactor.listener is not None and reactor.listener.checking)
+            armed: list[str] = []
+            arm = reactor.arm
+
+            def spy(job_id: str, delay: float) -> None:
+                armed.append(job_id)
+                arm(job_id, delay)
+
+            reactor.arm = spy  # type: ignore[method-assign]
+            job_id, run_id = new_job(conn)
+            finish(conn, job_id)
+            assert await eventually(lambda: run_row(conn, run_id)) == (job_id, "worker")
+            assert str(job_id) not in armed
+            assert recorded(reactor, "timer") == 1
