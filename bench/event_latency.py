@@ -120,8 +120,9 @@ async def run(ctx: Context) -> Result:
         "wake-up raced ahead of the committing client's own reply.",
         "The goal is judged at the start of the call that claims the job, the same point for "
         "all three: each has woken up and none has touched the database for this job yet. "
-        "Until this change the reactor was measured to that point and the queues to their "
-        "handler's start, after their fetch.",
+        "At grace 0 a job is due when its notification arrives, and the reactor starts its "
+        "claim from the listener's hand-over when a record slot is free, without arming a "
+        "timer: the path a queue's worker loop takes.",
         "The second point, the claiming call returned, is not like for like: the reactor's "
         "one statement also writes the run (a 4 kB document here), so the reactor has done "
         "its whole job, while the queues' handlers have yet to start theirs. Reactor there: "
@@ -132,10 +133,9 @@ async def run(ctx: Context) -> Result:
     ]
     if not met:
         notes.append(
-            "What would close the gap: to the claim's start, the reactor's path is "
-            "notification -> deadlines -> timer task wake-up -> record task, a hop more than a "
-            "queue's worker loop; at grace 0 it could hand the id straight to a record slot. "
-            "To the claim's return, the claiming call itself: "
+            "What would close the gap: to the claim's start, the reactor's path is the "
+            "listener's hand-over and a record task's start, as short as a queue's; to the "
+            "claim's return, the claiming call itself: "
             f"{ms(r_end['p50'] - r['p50'])} between the reactor's two medians, against "
             f"{ms(p_end['p50'] - p['p50'])} and {ms(q_end['p50'] - q['p50'])} for the queues' "
             "fetch; one round trip of it is the pooled connection's check, the rest the "
