@@ -119,7 +119,8 @@ async def run(ctx: Context) -> Result:
                 tg = await stack.enter_async_context(anyio.create_task_group())
                 await tg.start(sweep.run)
                 await wait_for_first_scan(list(running.values()))
-                await anyio.sleep(2 * defaults.probe_interval)  # past the start-up statements
+                # Past the start-up statements (a quick run only checks the plumbing).
+                await anyio.sleep(1.0 if quick else 2 * defaults.probe_interval)
                 async with await connect(server.admin_dsn, "count") as admin:
                     await admin.execute("SELECT pg_stat_statements_reset()")
                     checks.clear()

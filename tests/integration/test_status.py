@@ -17,7 +17,8 @@ from typing import Any
 import psycopg
 import pytest
 
-from reactor import sql, status
+from reactor import db, sql, status
+from reactor.config import Settings
 from tests.acceptance.conftest import reactor_env, run_reactor
 from tests.integration.support import add_job
 
@@ -344,12 +345,20 @@ def test_no_pass_within_twice_the_interval_is_at_risk(
     assert "reconcile" in human.stdout
 
 
-def test_the_job_trigger_as_migrate_installed_it(
+@pytest.mark.anyio
+async def test_the_job_trigger_as_migrate_installed_it(
     database_url: str, conn: psycopg.Connection[Any]
 ) -> None:
-    def trigger() -> tuple[int, dict[str, Any]]:
-        code, report = status_json(database_url)
-        return code, report["trigger"]
+    settings = Settings(database_url=database_url)
+
+    async def trigger() -> dict[str, Any]:
+        async with await db.connect(database_url, "status", configure_session=False) as c:
+            report: dict[str, Any] = status.as_json(await status.collect(c, settings))
+        return report
+
+    async def migrate(notify: bool | None) -> None:
+        async with await db.connect(database_url, "migrate") as c:
+            await db.migrate(c, settings.channel, reference_schema=False, notify=notify)
 
     notifying = {
         "installed": True,
@@ -358,20 +367,19 @@ def test_the_job_trigger_as_migrate_installed_it(
         "notifies": True,
         "at_risk": False,
     }
-    assert trigger() == (0, notifying)
-    env = reactor_env(database_url)
-    assert run_reactor("migrate", "--no-notify", env=env).returncode == 0
+    assert (await trigger())["trigger"] == notifying
+    assert run_reactor("migrate", "--no-notify", env=reactor_env(database_url)).returncode == 0
     quiet = {**notifying, "channel": "", "notifies": False}
-    assert trigger() == (0, quiet)
-    # A plain migrate (an upgrade, say) keeps the choice; --notify turns it back.
-    assert run_reactor("migrate", env=env).returncode == 0
-    assert trigger() == (0, quiet)
+    assert (await trigger())["trigger"] == quiet
+    # A plain migrate (an upgrade, say) keeps the choice; notify=True turns it back.
+    await migrate(None)
+    assert (await trigger())["trigger"] == quiet
     conn.execute("ALTER TABLE analysis_jobs DISABLE TRIGGER reactor_job_update")
-    code, report = status_json(database_url)
-    assert (code, report["trigger"]) == (1, {**quiet, "enabled": False, "at_risk": True})
+    report = await trigger()
+    assert report["trigger"] == {**quiet, "enabled": False, "at_risk": True}
     assert "job trigger on analysis_jobs is disabled" in report["risks"][0]
-    assert run_reactor("migrate", "--notify", env=env).returncode == 0
-    assert trigger() == (0, notifying)
+    await migrate(True)
+    assert (await trigger())["trigger"] == notifying
     conn.execute("DROP TRIGGER reactor_job_update ON analysis_jobs")
     code, report = status_json(database_url)
     missing = {"installed": False, "enabled": False, "channel": None, "notifies": False}
