@@ -146,7 +146,7 @@ async def run(ctx: Context) -> Result:
     ]
     headline = (
         "record statements per job "
-        + ", ".join(f"{per_job[n]:.2f} at {n}" for n in counts)
+        + ", ".join(f"{per_job[n]:.3f} at {n}" for n in counts)
         + f"; DB time per 1,000 jobs {ratio(growth)} at {counts[-1]} vs 1; a killed owner's "
         f"jobs at most {kill['victims_max_lateness_s']:.1f} s late (takeover delay {takeover:g} s)"
     )

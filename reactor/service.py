@@ -48,6 +48,12 @@ POOL_SIZE = RECORD_CONCURRENCY + 3
 # intervals: a slow check or two does not hand its jobs away.
 LIVENESS_PROBES = 3
 
+# How far past its grace the oldest queued job may be, as a health check sees it, before the
+# periodic scan stops being skipped. A job a few milliseconds late is most likely one whose
+# claim was in flight, and the timers' own retries (a row another replica held) come back
+# within a second: a scan would only race them.
+OVERDUE_TOLERANCE = 1.0
+
 # Most queued jobs one poll arms; more (a burst) are read by the next poll, from where it ended.
 POLL_LIMIT = 10_000
 
@@ -555,7 +561,7 @@ class Reactor:
 
     def _nothing_overdue(self) -> bool:
         fresh = anyio.current_time() - self._last_seen < 2 * self.settings.probe_interval
-        return fresh and self.database_ok is True and self.oldest_overdue == 0
+        return fresh and self.database_ok is True and self.oldest_overdue < OVERDUE_TOLERANCE
 
     async def scan(self, *, rearm: bool) -> int | None:
         """One fallback pass: re-arm upcoming deadlines if asked, then drain the due backlog.
