@@ -379,7 +379,14 @@ async def test_a_job_due_on_arrival_is_claimed_without_a_timer(
     # the listener's hand-over, with no timer armed and no timer-loop wake-up in between.
     with _connect(database_url) as conn:
         async with start_reactor(grace=0.0) as reactor:
-            await eventually(lambda: reactor.listener is not None and reactor.listener.checking)
+            # Not polling either: until a check has read the trigger, a poll would arm the job.
+            await eventually(
+                lambda: (
+                    reactor.listener is not None
+                    and reactor.listener.checking
+                    and not reactor.polling
+                )
+            )
             armed: list[str] = []
             arm = reactor.arm
 
