@@ -130,7 +130,7 @@ class Reactor:
                 on_job=self._on_notified,
                 on_listening=lambda: self.request_scan(rearm=True),
                 check=self._check_on,
-                poll=self._poll_on,
+                poll=self._poll,
                 poll_due=self._poll_due,
                 dsn=listen_dsn or settings.listen_database_url or settings.require_database(),
             )
@@ -539,11 +539,8 @@ class Reactor:
             return None
         return self._last_poll + self.settings.poll_interval
 
-    async def _poll_on(self, conn: db.AnyConnection) -> None:
-        # The listener's turn: the poll on its own connection.
-        await self._poll(conn)
-
     async def _poll(self, conn: db.AnyConnection | None = None) -> None:
+        # On ``conn`` when it is the listener's turn (its own connection), else pooled.
         self._last_poll = anyio.current_time()
         ahead = 2 * self.settings.poll_interval
         try:
