@@ -250,8 +250,22 @@ def make_pool(dsn: str, *, max_size: int) -> AsyncConnectionPool[AnyConnection]:
         open=False,
         name="reactor",
         timeout=15.0,
-        reconnect_timeout=86400,  # keep trying: the database coming back is the normal case
+        reconnect_timeout=_RECONNECT_WINDOW,
+        reconnect_failed=_reconnect_again,
     )
+
+
+# psycopg_pool retries a lost connection with backoff (1, 2, 4, 8 s...) for as long as
+# reconnect_timeout, so after an outage a waiting call could sit out a pause of many seconds
+# while the database has long been back. A short window ends each series of retries early and
+# starts the next at once: retries stay about a second apart while calls wait, and stop while
+# none does (the next checkout starts them again). The database coming back is the normal case.
+_RECONNECT_WINDOW = 2.0
+
+
+async def _reconnect_again(pool: AsyncConnectionPool[AnyConnection]) -> None:
+    if pool.get_stats().get("requests_waiting", 0):
+        await pool.check()  # grows the pool again when it has no connection left
 
 
 # Pool connections found to be sessions of their own: see the module docstring.

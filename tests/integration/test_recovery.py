@@ -9,6 +9,7 @@ import anyio
 import psycopg
 import pytest
 
+from reactor import db
 from reactor.service import Reactor
 from tests.conftest import Server
 from tests.helpers import Conn, early_writes, finish, new_job, run_row, worker_writes
@@ -20,6 +21,10 @@ pytestmark = pytest.mark.anyio
 GRACE = 0.4
 # The scan interval stays at 30 s: anything recorded within this came from the reconnect.
 RECOVERED_WITHIN = 10.0
+# Down for longer than the pool's first two retries; a waiting call gets through within about a
+# second of the server being back (the pool retries that often), not at a retry seconds later.
+DOWN_FOR = 3.5
+RECONNECTED_WITHIN = 2.0
 
 
 def _connect(dsn: str) -> Conn:
@@ -28,6 +33,26 @@ def _connect(dsn: str) -> Conn:
 
 def _total(reactor: Reactor) -> float:
     return recorded(reactor, "timer") + recorded(reactor, "scan")
+
+
+def _explain(reactor: Reactor, job_id: str) -> str:
+    # What a timeout alone would not say: where the job's record got to.
+    listener = reactor.listener
+    assert listener is not None
+    samples = {
+        name: reactor.metrics.registry.get_sample_value(f"reactor_{name}_total") or 0
+        for name in (
+            "record_errors",
+            "record_timeouts",
+            "claims_skipped",
+            "deadlines_left_to_owner",
+        )
+    }
+    return (
+        f"listener {listener.state} (proven {listener.proven}); job armed "
+        f"{job_id in reactor.deadlines}; {samples}; live {sorted(reactor.membership.live)} "
+        f"(me {reactor.membership.me}); pool {reactor.database.pool.get_stats()}"
+    )
 
 
 def _listener_pids(conn: Conn) -> list[int]:
@@ -121,7 +146,10 @@ async def test_postgres_restart_loses_nothing(
             await eventually(lambda: _total(reactor) == 2)
             later, later_run = new_job(conn)
             finish(conn, later)
-            assert await eventually(lambda: run_row(conn, later_run)) == (later, "worker")
+            try:
+                assert await eventually(lambda: run_row(conn, later_run)) == (later, "worker")
+            except TimeoutError:
+                pytest.fail(f"not recorded after the restart: {_explain(reactor, str(later))}")
             await eventually(lambda: _total(reactor) == 3)
             assert worker_lateness(conn, GRACE)[-1] < 2.0
 
@@ -134,6 +162,36 @@ async def test_postgres_restart_loses_nothing(
                     (later_run, later, "INSERT"),
                 ]
             )
+
+
+async def test_pool_reconnects_soon_after_the_database_is_back(
+    server: Server, database_url: str
+) -> None:
+    embedded = server.embedded
+    if embedded is None:
+        pytest.skip("the test server is not ours to stop")
+    async with db.make_pool(database_url, max_size=2) as pool:
+        await pool.wait()
+        await anyio.to_thread.run_sync(embedded.stop)
+        answered = anyio.Event()
+
+        async def pooled_call() -> None:
+            # Waits in the pool while the server is down: its checkout finds the idle
+            # connection broken, and the pool retries with backoff from then on.
+            async with pool.connection() as conn:
+                await conn.execute("SELECT 1")
+            answered.set()
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(pooled_call)
+            # Long enough for psycopg_pool's own backoff (attempts 1, 2 and 4 s apart) to put
+            # its next attempt well after the server is back: 7 s after the first.
+            await anyio.sleep(DOWN_FOR)
+            await anyio.to_thread.run_sync(embedded.start)
+            started = time.monotonic()
+            with anyio.fail_after(10):
+                await answered.wait()
+        assert time.monotonic() - started < RECONNECTED_WITHIN
 
 
 async def test_startup_catches_up_on_what_finished_while_no_reactor_ran(
