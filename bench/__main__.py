@@ -52,6 +52,7 @@ BENCHMARKS: dict[str, str] = {
     "deadlines": "bench.deadlines",
     "idle": "bench.idle",
     "pinning": "bench.pinning",
+    "outage": "bench.outage",
 }
 
 
