@@ -257,12 +257,18 @@ class Listener:
         await self._send_probe()
         configured = False
         while True:
-            # Closed explicitly when left early: the generator holds the connection's lock.
-            async with contextlib.aclosing(conn.notifies(timeout=self._wait_time())) as arriving:
+            wait = self._wait_time()
+            wake = anyio.current_time() + wait
+            # Never left in the middle of a batch: psycopg drops what it has not yielded yet.
+            # Unproven, it ends after any batch (which may hold the probe), so that once proven
+            # the check and the polls are taken up at once. Closed explicitly: the generator
+            # holds the connection's lock.
+            arriving = conn.notifies(timeout=wait, stop_after=None if self.proven else 1)
+            async with contextlib.aclosing(arriving):
                 async for notify in arriving:
                     self._receive(notify.payload)
-                    if self.proven and not configured:
-                        break  # proven: take up the check and the polls at once
+            if not self.proven and anyio.current_time() < wake:
+                continue  # only other notifications: the probe's time is not up yet
             if not self.proven:
                 # Shielded, like the probe: a stop arriving mid-statement waits for it (bounded
                 # by the probe timeout) rather than interrupting psycopg's own cancel, which

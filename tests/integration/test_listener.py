@@ -8,6 +8,7 @@ from __future__ import annotations
 import itertools
 import logging
 import time
+import uuid
 from datetime import timedelta
 
 import anyio
@@ -147,3 +148,29 @@ async def test_ending_the_previous_session_matches_its_start_too(database_url: s
             assert alive()
             assert await db.end_listener_session(conn, pid, started) is True
             await eventually(lambda: not alive(), timeout=5)
+
+
+async def test_a_job_notified_in_the_probes_packet_is_not_dropped(
+    database_url: str, start_reactor: StartReactor, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The first probe proves the connection, and the listener then takes up the check at
+    # once. A notification that came in the same packet must not go with the rest of it.
+    job_id = str(uuid.uuid4())
+
+    async def probe_and_job(self: db.Database, channel: str, payload: str) -> None:
+        async with self.pool.connection() as conn:
+            # One transaction: delivered together, the probe first.
+            await db.call(
+                conn,
+                "SELECT pg_notify(%s, %s), pg_notify(%s, %s)",
+                (channel, payload, channel, f"{job_id}@{time.time():.6f}"),
+            )
+
+    monkeypatch.setattr(db.Database, "notify", probe_and_job)
+    async with start_reactor(grace=30.0) as reactor:
+        listener = reactor.listener
+        assert listener is not None
+        await eventually(lambda: listener.checking)
+        accepted = reactor.metrics.notifications.labels("accepted")
+        await eventually(lambda: accepted._value.get() >= 1, timeout=5)
+        assert job_id in reactor.deadlines
