@@ -267,9 +267,9 @@ class Listener:
             async with contextlib.aclosing(arriving):
                 async for notify in arriving:
                     self._receive(notify.payload)
-            if not self.proven and anyio.current_time() < wake:
-                continue  # only other notifications: the probe's time is not up yet
             if not self.proven:
+                if anyio.current_time() < wake:
+                    continue  # only other notifications: the probe's time is not up yet
                 # Shielded, like the probe: a stop arriving mid-statement waits for it (bounded
                 # by the probe timeout) rather than interrupting psycopg's own cancel, which
                 # closes the connection and logs a warning.
