@@ -43,6 +43,7 @@ BENCHMARKS: dict[str, str] = {
     "replicas": "bench.replicas",
     "event_latency": "bench.event_latency",
     "catchup": "bench.catchup",
+    "set_aside": "bench.set_aside",
     "writes": "bench.writes",
     "trigger_overhead": "bench.trigger_overhead",
     "scan_scale": "bench.scan_scale",

@@ -71,6 +71,7 @@ PARAMS: dict[str, Any] = {
     "hooks": ["judge", "ops"],
     "limit": 4,
     "lease": 150.0,
+    "max_attempts": 40,
     "lock": db._PURGE_LOCK,
     "batch": BATCH,
     "failed_only": False,

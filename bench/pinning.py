@@ -193,7 +193,7 @@ def _cheap() -> dict[str, Statement]:
         "upcoming": lambda i, v: (sql.query("upcoming"), {"grace": 3600.0, "limit": 1000}),
         "claim_hooks (none)": lambda i, v: (
             sql.query("claim_hooks"),
-            {"hooks": ["judge"], "limit": 10, "lease": 60.0},
+            {"hooks": ["judge"], "limit": 10, "lease": 60.0, "max_attempts": 40},
         ),
     }
 

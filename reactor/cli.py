@@ -20,7 +20,14 @@ from rich.console import Console
 
 from reactor import db, grants, hook_ops, http, logs, progress, sql, status
 from reactor.config import Settings
-from reactor.errors import ConfigError, PrivilegeMissing, ReactorError, UsageError
+from reactor.errors import (
+    ConfigError,
+    DatabaseReadOnly,
+    PrivilegeMissing,
+    ReactorError,
+    SchemaMissing,
+    UsageError,
+)
 from reactor.hooks import open_hooks
 from reactor.metrics import Metrics
 from reactor.recorder import Recorder
@@ -31,6 +38,8 @@ log = logging.getLogger("reactor")
 # The flags that override an environment variable, by Settings field.
 _OVERRIDES = ("grace", "scan_interval", "batch_size", "channel", "mode", "drain", "http_addr")
 
+_LOG_FORMATS = ("json", "console")
+
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser, with one sub-command per DESIGN.md's CLI table."""
@@ -38,11 +47,14 @@ def build_parser() -> argparse.ArgumentParser:
         prog="reactor",
         description="Records every finished job's run in PostgreSQL, once, right after its grace.",
     )
-    parser.add_argument("--log-level", default=os.environ.get("REACTOR_LOG_LEVEL", "INFO"))
+    # No defaults here: argparse checks only what is typed, and the environment's values must
+    # be checked too (see _log_settings).
+    parser.add_argument(
+        "--log-level", help="debug, info, warning, error or critical (REACTOR_LOG_LEVEL; info)"
+    )
     parser.add_argument(
         "--log-format",
-        choices=("json", "console"),
-        default=os.environ.get("REACTOR_LOG_FORMAT") or None,
+        choices=_LOG_FORMATS,
         help="default: console on a terminal, json otherwise (REACTOR_LOG_FORMAT)",
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -124,9 +136,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> None:
     """Entry point of the ``reactor`` console script; exits with DESIGN.md's codes."""
     args = build_parser().parse_args(argv)
-    logs.setup(args.log_level, args.log_format)
     command: Callable[[argparse.Namespace], Awaitable[int]] = _COMMANDS[args.command]
     try:
+        logs.setup(*_log_settings(args))
         code = anyio.run(command, args, backend="asyncio")
     except KeyboardInterrupt:
         sys.exit(130)
@@ -157,17 +169,44 @@ def _known_error(error: BaseException) -> ReactorError | None:
     return None
 
 
+def _log_settings(args: argparse.Namespace) -> tuple[str, str | None]:
+    """(level, format) for :func:`logs.setup`: the flag, else the environment; ConfigError
+    naming whichever was given when it is not a level or a format logging knows."""
+    level, source = args.log_level, "--log-level"
+    if level is None:
+        level, source = (
+            os.environ.get("REACTOR_LOG_LEVEL", "").strip() or "INFO",
+            "REACTOR_LOG_LEVEL",
+        )
+    if level.upper() not in logging.getLevelNamesMapping():
+        raise ConfigError(
+            f"{source}={level!r} is not a log level; use debug, info, warning, error or critical"
+        )
+    fmt = args.log_format or os.environ.get("REACTOR_LOG_FORMAT", "").strip() or None
+    if fmt is not None and fmt not in _LOG_FORMATS:
+        raise ConfigError(f"REACTOR_LOG_FORMAT={fmt!r} must be 'json' or 'console', or empty")
+    return level, fmt
+
+
 def _settings(args: argparse.Namespace) -> Settings:
     overrides = {name: getattr(args, name, None) for name in _OVERRIDES}
     return Settings.from_env(os.environ, overrides)
 
 
-async def _startup_connection(settings: Settings, role: str) -> db.AnyConnection:
+async def _startup_connection(
+    settings: Settings, role: str, *, standby: db.StandbyPolicy = "refuse"
+) -> db.AnyConnection:
     # Only `reactor migrate` sets session settings: its DDL needs the lock and statement
     # bounds, and it must run on a direct connection anyway. The startup checks only read, and
     # DATABASE_URL may point at a transaction pooler that would pass the settings on to the app.
+    # Every command here writes, so a hot standby is refused: at once, except for `reactor
+    # run`, which gives a standby being promoted the same attempts as a server restarting.
     return await db.connect(
-        settings.require_database(), role, attempts=5, configure_session=role == "migrate"
+        settings.require_database(),
+        role,
+        attempts=5,
+        configure_session=role == "migrate",
+        standby=standby,
     )
 
 
@@ -194,7 +233,7 @@ async def cmd_run(args: argparse.Namespace) -> int:
         database = db.Database(pool, grace=settings.grace, hooks=list(hooks))
         reactor = Reactor(settings, database, hooks=hooks)
         async with http.serving(reactor, settings.http_addr):
-            async with await _startup_connection(settings, "startup") as conn:
+            async with await _startup_connection(settings, "startup", standby="retry") as conn:
                 await _check_database(conn)
             log.info(
                 "starting",
@@ -281,7 +320,10 @@ async def cmd_sweep(args: argparse.Namespace) -> int:
             database = db.Database(pool, grace=settings.grace, hooks=list(hooks))
             with progress.counting("sweep: reconcile pass", "jobs") as update:
                 found = await database.reconcile_pass("sweep", on_progress=update)
-            recorded = await Recorder(database, Metrics()).drain(settings.batch_size)
+            # A sweep is the operator's "everything, now": jobs set aside are tried again too.
+            await database.release_set_aside()
+            recorder = Recorder(database, Metrics())
+            recorded = await recorder.drain(settings.batch_size)
     example = f" (e.g. job {found.example})" if found.found else ""
     print(
         f"reactor: reconcile walked {found.examined} finished job(s) in "
@@ -291,21 +333,44 @@ async def cmd_sweep(args: argparse.Namespace) -> int:
         file=sys.stderr,
     )
     print(recorded)
+    if recorder.set_aside:
+        job_id, error = next(iter(recorder.set_aside.items()))
+        print(
+            f"reactor: {len(recorder.set_aside)} job(s) cannot be written and are set aside "
+            f"(first: job {job_id}: {error}); `reactor status` lists them",
+            file=sys.stderr,
+        )
+        return 1
     return 0
 
 
 async def cmd_status(args: argparse.Namespace) -> int:
-    """``reactor status [--json]``: report, and exit 1 when something is at risk."""
+    """``reactor status [--json]``: report, and exit 1 when something is at risk.
+
+    On a hot standby it exits 3 with one line naming the fix, as every command does; --json
+    still prints the report first, the standby among its risks, for whatever reads it.
+    """
     settings = _settings(args)
-    # Two attempts, not five: someone is waiting at a terminal.
+    # Two attempts, not five: someone is waiting at a terminal. A standby is accepted here, to
+    # be reported rather than refused.
     async with await db.connect(
         settings.require_database(), "status", attempts=2, configure_session=False
     ) as conn:
-        report = await status.collect(conn, settings)
+        standby = await db.standby_problem(conn)
+        if standby is not None and not args.json:
+            raise DatabaseReadOnly(standby)
+        try:
+            report = await status.collect(conn, settings)
+        except SchemaMissing:
+            if standby is not None:  # the primary is the one to look at, and it may have it
+                raise DatabaseReadOnly(standby) from None
+            raise
     if args.json:
         print(json.dumps(status.as_json(report), indent=2))
     else:
         status.render(report, Console())
+    if standby is not None:
+        raise DatabaseReadOnly(standby)
     return 1 if status.risks(report) else 0
 
 
@@ -318,7 +383,16 @@ async def cmd_hooks(args: argparse.Namespace) -> int:
     if action == "list" and not (args.limit.isascii() and args.limit.isdigit()):
         raise UsageError(f"reactor hooks list: --limit {args.limit!r} is not a whole number")
     settings = _settings(args)
-    async with await db.connect(settings.require_database(), "hooks", attempts=2) as conn:
+    # No session settings, as for `reactor status`: DATABASE_URL may name a transaction pooler,
+    # which would hand them on to the app's next transaction. Each statement here is one short
+    # autocommit statement; the role's own bounds are enough for it.
+    async with await db.connect(
+        settings.require_database(),
+        "hooks",
+        attempts=2,
+        configure_session=False,
+        standby="refuse",
+    ) as conn:
         try:
             await db.require_schema(conn)
             if action == "list":

@@ -1,7 +1,9 @@
 """Settings: read once from the environment (flags may override), validated, and immutable.
 
 Every value is checked here, so the rest of the code can trust it. A bad value raises
-:class:`ConfigError` naming the variable, what was wrong and what to set instead.
+:class:`ConfigError` naming the variable, what was wrong and what to set instead. No message
+quotes a value that may be secret: a connection string is shown with every libpq secret
+parameter masked (:func:`redact_dsn`), or not at all when it does not parse.
 """
 
 from __future__ import annotations
@@ -14,12 +16,36 @@ from typing import Any, Literal
 
 import psycopg.conninfo
 
+from reactor import redact
 from reactor.errors import ConfigError
 
 Mode = Literal["listen", "poll"]
 
 # LISTEN takes an identifier; keep to the plain kind so it never needs quoting games.
 _CHANNEL = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
+
+# REACTOR_WEBHOOK_SECRET_<NAME> signs the webhook hook NAME with a secret of its own (see
+# webhook_secret_variable), so that no receiver holds the key to forge calls to the others.
+WEBHOOK_SECRET_PREFIX = "REACTOR_WEBHOOK_SECRET_"
+_SECRET_SUFFIX = re.compile(r"[A-Z0-9_]{1,63}")
+
+# What a malformed DSN is shown as: one that does not parse, or parses into a value that cannot
+# be what its key says. No rule can tell which of its fragments are secret, so none is shown.
+UNPARSABLE_DSN = "<a malformed connection string>"
+# Values that must look like what they are, or the DSN is malformed. In a URL, a password with
+# an unencoded "@" ends the userinfo early, so that its tail lands in the host; one with an
+# unencoded "/" ends the authority, so that "user:start" is read as host:port and the tail (up
+# to "@host/dbname") as the dbname; without the "@", "user:password" is host:port. Each shows
+# up here as a value of the wrong shape; the rest of such a DSN is no more to be trusted.
+_HOST = re.compile(r"[A-Za-z0-9_.:/%,\[\]-]*")
+_SHAPES = {
+    "host": _HOST,
+    "hostaddr": _HOST,
+    "port": re.compile(r"[0-9,]*"),
+    "dbname": re.compile(r"[^@:]*"),
+}
+# A secret parameter's "name=" inside another value: a lost space glued it there.
+_GLUED = re.compile("|".join(sorted(redact.DSN_SECRET_PARAMS)) + r"\s*=", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -37,6 +63,9 @@ class Settings:
     http_addr: tuple[str, int] | None = ("127.0.0.1", 9187)
     hooks: str = field(default="", repr=False)  # webhook URLs may carry credentials
     webhook_secret: str | None = field(default=None, repr=False)
+    # REACTOR_WEBHOOK_SECRET_<NAME>, by variable name: a webhook's own secret, which takes
+    # precedence over webhook_secret for that hook.
+    webhook_secrets: Mapping[str, str] = field(default_factory=dict, repr=False, hash=False)
     hook_timeout: float = 120.0
     hook_concurrency: int = 4
     # With the backoff below, 40 attempts keep retrying for at least 28 hours: a receiver's
@@ -68,9 +97,12 @@ class Settings:
         """Read ``REACTOR_*`` and ``DATABASE_URL``; ``overrides`` (from flags) win when not None."""
         raw: dict[str, Any] = {}
         for f in fields(cls):
-            variable = ENVIRONMENT[f.name]
-            if variable in environ:
+            variable = ENVIRONMENT.get(f.name)
+            if variable is not None and variable in environ:
                 raw[f.name] = _parse(f.name, variable, environ[variable])
+        secrets = _webhook_secrets(environ)
+        if secrets:
+            raw["webhook_secrets"] = secrets
         for name, value in (overrides or {}).items():
             if value is not None:
                 raw[name] = _parse(name, "--" + name.replace("_", "-"), str(value))
@@ -102,6 +134,11 @@ class Settings:
             )
         return self.database_url
 
+    def webhook_secret_for(self, hook: str) -> str | None:
+        """The secret that signs webhook ``hook``: its REACTOR_WEBHOOK_SECRET_<NAME>, else the
+        shared REACTOR_WEBHOOK_SECRET; None: its calls go unsigned."""
+        return self.webhook_secrets.get(webhook_secret_variable(hook), self.webhook_secret)
+
     @property
     def hook_lease(self) -> float:
         """How long a claimed hook is ours before another replica may take it over."""
@@ -109,8 +146,14 @@ class Settings:
 
     @property
     def safe_database_url(self) -> str:
-        """The DSN with any password removed, for logs and messages."""
+        """The DSN with every secret masked, for logs and messages."""
         return redact_dsn(self.database_url or "")
+
+
+def webhook_secret_variable(hook: str) -> str:
+    """The variable that holds webhook ``hook``'s own secret: ``ops-diag`` reads
+    REACTOR_WEBHOOK_SECRET_OPS_DIAG."""
+    return WEBHOOK_SECRET_PREFIX + hook.upper().replace("-", "_")
 
 
 ENVIRONMENT: dict[str, str] = {
@@ -139,6 +182,22 @@ ENVIRONMENT: dict[str, str] = {
     "poll_interval": "REACTOR_POLL_INTERVAL_SECONDS",
     "max_pending": "REACTOR_MAX_PENDING",
 }
+
+
+def _webhook_secrets(environ: Mapping[str, str]) -> dict[str, str]:
+    """Every REACTOR_WEBHOOK_SECRET_<NAME> that is set and not empty (empty: unset, as for
+    REACTOR_WEBHOOK_SECRET). Messages name the variable, never its value."""
+    found: dict[str, str] = {}
+    for variable, value in environ.items():
+        if not variable.startswith(WEBHOOK_SECRET_PREFIX) or not value.strip():
+            continue
+        if not _SECRET_SUFFIX.fullmatch(variable.removeprefix(WEBHOOK_SECRET_PREFIX)):
+            raise ConfigError(
+                f"{variable}: the part after {WEBHOOK_SECRET_PREFIX} is a hook's name "
+                "upper-cased, with - written as _ (ops-diag: REACTOR_WEBHOOK_SECRET_OPS_DIAG)"
+            )
+        found[variable] = value.strip()
+    return found
 
 
 def _parse(name: str, source: str, text: str) -> Any:
@@ -236,10 +295,13 @@ def check_dsn(dsn: str, source: str) -> None:
     """Raise ConfigError if ``dsn`` is not a libpq connection string or URL."""
     try:
         params = psycopg.conninfo.conninfo_to_dict(dsn)
-    except psycopg.ProgrammingError:
+    except (psycopg.ProgrammingError, UnicodeDecodeError):  # the latter: a URL's "%db"
+        # Neither the DSN nor libpq's message (which quotes the text around the fault) is
+        # shown: either may hold the password.
         raise ConfigError(
-            f"{source} is not a valid connection string ({redact_dsn(dsn)}); "
-            "use postgresql://user@host:5432/dbname"
+            f"{source} is not a valid connection string; use postgresql://user@host:5432/dbname "
+            "(in key=value form, quote a value with spaces, quotes or backslashes: "
+            "password='it\\'s here')"
         ) from None
     # "port= password=x" parses with the password as the port; libpq would then echo it.
     port = str(params.get("port", ""))
@@ -250,13 +312,27 @@ def check_dsn(dsn: str, source: str) -> None:
 
 
 def redact_dsn(dsn: str) -> str:
-    """``dsn`` without its password, in key=value form; a best effort for unparsable input."""
+    """``dsn`` in key=value form with every secret masked, for logs and messages.
+
+    The value of every libpq secret parameter (:data:`reactor.redact.DSN_SECRET_PARAMS`:
+    password, sslpassword, ...) is masked, in either form, a URL's userinfo password included.
+    A malformed DSN gives :data:`UNPARSABLE_DSN`: one that does not parse, or that parses into a
+    host, port or dbname that cannot be one (a URL broken by a password's unencoded "@" or "/")
+    or into a value holding ``password=`` (a lost space glued it there).
+    """
     try:
         params = psycopg.conninfo.conninfo_to_dict(dsn)
-    except psycopg.ProgrammingError:
-        # Unparsable: drop anything between "://user:" and "@", and any password=... pair.
-        dsn = re.sub(r"(://[^:/@]*):[^@]*@", r"\1:***@", dsn)
-        return re.sub(r"(password\s*=\s*)('(?:\\.|[^'\\])*(?:'|$)|\S+)", r"\1***", dsn)
-    if "password" in params:
-        params["password"] = "***"
-    return psycopg.conninfo.make_conninfo(**{k: str(v) for k, v in params.items()})
+    except (psycopg.ProgrammingError, UnicodeDecodeError):  # the latter: a URL's "%db"
+        return UNPARSABLE_DSN
+    values = {key: str(value) for key, value in params.items()}
+    if any(_malformed(key, value) for key, value in values.items()):
+        return UNPARSABLE_DSN
+    shown = {k: redact.MASK if k in redact.DSN_SECRET_PARAMS else v for k, v in values.items()}
+    return psycopg.conninfo.make_conninfo(**shown)
+
+
+def _malformed(key: str, value: str) -> bool:
+    if key in redact.DSN_SECRET_PARAMS:
+        return False  # masked whatever it holds
+    shape = _SHAPES.get(key)
+    return bool(_GLUED.search(value)) or (shape is not None and not shape.fullmatch(value))

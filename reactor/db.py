@@ -42,13 +42,21 @@ from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
 from reactor import grants, sql
-from reactor.errors import ConfigError, DatabaseUnreachable, PrivilegeMissing, SchemaMissing
+from reactor.errors import (
+    ConfigError,
+    DatabaseReadOnly,
+    DatabaseUnreachable,
+    PrivilegeMissing,
+    SchemaMissing,
+)
 
 log = logging.getLogger(__name__)
 
 AnyConnection = psycopg.AsyncConnection[Any]
 
-Outcome = Literal["recorded", "superseded", "waiting", "busy", "dropped", "kept", "deferred"]
+Outcome = Literal[
+    "recorded", "superseded", "waiting", "busy", "dropped", "kept", "deferred", "set_aside"
+]
 
 # libpq settings that make a dead peer visible within seconds instead of the kernel's hours.
 _CLIENT_TCP = {
@@ -191,8 +199,31 @@ async def configure(conn: AnyConnection) -> None:
                 log.debug("server does not know %s; skipped", name)
 
 
+# What :func:`connect` does with a server that is a read-only hot standby: ``accept`` it (the
+# caller only reads, or looks for the standby itself), ``refuse`` it at once, or ``retry`` it
+# like a failed connection within the attempts (a standby being promoted is writable seconds
+# later). Refused, or still a standby after the last attempt: DatabaseReadOnly.
+StandbyPolicy = Literal["accept", "refuse", "retry"]
+
+# libpq's own words (fe-connect.c, not the server's) for a host that target_session_attrs
+# turned down for being read-only: read-write's, then primary's.
+_READ_ONLY_HOST = re.compile(
+    r'server (?:at|on socket) "([^"]*)"(?:, port (\d+))? failed: '
+    r"(?:session is read-only|server is in hot standby mode)"
+)
+
+# The fix a read-only database calls for, whichever form the DSN takes.
+_MULTI_HOST_EXAMPLE = "postgresql://db1:5432,db2:5432/app?target_session_attrs=read-write"
+
+
 async def connect(
-    dsn: str, role: str, *, attempts: int = 1, configure_session: bool = True
+    dsn: str,
+    role: str,
+    *,
+    attempts: int = 1,
+    configure_session: bool = True,
+    standby: StandbyPolicy = "accept",
+    source: str = "DATABASE_URL",
 ) -> AnyConnection:
     """One dedicated autocommit connection, retried with jitter on transient failures.
 
@@ -200,14 +231,19 @@ async def connect(
     that may go through a transaction-mode pooler, where a session setting would land on a
     server session other clients use next. Prepared statements are never used: a transaction
     pooler hands each statement to whichever server session is free, which never saw them.
+    ``standby`` says what to do with a read-only hot standby (see :data:`StandbyPolicy`);
+    ``source`` names the setting ``dsn`` came from, for the messages.
 
-    Raises ConfigError when retrying cannot help (bad password, unknown database) and
-    DatabaseUnreachable when every attempt failed.
+    Raises ConfigError when retrying cannot help (bad password, unknown database),
+    DatabaseReadOnly for a standby the policy does not accept (also when every host of a
+    ``target_session_attrs=read-write`` DSN is one), and DatabaseUnreachable when every attempt
+    failed.
     """
     retrying = tenacity.AsyncRetrying(
         stop=tenacity.stop_after_attempt(attempts),
         wait=tenacity.wait_random_exponential(multiplier=0.5, max=5),
-        retry=tenacity.retry_if_exception(_is_transient),
+        retry=tenacity.retry_if_exception(lambda error: _retryable(error, standby)),
+        before_sleep=_log_standby_retry,
         reraise=True,
     )
     try:
@@ -216,21 +252,112 @@ async def connect(
                 conn = await psycopg.AsyncConnection.connect(
                     conninfo(dsn, role), autocommit=True, prepare_threshold=None
                 )
-                if configure_session:
-                    try:
+                try:
+                    if standby != "accept":
+                        await _refuse_standby(conn, source)
+                    if configure_session:
                         await configure(conn)
-                    except BaseException:
-                        await conn.close()
-                        raise
+                except BaseException:
+                    await conn.close()
+                    raise
                 return conn
     except psycopg.OperationalError as error:
+        read_only = _read_only_hosts(error)
+        if read_only:
+            raise DatabaseReadOnly(_no_writable_host(error, read_only, source)) from None
         if _is_transient(error):
             raise DatabaseUnreachable(
-                f"cannot reach the database: {first_line(error)}; check DATABASE_URL and that "
+                f"cannot reach the database: {first_line(error)}; check {source} and that "
                 "the server is up"
             ) from None
         raise ConfigError(f"the database refused the connection: {first_line(error)}") from None
     raise AssertionError("unreachable: tenacity either returns or raises")
+
+
+async def _refuse_standby(conn: AnyConnection, source: str) -> None:
+    problem = await standby_problem(conn, source)
+    if problem is not None:
+        raise DatabaseReadOnly(problem)
+
+
+async def standby_problem(conn: AnyConnection, source: str = "DATABASE_URL") -> str | None:
+    """None when ``conn``'s server accepts writes; else why not, in one line naming the fix.
+
+    Asks ``pg_is_in_recovery()`` rather than trusting the ``in_hot_standby`` the server
+    reports at login: a pooler may pass on another server's, or none. The upstream a standby
+    streams from is shown when this role may see it (pg_read_all_stats): most often the
+    primary.
+    """
+    cur = await conn.execute("SELECT pg_is_in_recovery()")
+    row = await cur.fetchone()
+    if not row or not row[0]:
+        return None
+    upstream = ""
+    try:
+        cur = await conn.execute(
+            "SELECT sender_host, sender_port FROM pg_stat_wal_receiver WHERE sender_host <> ''"
+        )
+        sender = await cur.fetchone()
+    except psycopg.Error:  # a server or role that cannot say: the fix reads the same
+        sender = None
+    if sender is not None:
+        upstream = f" (this standby streams from {_address(sender[0], sender[1])})"
+    return (
+        f"the database at {_address(conn.info.host, conn.info.port)} is a read-only hot "
+        f"standby (pg_is_in_recovery()), and the reactor writes: point {source} at the "
+        f"primary{upstream}, or list every host with target_session_attrs=read-write "
+        f"({_MULTI_HOST_EXAMPLE})"
+    )
+
+
+def _no_writable_host(error: BaseException, read_only: list[str], source: str) -> str:
+    verb = "is" if len(read_only) == 1 else "are"
+    # psycopg lists each attempt of a multi-host DSN on a line of its own.
+    others = str(error).count("\n- host: ") > len(read_only)
+    return (
+        f"no host of {source} accepts writes: {', '.join(read_only)} {verb} read-only (a hot "
+        f"standby) and target_session_attrs passed over it"
+        + (", the others did not answer" if others else "")
+        + f"; add the primary's address to the host list ({_MULTI_HOST_EXAMPLE}), or promote a "
+        "standby"
+    )
+
+
+def _read_only_hosts(error: BaseException) -> list[str]:
+    """The hosts a connection error says target_session_attrs refused as read-only, in the
+    order tried (psycopg lists every attempt of a multi-host DSN)."""
+    found: list[str] = []
+    for host, port in _READ_ONLY_HOST.findall(str(error)):
+        shown = _address(host, port or None)
+        if shown not in found:
+            found.append(shown)
+    return found
+
+
+def _address(host: str | None, port: int | str | None) -> str:
+    # host:port as people write it: [v6]:port, and a Unix socket's directory as is.
+    host = host or "localhost"
+    if host.startswith("/"):
+        return host if port is None else f"{host} (port {port})"
+    if ":" in host:
+        host = f"[{host}]"
+    return host if port is None else f"{host}:{port}"
+
+
+def _retryable(error: BaseException, standby: StandbyPolicy) -> bool:
+    if isinstance(error, DatabaseReadOnly) or _read_only_hosts(error):
+        return standby == "retry"
+    return _is_transient(error)
+
+
+def _log_standby_retry(state: tenacity.RetryCallState) -> None:
+    # Debug only: like a failed connection, a standby that stays one ends in a single line.
+    error = state.outcome.exception() if state.outcome is not None else None
+    if isinstance(error, DatabaseReadOnly) or (error is not None and _read_only_hosts(error)):
+        log.debug(
+            "the database is a read-only hot standby; trying again in case it is being promoted",
+            extra={"attempt": state.attempt_number, "error": first_line(error)},
+        )
 
 
 def _is_transient(error: BaseException) -> bool:
@@ -311,6 +438,7 @@ class Health:
     trigger_channel: str | None
     probes_sent: int  # 1 when the statement sent the probe notification it was given
     database_time: float  # clock_timestamp() as unix seconds, read during the statement
+    set_aside: int  # queued jobs whose write failed on their own data (reactor.set_aside)
 
 
 @dataclass(frozen=True, slots=True)
@@ -399,6 +527,9 @@ class HookClaim:
     attempt: int  # claims of this row so far, this one included; the lease's fencing token
     retry_base: int = 0  # attempts before the last `reactor hooks retry`
     superseded: bool = False
+    # Not a lease either: the lease of the row's last attempt ran out (its replica died running
+    # it), and the claim parked the row as failed.
+    parked: bool = False
 
     @property
     def scheduled_attempt(self) -> int:
@@ -507,6 +638,29 @@ class Database:
         )
         return [job_id for (job_id,) in rows]
 
+    async def set_aside(
+        self, job_id: str, error: psycopg.Error, *, first_retry: float, max_retry: float
+    ) -> tuple[int, float]:
+        """Set ``job_id`` aside after its write failed with ``error`` on its own data; return
+        how many times in a row it failed on the same data, and the seconds until its next try.
+        """
+        rows = await self._fetch(
+            "set_aside",
+            {
+                "job": job_id,
+                "error": first_line(error),
+                "sqlstate": error.sqlstate,
+                "first_retry": first_retry,
+                "max_retry": max_retry,
+            },
+        )
+        return rows[0][0], rows[0][1]
+
+    async def release_set_aside(self) -> int:
+        """Try every job set aside again at once; how many there were."""
+        rows = await self._fetch("release_set_aside", {})
+        return int(rows[0][0])
+
     async def upcoming(self, limit: int) -> list[tuple[str, float]]:
         """(job id, seconds until due) for jobs that need a run and are inside their grace."""
         rows = await self._fetch("upcoming", {"grace": self.grace, "limit": limit})
@@ -571,21 +725,27 @@ class Database:
         jobs = [QueuedJob(job_id, due_in, since) for job_id, due_in, since, _ in rows if job_id]
         return jobs, rows[0][3]
 
-    async def leave(self, replica: str) -> None:
-        """Drop ``replica``'s heartbeat: the others take its jobs at their next check."""
-        await self._fetch("replica_leave", {"replica": replica})
+    async def leave(self, replica: str, channel: str) -> None:
+        """Drop ``replica``'s heartbeat and tell the replicas listening on ``channel``: they take
+        its jobs over at once (the others at their next check)."""
+        await self._fetch("replica_leave", {"replica": replica, "channel": channel})
 
     async def notify(self, channel: str, payload: str) -> None:
         """Send one notification from a pool connection."""
         with anyio.fail_after(CALL_TIMEOUT):
             await notify(self.pool, channel, payload)
 
-    async def claim_hooks(self, limit: int, lease: float) -> list[HookClaim]:
-        """Lease up to ``limit`` runnable hook rows of our hooks, oldest first."""
-        rows = await self._fetch(
-            "claim_hooks", {"hooks": self.hooks, "limit": limit, "lease": lease}
-        )
-        return [HookClaim(*row) for row in rows]
+    async def claim_hooks(
+        self, limit: int, lease: float, *, max_attempts: int | None = None
+    ) -> list[HookClaim]:
+        """Lease up to ``limit`` runnable hook rows of our hooks, oldest first; park a row whose
+        lease ran out on attempt ``max_attempts`` of its schedule (None: never)."""
+        params = {"hooks": self.hooks, "limit": limit, "lease": lease, "max_attempts": max_attempts}
+        rows = await self._fetch("claim_hooks", params)
+        return [
+            HookClaim(id, run_id, job_id, hook, attempt, base, bool(gone), parked=gone is None)
+            for id, run_id, job_id, hook, attempt, base, gone in rows
+        ]
 
     async def next_hook_in(self) -> float | None:
         """Seconds until one of our hook rows becomes claimable; None when none is queued."""
@@ -647,15 +807,50 @@ async def call(
 
     ``lock_timeout`` (seconds) replaces the usual bound on waiting for a row lock, for this
     statement only.
+
+    A server that turns out read-only (a hot standby: the old primary back after a failover,
+    behind an address that used to be the primary's) costs the connection: it is closed, so the
+    pool discards it and opens another, which with ``target_session_attrs=read-write`` lands on
+    whichever host accepts writes now. The error is raised as always; the caller retries.
     """
     own = is_own_session(conn)
-    if own and lock_timeout is None:
-        cur = await conn.execute(query, params)
-        return await cur.fetchall() if cur.description is not None else []
-    if lock_timeout is None:
-        return await run_pinned(conn, query, params)
-    waiting = {"lock_timeout": f"{max(1, round(lock_timeout * 1000))}ms"}
-    return await run_pinned(conn, query, params, waiting if own else {**_BOUNDS, **waiting})
+    try:
+        if own and lock_timeout is None:
+            cur = await conn.execute(query, params)
+            return await cur.fetchall() if cur.description is not None else []
+        if lock_timeout is None:
+            return await run_pinned(conn, query, params)
+        waiting = {"lock_timeout": f"{max(1, round(lock_timeout * 1000))}ms"}
+        return await run_pinned(conn, query, params, waiting if own else {**_BOUNDS, **waiting})
+    except psycopg.Error as error:
+        if read_only_server(error, conn):
+            await _drop(conn, error)
+        raise
+
+
+def read_only_server(error: BaseException, conn: AnyConnection | None = None) -> bool:
+    """True when ``error`` says the server is read-only: SQLSTATE 25006 (a write, LISTEN or
+    NOTIFY on a hot standby), or a pinned call's ``BEGIN ... READ WRITE`` refused during
+    recovery (0A000), which ``conn``'s server, when given, must not have reported a primary."""
+    if isinstance(error, psycopg.errors.ReadOnlySqlTransaction):
+        return True
+    if not isinstance(error, psycopg.errors.FeatureNotSupported):
+        return False
+    # PostgreSQL 14 on reports in_hot_standby, and updates it on promotion; older servers and
+    # some poolers say nothing, and then the error alone decides (none of the reactor's
+    # statements is otherwise unsupported).
+    return conn is None or conn.closed or conn.info.parameter_status("in_hot_standby") != "off"
+
+
+async def _drop(conn: AnyConnection, error: BaseException) -> None:
+    if conn.closed:
+        return  # the pool discards it as it is
+    log.debug(
+        "closing a connection to a read-only server",
+        extra={"server": _address(conn.info.host, conn.info.port), "error": first_line(error)},
+    )
+    with anyio.CancelScope(shield=True):
+        await conn.close()
 
 
 async def run_pinned(

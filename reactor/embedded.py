@@ -171,6 +171,47 @@ class EmbeddedPostgres:
         self.stop(mode)
         self.start()
 
+    def standby(
+        self, datadir: Path | None = None, *, settings: Mapping[str, str] | None = None
+    ) -> "EmbeddedPostgres":
+        """A streaming hot standby of this running cluster, not started yet.
+
+        Its data directory is ``pg_basebackup -R`` of this one (``datadir`` None: a fresh
+        temporary directory its :meth:`cleanup` removes), so :meth:`start` runs it as a standby
+        replicating from this cluster, on a port of its own; :meth:`promote` makes it a primary.
+        ``settings`` default to this cluster's. This cluster needs ``wal_level`` replica or
+        logical (the default) and a free WAL sender; initdb's trust rules let ``postgres``
+        replicate from 127.0.0.1.
+        """
+        replica = EmbeddedPostgres(
+            datadir,
+            bin_dir=self._bin_dir,
+            settings=self._settings if settings is None else settings,
+        )
+        replica._prepare_dirs()  # pg_basebackup runs as the server's user: it must own the dir
+        try:
+            replica._run(
+                *(self._bin_dir / "pg_basebackup", "-D", replica._datadir, "-R"),
+                *("--checkpoint=fast", "--wal-method=stream", "--no-sync"),
+                *("-d", f"host=127.0.0.1 port={self.port} user={_SUPERUSER}"),
+            )
+        except BaseException:
+            replica.cleanup()
+            raise
+        # The copy carries this cluster's log; the standby's own starts empty.
+        with contextlib.suppress(FileNotFoundError):
+            (replica._datadir / _LOG_NAME).write_bytes(b"")
+        return replica
+
+    def promote(self) -> None:
+        """Promote a running standby to a primary with ``pg_ctl promote -w``: it returns once
+        the server accepts writes."""
+        logger.debug("promoting %s", self._datadir)
+        self._run(
+            *(self._bin_dir / "pg_ctl", "promote", "-D", self._datadir),
+            *("-w", "-t", str(int(_TIMEOUT))),
+        )
+
     def kill(self) -> None:
         """SIGKILL the postmaster and its children, like a crash; the next start() recovers."""
         pid = self.postmaster_pid()
@@ -254,8 +295,12 @@ class EmbeddedPostgres:
                 extra_groups=self._groups,
             )
         deadline = time.monotonic() + _TIMEOUT
-        # Ready means postmaster.pid names this process and says "ready", which is pg_ctl -w's test.
-        while (lines := self._pidfile_lines())[:1] != [str(proc.pid)] or lines[7:8] != ["ready"]:
+        # Ready means postmaster.pid names this process and says "ready" ("standby" for a hot
+        # standby that accepts connections), which is pg_ctl -w's test.
+        while (lines := self._pidfile_lines())[:1] != [str(proc.pid)] or lines[7:8] not in (
+            ["ready"],
+            ["standby"],
+        ):
             if proc.poll() is not None or time.monotonic() > deadline:
                 proc.kill()
                 proc.wait()

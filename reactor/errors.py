@@ -31,6 +31,12 @@ class DatabaseUnreachable(ReactorError):
     exit_code = 3
 
 
+class DatabaseReadOnly(ReactorError):
+    """The database is a read-only hot standby, and the reactor writes: it needs the primary."""
+
+    exit_code = 3
+
+
 class SchemaMissing(ReactorError):
     """The reactor's schema is absent or older than this version needs."""
 

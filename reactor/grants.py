@@ -106,6 +106,13 @@ GROUPS: tuple[Group, ...] = (
         ),
     ),
     Group(
+        "Jobs whose write failed on their own data (the app's constraint or trigger rejected\n"
+        "the row): the recorder sets each aside with its error (INSERT ... ON CONFLICT DO\n"
+        "UPDATE), the record statements leave them out and release them once written\n"
+        "(DELETE), and the health check and status count and list them.",
+        _table("reactor", "set_aside", "SELECT", "INSERT", "UPDATE", "DELETE"),
+    ),
+    Group(
         "The reconcile's shared state: one row, locked and advanced by each step of a pass.",
         _table("reactor", "reconcile", "SELECT", "UPDATE"),
     ),
@@ -123,9 +130,8 @@ GROUPS: tuple[Group, ...] = (
         _table("reactor", "hook_outbox", "SELECT", "INSERT", "UPDATE", "DELETE"),
     ),
     Group(
-        "The precedence rule the record statements call. PostgreSQL grants EXECUTE to PUBLIC\n"
-        "by default, but a database that revokes it (ALTER DEFAULT PRIVILEGES ... REVOKE\n"
-        "EXECUTE ON FUNCTIONS FROM PUBLIC) would fail every record statement without this.",
+        "The precedence rule the record statements call. `reactor migrate` revokes EXECUTE on\n"
+        "every reactor function from PUBLIC, so the runtime role holds it by this grant alone.",
         (Privilege("function", "EXECUTE", "reactor", "outranks_v1", args="uuid, uuid, text"),),
     ),
 )

@@ -6,31 +6,52 @@ timeout and bounded concurrency, and settles each attempt: done, retried on a ca
 exponential schedule with jitter (:func:`retry_delay`), or parked as failed after
 ``REACTOR_HOOK_MAX_ATTEMPTS``. A row whose run holds a later job by the time it is claimed is
 settled as superseded and never called. No transaction stays open while a hook runs. A replica
-killed mid-hook loses nothing: its lease expires and another replica takes the row. On SIGTERM,
+killed mid-hook loses nothing: its lease expires and another replica takes the row (unless
+that was the row's last attempt: see below). On SIGTERM,
 unfinished leases are handed back at once. :class:`HookRetention` deletes settled rows once
 ``REACTOR_HOOK_RETENTION_SECONDS`` have passed, one replica at a time.
 
 Delivery is at least once. Every call carries an idempotency key, stable across retries and
 replicas, so a hook can deduplicate.
 
-Kinds, from ``REACTOR_HOOKS=name=spec,...``:
+``REACTOR_HOOKS`` is ``name=kind:target`` items separated by commas. A hook name is a letter or
+``_``, then up to 62 letters, digits, ``_`` or ``-``. A comma ends an item only where what
+follows it looks like the start of the next one: ``name=kind:``, that is a name, ``=``, letters
+and ``:`` (``,ops-diag=webhook:``), spaces allowed around the ``=``. So that a mistyped name is
+reported rather than glued to the value before it, "a name" here is anything without space,
+comma or ``=``. Any other comma belongs to the value: a webhook URL's query may hold
+``?ids=1,2`` or ``?a=1,b=2``. A comma inside a value that is followed by ``x=letters:`` would
+start an item; write it ``%2C`` (any URL may).
+
+Kinds:
 
 - ``python:module:function``: ``async def function(call: HookCall)`` runs on the event loop;
   a plain ``def`` runs in a worker thread, so blocking code cannot stall the reactor. Raising
   fails the attempt (:class:`PermanentFailure`: parked at once).
 - ``notify:channel``: ``pg_notify(channel, json)``, for a worker that judges on its own.
-- ``webhook:url``: a JSON POST, signed (:mod:`reactor.signature`) when
-  ``REACTOR_WEBHOOK_SECRET`` is set. 2xx is success; redirects are never followed;
-  :func:`webhook_verdict` says which other statuses are permanent.
+- ``webhook:url``: a JSON POST, signed (:mod:`reactor.signature`) with the hook's own
+  ``REACTOR_WEBHOOK_SECRET_<NAME>`` (the name upper-cased, ``-`` as ``_``) or else the shared
+  ``REACTOR_WEBHOOK_SECRET``; unsigned when neither is set. 2xx is success; redirects are never
+  followed; :func:`webhook_verdict` says which other statuses are permanent.
 
 Nothing a hook reports is shown whole: URLs are cut to scheme, host and path, and configured
-secrets are masked (:mod:`reactor.redact`), in logs, stored errors and status alike.
+secrets are masked (:mod:`reactor.redact`), in logs, stored errors and status alike. A
+configuration error names the hook and what is wrong, and quotes only what cannot be secret
+(names, module paths): never a URL but as scheme, host and path, never a target that failed
+its check.
+
+A hook that raises anything but the runner's own cancellation, ``SystemExit`` and
+``KeyboardInterrupt`` included, has failed an attempt like any other. A hook that kills its
+process (``os._exit``, a crash in a C extension) leaves its row running until the lease runs
+out; that counts as an attempt too, and the claim parks a row whose last attempt ended so
+instead of handing it to the next replica to kill.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import difflib
 import importlib
 import inspect
 import json
@@ -41,7 +62,7 @@ import re
 import threading
 import time
 import urllib.parse
-from collections.abc import AsyncIterator, Awaitable, Callable, Generator
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Generator, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal, Protocol, cast
@@ -52,7 +73,7 @@ import anyio.abc
 from psycopg_pool import AsyncConnectionPool
 
 from reactor import db, redact
-from reactor.config import Settings
+from reactor.config import Settings, webhook_secret_variable
 from reactor.errors import ConfigError
 from reactor.metrics import Metrics
 from reactor.recorder import DATABASE_ERRORS
@@ -63,8 +84,15 @@ log = logging.getLogger(__name__)
 IDEMPOTENCY_HEADER = "Idempotency-Key"
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_-]{0,62}")
-# A new hook starts where "name=" follows a comma, so commas inside a URL's query survive.
-_SPLIT = re.compile(r",\s*(?=[A-Za-z_][A-Za-z0-9_]*=)")
+# Where the next item starts: a comma, then "name=kind:" (see the module docstring). The name
+# part takes whatever a name would be misspelled as, valid names included, so that no item is
+# glued to the value before it (a URL whose path then carried the next hook's credentials).
+_SPLIT = re.compile(r",\s*(?=[^\s,=]+\s*=\s*[A-Za-z]+:)")
+KINDS = ("python", "notify", "webhook")
+# What a python:module:function target may name, and so be quoted in a message.
+_MODULE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*")
+_ATTRIBUTE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
 
 # Each retry waits up to this share longer than its schedule says, at random, so the rows a
 # receiver's outage failed together do not all come back in the same second.
@@ -85,6 +113,11 @@ BLOCK_LIMIT = 0.1
 _WATCH_TICK = 0.05
 _ASYNC_HINT = "blocking code in an async def: make it async all the way, or a plain def"
 _GIL_HINT = "a plain def in a thread that keeps the GIL (a C extension?)"
+
+_LEASE_HINT = (
+    "its replica died or stalled while running it, every time: a hook that kills or freezes "
+    "its process? Fix it, then `reactor hooks retry`"
+)
 
 # Retention deletes in batches of this many rows, so each delete is a short transaction.
 _PURGE_BATCH = 1000
@@ -218,36 +251,84 @@ def parse_hooks(
     secret: str | None,
     session: Callable[[], aiohttp.ClientSession],
     threads: anyio.Semaphore,
+    own_secrets: Mapping[str, str] | None = None,
+    known_secrets: Collection[str] = (),
 ) -> dict[str, Hook]:
     """Build the hooks of ``REACTOR_HOOKS``; ConfigError (one line) for anything wrong.
 
-    Messages never quote a URL whole: REACTOR_HOOKS may hold webhook credentials.
+    ``secret`` signs every webhook that has none of its own in ``own_secrets`` (by variable
+    name, REACTOR_WEBHOOK_SECRET_<NAME>); such a variable that names no webhook hook is an
+    error. Messages quote no secret: not a URL whole (REACTOR_HOOKS may hold webhook
+    credentials), not a target that failed its check, none of ``known_secrets``.
     """
     hooks: dict[str, Hook] = {}
-    for item in filter(None, (part.strip() for part in _SPLIT.split(text.strip()))):
+    own_secrets = own_secrets or {}
+    items = filter(None, (part.strip() for part in _SPLIT.split(text.strip())))
+    for number, item in enumerate(items, start=1):
         name, sep, spec = item.partition("=")
         name, spec = name.strip(), spec.strip()
-        if not sep or not _NAME.fullmatch(name):
-            raise ConfigError(f"REACTOR_HOOKS: {redact.scrub(item)!r} is not name=kind:target")
+        if not sep:
+            raise ConfigError(f"REACTOR_HOOKS: item {number} is not name=kind:target")
+        if not _NAME.fullmatch(name):
+            # Not quoted: the text before "=" may be a stray URL's, credentials and all.
+            raise ConfigError(
+                f"REACTOR_HOOKS: item {number} does not start with a hook name (a letter or _, "
+                "then letters, digits, _ or -; at most 63) and ="
+            )
         if name in hooks:
             raise ConfigError(f"REACTOR_HOOKS: hook {name!r} is defined twice")
         kind, _, target = spec.partition(":")
         if kind == "python":
-            hooks[name] = PythonHook(name, spec, _import_function(name, target), threads)
+            function = _import_function(name, target, known_secrets)
+            hooks[name] = PythonHook(name, spec, function, threads)
         elif kind == "notify":
             if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]{0,62}", target):
-                raise ConfigError(f"REACTOR_HOOKS: {name}: {target!r} is not a channel name")
+                raise ConfigError(
+                    f"REACTOR_HOOKS: {name}: notify takes a channel name (letters, digits and _, "
+                    "at most 63, not starting with a digit)"
+                )
             hooks[name] = NotifyHook(name, spec, target, pool)
         elif kind == "webhook":
-            hooks[name] = WebhookHook(name, spec, _check_url(name, target), secret, session)
+            own = own_secrets.get(webhook_secret_variable(name))
+            url = _check_url(name, target)
+            hooks[name] = WebhookHook(name, spec, url, own or secret, session)
         else:
-            # Quote the kind only when it looks like one: a mistyped spec may be a bare URL.
-            shown = f" {kind!r}" if re.fullmatch(r"[a-z]{1,20}", kind) else ""
-            raise ConfigError(
-                f"REACTOR_HOOKS: {name}: unknown kind{shown}; use python:module:function, "
-                "notify:channel or webhook:url"
-            )
+            raise ConfigError(f"REACTOR_HOOKS: {name}: {_unknown_kind(kind)}")
+    _check_own_secrets(hooks, own_secrets)
     return hooks
+
+
+def _unknown_kind(kind: str) -> str:
+    # The kind is never quoted: when a comma inside a URL split an item, or a spec is a bare
+    # URL, what stands before the first ":" may be part of a password. A suggestion quotes
+    # only our own words.
+    if kind.lower() in ("http", "https"):
+        hint = "; a URL is webhook:URL (a comma in a URL goes as %2C when name=kind: follows it)"
+    else:
+        close = difflib.get_close_matches(kind.lower(), KINDS, n=1)
+        hint = f"; did you mean {close[0]}?" if close else ""
+    return f"unknown kind{hint}; use python:module:function, notify:channel or webhook:url"
+
+
+def _check_own_secrets(hooks: Mapping[str, Hook], own_secrets: Mapping[str, str]) -> None:
+    # A secret for no webhook would leave the hook it was meant for signing with the shared
+    # one (a typo, a renamed hook), and its receiver refusing every call for a day of retries.
+    webhooks: dict[str, list[str]] = {}
+    for name, hook in hooks.items():
+        if isinstance(hook, WebhookHook):
+            webhooks.setdefault(webhook_secret_variable(name), []).append(name)
+    for variable in sorted(own_secrets):
+        names = webhooks.get(variable)
+        if not names:
+            raise ConfigError(
+                f"{variable} is set, but REACTOR_HOOKS has no webhook hook of that name (the "
+                "variable is REACTOR_WEBHOOK_SECRET_ and the name upper-cased, - as _)"
+            )
+        if len(names) > 1:
+            raise ConfigError(
+                f"{variable} would sign webhook hooks {' and '.join(map(repr, names))} alike; "
+                "rename one of them"
+            )
 
 
 @asynccontextmanager
@@ -276,6 +357,13 @@ async def open_hooks(
         secret=settings.webhook_secret,
         session=shared_session,
         threads=anyio.Semaphore(settings.hook_concurrency),
+        own_secrets=settings.webhook_secrets,
+        known_secrets=redact.known_secrets(
+            webhook_secret=settings.webhook_secret,
+            webhook_secrets=settings.webhook_secrets.values(),
+            dsns=(settings.database_url, settings.listen_database_url),
+            urls=(),
+        ),
     )
     try:
         yield hooks
@@ -291,26 +379,35 @@ def _is_async(function: object) -> bool:
     )
 
 
-def _import_function(name: str, target: str) -> Callable[[HookCall], object]:
+def _import_function(
+    name: str, target: str, secrets: Collection[str]
+) -> Callable[[HookCall], object]:
     module_name, _, attribute = target.partition(":")
-    if not module_name or not attribute:
-        raise ConfigError(f"REACTOR_HOOKS: {name}: write python:module:function, not {target!r}")
+    # Quoted only once they are known to be a module path and a name: a mistyped spec may hold
+    # anything, a URL's credentials included.
+    if not _MODULE.fullmatch(module_name) or not _ATTRIBUTE.fullmatch(attribute):
+        raise ConfigError(
+            f"REACTOR_HOOKS: {name}: write python:module:function, with a dotted module path "
+            "and a function name"
+        )
     try:
         module = importlib.import_module(module_name)
     except Exception as error:  # any import failure is the user's to fix; say which
         raise ConfigError(
             f"REACTOR_HOOKS: {name}: cannot import {module_name!r}: {type(error).__name__}: "
-            f"{redact.scrub(str(error))}"
+            f"{redact.scrub(str(error), secrets)}"
         ) from None
     function = getattr(module, attribute, None)
     if function is None:
         raise ConfigError(f"REACTOR_HOOKS: {name}: {module_name} has no {attribute!r}")
     if not callable(function):
-        raise ConfigError(f"REACTOR_HOOKS: {name}: {target} is not a function")
+        raise ConfigError(f"REACTOR_HOOKS: {name}: {module_name}:{attribute} is not a function")
     return function  # type: ignore[no-any-return]
 
 
 def _check_url(name: str, url: str) -> str:
+    # safe_url shows scheme, host, port and path only, or a placeholder when it cannot tell
+    # which is which.
     shown = redact.safe_url(url)
     try:
         parts = urllib.parse.urlsplit(url)
@@ -318,7 +415,7 @@ def _check_url(name: str, url: str) -> str:
     except ValueError:
         raise ConfigError(f"REACTOR_HOOKS: {name}: {shown!r} has a bad port or host") from None
     if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ConfigError(f"REACTOR_HOOKS: {name}: {shown!r} is not an http(s) URL")
+        raise ConfigError(f"REACTOR_HOOKS: {name}: {shown!r} is not an http(s) URL with a host")
     return url
 
 
@@ -456,10 +553,12 @@ class HookRunner:
         self.in_flight = 0
         self._wake = anyio.Event()
         # Every configured secret, masked in whatever a hook reports.
+        webhooks = [hook for hook in hooks.values() if isinstance(hook, WebhookHook)]
         self.secrets = redact.known_secrets(
             webhook_secret=settings.webhook_secret,
+            webhook_secrets=[*settings.webhook_secrets.values(), *(h.secret for h in webhooks)],
             dsns=(settings.database_url, settings.listen_database_url),
-            urls=[hook.url for hook in hooks.values() if isinstance(hook, WebhookHook)],
+            urls=[hook.url for hook in webhooks],
         )
         for name in hooks:
             for outcome in OUTCOMES:
@@ -478,10 +577,17 @@ class HookRunner:
                 self._wake = anyio.Event()
                 try:
                     if free > 0:
-                        claims = await self.database.claim_hooks(free, self.settings.hook_lease)
+                        claims = await self.database.claim_hooks(
+                            free,
+                            self.settings.hook_lease,
+                            max_attempts=self.settings.hook_max_attempts,
+                        )
                     for claim in claims:
                         if claim.superseded:
                             self._superseded(claim)
+                            continue
+                        if claim.parked:
+                            self._parked(claim)
                             continue
                         self.in_flight += 1
                         running.start_soon(self._execute, claim)
@@ -501,6 +607,20 @@ class HookRunner:
         due_in = await self.database.next_hook_in()
         ceiling = self.settings.scan_interval
         return ceiling if due_in is None else min(max(due_in, 0.0) + 0.005, ceiling)
+
+    def _parked(self, claim: db.HookClaim) -> None:
+        # The claim statement parked it already, with the error; all that is left is to say so.
+        self.metrics.hook_outcomes.labels(claim.hook, "failed").inc()
+        log.error(
+            "hook failed: the lease of its last attempt ran out, and the claim parked it",
+            extra={
+                "run_id": claim.run_id,
+                "job_id": claim.job_id,
+                "hook": claim.hook,
+                "attempt": claim.attempt,
+                "hint": _LEASE_HINT,
+            },
+        )
 
     def _superseded(self, claim: db.HookClaim) -> None:
         # The claim statement settled it already; all that is left is to say so.
@@ -550,8 +670,11 @@ class HookRunner:
                 )
             except PermanentFailure as error:
                 await self._fail(claim, str(error), fields, permanent=True)
-            except Exception as error:  # a hook's failure is data, not a crash of the runner
-                await self._fail(claim, f"{type(error).__name__}: {error}", fields, permanent=False)
+            except BaseException as error:  # a hook's failure is data, not a crash of the runner
+                # SystemExit and KeyboardInterrupt too: raised by a hook, they are its failure.
+                # The reactor's own stop arrives as a signal and then as the cancellation
+                # above, never as one of these.
+                await self._fail(claim, _described(error), fields, permanent=False)
             else:
                 await self._settle(claim, "done", fields)
         finally:
@@ -605,6 +728,12 @@ class HookRunner:
                 "could not settle a hook attempt; its lease will expire",
                 extra={**fields, "error": db.first_line(db_error)},
             )
+
+
+def _described(error: BaseException) -> str:
+    """``Type: message``, or the type alone when the message is empty (KeyboardInterrupt())."""
+    message = str(error)
+    return f"{type(error).__name__}: {message}" if message else type(error).__name__
 
 
 # Every outcome of an attempt (or of a claim, for superseded), as the metric counts them.

@@ -20,8 +20,10 @@ needs no check before each statement, as a pooled one does.
 Nothing waits for the listener: the service scans, fires timers and runs hooks whatever this
 connection does, and polls until LISTEN is up. Every reconnect backs off, with jitter, from the
 first failure until a probe proves a connection again, whether the connect failed (a wrong
-password), LISTEN failed after a good connect (a standby refuses it) or the session dropped
-later. Each distinct problem is logged once, not once per attempt.
+password, a read-only hot standby: a failover's old primary behind the same address), LISTEN
+failed after a good connect or the session dropped later. Each distinct problem is logged once,
+not once per attempt. With a multi-host DSN and ``target_session_attrs=read-write``, each
+reconnect lands on whichever host accepts writes, so after a failover the promoted standby.
 
 Session settings (server-side keepalives, statement bounds) are applied only once a probe has
 come back on the connection: that proves it is a session of its own. Through a transaction-mode
@@ -54,6 +56,8 @@ log = logging.getLogger(__name__)
 State = Literal["connecting", "listening", "degraded"]
 
 _PROBE = "probe:"
+# What a replica that stops cleanly sends, with its id (the replica_leave query).
+_LEFT = "left:"
 
 # Reconnect backoff: the first retry within BACKOFF_BASE seconds, doubling per failure up to a
 # cap; a problem retrying cannot fix (a wrong password, a missing role) is retried rarely.
@@ -128,6 +132,7 @@ class Listener:
         *,
         on_job: Callable[[str, float | None], None],
         on_listening: Callable[[], None],
+        on_left: Callable[[str], None] = lambda replica: None,
         check: Check,
         poll: Poll,
         poll_due: PollDue,
@@ -138,10 +143,15 @@ class Listener:
         self.metrics = metrics
         self.on_job = on_job
         self.on_listening = on_listening
+        self.on_left = on_left
         self.check = check
         self.poll = poll
         self.poll_due = poll_due
         self.dsn = dsn
+        # The setting the DSN came from, for the messages.
+        self._source = (
+            "REACTOR_LISTEN_DATABASE_URL" if dsn == settings.listen_database_url else "DATABASE_URL"
+        )
         self.state: State = "connecting"
         self.connections = 0
         self._probe_token: str | None = None
@@ -186,7 +196,15 @@ class Listener:
                 log.debug("listener reconnects after a pause", extra={"delay_s": round(delay, 3)})
                 await anyio.sleep(delay)
             try:
-                conn = await db.connect(self.dsn, "listener", configure_session=False)
+                # A hot standby refuses LISTEN anyway; refused here, the problem /readyz shows
+                # names the fix. A failover's promoted standby is found by a later attempt.
+                conn = await db.connect(
+                    self.dsn,
+                    "listener",
+                    configure_session=False,
+                    standby="refuse",
+                    source=self._source,
+                )
             except ReactorError as error:
                 permanent = isinstance(error, ConfigError)
                 self._failed("listener cannot connect; polling meanwhile", str(error))
@@ -342,6 +360,10 @@ class Listener:
             self._set_state("listening")
             return
         self._heard = True
+        if payload.startswith(_LEFT):
+            self.metrics.notifications.labels("left").inc()
+            self.on_left(payload[len(_LEFT) : len(_LEFT) + 64])
+            return
         hint = parse_hint(payload)
         if hint is None:
             self.metrics.notifications.labels("rejected").inc()

@@ -80,6 +80,17 @@ class Metrics:
             "Jobs isolated behind another transaction's row lock, recorded on their own.",
             registry=r,
         )
+        self.set_aside_jobs = Gauge(
+            "reactor_set_aside_jobs",
+            "Queued jobs set aside because their write failed on their own data (the app's "
+            "constraint or trigger rejected the row); from the health check, all replicas.",
+            registry=r,
+        )
+        self.jobs_set_aside = Counter(
+            "reactor_jobs_set_aside",
+            "Times this replica set a job aside after its write failed on its own data.",
+            registry=r,
+        )
         self.scan_duration = Histogram(
             "reactor_scan_duration_seconds", "Duration of one full fallback scan.", registry=r
         )
@@ -171,7 +182,7 @@ class Metrics:
             "Deadlines that fired here for a job another live replica owns; it claims them.",
             registry=r,
         )
-        for result in ("accepted", "rejected", "probe"):
+        for result in ("accepted", "rejected", "probe", "left"):
             self.notifications.labels(result)
         for source in ("timer", "scan"):
             self.recorded.labels(source)

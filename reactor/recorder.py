@@ -10,12 +10,20 @@ the statement timeout, the batch is split into parts that are tried again, until
 the lock stands alone. That job is *stuck*: the scan leaves it out, and it is recorded by a
 statement of its own, which waits for the lock as long as the usual lock timeout allows, so it
 is written as soon as the lock goes.
+
+A row that can never be written costs only itself too. When a statement fails on the data it
+writes (the app's CHECK, NOT NULL, foreign key or trigger rejects a run row), the batch is split
+the same way until the job at fault stands alone; that job is *set aside* in the database with
+its error (``reactor.set_aside``), where ``reactor status`` and the metrics show it, and is tried
+again on a slow schedule, or at once when the app touches the job or runs ``reactor migrate``.
+Every other job of the batch is recorded as if it did not exist.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable, Sequence
+from typing import TypeGuard
 
 import psycopg
 import psycopg.errors
@@ -32,6 +40,24 @@ DATABASE_ERRORS = (psycopg.Error, PoolTimeout, OSError, TimeoutError)
 # A statement that gave up on a row lock, or ran out of time: something in this batch is held
 # or heavy, the rest of the batch most likely is not.
 TIMEOUTS = (psycopg.errors.LockNotAvailable, psycopg.errors.QueryCanceled)
+
+# SQLSTATE classes of the errors that a row's own data causes: data exceptions (22), integrity
+# violations (23: the app's CHECK, NOT NULL, foreign key or unique index), a value past a limit
+# (54: an index row too large), and what an app's trigger raises (P0, 38, 39). Anything else
+# (the connection, a privilege, a missing table, a read-only standby) fails every row alike
+# and is retried whole.
+ROW_ERROR_CLASSES = frozenset({"22", "23", "54", "P0", "38", "39"})
+
+# A job set aside is tried again after this long, doubling with each failure on the same data.
+SET_ASIDE_FIRST_RETRY = 60.0
+SET_ASIDE_MAX_RETRY = 3600.0
+
+
+def is_row_error(error: BaseException) -> TypeGuard[psycopg.Error]:
+    """True when ``error`` is one that the data of a row in the statement can cause."""
+    state = getattr(error, "sqlstate", None)
+    return isinstance(error, psycopg.Error) and state is not None and state[:2] in ROW_ERROR_CLASSES
+
 
 # How long a statement for several jobs waits on a row lock before it is split. A tab's save
 # commits in milliseconds; an open transaction can hold its row for as long as it likes.
@@ -80,6 +106,8 @@ class Recorder:
         self.batch_lock_timeout = BATCH_LOCK_TIMEOUT
         # Jobs isolated behind another transaction's row lock, until a statement settles them.
         self.stuck: set[str] = set()
+        # Jobs this recorder set aside (job id: the error's first line), for `sweep --once`.
+        self.set_aside: dict[str, str] = {}
         # A job another replica holds is checked again soon: if that replica dies mid-write,
         # the row lock goes with it and the job is still ours to record.
         self.busy_retry = busy_retry
@@ -110,11 +138,17 @@ class Recorder:
                 self._isolated(job_ids[0], error)
                 # Just isolated: again at once, alone, waiting for the lock this time.
                 return [(job_ids[0], 0.0 if found else self.error_retry)]
-            rearm: Rearm = []
-            for part in split(job_ids):
-                rearm += await self._record(part, waits=False)
-            return rearm
+            return await self._record_parts(job_ids, waits=False)
         except DATABASE_ERRORS as error:
+            if is_row_error(error) and len(job_ids) > 1:
+                return await self._record_parts(job_ids, waits=waits)
+            try:
+                if is_row_error(error):
+                    # The scan tries it again when its time comes; no timer of ours.
+                    await self._set_aside(job_ids[0], error)
+                    return []
+            except DATABASE_ERRORS as again:
+                error = again
             self.metrics.record_errors.inc()
             log.warning(
                 "record failed, will retry",
@@ -123,6 +157,12 @@ class Recorder:
             return [(job_id, self.error_retry) for job_id in job_ids]
         self._settled(job_ids)
         return self._digest(outcomes, "timer")
+
+    async def _record_parts(self, job_ids: list[str], *, waits: bool) -> Rearm:
+        rearm: Rearm = []
+        for part in split(job_ids):
+            rearm += await self._record(part, waits=waits)
+        return rearm
 
     async def drain(self, batch_size: int) -> int:
         """Record due jobs oldest first, batch after batch, until a batch comes back short.
@@ -138,8 +178,10 @@ class Recorder:
             self._digest(outcomes, "scan")
             total += sum(o.outcome == "recorded" for o in outcomes)
             # Only "kept" rows means other transactions hold them: the next scan settles them,
-            # looping now would only spin. Deferred rows (past the byte cap) are next in line.
-            progress = any(o.outcome in ("recorded", "superseded", "dropped") for o in taken)
+            # looping now would only spin. Deferred rows (past the byte cap) are next in line;
+            # a job set aside is left out of the next statement.
+            settled = ("recorded", "superseded", "dropped", "set_aside")
+            progress = any(o.outcome in settled for o in taken)
             full = len(outcomes) >= batch_size or len(taken) < len(outcomes)
             if not (full and progress):
                 return total
@@ -149,24 +191,52 @@ class Recorder:
             outcomes = await self.db.record_oldest(
                 limit, only=only, skip=sorted(self.stuck), lock_timeout=self.batch_lock_timeout
             )
-        except TIMEOUTS as error:
-            self.metrics.record_timeouts.inc()
+        except psycopg.Error as error:
+            timeout = isinstance(error, TIMEOUTS)
+            if not (timeout or is_row_error(error)):
+                raise
+            if timeout:
+                self.metrics.record_timeouts.inc()
             ids = (
                 only
                 if only is not None
                 else await self.db.oldest_queued(limit, skip=sorted(self.stuck))
             )
             if len(ids) == 1:
-                self._isolated(ids[0], error)
-                if self.on_stuck is not None:
-                    self.on_stuck(ids[0])
-                return [JobOutcome(ids[0], None, "kept", None)]
+                return [await self._alone(ids[0], error, timed_out=timeout)]
             found: list[JobOutcome] = []
             for part in split(ids):
                 found += await self._oldest(len(part), part)
             return found
         self._settled(o.job_id for o in outcomes if o.outcome != "deferred")
         return outcomes
+
+    async def _alone(self, job_id: str, error: psycopg.Error, *, timed_out: bool) -> JobOutcome:
+        # The one job a failed scan statement was split down to.
+        if timed_out:
+            self._isolated(job_id, error)
+            if self.on_stuck is not None:
+                self.on_stuck(job_id)
+            return JobOutcome(job_id, None, "kept", None)
+        await self._set_aside(job_id, error)
+        return JobOutcome(job_id, None, "set_aside", None)
+
+    async def _set_aside(self, job_id: str, error: psycopg.Error) -> None:
+        failures, retry_in = await self.db.set_aside(
+            job_id, error, first_retry=SET_ASIDE_FIRST_RETRY, max_retry=SET_ASIDE_MAX_RETRY
+        )
+        self.metrics.jobs_set_aside.inc()
+        self.set_aside[job_id] = first_line(error)
+        log.error(
+            "a job's run cannot be written and is set aside; every other job goes on",
+            extra={
+                "job_id": job_id,
+                "error": first_line(error),
+                "sqlstate": error.sqlstate,
+                "failures": failures,
+                "retry_in_s": round(retry_in),
+            },
+        )
 
     def _isolated(self, job_id: str, error: BaseException) -> None:
         if job_id not in self.stuck:

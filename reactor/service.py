@@ -93,6 +93,10 @@ class Reactor:
         # Who claims what: until the first heartbeat this replica sees nobody, itself included,
         # and claims everything it fires.
         self.membership = Membership(self.replica_id)
+        # Replicas that said they stopped (replica_leave): never live again, whatever a
+        # heartbeat of theirs still in flight says. Ids are unique to a process.
+        self._departed: set[str] = set()
+        self._left = False
         self.db_clock = DatabaseClock()
         self.deadlines: Deadlines[str] = Deadlines()
         # Jobs this replica found itself (the reconcile): nobody else was told, so it claims them
@@ -129,6 +133,7 @@ class Reactor:
                 self.metrics,
                 on_job=self._on_notified,
                 on_listening=lambda: self.request_scan(rearm=True),
+                on_left=self._on_replica_left,
                 check=self._check_on,
                 poll=self._poll,
                 poll_due=self._poll_due,
@@ -141,12 +146,15 @@ class Reactor:
             channel=settings.channel,
         )
         self.scans = 0
+        self._scanning = False
         self.polls = 0
         # The queue poll: when the last one started, and where the next one's window begins.
         self._last_poll = -math.inf
         self._poll_low: datetime | None = None
         # Health, as the last check saw it: None until the first one.
         self.database_ok: bool | None = None
+        # The last check failed because the server is a read-only hot standby.
+        self.database_read_only = False
         self.last_watch = -math.inf
         # When the last check started (from either road), and when one last answered.
         self._last_check = -math.inf
@@ -176,6 +184,11 @@ class Reactor:
         if self.listener is None or not self.listener.delivering or self.notify_skipped:
             return True
         return trigger_state(self.trigger_channel, self.settings.channel) != "notifies"
+
+    @property
+    def scan_pending(self) -> bool:
+        """True while a fallback scan is asked for or running."""
+        return self._scanning or self._scan_requested.is_set()
 
     @property
     def stopping(self) -> bool:
@@ -216,6 +229,9 @@ class Reactor:
         self._work.deadline = anyio.current_time() + self.settings.drain
         self._wake.set()
         self._scan_requested.set()
+        if self._work_group is not None:
+            # Hand this replica's jobs over now, not after the drain: its timers stop here.
+            self._work_group.start_soon(self._leave)
         if self.hook_runner is not None:
             self.hook_runner.wake()
         if self.reconciler is not None:
@@ -248,10 +264,15 @@ class Reactor:
             intake.cancel_scope.cancel()
         if self._work.cancel_called:
             log.warning("drain deadline passed; unfinished statements were rolled back")
-        # Hand this replica's jobs over now rather than when its heartbeat goes stale.
-        with anyio.move_on_after(2, shield=True), contextlib.suppress(*DATABASE_ERRORS):
-            await self.database.leave(self.replica_id)
+        if not self._left:  # the hand-over at stop() did not get through
+            await self._leave()
         log.info("stopped")
+
+    async def _leave(self) -> None:
+        # Rather than when its heartbeat goes stale: the others hear it at once.
+        with anyio.move_on_after(2, shield=True), contextlib.suppress(*DATABASE_ERRORS):
+            await self.database.leave(self.replica_id, self.settings.channel)
+            self._left = True
 
     def health(self) -> tuple[bool, bool, str]:
         """(alive, ready, reason): what /healthz and /readyz report.
@@ -264,6 +285,13 @@ class Reactor:
         alive = not self.stopping and not (self.database_ok is not None and stale)
         if self.stopping:
             return alive, False, "stopping"
+        if self.database_ok is False and self.database_read_only:
+            return (
+                alive,
+                False,
+                "the database is a read-only hot standby; waiting for a writable one "
+                "(target_session_attrs=read-write)",
+            )
         if not self.database_ok:
             return alive, False, "database unreachable" if self.database_ok is False else "starting"
         state = trigger_state(self.trigger_channel, self.settings.channel)
@@ -314,6 +342,7 @@ class Reactor:
                 if self.database_ok is not False:
                     log.warning("database check failed", extra={"error": db.first_line(error)})
                 self.database_ok = False
+                self.database_read_only = db.read_only_server(error)
 
     async def _check_on(self, conn: db.AnyConnection, probe: str | None) -> None:
         # The listener's turn: the check on its own connection, with its probe if any.
@@ -329,6 +358,7 @@ class Reactor:
 
     def _see_health(self, health: db.Health) -> None:
         self.database_ok = True
+        self.database_read_only = False
         self._last_seen = anyio.current_time()
         usage = health.queue_usage
         self.metrics.queue_usage.set(usage)
@@ -336,6 +366,7 @@ class Reactor:
         self.oldest_overdue = health.oldest_overdue
         self.metrics.hook_backlog.set(health.hook_backlog)
         self.metrics.hook_failed.set(health.hook_failed)
+        self.metrics.set_aside_jobs.set(health.set_aside)
         self.metrics.reconcile_last_pass.set(health.reconcile_last_pass)
         if health.reconcile_requested and self.reconciler is not None:
             self.reconciler.wake()
@@ -388,7 +419,18 @@ class Reactor:
         elif state == "notifies" and known:
             log.info("the job trigger notifies this replica's channel again", extra=extra)
 
+    def _on_replica_left(self, replica: str) -> None:
+        # Another replica stopped cleanly and said so: its jobs are ours now, not at our next
+        # check. Our own word comes back to us too.
+        if replica == self.replica_id or replica in self._departed:
+            return
+        self._departed.add(replica)
+        self._see_replicas(self.membership.live)
+
     def _see_replicas(self, live: frozenset[str]) -> None:
+        # Only those the database still shows need remembering.
+        self._departed &= live
+        live -= self._departed
         seen = Membership(self.replica_id, live)
         if seen == self.membership:
             return
@@ -567,6 +609,7 @@ class Reactor:
         """
         started = self.clock()
         recorded: int | None = 0
+        self._scanning = True
         try:
             if rearm:
                 for job_id, due_in in await self.database.upcoming(self.settings.max_pending):
@@ -578,6 +621,7 @@ class Reactor:
             self._rearm_wanted |= rearm
             log.warning("scan failed, will retry", extra={"error": db.first_line(error)})
         finally:
+            self._scanning = False
             self.scans += 1
             self.metrics.scan_duration.observe(self.clock() - started)
         if recorded:

@@ -1,9 +1,14 @@
 """Webhook signatures: what the reactor sends, and what a receiver in Python checks.
 
-The scheme is the one the large webhook senders use. With ``REACTOR_WEBHOOK_SECRET`` set, every
-webhook request carries::
+The scheme is the one the large webhook senders use. With a secret set for a webhook hook, every
+request it sends carries::
 
     X-Reactor-Signature: t=<unix seconds>,v1=<hex HMAC-SHA256(secret, "<t>.<raw body>")>
+
+The secret is the hook's own ``REACTOR_WEBHOOK_SECRET_<NAME>`` (its name upper-cased, ``-``
+written ``_``: hook ``ops-diag`` reads ``REACTOR_WEBHOOK_SECRET_OPS_DIAG``), or else the shared
+``REACTOR_WEBHOOK_SECRET``. Give each receiver a secret of its own: a receiver holds the key it
+verifies with, and with a shared one it could sign calls to every other receiver.
 
 Signing the timestamp with the body lets a receiver refuse a captured request replayed later:
 it checks the signature, then that ``t`` is within a tolerance of its own clock. A receiver

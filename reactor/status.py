@@ -12,6 +12,8 @@ ISO 8601 from the database clock, and ``null`` means "unknown or not applicable"
       "checked_at": "2025-01-01T12:00:00.000000+00:00",   # database clock
       "at_risk": false,                                  # true exactly when risks is non-empty
       "risks": ["..."],                                  # one sentence per finding
+      "standby": false,              # a read-only hot standby (pg_is_in_recovery()): at risk,
+                                     # and `reactor status` exits 3
       "jobs": {
         "due": 0,                    # need a run and are past REACTOR_GRACE_SECONDS
         "in_grace": 0,               # need a run, still inside the grace window
@@ -51,6 +53,14 @@ ISO 8601 from the database clock, and ``null`` means "unknown or not applicable"
         "at_risk": false             # missing or disabled: nothing is queued
       },
       "notify_queue": {"usage": 0.0, "at_risk": false},  # pg_notification_queue_usage()
+      "set_aside": {                 # queued jobs whose write failed on their own data (the
+        "count": 0,                  # app's constraint or trigger rejected the row); null
+        "first": [                   # before the schema has them. At risk when count > 0.
+          {"job_id": "...", "error": "...", "sqlstate": "23502", "failures": 1,
+           "first_failed_at": "...", "retry_at": "..."}
+        ],                           # the oldest, at most 5
+        "at_risk": false
+      },
       "reconcile": {
         "interval_seconds": 600.0,   # REACTOR_RECONCILE_INTERVAL_SECONDS; 0: turned off
         "in_progress": false,
@@ -132,6 +142,18 @@ class Hooks:
 
 
 @dataclass(frozen=True)
+class SetAsideJob:
+    """A queued job whose write failed on its own data, as reactor.set_aside holds it."""
+
+    job_id: str
+    error: str
+    sqlstate: str | None
+    failures: int
+    first_failed_at: str  # ISO 8601, database clock
+    retry_at: str
+
+
+@dataclass(frozen=True)
 class Status:
     """One snapshot of everything ``reactor status`` reports."""
 
@@ -153,6 +175,9 @@ class Status:
     trigger_enabled: bool
     reconcile_interval: float = 0.0
     reconcile: db.ReconcilePass | None = None  # None before the reconcile migration
+    set_aside_count: int | None = None  # None before the set-aside migration
+    set_aside: tuple[SetAsideJob, ...] = ()  # the oldest few
+    in_recovery: bool = False  # a read-only hot standby: no reactor can write here
 
     @property
     def trigger_at_risk(self) -> bool:
@@ -234,6 +259,9 @@ async def _collect(conn: db.AnyConnection, settings: Settings) -> Status:
             ),
         )
     reconcile = await db.last_reconcile_pass(conn) if server["reconcile"] else None
+    held = None
+    if server["set_aside"] and server["pending_queue"]:
+        held = await _one(conn, "status_set_aside", {"limit": RECENT_FAILURES})
     listeners = await db.fetch_dicts(
         conn,
         sql.query("status_listeners", "status.sql"),
@@ -257,6 +285,9 @@ async def _collect(conn: db.AnyConnection, settings: Settings) -> Status:
         reconcile=reconcile,
         trigger_channel=server["trigger_channel"],
         trigger_enabled=server["trigger_enabled"],
+        in_recovery=server["in_recovery"],
+        set_aside_count=None if held is None else held["count"],
+        set_aside=() if held is None else tuple(SetAsideJob(**job) for job in held["first"]),
     )
 
 
@@ -274,12 +305,25 @@ async def _one(conn: db.AnyConnection, name: str, params: Any = None) -> dict[st
 def risks(status: Status) -> list[str]:
     """What is at risk, one sentence each; empty when all is well."""
     found = []
+    if status.in_recovery:
+        found.append(
+            "the database is a read-only hot standby: no reactor can record a run here, and "
+            "what this report shows lags the primary; point DATABASE_URL at the primary, or "
+            "list every host with target_session_attrs=read-write"
+        )
     if status.oldest_at_risk:
         assert status.oldest_age is not None
         found.append(
             f"the oldest due job ({status.oldest_job_id}) was last updated "
             f"{duration(status.oldest_age)} ago, past half the "
             f"{duration(status.trim_horizon)} trim horizon: record it before doc_html is trimmed"
+        )
+    if status.set_aside_count:
+        first = status.set_aside[0]
+        found.append(
+            f"{status.set_aside_count} job(s) cannot be written and are set aside (first: job "
+            f"{first.job_id}: {first.error}); fix the data or the app's constraint, then "
+            "`reactor sweep --once` tries them again now"
         )
     if status.hooks.failed:
         found.append(
@@ -327,6 +371,7 @@ def as_json(status: Status) -> dict[str, Any]:
         "checked_at": status.checked_at.isoformat(),
         "at_risk": bool(found),
         "risks": found,
+        "standby": status.in_recovery,
         "jobs": {
             "due": status.due,
             "in_grace": status.in_grace,
@@ -382,6 +427,13 @@ def as_json(status: Status) -> dict[str, Any]:
             "at_risk": status.trigger_at_risk,
         },
         "notify_queue": {"usage": status.queue_usage, "at_risk": status.queue_at_risk},
+        "set_aside": None
+        if status.set_aside_count is None
+        else {
+            "count": status.set_aside_count,
+            "first": [vars(job) for job in status.set_aside],
+            "at_risk": bool(status.set_aside_count),
+        },
         "reconcile": None if status.reconcile is None else _reconcile_json(status),
     }
 
@@ -434,6 +486,11 @@ def render(status: Status, console: Console) -> None:
             f"at risk past {duration(status.trim_horizon / 2)}"
         )
     row("oldest due job", oldest, status.oldest_at_risk)
+    if status.set_aside_count is not None:
+        held = f"{status.set_aside_count} whose write failed"
+        for job in status.set_aside:
+            held += f"\njob {job.job_id}: {job.error[:80]}"
+        row("jobs set aside", held, bool(status.set_aside_count))
     hooks = "no outbox yet (run `reactor migrate`)"
     if status.hooks.outbox:
         hooks = (

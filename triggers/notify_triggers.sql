@@ -6,6 +6,10 @@
 -- rows that changed status or were not yet eligible, so an ordinary update never calls the
 -- function; reactor.job_changed_v1 decides the rest. There is no column list: an app's BEFORE
 -- trigger may set status on an update that names other columns.
+--
+-- The trigger functions act only for the tables their triggers are on (see migration 0013).
+UPDATE reactor.app_tables SET jobs = 'analysis_jobs', runs = 'analysis_runs';
+
 CREATE OR REPLACE TRIGGER reactor_job_insert
     AFTER INSERT ON analysis_jobs
     FOR EACH ROW
@@ -47,3 +51,12 @@ CREATE OR REPLACE TRIGGER reactor_runs_truncate
     AFTER TRUNCATE ON analysis_runs
     FOR EACH STATEMENT
     EXECUTE FUNCTION reactor.run_changed_v1(@channel@);
+
+-- Nobody but the owner calls a reactor function unless granted (`reactor migrate
+-- --print-grants` grants the runtime role the one it calls). Triggers fire without EXECUTE;
+-- creating one on a reactor function needs it. Functions a later migration adds are covered.
+REVOKE ALL ON ALL FUNCTIONS IN SCHEMA reactor FROM PUBLIC;
+
+-- A migrate is the operator's word that the app's tables or the mapping may have changed: every
+-- job set aside because its write failed is tried again at once.
+DELETE FROM reactor.set_aside;

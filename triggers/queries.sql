@@ -31,6 +31,13 @@
  AND j.results IS NOT NULL
  AND j.results <> '{}'::jsonb)
 
+-- fragment: set_aside
+-- True while job j is set aside (reactor.set_aside): its write failed on its own data, its next
+-- try is not due, and the app has not touched the job since (a new updated_at is new data).
+EXISTS (SELECT 1 FROM reactor.set_aside s
+         WHERE s.job_id = j.id AND s.retry_at > now()
+           AND s.job_updated_at IS NOT DISTINCT FROM j.updated_at)
+
 -- fragment: needs_run
 -- DESIGN.md's "needs a run" for job j, as the claims and the writes judge it.
 ({{eligible}}
@@ -81,6 +88,12 @@ newest AS (
     ON CONFLICT DO NOTHING
 )
 
+-- fragment: release_set_aside
+-- A job that left the queue (the statement's `settled`) is no longer set aside.
+released AS (
+    DELETE FROM reactor.set_aside s WHERE s.job_id IN (SELECT job_id FROM settled)
+)
+
 -- name: job_trigger
 {{job_trigger}}
 
@@ -89,6 +102,7 @@ newest AS (
 -- of every given job that still needs a run. One statement is one transaction that commits on
 -- the server, so a reactor cut off mid-call never leaves job rows locked.
 -- outcome: recorded | superseded (claimed, but a newer job or another writer owns the run)
+--          | set_aside (its write failed before; the scan tries it again when it is due)
 --          | waiting (inside its grace window) | busy (another transaction holds the row)
 -- Every given job leaves the pending queue that was claimed or needs no run (a tab saved it, it
 -- was deleted): a timer fires once per job, so the queue holds only what timers have yet to
@@ -96,7 +110,7 @@ newest AS (
 -- only if it is the version this statement's snapshot judged; a queue row another transaction
 -- holds is left for the scan rather than waited for.
 WITH wanted AS (
-    SELECT j.id, j.run_id, j.updated_at
+    SELECT j.id, j.run_id, j.updated_at, {{set_aside}} AS held
       FROM analysis_jobs j
      WHERE j.id = ANY(%(ids)s::uuid[]) AND {{needs_run}}
 ), seen AS (
@@ -111,8 +125,9 @@ WITH wanted AS (
      WHERE j.id = ANY(%(ids)s::uuid[])
        AND {{needs_run}}
        AND j.updated_at < now() - make_interval(secs => %(grace)s)
+       AND NOT {{set_aside}}
        FOR NO KEY UPDATE OF j SKIP LOCKED
-), {{write_runs}}, dequeued AS (
+), {{write_runs}}, settled AS (
     DELETE FROM reactor.pending p
      USING seen s
      WHERE p.job_id = s.job_id
@@ -121,11 +136,13 @@ WITH wanted AS (
                            FOR UPDATE SKIP LOCKED)
        AND (p.job_id IN (SELECT id FROM claimed)
             OR (p.xmin = s.version AND p.job_id NOT IN (SELECT id FROM wanted)))
-)
+    RETURNING p.job_id
+), {{release_set_aside}}
 SELECT w.id::text AS job_id,
        w.run_id::text AS run_id,
        CASE WHEN w.id IN (SELECT job_id FROM written) THEN 'recorded'
             WHEN w.id IN (SELECT id FROM claimed) THEN 'superseded'
+            WHEN w.held THEN 'set_aside'
             WHEN w.updated_at >= now() - make_interval(secs => %(grace)s) THEN 'waiting'
             ELSE 'busy'
        END AS outcome,
@@ -155,6 +172,7 @@ WITH queued AS (
      WHERE (j.id IS NULL OR j.updated_at < now() - make_interval(secs => %(grace)s))
        AND (%(only)s::uuid[] IS NULL OR p.job_id = ANY(%(only)s::uuid[]))
        AND p.job_id <> ALL(%(skip)s::uuid[])
+       AND NOT {{set_aside}}
      ORDER BY p.since
      LIMIT %(limit)s
        FOR UPDATE OF p SKIP LOCKED
@@ -183,7 +201,7 @@ WITH queued AS (
                 AND NOT EXISTS (SELECT 1 FROM analysis_jobs j
                                  WHERE j.id = p.job_id AND {{needs_run}})))
     RETURNING p.job_id
-)
+), {{release_set_aside}}
 SELECT q.job_id::text AS job_id,
        c.run_id::text AS run_id,
        CASE WHEN q.job_id IN (SELECT job_id FROM written) THEN 'recorded'
@@ -203,8 +221,36 @@ SELECT p.job_id::text
   FROM reactor.pending p LEFT JOIN analysis_jobs j ON j.id = p.job_id
  WHERE (j.id IS NULL OR j.updated_at < now() - make_interval(secs => %(grace)s))
    AND p.job_id <> ALL(%(skip)s::uuid[])
+   AND NOT {{set_aside}}
  ORDER BY p.since
  LIMIT %(limit)s
+
+-- name: set_aside
+-- Sets a job aside whose write failed on its own data, alone in its statement: the record
+-- statements leave it out until retry_at, or until the app touches it (a new updated_at). Each
+-- failure for the same data doubles the wait, from %(first_retry)s up to %(max_retry)s seconds.
+INSERT INTO reactor.set_aside AS s (job_id, job_updated_at, error, sqlstate, retry_at)
+SELECT %(job)s::uuid, j.updated_at, %(error)s, %(sqlstate)s,
+       now() + make_interval(secs => %(first_retry)s)
+  FROM (SELECT 1) AS one LEFT JOIN analysis_jobs j ON j.id = %(job)s::uuid
+    ON CONFLICT (job_id) DO UPDATE
+   SET failures = CASE WHEN s.job_updated_at IS NOT DISTINCT FROM EXCLUDED.job_updated_at
+                       THEN s.failures + 1 ELSE 1 END,
+       job_updated_at = EXCLUDED.job_updated_at,
+       error = EXCLUDED.error,
+       sqlstate = EXCLUDED.sqlstate,
+       last_failed_at = now(),
+       retry_at = now() + make_interval(secs => least(
+           %(max_retry)s,
+           %(first_retry)s * 2 ^ CASE WHEN s.job_updated_at IS NOT DISTINCT FROM
+                                           EXCLUDED.job_updated_at
+                                      THEN least(s.failures, 30) ELSE 0 END))
+RETURNING s.failures, extract(epoch FROM s.retry_at - now())::float8 AS retry_in
+
+-- name: release_set_aside
+-- Tries every job set aside again at once (`reactor sweep --once`); how many there were.
+WITH released AS (DELETE FROM reactor.set_aside RETURNING 1)
+SELECT count(*)::int FROM released
 
 -- name: upcoming
 -- Queued jobs that need a run and are still inside their grace window, with the seconds left:
@@ -398,7 +444,9 @@ SELECT pass AS number,
 --   was asked for (a TRUNCATE of analysis_runs asks);
 -- - trigger_channel: the channel the job trigger notifies, '' when it was installed not to
 --   notify, NULL when it is missing or disabled;
--- - the database clock, for the timers' aim.
+-- - the database clock, for the timers' aim;
+-- - set_aside: the queued jobs whose write failed on their own data (oldest_overdue leaves out
+--   those whose next try is not due: they are reported as set aside, not as late).
 WITH beat AS (
     INSERT INTO reactor.replicas (id) VALUES (%(replica)s)
     ON CONFLICT (id) DO UPDATE SET heartbeat_at = now()
@@ -419,6 +467,7 @@ SELECT pg_notification_queue_usage()::float8 AS queue_usage,
                   WHERE p.since < now() - make_interval(secs => %(grace)s)
                     AND {{needs_run}}
                     AND j.updated_at < now() - make_interval(secs => %(grace)s)
+                    AND NOT {{set_aside}}
                   ORDER BY p.since
                   LIMIT 1), 0)::float8 AS oldest_overdue,
        (SELECT count(*) FROM reactor.hook_outbox
@@ -438,11 +487,22 @@ SELECT pg_notification_queue_usage()::float8 AS queue_usage,
              ORDER BY 1) AS live_replicas,
        (SELECT t.channel FROM ({{job_trigger}}) AS t WHERE t.enabled) AS trigger_channel,
        (SELECT count(*) FROM probe)::int AS probes_sent,
-       extract(epoch FROM clock_timestamp())::float8 AS database_time
+       extract(epoch FROM clock_timestamp())::float8 AS database_time,
+       (SELECT count(*) FROM reactor.set_aside s
+         WHERE EXISTS (SELECT 1 FROM reactor.pending p WHERE p.job_id = s.job_id))::int
+           AS set_aside
 
 -- name: replica_leave
--- A replica that stops cleanly hands its jobs to the others at their next health check.
-DELETE FROM reactor.replicas WHERE id = %(replica)s
+-- A replica that stops cleanly hands its jobs to the others: it drops its heartbeat and, in the
+-- same statement, tells every replica listening on %(channel)s (`left:<replica>`), so they take
+-- its share over in milliseconds rather than at their next health check. The notification is
+-- skipped when the NOTIFY queue is half full, as the probe is; the health check then tells.
+WITH gone AS (
+    DELETE FROM reactor.replicas WHERE id = %(replica)s RETURNING id
+)
+SELECT count(pg_notify(%(channel)s, 'left:' || g.id))::int AS told
+  FROM gone g
+ WHERE pg_notification_queue_usage() < 0.5
 
 -- name: claim_hooks
 -- Leases up to %(limit)s runnable hook rows, oldest first: pending ones past their backoff, and
@@ -450,8 +510,16 @@ DELETE FROM reactor.replicas WHERE id = %(replica)s
 -- attempts counts claims; it doubles as the fencing token for finish_hook and release_hook.
 -- A row whose run no longer holds its job (a later job of the run replaced it) is settled as
 -- superseded instead, without an attempt: its hook must not judge verdicts the run lost.
+-- A lease that ran out was an attempt that failed: its replica died or froze running it, maybe
+-- because the hook killed its process. Its last_error says so. When it was the last attempt
+-- of the row's schedule (attempts - retry_base, as the runner counts them, reached
+-- %(max_attempts)s, REACTOR_HOOK_MAX_ATTEMPTS), the row is parked as failed instead of being
+-- leased again, so such a hook cannot take down replica after replica; it comes back with
+-- superseded NULL. With %(max_attempts)s NULL no row is parked here.
 WITH due AS (
-    SELECT o.id, o.run_id, o.job_id
+    SELECT o.id, o.run_id, o.job_id, o.status = 'running' AS expired,
+           o.status = 'running'
+           AND coalesce(o.attempts - o.retry_base >= %(max_attempts)s::int, false) AS spent
       FROM reactor.hook_outbox o
      WHERE o.status IN ('pending', 'running')
        AND o.available_at <= now()
@@ -460,23 +528,31 @@ WITH due AS (
      LIMIT %(limit)s
        FOR UPDATE SKIP LOCKED
 ), judged AS (
-    SELECT d.id,
+    SELECT d.id, d.expired, d.spent,
            EXISTS (SELECT 1 FROM analysis_runs r
                     WHERE r.id = d.run_id AND r.job_id = d.job_id) AS current
       FROM due d
 )
 UPDATE reactor.hook_outbox o
-   SET status = CASE WHEN j.current THEN 'running' ELSE 'superseded' END,
-       attempts = o.attempts + CASE WHEN j.current THEN 1 ELSE 0 END,
-       available_at = CASE WHEN j.current
-                           THEN now() + make_interval(secs => %(lease)s)
-                           ELSE o.available_at END,
-       leased_until = CASE WHEN j.current THEN now() + make_interval(secs => %(lease)s) END,
+   SET status = CASE WHEN NOT j.current THEN 'superseded'
+                     WHEN j.spent THEN 'failed'
+                     ELSE 'running' END,
+       attempts = o.attempts + CASE WHEN j.current AND NOT j.spent THEN 1 ELSE 0 END,
+       available_at = CASE WHEN NOT j.current THEN o.available_at
+                           WHEN j.spent THEN now()
+                           ELSE now() + make_interval(secs => %(lease)s) END,
+       leased_until = CASE WHEN j.current AND NOT j.spent
+                           THEN now() + make_interval(secs => %(lease)s) END,
+       last_error = CASE WHEN j.current AND j.expired
+                         THEN 'the lease of attempt ' || o.attempts || ' ran out before it '
+                              || 'settled: its replica died or stalled while running it'
+                              || CASE WHEN j.spent THEN ' (the last attempt: parked)' ELSE '' END
+                         ELSE o.last_error END,
        updated_at = now()
   FROM judged j
  WHERE o.id = j.id
 RETURNING o.id, o.run_id::text, o.job_id::text, o.hook, o.attempts, o.retry_base,
-          o.status = 'superseded' AS superseded
+          CASE o.status WHEN 'superseded' THEN true WHEN 'running' THEN false END AS superseded
 
 -- name: next_hook_in
 -- Seconds until the next hook row of ours becomes claimable (NULL when there is none).

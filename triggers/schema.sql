@@ -19,16 +19,68 @@ CREATE TABLE reactor.pending (
 
 CREATE INDEX pending_since_idx ON reactor.pending (since);
 
+-- The app's tables the triggers were installed on. regclass: an oid that follows a rename and
+-- is dumped and restored by name.
+CREATE TABLE reactor.app_tables (
+    singleton  boolean PRIMARY KEY DEFAULT true CHECK (singleton),
+    jobs       regclass NOT NULL,
+    runs       regclass NOT NULL
+);
+
+INSERT INTO reactor.app_tables (jobs, runs) VALUES ('analysis_jobs', 'analysis_runs');
+
+-- Jobs whose write failed on their own data, until a write of theirs succeeds. A job stays in
+-- reactor.pending meanwhile; the record statements leave it out until retry_at, or at once
+-- once the app touches the job (a new updated_at is new data). `reactor migrate` and
+-- `reactor sweep --once` release every job set aside.
+CREATE TABLE reactor.set_aside (
+    job_id           uuid PRIMARY KEY,
+    job_updated_at   timestamptz,             -- the job's updated_at when its write failed
+    error            text NOT NULL,           -- the error's first line
+    sqlstate         text,
+    failures         integer NOT NULL DEFAULT 1,
+    first_failed_at  timestamptz NOT NULL DEFAULT now(),
+    last_failed_at   timestamptz NOT NULL DEFAULT now(),
+    retry_at         timestamptz NOT NULL
+);
+
+-- The app's table a trigger function was called for: the installed one, or a partition of it.
+-- Anything else is refused before the caller's row is read.
+CREATE FUNCTION reactor.app_table_v1(which text, relid oid) RETURNS regclass
+    LANGUAGE plpgsql STABLE
+    SET search_path = pg_catalog, pg_temp AS
+$$
+DECLARE
+    installed regclass;
+BEGIN
+    SELECT CASE which WHEN 'jobs' THEN t.jobs WHEN 'runs' THEN t.runs END
+      INTO installed FROM reactor.app_tables t;
+    IF installed IS NULL
+       OR (relid <> installed
+           AND installed NOT IN (SELECT a.relid FROM pg_partition_ancestors(relid) AS a)) THEN
+        RAISE EXCEPTION 'reactor: a reactor trigger function was called for table %, not the '
+                        'app''s % table %', relid::regclass, which, installed
+              USING ERRCODE = 'insufficient_privilege';
+    END IF;
+    RETURN installed;
+END
+$$;
+
 CREATE FUNCTION reactor.hint_v1(channel text, job_id uuid, updated_at timestamptz)
     RETURNS void
     LANGUAGE plpgsql
     SET search_path = pg_catalog, pg_temp AS
 $$
+DECLARE
+    -- A setting of the app's sessions: read in the app's commit, so a value that is not a
+    -- number must not fail it. A number that matches the pattern always casts.
+    setting text := current_setting('reactor.notify_queue_limit', true);
+    queue_limit float8 := 0.5;
 BEGIN
-    IF channel <> ''
-       AND pg_notification_queue_usage()
-           < coalesce(nullif(current_setting('reactor.notify_queue_limit', true), ''), '0.5')::float8
-    THEN
+    IF setting ~ '^\s*([0-9]+\.?[0-9]*|\.[0-9]+)([eE][-+]?[0-9]+)?\s*$' THEN
+        queue_limit := setting::float8;
+    END IF;
+    IF channel <> '' AND pg_notification_queue_usage() < queue_limit THEN
         PERFORM pg_notify(channel, job_id::text || '@' || extract(epoch FROM updated_at));
     END IF;
 END
@@ -41,13 +93,18 @@ CREATE FUNCTION reactor.job_changed_v1() RETURNS trigger
     SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS
 $$
 DECLARE
-    -- The row-local half of "needs a run"; analysis_runs decides the rest at record time.
-    eligible boolean := NEW.deleted_at IS NULL AND NEW.doc_html IS NOT NULL
-                        AND NEW.results IS NOT NULL AND NEW.results <> '{}'::jsonb;
-    was_eligible boolean := TG_OP = 'UPDATE' AND OLD.status IN ('complete', 'failed')
-                            AND OLD.deleted_at IS NULL AND OLD.doc_html IS NOT NULL
-                            AND OLD.results IS NOT NULL AND OLD.results <> '{}'::jsonb;
+    eligible boolean;
+    was_eligible boolean;
 BEGIN
+    -- First, before any column of the row is read: another table's columns could be of types
+    -- whose casts or operators run their owner's code with this function's rights.
+    PERFORM reactor.app_table_v1('jobs', TG_RELID);
+    -- The row-local half of "needs a run"; analysis_runs decides the rest at record time.
+    eligible := NEW.deleted_at IS NULL AND NEW.doc_html IS NOT NULL
+                AND NEW.results IS NOT NULL AND NEW.results <> '{}'::jsonb;
+    was_eligible := TG_OP = 'UPDATE' AND OLD.status IN ('complete', 'failed')
+                    AND OLD.deleted_at IS NULL AND OLD.doc_html IS NOT NULL
+                    AND OLD.results IS NOT NULL AND OLD.results <> '{}'::jsonb;
     IF eligible AND NOT was_eligible THEN
         INSERT INTO reactor.pending (job_id, since)
         VALUES (NEW.id, least(NEW.updated_at, now()))
@@ -148,7 +205,7 @@ CREATE TABLE reactor.reconcile (
 
 INSERT INTO reactor.reconcile DEFAULT VALUES;
 
-CREATE FUNCTION reactor.queue_runs_v1(app_schema name, run_ids uuid[], channel text)
+CREATE FUNCTION reactor.queue_runs_v2(run_ids uuid[], channel text)
     RETURNS void
     LANGUAGE plpgsql
     SET search_path = pg_catalog, pg_temp AS
@@ -161,7 +218,7 @@ BEGIN
         'WITH queued AS (
              INSERT INTO reactor.pending AS p (job_id, since)
              SELECT j.id, least(j.updated_at, now())
-               FROM %I.analysis_jobs j
+               FROM %s j
               WHERE j.run_id = ANY($1)
                 AND j.status IN (''complete'', ''failed'')
                 AND j.deleted_at IS NULL
@@ -170,7 +227,8 @@ BEGIN
                 AND j.results <> ''{}''::jsonb
              ON CONFLICT (job_id) DO UPDATE SET since = least(p.since, EXCLUDED.since)
              RETURNING job_id, since)
-         SELECT array_agg(job_id), array_agg(since) FROM queued', app_schema)
+         SELECT array_agg(job_id), array_agg(since) FROM queued',
+        (SELECT t.jobs FROM reactor.app_tables t))
     INTO queued, queued_since
     USING run_ids;
     FOR i IN 1 .. coalesce(array_length(queued, 1), 0) LOOP
@@ -184,10 +242,11 @@ CREATE FUNCTION reactor.run_changed_v1() RETURNS trigger
     SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS
 $$
 BEGIN
+    PERFORM reactor.app_table_v1('runs', TG_RELID);
     IF TG_OP = 'TRUNCATE' THEN
         UPDATE reactor.reconcile SET requested_at = now();
     ELSE
-        PERFORM reactor.queue_runs_v1(TG_TABLE_SCHEMA, ARRAY[OLD.id], TG_ARGV[0]);
+        PERFORM reactor.queue_runs_v2(ARRAY[OLD.id], TG_ARGV[0]);
     END IF;
     RETURN NULL;
 END
@@ -200,14 +259,15 @@ $$
 DECLARE
     runs uuid[];
 BEGIN
+    PERFORM reactor.app_table_v1('jobs', TG_RELID);
     EXECUTE format(
         'SELECT array_agg(DISTINCT r.id)
            FROM reactor_deleted_jobs d
-           JOIN %I.analysis_runs r ON r.id = d.run_id AND r.job_id = d.id
-          WHERE r.saved_by = ''worker''', TG_TABLE_SCHEMA)
+           JOIN %s r ON r.id = d.run_id AND r.job_id = d.id
+          WHERE r.saved_by = ''worker''', (SELECT t.runs FROM reactor.app_tables t))
     INTO runs;
     IF runs IS NOT NULL THEN
-        PERFORM reactor.queue_runs_v1(TG_TABLE_SCHEMA, runs, TG_ARGV[0]);
+        PERFORM reactor.queue_runs_v2(runs, TG_ARGV[0]);
     END IF;
     RETURN NULL;
 END

@@ -8,6 +8,7 @@
 -- outbox, its row ids, the pending queue and the reconcile arrived with later migrations, so an
 -- older schema may lack them.
 SELECT now() AS checked_at,
+       pg_is_in_recovery() AS in_recovery,  -- a hot standby: nothing can be recorded here
        t.channel AS trigger_channel,
        coalesce(t.enabled, false) AS trigger_enabled,
        pg_notification_queue_usage()::float8 AS queue_usage,
@@ -18,7 +19,8 @@ SELECT now() AS checked_at,
                 WHERE a.attrelid = to_regclass('reactor.hook_outbox')
                   AND a.attname = 'id' AND NOT a.attisdropped) AS hook_ids,
        to_regclass('reactor.pending') IS NOT NULL AS pending_queue,
-       to_regclass('reactor.reconcile') IS NOT NULL AS reconcile
+       to_regclass('reactor.reconcile') IS NOT NULL AS reconcile,
+       to_regclass('reactor.set_aside') IS NOT NULL AS set_aside
   FROM (SELECT 1) AS one
   LEFT JOIN ({{job_trigger}}) AS t ON true
 
@@ -55,6 +57,21 @@ SELECT (SELECT count(*) FROM pending WHERE due)::bigint AS due,
   LEFT JOIN LATERAL (
        SELECT p.id, p.updated_at FROM pending p WHERE p.due ORDER BY p.updated_at, p.id LIMIT 1
   ) AS oldest ON true
+
+-- name: status_set_aside
+-- Queued jobs set aside because their write failed on their own data: how many, and the
+-- %(limit)s that failed first, with the error and when they are tried again.
+WITH held AS (
+    SELECT s.* FROM reactor.set_aside s
+     WHERE EXISTS (SELECT 1 FROM reactor.pending p WHERE p.job_id = s.job_id)
+)
+SELECT (SELECT count(*) FROM held)::bigint AS count,
+       coalesce((SELECT json_agg(json_build_object(
+                                 'job_id', f.job_id, 'error', f.error, 'sqlstate', f.sqlstate,
+                                 'failures', f.failures, 'first_failed_at', f.first_failed_at,
+                                 'retry_at', f.retry_at) ORDER BY f.first_failed_at, f.job_id)
+                   FROM (SELECT * FROM held ORDER BY first_failed_at, job_id LIMIT %(limit)s) f),
+                '[]'::json) AS first
 
 -- name: status_hooks
 -- The hook outbox: what is queued or leased, how long the oldest has waited, and what is

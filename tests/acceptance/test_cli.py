@@ -12,8 +12,10 @@ from typing import Any
 import psycopg
 import pytest
 
+from tests import pgbouncer as bouncer
 from tests.acceptance.conftest import reactor_env, run_reactor
 from tests.helpers import early_writes, finish, new_job, worker_writes
+from tests.integration.test_pgbouncer import server_sessions
 
 Spawn = Callable[..., subprocess.Popen[str]]
 
@@ -150,6 +152,8 @@ def test_migrate_print_from_a_version_prints_only_the_upgrade() -> None:
         ({"REACTOR_BATCH_SIZE": "0"}, "REACTOR_BATCH_SIZE"),
         ({"REACTOR_MODE": "push"}, "REACTOR_MODE"),
         ({"REACTOR_CHANNEL": "bad channel"}, "REACTOR_CHANNEL"),
+        ({"REACTOR_LOG_LEVEL": "verbose"}, "REACTOR_LOG_LEVEL"),
+        ({"REACTOR_LOG_FORMAT": "xml"}, "REACTOR_LOG_FORMAT"),
     ],
 )
 def test_bad_setting_is_one_line_exit_2(
@@ -157,6 +161,37 @@ def test_bad_setting_is_one_line_exit_2(
 ) -> None:
     result = run_reactor("run", env=reactor_env(database_url, **variables))
     assert needle in assert_one_clean_line(result, 2)
+
+
+@pytest.mark.parametrize(
+    "args", [("run",), ("status", "--json"), ("migrate", "--print"), ("hooks", "list")]
+)
+def test_a_bad_log_level_flag_is_one_line_exit_2_for_every_command(
+    database_url: str, args: tuple[str, ...]
+) -> None:
+    result = run_reactor("--log-level", "verbose", *args, env=reactor_env(database_url))
+    line = assert_one_clean_line(result, 2)
+    assert "--log-level='verbose' is not a log level" in line
+    assert result.stdout == ""
+
+
+def test_log_levels_are_any_case_and_an_empty_one_is_the_default(database_url: str) -> None:
+    for level in ("debug", "WARNING", " "):
+        env = reactor_env(database_url, REACTOR_LOG_LEVEL=level)
+        assert run_reactor("migrate", "--print", env=env).returncode == 0, level
+
+
+def test_hooks_leaves_no_session_setting_behind_a_pooler(
+    database_url: str, pgbouncer: bouncer.PgBouncer
+) -> None:
+    # Through a transaction-mode pooler a session setting stays on the server session, and the
+    # app's next transaction there runs with it; `reactor status` never sets any, nor may this.
+    pooled = pgbouncer.dsn_for(database_url)
+    for args in (("hooks", "list"), ("hooks", "retry", "--failed"), ("status", "--json")):
+        result = run_reactor(*args, env=reactor_env(pooled))
+        assert result.returncode == 0, result.stderr
+    for session in server_sessions(pooled):
+        assert session["settings"] == [], session
 
 
 def test_missing_database_url_exit_2() -> None:

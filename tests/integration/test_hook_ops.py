@@ -1,5 +1,5 @@
-"""Hooks under operation, on a real PostgreSQL: superseded runs, blocking hooks, re-driving
-parked rows, retention, and periodic queries that never read the settled rows."""
+"""Hooks under operation, on a real PostgreSQL: superseded runs, blocking hooks, leases that ran
+out, re-driving parked rows, retention, and periodic queries that never read the settled rows."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from reactor import db, sql
 from reactor.config import Settings
 from reactor.hooks import HookRetention
 from tests import hookmods
+from tests import pgbouncer as bouncer
 from tests.helpers import finish, new_job, run_row
 from tests.integration.conftest import StartReactor, eventually
 from tests.integration.support import add_job, worker_lateness
@@ -134,6 +135,122 @@ async def test_a_threaded_hook_holding_the_gil_is_named(
         await eventually(lambda: statuses(conn) == ["done"])
     assert blocked(caplog, at_least_ms=150) == ["judge"]
     assert all("GIL" in r.__dict__["hint"] for r in caplog.records if "hint" in r.__dict__)
+
+
+# -- leases that ran out -------------------------------------------------------------------------
+
+
+def held_run(conn: psycopg.Connection[Any]) -> tuple[uuid.UUID, uuid.UUID]:
+    """A run that holds its job, as after the reactor recorded it: (run id, job id)."""
+    job_id, run_id = new_job(conn)
+    conn.execute(
+        "INSERT INTO analysis_runs (id, job_id, doc_html, results, saved_by) "
+        "VALUES (%s, %s, '<p>body</p>', '{\"verdicts\": [1]}', 'worker')",
+        (run_id, job_id),
+    )
+    return run_id, job_id
+
+
+def lease_ran_out(
+    conn: psycopg.Connection[Any],
+    run: tuple[uuid.UUID, uuid.UUID],
+    hook: str,
+    *,
+    attempts: int,
+    retry_base: int = 0,
+) -> None:
+    """An outbox row whose replica died running attempt ``attempts``: running, lease over."""
+    conn.execute(
+        "INSERT INTO reactor.hook_outbox (run_id, job_id, hook, status, attempts, retry_base, "
+        "last_error, available_at, leased_until) VALUES (%s, %s, %s, 'running', %s, %s, "
+        "'HTTP 503 from https://judge.internal/hook', now() - interval '1 second', "
+        "now() - interval '1 second')",
+        (*run, hook, attempts, retry_base),
+    )
+
+
+def by_hook(conn: psycopg.Connection[Any]) -> dict[str, tuple[Any, ...]]:
+    """hook: (status, attempts, last_error) of every outbox row."""
+    found = conn.execute("SELECT hook, status, attempts, last_error FROM reactor.hook_outbox")
+    return {hook: tuple(rest) for hook, *rest in found.fetchall()}
+
+
+@pytest.mark.parametrize("via", ["direct", "pgbouncer"])
+async def test_a_lease_that_ran_out_on_the_last_attempt_is_parked_not_leased_again(
+    conn: psycopg.Connection[Any],
+    database_url: str,
+    start_reactor: StartReactor,
+    caplog: pytest.LogCaptureFixture,
+    request: pytest.FixtureRequest,
+    via: str,
+) -> None:
+    # A hook that kills its process (os._exit, a segfault in a C extension) ends each attempt
+    # with its replica: the row stays running until the lease runs out. Leased again, it would
+    # take down replica after replica for ever.
+    run = held_run(conn)
+    lease_ran_out(conn, run, "judge", attempts=3)  # the last of REACTOR_HOOK_MAX_ATTEMPTS=3
+    lease_ran_out(conn, run, "ops", attempts=2)  # one attempt left
+    # `reactor hooks retry` gave this one a fresh schedule after 3 attempts: 2 of 3 made.
+    lease_ran_out(conn, run, "audit", attempts=5, retry_base=3)
+    hooks = ",".join(f"{h}=python:tests.hookmods:count" for h in ("judge", "ops", "audit"))
+    caplog.set_level(logging.ERROR, logger="reactor.hooks")
+    # Behind a transaction pooler the claim sets the maximum for its own transaction too.
+    options: dict[str, Any] = {}
+    if via == "pgbouncer":
+        pooler: bouncer.PgBouncer = request.getfixturevalue("pgbouncer")
+        options = {"database_url": pooler.dsn_for(database_url), "mode": "poll"}
+    async with start_reactor(grace=0.0, hooks=hooks, hook_max_attempts=3, **options) as reactor:
+        await eventually(
+            lambda: (
+                {h: row[0] for h, row in by_hook(conn).items()}
+                == {"judge": "failed", "ops": "done", "audit": "done"}
+            )
+        )
+        failed = reactor.metrics.hook_outcomes.labels("judge", "failed")._value.get()
+    rows = by_hook(conn)
+    assert rows["judge"] == (
+        "failed",
+        3,  # the claim counted the attempt that ran out; it made no new one
+        "the lease of attempt 3 ran out before it settled: its replica died or stalled while "
+        "running it (the last attempt: parked)",
+    )
+    assert rows["ops"] == ("done", 3, None)
+    assert rows["audit"] == ("done", 6, None)
+    assert sorted(key.rsplit(":", 1)[1] for key, _, _ in hookmods.calls) == ["audit", "ops"]
+    assert failed == 1
+    (record,) = [r for r in caplog.records if r.__dict__.get("hook") == "judge"]
+    assert "lease of its last attempt ran out" in record.getMessage()
+    assert "reactor hooks retry" in record.__dict__["hint"]
+
+
+def test_the_claim_counts_a_lease_that_ran_out_as_an_attempt(
+    conn: psycopg.Connection[Any],
+) -> None:
+    run = held_run(conn)
+    lease_ran_out(conn, run, "judge", attempts=3)
+    lease_ran_out(conn, run, "ops", attempts=1)
+    params = {"hooks": ["judge", "ops"], "limit": 10, "lease": 60.0}
+
+    def claim(max_attempts: int | None) -> dict[str, tuple[Any, ...]]:
+        found = conn.execute(
+            sql.query("claim_hooks"), {**params, "max_attempts": max_attempts}
+        ).fetchall()
+        return {row[3]: (row[4], row[6]) for row in found}  # hook: (attempts, superseded)
+
+    # Parked rows come back with superseded NULL; the other row is leased for its last attempt,
+    # its last error saying what became of the one before.
+    assert claim(3) == {"judge": (3, None), "ops": (2, False)}
+    rows = by_hook(conn)
+    assert rows["judge"][:2] == ("failed", 3)
+    assert rows["ops"] == (
+        "running",
+        2,
+        "the lease of attempt 1 ran out before it settled: its replica died or stalled while "
+        "running it",
+    )
+    # Without a maximum, a row is leased again whatever its attempts.
+    lease_ran_out(conn, held_run(conn), "judge", attempts=40)
+    assert claim(None) == {"judge": (41, False)}
 
 
 # -- re-driving ----------------------------------------------------------------------------------
@@ -277,7 +394,8 @@ def test_periodic_queries_never_read_the_settled_rows(conn: psycopg.Connection[A
     conn.execute("VACUUM ANALYZE reactor.hook_outbox")
     params: dict[str, Any] = {
         **db.health_params(1.0, db.HealthCheck("test", 15.0, 86400.0, "test")),
-        "hooks": ["judge"], "limit": 4, "lease": 60.0, "batch": 1000, "lock": db._PURGE_LOCK,
+        "hooks": ["judge"], "limit": 4, "lease": 60.0, "max_attempts": 40, "batch": 1000,
+        "lock": db._PURGE_LOCK,
         "failed_only": False,
     }  # fmt: skip
     plans = {

@@ -1,10 +1,12 @@
-"""Follow-up hooks on a real PostgreSQL: backoff, parking, replicas, webhook, notify."""
+"""Follow-up hooks on a real PostgreSQL: backoff, parking, hooks that raise SystemExit, the
+drain, replicas, webhooks and their secrets, notify."""
 
 from __future__ import annotations
 
 import hashlib
 import hmac
 import json
+import logging
 import re
 import socket
 import time
@@ -17,7 +19,7 @@ import psycopg
 import pytest
 from aiohttp import web
 
-from reactor.hooks import IDEMPOTENCY_HEADER
+from reactor.hooks import IDEMPOTENCY_HEADER, HookCall
 from reactor.signature import SIGNATURE_HEADER, verify_signature
 from tests import hookmods
 from tests.helpers import client_save, finish, new_job
@@ -74,6 +76,74 @@ async def test_always_failing_hook_is_parked(
         assert (hook, status, attempts) == ("judge", "failed", 3)
         assert error == "RuntimeError: judge says no"
     assert len(hookmods.calls) == 3
+
+
+# Hooks of this module, as tests.integration.test_hooks:NAME.
+
+
+async def exits(call: HookCall) -> None:
+    """What a library that calls sys.exit() does to its caller."""
+    hookmods.calls.append((call.idempotency_key, call.attempt, time.monotonic()))
+    raise SystemExit(3)
+
+
+async def interrupted(call: HookCall) -> None:
+    """A KeyboardInterrupt raised by the hook's own code, not by a signal to the reactor."""
+    hookmods.calls.append((call.idempotency_key, call.attempt, time.monotonic()))
+    raise KeyboardInterrupt
+
+
+async def hangs(call: HookCall) -> None:
+    """Starts, then waits until it is cancelled."""
+    hookmods.calls.append((call.idempotency_key, call.attempt, time.monotonic()))
+    await anyio.sleep_forever()
+
+
+@pytest.mark.parametrize(
+    ("hook", "error"), [("exits", "SystemExit: 3"), ("interrupted", "KeyboardInterrupt")]
+)
+async def test_a_hook_raising_a_base_exception_fails_its_attempt_not_the_replica(
+    database_url: str, start_reactor: StartReactor, hook: str, error: str
+) -> None:
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        async with start_reactor(
+            grace=0.1,
+            hooks=f"judge=python:tests.integration.test_hooks:{hook},"
+            "ops=python:tests.hookmods:count",
+            hook_backoff=0.05,
+            hook_max_attempts=2,
+        ) as reactor:
+            finish(conn, new_job(conn)[0])
+            await eventually(lambda: [row[1] for row in outbox(conn)] == ["failed", "done"])
+            outcomes = reactor.metrics.hook_outcomes
+            assert outcomes.labels("judge", "retry")._value.get() == 1  # with its backoff
+            assert outcomes.labels("judge", "failed")._value.get() == 1
+            # The replica is still there, and runs what comes next.
+            finish(conn, new_job(conn)[0])
+            await eventually(
+                lambda: [row[1] for row in outbox(conn)] == ["failed", "failed", "done", "done"]
+            )
+        judge = [row for row in outbox(conn) if row[0] == "judge"]
+    assert judge == [("judge", "failed", 2, error), ("judge", "failed", 2, error)]
+    tries = [at for key, _, at in hookmods.calls if key.endswith(":judge")]
+    assert len(tries) == 4
+    assert tries[1] - tries[0] >= 0.05 * 0.95  # retried on the schedule, not at once
+
+
+async def test_a_drain_that_runs_out_still_hands_the_hook_back(
+    database_url: str, start_reactor: StartReactor
+) -> None:
+    # The runner's own cancellation is no failure of the hook: it must still reach the hook,
+    # and the row go back for the next replica, its attempt uncounted.
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        async with start_reactor(
+            grace=0.1, drain=0.2, hooks="judge=python:tests.integration.test_hooks:hangs"
+        ) as reactor:
+            finish(conn, new_job(conn)[0])
+            await eventually(lambda: hookmods.calls)
+        assert outbox(conn) == [("judge", "pending", 0, None)]
+        assert reactor.metrics.hook_outcomes.labels("judge", "released")._value.get() == 1
+        assert reactor.metrics.hook_outcomes.labels("judge", "retry")._value.get() == 0
 
 
 async def test_client_saved_runs_get_no_hooks(
@@ -284,3 +354,58 @@ async def test_notify_hook_reaches_a_listener(
     assert payload["job_id"] == str(job_id)
     assert payload["hook"] == "judge"
     assert payload["idempotency_key"] == f"{run_id}:{job_id}:judge"
+
+
+# -- per-hook webhook secrets ---------------------------------------------------------------------
+
+SHARED_SECRET = "shared-Wk3-secret"
+JUDGE_SECRET = "judge-Zq8-secret"
+OPS_SECRET = "ops-Mv5-secret"
+
+
+async def leaks(call: HookCall) -> None:
+    """A hook whose error message quotes every webhook secret."""
+    raise RuntimeError(f"keys {JUDGE_SECRET}, {OPS_SECRET} and {SHARED_SECRET} refused")
+
+
+async def test_each_webhook_signs_with_its_own_secret_or_the_shared_one(
+    database_url: str,
+    start_reactor: StartReactor,
+    receiver: Receiver,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    secrets = {"judge": JUDGE_SECRET, "ops-diag": OPS_SECRET, "audit": SHARED_SECRET}
+    hooks = ",".join(f"{name}=webhook:{receiver.elsewhere}" for name in secrets)
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        async with start_reactor(
+            grace=0.1,
+            hooks=f"{hooks},leaky=python:tests.integration.test_hooks:leaks",
+            webhook_secret=SHARED_SECRET,
+            webhook_secrets={
+                "REACTOR_WEBHOOK_SECRET_JUDGE": JUDGE_SECRET,
+                "REACTOR_WEBHOOK_SECRET_OPS_DIAG": OPS_SECRET,
+            },
+            hook_max_attempts=1,
+        ):
+            finish(conn, new_job(conn)[0])
+            await eventually(
+                lambda: sorted(row[1] for row in outbox(conn)) == ["done"] * 3 + ["failed"]
+            )
+        stored = {hook: (status, error) for hook, status, _, error in outbox(conn)}
+    signed_by = {}
+    for call in receiver.at("/elsewhere"):
+        hook = json.loads(call.body)["hook"]
+        header = call.headers[SIGNATURE_HEADER]
+        signed_by[hook] = [
+            name
+            for name, secret in secrets.items()
+            if verify_signature(secret, header, call.body, now=call.at)
+        ]
+    # judge and ops-diag under secrets of their own; audit, which has none, under the shared one.
+    assert signed_by == {"judge": ["judge"], "ops-diag": ["ops-diag"], "audit": ["audit"]}
+    # Masked in stored errors, and never logged.
+    assert stored["leaky"] == ("failed", "RuntimeError: keys ***, *** and *** refused")
+    logged = caplog.text + " ".join(str(r.__dict__) for r in caplog.records)
+    for secret in secrets.values():
+        assert secret not in logged

@@ -79,6 +79,7 @@ def test_print_grants_is_exactly_the_required_list() -> None:
     )
     assert [s for s in statements if "DELETE" in s] == [
         'GRANT SELECT, INSERT, UPDATE (since), DELETE ON reactor.pending TO "reactor_app";',
+        'GRANT SELECT, INSERT, UPDATE, DELETE ON reactor.set_aside TO "reactor_app";',
         'GRANT SELECT, INSERT, UPDATE, DELETE ON reactor.replicas TO "reactor_app";',
         'GRANT SELECT, INSERT, UPDATE, DELETE ON reactor.hook_outbox TO "reactor_app";',
     ]

@@ -380,11 +380,14 @@ async def test_a_job_due_on_arrival_is_claimed_without_a_timer(
     with _connect(database_url) as conn:
         async with start_reactor(grace=0.0) as reactor:
             # Not polling either: until a check has read the trigger, a poll would arm the job.
+            # And the scan LISTEN asked for is over: at grace 0 it would claim the job too, and
+            # the listener's claim would find the row locked ("busy") and re-arm it.
             await eventually(
                 lambda: (
                     reactor.listener is not None
                     and reactor.listener.checking
                     and not reactor.polling
+                    and not reactor.scan_pending
                 )
             )
             armed: list[str] = []

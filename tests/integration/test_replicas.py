@@ -171,3 +171,37 @@ async def test_a_stopping_replica_hands_its_jobs_over_at_once(
             for job_id in jobs:
                 finish(conn, job_id)
             await eventually(lambda: len(worker_writes(conn)) == len(jobs))
+
+
+async def test_the_others_hear_a_replica_leave_between_their_checks(
+    database_url: str, start_reactor: StartReactor
+) -> None:
+    # Health checks a minute apart: only the replica's own word can move its share so soon.
+    settings = {"grace": 1.0, "probe_interval": 60.0, "probe_timeout": 5.0}
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        async with start_reactor(**settings) as leaving:
+            await eventually(lambda: leaving.membership.live == {leaving.replica_id})
+            async with start_reactor(**settings) as staying:
+                # The second replica's first check saw both; the first sees only itself until
+                # its next check, a minute away.
+                both = {leaving.replica_id, staying.replica_id}
+                await eventually(lambda: staying.membership.live == both)
+                await eventually(lambda: staying.listener is not None and staying.listener.proven)
+                jobs = [new_job(conn)[0] for _ in range(20)]
+                theirs = [j for j in jobs if not staying.membership.owns(str(j))]
+                assert theirs, "rendezvous hashing gave the leaving replica no job of 20"
+                for job_id in jobs:
+                    finish(conn, job_id)
+                leaving.stop()
+                await eventually(
+                    lambda: staying.membership.live == {staying.replica_id}, timeout=2.0
+                )
+                # Its share comes due a second later and is recorded on time by the other.
+                await eventually(lambda: len(worker_writes(conn)) == len(jobs), timeout=5.0)
+                late = conn.execute(
+                    "SELECT max(a.at - j.updated_at) FROM run_audit a "
+                    "JOIN analysis_jobs j ON j.id = a.job_id WHERE a.job_id = ANY(%s)",
+                    (theirs,),
+                ).fetchone()
+        assert late is not None
+        assert late[0].total_seconds() < 1.0 + 1.0  # the grace, and well under a check

@@ -86,7 +86,7 @@ CATALOG: dict[str, str] = {
     """,
     "functions": """
         SELECT n.nspname, p.proname, pg_get_function_identity_arguments(p.oid),
-               pg_get_functiondef(p.oid)
+               pg_get_functiondef(p.oid), p.proacl::text[]
           FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
          WHERE n.nspname = ANY(%(s)s) AND p.prokind IN ('f', 'p') ORDER BY 1, 2, 3
     """,
@@ -176,11 +176,12 @@ async def test_migrations_produce_the_current_schema(
         "reactor_runs_truncate",
     }
     assert [row[1] for row in want["functions"]] == [
+        "app_table_v1",
         "hint_v1",
         "job_changed_v1",
         "jobs_deleted_v1",
         "outranks_v1",
-        "queue_runs_v1",
+        "queue_runs_v2",
         "run_changed_v1",
     ]
     for kind in CATALOG:

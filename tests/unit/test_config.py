@@ -6,8 +6,18 @@ from dataclasses import fields
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from reactor.config import ENVIRONMENT, Settings, redact_dsn
+from reactor import redact
+from reactor.config import (
+    ENVIRONMENT,
+    UNPARSABLE_DSN,
+    Settings,
+    check_dsn,
+    redact_dsn,
+    webhook_secret_variable,
+)
 from reactor.errors import ConfigError
 
 PASSWORD = "s3cr3t-Pa55"
@@ -50,7 +60,8 @@ def test_defaults_match_the_design() -> None:
 
 
 def test_every_field_has_an_environment_variable() -> None:
-    assert {f.name for f in fields(Settings)} == set(ENVIRONMENT)
+    # webhook_secrets is a family of variables, REACTOR_WEBHOOK_SECRET_<NAME>.
+    assert {f.name for f in fields(Settings)} == {*ENVIRONMENT, "webhook_secrets"}
     for variable in ENVIRONMENT.values():
         assert variable == "DATABASE_URL" or variable.startswith("REACTOR_")
 
@@ -300,6 +311,42 @@ def test_hook_lease_defaults_to_the_timeout_plus_a_margin() -> None:
     assert s.hook_lease > s.hook_timeout
 
 
+def test_per_hook_webhook_secrets_are_read_and_never_shown() -> None:
+    s = load(
+        REACTOR_WEBHOOK_SECRET="shared-secret",
+        REACTOR_WEBHOOK_SECRET_JUDGE=f" {PASSWORD} ",
+        REACTOR_WEBHOOK_SECRET_OPS_DIAG="ops-secret",
+        REACTOR_WEBHOOK_SECRET_AUDIT="",  # empty: unset, as for the shared one
+    )
+    assert s.webhook_secrets == {
+        "REACTOR_WEBHOOK_SECRET_JUDGE": PASSWORD,
+        "REACTOR_WEBHOOK_SECRET_OPS_DIAG": "ops-secret",
+    }
+    assert s.webhook_secret_for("judge") == PASSWORD
+    assert s.webhook_secret_for("ops-diag") == "ops-secret"
+    assert s.webhook_secret_for("audit") == "shared-secret"  # the fallback
+    assert load().webhook_secret_for("judge") is None
+    assert PASSWORD not in repr(s)
+    assert "ops-secret" not in repr(s)
+
+
+def test_the_per_hook_variable_is_the_name_upper_cased_with_dashes_as_underscores() -> None:
+    assert webhook_secret_variable("ops-diag") == "REACTOR_WEBHOOK_SECRET_OPS_DIAG"
+    assert webhook_secret_variable("Judge_2") == "REACTOR_WEBHOOK_SECRET_JUDGE_2"
+
+
+@pytest.mark.parametrize(
+    "variable",
+    ["REACTOR_WEBHOOK_SECRET_judge", "REACTOR_WEBHOOK_SECRET_OPS-DIAG", "REACTOR_WEBHOOK_SECRET_"],
+)
+def test_a_per_hook_variable_that_names_no_hook_is_refused_without_its_value(
+    variable: str,
+) -> None:
+    error = rejects(variable, PASSWORD)
+    assert PASSWORD not in str(error)
+    assert "REACTOR_WEBHOOK_SECRET_OPS_DIAG" in str(error)  # how to write it
+
+
 def test_webhook_secret_never_in_repr() -> None:
     s = load(REACTOR_WEBHOOK_SECRET=PASSWORD)
     assert s.webhook_secret == PASSWORD
@@ -325,6 +372,8 @@ def test_the_message_shows_the_bad_value() -> None:
         f"host=db password={PASSWORD} port='unterminated",
         f"host=db password = {PASSWORD} dbname",
         f"password={PASSWORD} =x",
+        # "%db" decodes to no UTF-8: psycopg raises UnicodeDecodeError, not ProgrammingError.
+        f"postgresql://app:{PASSWORD}@%db/app",
     ],
 )
 def test_malformed_dsn_is_rejected_without_the_password(variable: str, dsn: str) -> None:
@@ -383,16 +432,105 @@ def test_password_never_in_repr(dsn: str) -> None:
         f"host=db user=app password={PASSWORD} dbname=app",
         f"host=db password = {PASSWORD}",
         f"password='{PASSWORD} two words' host=db",
-        # Unparsable: the best-effort fallback.
-        f"postgresql://app:{PASSWORD}@[db",
-        f"host=db password={PASSWORD} port='oops",
-        f"host=db password='{PASSWORD}' port='oops",
     ],
 )
 def test_redact_dsn_removes_the_password(dsn: str) -> None:
     redacted = redact_dsn(dsn)
     assert PASSWORD not in redacted
     assert "db" in redacted  # the rest stays useful
+
+
+@pytest.mark.parametrize(
+    "dsn",
+    [
+        f"postgresql://app:{PASSWORD}@[db",
+        f"host=db password={PASSWORD} port='oops",
+        f"host=db password='{PASSWORD}' port='oops",
+        f"host=db password='{PASSWORD} oops",
+        f"host=db password={PASSWORD} oops",
+        f"postgresql://app:{PASSWORD}@%db/app",
+    ],
+)
+def test_a_dsn_that_does_not_parse_shows_nothing_of_itself(dsn: str) -> None:
+    # Which of its fragments are the password, no rule can tell: none is shown.
+    assert redact_dsn(dsn) == UNPARSABLE_DSN
+
+
+@pytest.mark.parametrize(
+    "param",
+    sorted(
+        redact.DSN_SECRET_PARAMS
+        | {"password", "sslpassword", "oauth_client_secret", "scram_client_key", "scram_server_key"}
+    ),
+)
+def test_redact_dsn_masks_every_secret_parameter(param: str) -> None:
+    for dsn in (f"host=db {param}={PASSWORD}", f"postgresql://app@db/app?{param}={PASSWORD}"):
+        redacted = redact_dsn(dsn)
+        assert PASSWORD not in redacted
+        assert redacted == UNPARSABLE_DSN or "db" in redacted  # an option libpq may not know
+
+
+@pytest.mark.parametrize(
+    "dsn",
+    [
+        # An unencoded "@" in the password ends the userinfo early: its tail lands in the host.
+        "postgresql://app:Qx7v@W2kZ9mJ4@db/app",
+        # An unencoded "/" ends the authority: "app:Qx7v" is host:port, the tail the dbname.
+        "postgresql://app:Qx7v/W2kZ9mJ4@db/app",
+        # No "@": libpq reads user:password as host:port.
+        "postgresql://app:Qx7vW2kZ9mJ4/app",
+        "postgresql://app:Qx7vW2kZ9mJ4",
+        # A lost space: the password is the user's value now.
+        "host=db user=apppassword=Qx7vW2kZ9mJ4",
+    ],
+)
+def test_a_dsn_that_parses_into_misplaced_values_shows_nothing_of_itself(dsn: str) -> None:
+    assert redact_dsn(dsn) == UNPARSABLE_DSN
+
+
+_SECRET = "Qx7vW2kZ9mJ4"
+_DSNS = [
+    f"postgresql://app:{_SECRET}@db.internal:5432/app",
+    f"postgresql://app:{_SECRET}@db/app?sslmode=require",
+    f"postgresql://app@db/app?password={_SECRET}",
+    f"postgresql://app@db/app?sslpassword={_SECRET}&sslmode=require",
+    f"postgresql://:{_SECRET}@db",
+    f"host=db user=app password={_SECRET} dbname=app",
+    f"host=db password='{_SECRET}' port=5432",
+    f"host=db sslpassword={_SECRET} user=app",
+]
+
+
+@st.composite
+def _broken_dsns(draw: st.DrawFn) -> str:
+    dsn = draw(st.sampled_from(_DSNS))
+    # Cut short, or with characters that mean something to libpq's two syntaxes put anywhere.
+    # (Both at once can make the password a well-formed host: "postgresql://app:@Qx7" has a
+    # host named Qx7, and nothing can know otherwise.)
+    if draw(st.booleans()):
+        return dsn[: draw(st.integers(0, len(dsn)))]
+    for _ in range(draw(st.integers(1, 3))):
+        at = draw(st.integers(0, len(dsn)))
+        dsn = dsn[:at] + draw(st.sampled_from(list("@/:?#&=,' \\[]%"))) + dsn[at:]
+    return dsn
+
+
+def _fragments(secret: str) -> list[str]:
+    return [secret[i : i + 3] for i in range(len(secret) - 2)]
+
+
+@settings(max_examples=1000)
+@given(_broken_dsns())
+def test_no_fragment_of_a_password_is_ever_shown(dsn: str) -> None:
+    redacted = redact_dsn(dsn)
+    try:
+        check_dsn(dsn, "DATABASE_URL")
+        message = ""
+    except ConfigError as error:
+        message = str(error)
+    for fragment in _fragments(_SECRET):
+        assert fragment not in redacted, (dsn, redacted)
+        assert fragment not in message, (dsn, message)
 
 
 def test_redact_dsn_keeps_the_connection_details() -> None:

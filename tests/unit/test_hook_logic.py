@@ -1,29 +1,257 @@
-"""The hooks' pure parts: the retry schedule, webhook verdicts, redaction, the operator commands'
-judgement, and the event-loop guard."""
+"""The hooks' pure parts: parsing REACTOR_HOOKS, the retry schedule, webhook verdicts,
+redaction, the operator commands' judgement, and the event-loop guard."""
 
 from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Mapping
 from datetime import UTC, datetime
+from typing import Any, cast
 
 import anyio
 import anyio.lowlevel
 import pytest
+from hypothesis import example, given
+from hypothesis import strategies as st
 
 from reactor import hook_ops, redact
 from reactor.config import Settings
 from reactor.db import HookChange, HookRow
-from reactor.errors import UsageError
+from reactor.errors import ConfigError, UsageError
 from reactor.hooks import (
     BLOCK_LIMIT,
     JITTER,
     PERMANENT_STATUSES,
+    Hook,
+    NotifyHook,
+    PythonHook,
+    WebhookHook,
     _LoopGuard,
+    parse_hooks,
     retry_delay,
     retry_span,
     webhook_verdict,
 )
+
+SECRET = "Zq9-pl4nted~S3cret"  # no character that splits a URL, and no identifier either
+
+
+def parse(text: str, **options: Any) -> dict[str, Hook]:
+    """parse_hooks without a database or an HTTP session: parsing touches neither."""
+    return parse_hooks(
+        text,
+        pool=cast(Any, None),
+        secret=options.pop("secret", None),
+        session=cast(Any, None),
+        threads=anyio.Semaphore(1),
+        **options,
+    )
+
+
+def refused(text: str, **options: Any) -> str:
+    """The one-line ConfigError message ``text`` is refused with."""
+    with pytest.raises(ConfigError) as caught:
+        parse(text, **options)
+    message = str(caught.value)
+    assert "\n" not in message
+    return message
+
+
+def urls(hooks: Mapping[str, Hook]) -> dict[str, str]:
+    return {name: hook.url for name, hook in hooks.items() if isinstance(hook, WebhookHook)}
+
+
+# -- parsing REACTOR_HOOKS -----------------------------------------------------------------------
+
+
+def test_a_hook_name_with_a_dash_starts_a_new_hook() -> None:
+    # The split once took only [A-Za-z0-9_] names: this was one hook "a", whose URL's path
+    # carried h2's credentials into every log line that showed it.
+    hooks = parse("a=webhook:https://h/x,ops-diag=webhook:https://user:tok@h2/y")
+    assert urls(hooks) == {"a": "https://h/x", "ops-diag": "https://user:tok@h2/y"}
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("a=webhook:https://h/x?ids=1,2,3", {"a": "https://h/x?ids=1,2,3"}),
+        # "b=2" is no item: what follows the comma is not name=kind:.
+        ("a=webhook:https://h/x?a=1,b=2", {"a": "https://h/x?a=1,b=2"}),
+        (
+            "a=webhook:https://h/x?a=1,b=2, _b-2 = webhook:https://h/y",
+            {"a": "https://h/x?a=1,b=2", "_b-2": "https://h/y"},
+        ),
+        ("a=webhook:https://h/x?a=1%2Cb=c:d", {"a": "https://h/x?a=1%2Cb=c:d"}),
+    ],
+)
+def test_commas_that_start_no_item_stay_in_the_value(text: str, expected: dict[str, str]) -> None:
+    assert urls(parse(text)) == expected
+
+
+def test_every_kind_parses_next_to_the_others() -> None:
+    hooks = parse(
+        "judge=python:tests.hookmods:count, ops-diag=webhook:https://h/x?a=1,b=2,"
+        "audit_2=notify:audit_channel"
+    )
+    assert list(hooks) == ["judge", "ops-diag", "audit_2"]
+    assert isinstance(hooks["judge"], PythonHook)
+    assert isinstance(hooks["audit_2"], NotifyHook)
+    assert hooks["audit_2"].channel == "audit_channel"
+
+
+@pytest.mark.parametrize("name", ["ops.diag", "9lives", "-x", "a" * 64, "óps"])
+def test_a_bad_name_is_reported_not_glued_to_the_value_before_it(name: str) -> None:
+    message = refused(f"a=webhook:https://h/x,{name}=webhook:https://user:{SECRET}@h2/y")
+    assert "item 2 does not start with a hook name" in message
+    assert SECRET not in message
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        # Each quoted the value whole, or the part of it that a check refused.
+        f"ops=notify:https://u:{SECRET}@h/x",
+        f"ops=notify:{SECRET}",
+        f"judge=python:https://u:{SECRET}@h/x",
+        f"judge=python:tests.hookmods:{SECRET}",
+        f"judge=python:{SECRET}",
+        f"judge=python:tests.hookmods:count?token={SECRET}",
+        # A URL without its scheme's "//" is all path to urlsplit, credentials included.
+        f"w=webhook:user:{SECRET}@host/x",
+        f"w=webhook:https:user:{SECRET}@host/x",
+        f"w=webhook:ftp:{SECRET}",
+        f"w=webhook:https://u:{SECRET}@h:port/x",
+        f"w=webhook:https://u:{SECRET}@[h/x",
+        f"w=webhook:https://[::1]:{SECRET}/x",
+        # A bare URL as the spec: its "kind" is https, its "target" the rest.
+        f"w=https://u:{SECRET}@h/x",
+        # No name at all: the text before "=" is a URL's.
+        f"https://u:{SECRET}@h/x?t=1",
+        f"https://u:{SECRET}@h/x",
+        # A comma inside a password splits it; the next "kind" is the password's middle.
+        f"w=webhook:https://u:ab,c=d:{SECRET}@h/x",
+        f"w=webhook:https://u:12,c=d:{SECRET}@h/x",
+        f"w=webhook:https://h/x?t=1,{SECRET}=b:c",
+        f"w=webhook:https://h/x?t=1,b=c:{SECRET}",
+    ],
+)
+def test_no_parse_error_quotes_a_secret(text: str) -> None:
+    assert SECRET not in refused(text)
+
+
+def test_errors_still_say_what_is_wrong() -> None:
+    assert "did you mean webhook?" in refused("w=webhok:https://h/x")
+    assert "a URL is webhook:URL" in refused("w=https://h/x")
+    assert "cannot import 'no_such_module_9'" in refused("j=python:no_such_module_9:f")
+    assert "tests.hookmods has no 'nope'" in refused("j=python:tests.hookmods:nope")
+    assert "tests.hookmods:not_a_function is not a function" in refused(
+        "j=python:tests.hookmods:not_a_function"
+    )
+    assert "'ftp://h/x' is not an http(s) URL" in refused("w=webhook:ftp://h/x")
+    assert "hook 'a' is defined twice" in refused("a=notify:c,a=notify:d")
+    assert "item 1 is not name=kind:target" in refused("judge")
+
+
+# Pieces of REACTOR_HOOKS items, secrets planted where a webhook URL keeps them; python
+# targets are a fixed few, so that nothing but harmless modules is ever imported.
+_URLS = [
+    f"https://u:{SECRET}@h/x",
+    f"https://{SECRET}@h/x",
+    f"https://h/x?token={SECRET}",
+    f"https://h/x?a=1,token={SECRET}",
+    f"https://h/x#{SECRET}",
+    f"u:{SECRET}@h/x",
+    f"https:{SECRET}@h",
+]
+_SPECS = [
+    *(f"webhook:{url}" for url in _URLS),
+    *(f"notify:{url}" for url in _URLS),
+    *(f"python:{url}" for url in _URLS),
+    *_URLS,
+    f"notify:{SECRET}",
+    "notify:chan",
+    "python:tests.hookmods:count",
+    "python:tests.hookmods:nope",
+    "python:no_such_module_9:f",
+    "webhook:https://h/ok",
+    f"webhok:{_URLS[0]}",
+]
+_ITEMS = st.builds(
+    lambda name, eq, spec: f"{name}{eq}{spec}",
+    st.sampled_from(["judge", "ops-diag", "a", "9x", "a.b", "", " b ", _URLS[0]]),
+    st.sampled_from(["=", " = ", "", "=="]),
+    st.sampled_from(_SPECS),
+)
+
+
+@st.composite
+def _mangled(draw: st.DrawFn) -> str:
+    text = draw(st.sampled_from([",", ", ", ",,"])).join(draw(st.lists(_ITEMS, min_size=1)))
+    # Then a few characters that mean something to the split or to a URL, anywhere.
+    for _ in range(draw(st.integers(0, 3))):
+        at = draw(st.integers(0, len(text)))
+        text = text[:at] + draw(st.sampled_from(list(",=:@/?#[]' "))) + text[at:]
+    return text
+
+
+@given(_mangled())
+@example(f"a=webhook:https://h/x,ops-diag=webhook:https://user:{SECRET}@h2/y,b=notify:x-y")
+@example(f"ops=notify:https://u:{SECRET}@h/x")
+def test_no_parse_error_ever_contains_a_planted_secret(text: str) -> None:
+    try:
+        parse(text)
+        message = ""
+    except ConfigError as error:
+        message = str(error)
+    assert SECRET not in message
+
+
+# -- per-hook webhook secrets --------------------------------------------------------------------
+
+
+def test_a_webhook_signs_with_its_own_secret_else_the_shared_one() -> None:
+    hooks = parse(
+        "judge=webhook:https://j/x,ops-diag=webhook:https://o/x,audit=webhook:https://a/x",
+        secret="shared-secret",
+        own_secrets={
+            "REACTOR_WEBHOOK_SECRET_JUDGE": "judge-secret",
+            "REACTOR_WEBHOOK_SECRET_OPS_DIAG": "ops-secret",
+        },
+    )
+    secrets = {name: cast(WebhookHook, hook).secret for name, hook in hooks.items()}
+    assert secrets == {"judge": "judge-secret", "ops-diag": "ops-secret", "audit": "shared-secret"}
+    assert "judge-secret" not in repr(hooks)
+    # Without a shared secret, only the hooks with their own sign.
+    hooks = parse(
+        "judge=webhook:https://j/x,audit=webhook:https://a/x",
+        own_secrets={"REACTOR_WEBHOOK_SECRET_JUDGE": "judge-secret"},
+    )
+    assert [cast(WebhookHook, hook).secret for hook in hooks.values()] == ["judge-secret", None]
+
+
+@pytest.mark.parametrize(
+    ("hooks", "variable"),
+    [
+        ("judge=webhook:https://j/x", "REACTOR_WEBHOOK_SECRET_JUDEG"),  # a typo
+        ("judge=python:tests.hookmods:count", "REACTOR_WEBHOOK_SECRET_JUDGE"),  # no webhook
+        ("", "REACTOR_WEBHOOK_SECRET_JUDGE"),
+    ],
+)
+def test_a_secret_for_no_webhook_is_refused(hooks: str, variable: str) -> None:
+    message = refused(hooks, own_secrets={variable: SECRET})
+    assert variable in message
+    assert SECRET not in message
+
+
+def test_a_secret_two_hook_names_share_is_refused() -> None:
+    message = refused(
+        "ops-diag=webhook:https://a/x,ops_diag=webhook:https://b/x",
+        own_secrets={"REACTOR_WEBHOOK_SECRET_OPS_DIAG": SECRET},
+    )
+    assert "'ops-diag' and 'ops_diag'" in message
+    assert SECRET not in message
+
 
 # -- the retry schedule --------------------------------------------------------------------------
 

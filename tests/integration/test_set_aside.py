@@ -1,0 +1,175 @@
+"""A job whose run can never be written costs only itself.
+
+The app's own CHECK, NOT NULL, foreign key or trigger on analysis_runs may reject the row a
+job's run would be. Such a job must not head every batch and fail it: it is split down to, set
+aside in reactor.set_aside with its error, shown by status and the metrics, and every other job
+is recorded as if it did not exist. It is tried again later, at once when the app touches it,
+and after `reactor sweep --once` or `reactor migrate`.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator
+
+import psycopg
+import pytest
+
+from reactor import db, status
+from reactor.config import Settings
+from reactor.metrics import Metrics
+from reactor.recorder import Recorder
+from tests.acceptance.conftest import reactor_env, run_reactor
+from tests.helpers import Conn
+from tests.integration.conftest import StartReactor, eventually
+from tests.integration.support import add_job, scalar, touch
+
+pytestmark = pytest.mark.anyio
+
+GRACE = 0.5
+# The app's own rule on its artifact table, which the reactor knows nothing of.
+REJECT_FLAGGED = (
+    "ALTER TABLE analysis_runs ADD CONSTRAINT no_flagged CHECK (NOT results ? 'flagged')"
+)
+
+
+@pytest.fixture
+async def database(database_url: str) -> AsyncIterator[db.Database]:
+    async with db.make_pool(database_url, max_size=2) as pool:
+        yield db.Database(pool, grace=GRACE)
+
+
+def _backlog(conn: Conn, good: int, bad: int) -> list[uuid.UUID]:
+    """``bad`` due jobs the app's constraint rejects, oldest first, then ``good`` due ones."""
+    bad_jobs = [
+        add_job(conn, status="complete", results={"flagged": True}, age=60 - i)[0]
+        for i in range(bad)
+    ]
+    for i in range(good):
+        add_job(conn, status="complete", results={"ok": i}, age=30)
+    return bad_jobs
+
+
+def _set_aside(conn: Conn) -> dict[uuid.UUID, str]:
+    rows = conn.execute("SELECT job_id, error FROM reactor.set_aside").fetchall()
+    return {row[0]: row[1] for row in rows}
+
+
+async def test_jobs_rejected_by_the_app_are_set_aside_and_the_rest_recorded(
+    database_url: str, database: db.Database
+) -> None:
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        conn.execute(REJECT_FLAGGED)
+        bad = _backlog(conn, good=42, bad=3)
+    metrics = Metrics()
+    recorder = Recorder(database, metrics)
+
+    assert await recorder.drain(batch_size=500) == 42
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        assert scalar(conn, "SELECT count(*) FROM analysis_runs") == 42
+        held = _set_aside(conn)
+        assert set(held) == set(bad)
+        assert all("no_flagged" in error for error in held.values())
+        # Still queued: set aside is not dropped.
+        assert scalar(conn, "SELECT count(*) FROM reactor.pending") == 3
+    assert metrics.registry.get_sample_value("reactor_jobs_set_aside_total") == 3
+
+    # The next scan leaves them out instead of failing on them again.
+    assert await recorder.drain(batch_size=500) == 0
+    assert metrics.registry.get_sample_value("reactor_jobs_set_aside_total") == 3
+
+    # status names them as a risk the moment they are set aside, not at the trim horizon.
+    async with await db.connect(database_url, "test") as conn:
+        report = await status.collect(conn, Settings(grace=GRACE))
+    assert report.set_aside_count == 3
+    assert report.oldest_job_id is not None
+    found = status.risks(report)
+    assert any("3 job(s) cannot be written" in risk and "no_flagged" in risk for risk in found)
+    assert status.as_json(report)["set_aside"]["at_risk"] is True
+
+    # The app fixes its data: a job it touches is new data, tried at once (past its grace).
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        touch(conn, bad[0], age=10, results='{"fixed": true}')
+    assert await recorder.drain(batch_size=500) == 1
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        assert set(_set_aside(conn)) == set(bad[1:])
+
+    # The app fixes its rule instead: an operator's sweep tries the rest now.
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        conn.execute("ALTER TABLE analysis_runs DROP CONSTRAINT no_flagged")
+    assert await database.release_set_aside() == 2
+    assert await recorder.drain(batch_size=500) == 2
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        assert _set_aside(conn) == {}
+        assert scalar(conn, "SELECT count(*) FROM analysis_runs") == 45
+
+
+async def test_a_job_set_aside_is_tried_again_on_its_schedule(
+    database_url: str, database: db.Database
+) -> None:
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        conn.execute(REJECT_FLAGGED)
+        (job,) = _backlog(conn, good=0, bad=1)
+    recorder = Recorder(database, Metrics())
+    await recorder.drain(batch_size=10)
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        first = conn.execute(
+            "SELECT failures, retry_at - last_failed_at FROM reactor.set_aside"
+        ).fetchone()
+        # Its retry comes due: it fails again, and waits twice as long.
+        conn.execute("UPDATE reactor.set_aside SET retry_at = now()")
+    await recorder.drain(batch_size=10)
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        second = conn.execute(
+            "SELECT failures, retry_at - last_failed_at FROM reactor.set_aside WHERE job_id = %s",
+            (job,),
+        ).fetchone()
+    assert first is not None
+    assert second is not None
+    assert (first[0], second[0]) == (1, 2)
+    assert second[1] == 2 * first[1]
+
+
+def test_an_artifact_column_nothing_fills_sets_every_job_aside_and_says_so(
+    database_url: str,
+) -> None:
+    # A real artifact table has columns of its own: without a way to fill owner_id, every
+    # write fails. That must be loud, not a quiet retry: status and sweep exit 1 and name it.
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        conn.execute("ALTER TABLE analysis_runs ADD COLUMN owner_id uuid NOT NULL")
+        for i in range(5):
+            add_job(conn, status="complete", results={"ok": i}, age=30)
+    env = reactor_env(database_url, REACTOR_GRACE_SECONDS=str(GRACE))
+
+    swept = run_reactor("sweep", "--once", env=env)
+    assert swept.returncode == 1, swept.stderr
+    assert swept.stdout.strip() == "0"
+    assert "5 job(s) cannot be written and are set aside" in swept.stderr
+    assert "owner_id" in swept.stderr
+    assert "Traceback" not in swept.stderr
+
+    reported = run_reactor("status", env=env)
+    assert reported.returncode == 1, reported.stderr
+    assert "5 job(s) cannot be written" in reported.stdout
+    assert "owner_id" in reported.stdout
+
+
+async def test_a_running_reactor_sets_a_rejected_job_aside_and_records_the_next(
+    database_url: str, start_reactor: StartReactor
+) -> None:
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        conn.execute(REJECT_FLAGGED)
+        async with start_reactor(grace=0.3) as reactor:
+            bad, _ = add_job(conn, status="complete", results={"flagged": True})
+            _, good_run = add_job(conn, status="complete", results={"ok": 1})
+
+            def settled() -> bool:
+                held = set(_set_aside(conn))
+                written = scalar(
+                    conn, "SELECT count(*) FROM analysis_runs WHERE id = %s", (good_run,)
+                )
+                return held == {bad} and written == 1
+
+            await eventually(settled)
+            sample = reactor.metrics.registry.get_sample_value
+            await eventually(lambda: sample("reactor_set_aside_jobs") == 1)
