@@ -15,6 +15,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, cast
 
 import psycopg
 import pytest
@@ -24,7 +25,51 @@ from reactor.embedded import EmbeddedPostgres
 from tests import pgbouncer as bouncer
 from tests.helpers import AUDIT_SQL
 
-TEMPLATE = "reactor_test_template"
+# One per pytest-xdist worker: workers may share a server (REACTOR_TEST_DATABASE_URL).
+TEMPLATE = "reactor_test_template_" + os.environ.get("PYTEST_XDIST_WORKER", "main")
+
+
+# The fault scenarios' table (tests/faults): each scenario's row travels with its test's report
+# as a user property, so the table is made where the reports arrive, in this process or in the
+# pytest-xdist controller (which loads this conftest, not the one of tests/faults).
+FAULT_ROW = "fault_scenario_row"
+_FAULT_HEAD = (
+    "| scenario | cycles | jobs | lost | dup | clobbered | early | wrong | stale "
+    "| worst lateness (s) | p99 (s) | caught up in (s) | outcome | note |"
+)
+
+
+class _FaultRows:
+    """Collects the fault scenarios' rows from the test reports as they arrive."""
+
+    def __init__(self) -> None:
+        self.rows: list[str] = []
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        if report.when != "call":
+            return
+        if hasattr(report, "wasxfail"):
+            outcome = "xfail" if report.skipped else "XPASS"
+        else:
+            outcome = report.outcome
+        for name, value in report.user_properties:
+            if name == FAULT_ROW:
+                cells, note = cast(tuple[str, str], value)
+                self.rows.append(f"{cells} {outcome} | {note} |")
+
+    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        if not self.rows:
+            return
+        table = "\n".join([_FAULT_HEAD, "|" + "---|" * 14, *self.rows]) + "\n"
+        terminalreporter.section("fault scenarios")
+        terminalreporter.write(table)
+        path = os.environ.get("REACTOR_FAULTS_REPORT")
+        if path:
+            Path(path).write_text("# Fault scenarios\n\n" + table)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.pluginmanager.register(_FaultRows(), "reactor-fault-rows")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

@@ -7,10 +7,8 @@ and, when ``REACTOR_FAULTS_REPORT`` names a file, written there as Markdown.
 
 from __future__ import annotations
 
-import os
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +20,7 @@ from reactor.config import Settings
 from reactor.embedded import EmbeddedPostgres
 from reactor.hooks import open_hooks
 from reactor.service import POOL_SIZE, Reactor
-from tests.conftest import Server
+from tests.conftest import FAULT_ROW, Server
 from tests.faults.proxy import FaultProxy
 from tests.faults.scenario import REPLICAS, Scenario
 from tests.faults.support import Judgement, Replicas, Workload, host_port
@@ -30,78 +28,24 @@ from tests.faults.support import Judgement, Replicas, Workload, host_port
 StartReactor = Callable[..., AbstractAsyncContextManager[Reactor]]
 
 
-@dataclass(frozen=True)
-class Row:
-    """One line of the results table."""
+def _cells(scenario: str, cycles: int, judgement: Judgement, recovery: float | None) -> str:
+    v = judgement.verdict
 
-    nodeid: str
-    scenario: str
-    cycles: int
-    judgement: Judgement
-    recovery: float | None
-    note: str
+    def sec(x: float | None) -> str:
+        return "-" if x is None else f"{x:.2f}"
 
-
-_ROWS = pytest.StashKey[list[Row]]()
-_OUTCOMES = pytest.StashKey[dict[str, str]]()
-
-
-def pytest_configure(config: pytest.Config) -> None:
-    config.stash[_ROWS] = []
-    config.stash[_OUTCOMES] = {}
-
-
-@pytest.hookimpl(wrapper=True)
-def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
-    report = yield
-    if report.when == "call":
-        if hasattr(report, "wasxfail"):
-            outcome = "xfail" if report.skipped else "XPASS"
-        else:
-            outcome = report.outcome
-        item.config.stash[_OUTCOMES][item.nodeid] = outcome
-    return report
-
-
-def _table(rows: list[Row], outcomes: dict[str, str]) -> str:
-    head = (
-        "| scenario | cycles | jobs | lost | dup | clobbered | early | wrong | stale "
-        "| worst lateness (s) | p99 (s) | caught up in (s) | outcome | note |"
+    return (
+        f"| {scenario} | {cycles} | {v.jobs} | {v.lost} | {v.dup} | {v.clobbered} "
+        f"| {v.early} | {v.wrong} | {judgement.stale} | {sec(v.lateness_max)} "
+        f"| {sec(v.lateness_p99)} | {sec(recovery)} |"
     )
-    lines = [head, "|" + "---|" * 14]
-    for row in rows:
-        v = row.judgement.verdict
-
-        def sec(x: float | None) -> str:
-            return "-" if x is None else f"{x:.2f}"
-
-        lines.append(
-            f"| {row.scenario} | {row.cycles} | {v.jobs} | {v.lost} | {v.dup} | {v.clobbered} "
-            f"| {v.early} | {v.wrong} | {row.judgement.stale} | {sec(v.lateness_max)} "
-            f"| {sec(v.lateness_p99)} | {sec(row.recovery)} "
-            f"| {outcomes.get(row.nodeid, '?')} | {row.note} |"
-        )
-    return "\n".join(lines) + "\n"
-
-
-def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
-    rows = config.stash.get(_ROWS, [])
-    if not rows:
-        return
-    table = _table(rows, config.stash[_OUTCOMES])
-    terminalreporter.section("fault scenarios")
-    terminalreporter.write(table)
-    path = os.environ.get("REACTOR_FAULTS_REPORT")
-    if path:
-        Path(path).write_text("# Fault scenarios\n\n" + table)
 
 
 class Report:
     """Adds this test's rows to the session's table."""
 
     def __init__(self, request: pytest.FixtureRequest) -> None:
-        self._rows = request.config.stash[_ROWS]
-        self._nodeid = request.node.nodeid
+        self._properties = request.node.user_properties
 
     def __call__(
         self,
@@ -112,7 +56,8 @@ class Report:
         recovery: float | None = None,
         note: str = "",
     ) -> None:
-        self._rows.append(Row(self._nodeid, scenario, cycles, judgement, recovery, note))
+        cells = _cells(scenario, cycles, judgement, recovery)
+        self._properties.append((FAULT_ROW, (cells, note)))
 
 
 @pytest.fixture

@@ -257,7 +257,17 @@ async def test_one_run_shared_by_twenty_jobs(
     database_url: str, reactor_at: StartReactor, report: Report
 ) -> None:
     rng = random.Random(33)
-    async with reactor_at(database_url, grace=GRACE):
+    async with reactor_at(database_url, grace=GRACE) as reactor:
+        # Settled first: a startup poll or re-arm scan would arm or claim part of the first
+        # run's jobs on a road of its own, and its write would not be the newest job's.
+        await eventually(
+            lambda: (
+                reactor.listener is not None
+                and reactor.listener.proven
+                and not reactor.polling
+                and not reactor.scan_pending
+            )
+        )
         with connect(database_url) as conn:
             # Twenty jobs of one run, created_at in a random order, finishing together.
             together = uuid.uuid4()
