@@ -21,6 +21,7 @@ Every other job of the batch is recorded as if it did not exist.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Callable, Iterable, Sequence
 from typing import TypeGuard
@@ -140,15 +141,13 @@ class Recorder:
                 return [(job_ids[0], 0.0 if found else self.error_retry)]
             return await self._record_parts(job_ids, waits=False)
         except DATABASE_ERRORS as error:
-            if is_row_error(error) and len(job_ids) > 1:
-                return await self._record_parts(job_ids, waits=waits)
-            try:
-                if is_row_error(error):
+            if is_row_error(error):
+                if len(job_ids) > 1:
+                    return await self._record_parts(job_ids, waits=waits)
+                with contextlib.suppress(*DATABASE_ERRORS):
                     # The scan tries it again when its time comes; no timer of ours.
                     await self._set_aside(job_ids[0], error)
                     return []
-            except DATABASE_ERRORS as again:
-                error = again
             self.metrics.record_errors.inc()
             log.warning(
                 "record failed, will retry",

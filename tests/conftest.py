@@ -223,3 +223,22 @@ def pgbouncer(server: Server) -> Iterator[bouncer.PgBouncer]:
         password=str(params.get("password") or ""),
     ) as running:
         yield running
+
+
+@pytest.fixture(scope="module")
+def standby(server: Server) -> Iterator[EmbeddedPostgres]:
+    """One hot standby of the test server for the module: each test's database reaches it."""
+    from tests.standby import embedded_of, standby_of  # it imports this module
+
+    with standby_of(embedded_of(server)) as replica:
+        yield replica
+
+
+@pytest.fixture
+def standby_url(database_url: str, standby: EmbeddedPostgres) -> str:
+    """The test database on the standby, replayed there."""
+    from tests.standby import caught_up, on
+
+    dsn = on(standby, database_url)
+    caught_up(database_url, dsn)
+    return dsn

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,21 +26,6 @@ from tests.helpers import finish, new_job, worker_writes
 from tests.standby import caught_up, embedded_of, multi_host, on, standby_of
 
 RETRY_LINE = "the database is a read-only hot standby; trying again in case it is being promoted"
-
-
-@pytest.fixture(scope="module")
-def standby(server: Server) -> Iterator[EmbeddedPostgres]:
-    """One hot standby of the test server for the module: each test's database reaches it."""
-    with standby_of(embedded_of(server)) as replica:
-        yield replica
-
-
-@pytest.fixture
-def standby_url(database_url: str, standby: EmbeddedPostgres) -> str:
-    """The test database on the standby, replayed there."""
-    dsn = on(standby, database_url)
-    caught_up(database_url, dsn)
-    return dsn
 
 
 def split_output(stderr: str) -> tuple[list[str], list[str]]:

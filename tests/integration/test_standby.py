@@ -18,27 +18,10 @@ import pytest
 from reactor import db
 from reactor.embedded import EmbeddedPostgres
 from reactor.errors import DatabaseReadOnly
-from tests.conftest import Server
 from tests.faults.proxy import FaultProxy
 from tests.faults.support import host_port, with_port
-from tests.standby import caught_up, embedded_of, on, standby_of
 
 pytestmark = pytest.mark.anyio
-
-
-@pytest.fixture(scope="module")
-def standby(server: Server) -> Iterator[EmbeddedPostgres]:
-    """One hot standby of the test server for the module."""
-    with standby_of(embedded_of(server)) as replica:
-        yield replica
-
-
-@pytest.fixture
-def standby_url(database_url: str, standby: EmbeddedPostgres) -> str:
-    """The test database on the standby, replayed there."""
-    dsn = on(standby, database_url)
-    caught_up(database_url, dsn)
-    return dsn
 
 
 @pytest.fixture
