@@ -96,7 +96,6 @@ class Reactor:
         # Replicas that said they stopped (replica_leave): never live again, whatever a
         # heartbeat of theirs still in flight says. Ids are unique to a process.
         self._departed: set[str] = set()
-        self._left = False
         self.db_clock = DatabaseClock()
         self.deadlines: Deadlines[str] = Deadlines()
         # Jobs this replica found itself (the reconcile): nobody else was told, so it claims them
@@ -264,15 +263,15 @@ class Reactor:
             intake.cancel_scope.cancel()
         if self._work.cancel_called:
             log.warning("drain deadline passed; unfinished statements were rolled back")
-        if not self._left:  # the hand-over at stop() did not get through
-            await self._leave()
+        # Again after the drain: a health check still in flight at stop() may have written the
+        # heartbeat back after the first leave deleted it; nothing checks any more now.
+        await self._leave()
         log.info("stopped")
 
     async def _leave(self) -> None:
         # Rather than when its heartbeat goes stale: the others hear it at once.
         with anyio.move_on_after(2, shield=True), contextlib.suppress(*DATABASE_ERRORS):
             await self.database.leave(self.replica_id, self.settings.channel)
-            self._left = True
 
     def health(self) -> tuple[bool, bool, str]:
         """(alive, ready, reason): what /healthz and /readyz report.
