@@ -439,6 +439,7 @@ class Health:
     probes_sent: int  # 1 when the statement sent the probe notification it was given
     database_time: float  # clock_timestamp() as unix seconds, read during the statement
     set_aside: int  # queued jobs whose write failed on their own data (reactor.set_aside)
+    joined_told: int  # 1 when this was the replica's first heartbeat and the others were told
 
 
 @dataclass(frozen=True, slots=True)
@@ -448,12 +449,16 @@ class HealthCheck:
     replica: str  # this replica's heartbeat row
     liveness: float  # seconds within which a heartbeat counts as live
     retention: float  # REACTOR_HOOK_RETENTION_SECONDS, for hooks_expired
-    channel: str  # where a probe notification goes
+    channel: str  # where a probe notification goes (and the joined notification)
 
 
-def health_params(grace: float, check: HealthCheck, probe: str | None = None) -> dict[str, Any]:
-    """The parameters of the ``health`` query."""
+def health_params(
+    grace: float, check: HealthCheck, probe: str | None = None, *, own_session: bool = False
+) -> dict[str, Any]:
+    """The parameters of the ``health`` query; ``own_session`` when it runs on the replica's
+    LISTEN connection."""
     return {
+        "own_session": own_session,
         "grace": grace,
         "replica": check.replica,
         "liveness": check.liveness,
@@ -706,7 +711,8 @@ class Database:
         On ``conn`` (the LISTEN connection, a session of our own) when given, else pooled.
         ``probe``: a payload to notify on ``check.channel`` in the same round trip.
         """
-        rows = await self._fetch("health", health_params(self.grace, check, probe), conn=conn)
+        params = health_params(self.grace, check, probe, own_session=conn is not None)
+        rows = await self._fetch("health", params, conn=conn)
         return Health(*rows[0])
 
     async def poll_queue(

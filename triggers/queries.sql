@@ -447,9 +447,21 @@ SELECT pass AS number,
 -- - the database clock, for the timers' aim;
 -- - set_aside: the queued jobs whose write failed on their own data (oldest_overdue leaves out
 --   those whose next try is not due: they are reported as set aside, not as late).
+-- When %(own_session)s (the check rides the replica's LISTEN connection, a session of its own)
+-- the heartbeat names this session, and a replica whose named session is gone is not live
+-- however fresh its heartbeat: a killed process's sessions end with it, so the others take its
+-- jobs over at their next check. A frozen or cut-off one keeps its session until the server's
+-- keepalives end it; its heartbeat ages out meanwhile. A replica's first heartbeat tells the
+-- others at once (`joined:<replica>`), as replica_leave does its last.
 WITH beat AS (
-    INSERT INTO reactor.replicas (id) VALUES (%(replica)s)
-    ON CONFLICT (id) DO UPDATE SET heartbeat_at = now()
+    INSERT INTO reactor.replicas (id, session_pid)
+    VALUES (%(replica)s, CASE WHEN %(own_session)s THEN pg_backend_pid() END)
+    ON CONFLICT (id) DO UPDATE SET heartbeat_at = now(), session_pid = excluded.session_pid
+    RETURNING xmax = 0 AS joined
+), announce AS (
+    SELECT pg_notify(%(channel)s, 'joined:' || %(replica)s)
+      FROM beat
+     WHERE beat.joined AND pg_notification_queue_usage() < 0.5
 ), gone AS (
     -- SKIP LOCKED: another replica's check deleting the same rows never holds this one up.
     DELETE FROM reactor.replicas
@@ -480,9 +492,13 @@ SELECT pg_notification_queue_usage()::float8 AS queue_usage,
            AS reconcile_last_pass,
        coalesce((SELECT requested_at IS NOT NULL FROM reactor.reconcile), false)
            AS reconcile_requested,
-       array(SELECT id FROM reactor.replicas
-              WHERE heartbeat_at > now() - make_interval(secs => %(liveness)s)
-                AND id <> %(replica)s
+       array(SELECT r.id FROM reactor.replicas r
+              WHERE r.heartbeat_at > now() - make_interval(secs => %(liveness)s)
+                AND r.id <> %(replica)s
+                AND (r.session_pid IS NULL
+                     OR EXISTS (SELECT 1 FROM pg_stat_activity a
+                                 WHERE a.pid = r.session_pid
+                                   AND a.application_name = 'reactor-listener'))
              UNION ALL SELECT %(replica)s
              ORDER BY 1) AS live_replicas,
        (SELECT t.channel FROM ({{job_trigger}}) AS t WHERE t.enabled) AS trigger_channel,
@@ -490,7 +506,8 @@ SELECT pg_notification_queue_usage()::float8 AS queue_usage,
        extract(epoch FROM clock_timestamp())::float8 AS database_time,
        (SELECT count(*) FROM reactor.set_aside s
          WHERE EXISTS (SELECT 1 FROM reactor.pending p WHERE p.job_id = s.job_id))::int
-           AS set_aside
+           AS set_aside,
+       (SELECT count(*) FROM announce)::int AS joined_told
 
 -- name: replica_leave
 -- A replica that stops cleanly hands its jobs to the others: it drops its heartbeat and, in the

@@ -285,5 +285,6 @@ CREATE INDEX analysis_jobs_reactor_walk_idx
 CREATE TABLE reactor.replicas (
     id            text PRIMARY KEY,
     started_at    timestamptz NOT NULL DEFAULT now(),
-    heartbeat_at  timestamptz NOT NULL DEFAULT now()
+    heartbeat_at  timestamptz NOT NULL DEFAULT now(),
+    session_pid   integer
 );
