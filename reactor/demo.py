@@ -63,9 +63,7 @@ class Scoreboard:
         table.add_row("phase", self.phase)
         table.add_row("jobs finished by the worker", f"{self.finished} / {self.jobs}")
         table.add_row("runs saved by browser tabs", str(self.tab_saves))
-        table.add_row(
-            "deadlines the reactor holds", str(sum(len(r.deadlines) for r in self.replicas))
-        )
+        table.add_row("deadlines the reactor holds", str(sum(len(r.queue) for r in self.replicas)))
         table.add_row("runs recorded by the reactor", str(self.recorded()))
         return Group(table, Text("\n".join(self.events), style="dim"))
 

@@ -11,11 +11,12 @@ again. Once proven, the connection carries the replica's periodic health check (
 heartbeat): the same round trip shows the session alive, which ``notifies()`` cannot (a frozen
 backend or a silent partition raises nothing there). When nothing arrived since the last
 check, the check also sends a probe to this session itself, which must be back by the next
-check; any notification that did arrive proves delivery just as well. So a dead, frozen or
-deaf connection is replaced within two probe intervals, and a quiet replica sends one
-statement per probe interval in all. While the service polls the queue (the trigger does not
-notify this channel), the polls ride this connection too: it is idle, and a session of its own
-needs no check before each statement, as a pooled one does.
+check (unless the check did not send it: the NOTIFY queue was half full); any notification that
+did arrive proves delivery just as well. So a dead, frozen or deaf connection is replaced within
+two probe intervals, and a quiet replica sends one statement per probe interval in all. The
+check is a duty of the service's cadence: this connection holds its token while it is proven,
+and the pool takes it back the moment it is not. Nothing else rides this connection: a poll or
+a scan that ran long here would stall the notifications and, past the probe's bound, kill them.
 
 Nothing waits for the listener: the service scans, fires timers and runs hooks whatever this
 connection does, and polls until LISTEN is up. Every reconnect backs off, with jitter, from the
@@ -47,6 +48,8 @@ import psycopg
 import psycopg.sql
 
 from reactor import db
+from reactor.cadence import Scheduler
+from reactor.clock import Clock
 from reactor.config import Settings
 from reactor.errors import ConfigError, ReactorError
 from reactor.metrics import Metrics
@@ -56,8 +59,10 @@ log = logging.getLogger(__name__)
 State = Literal["connecting", "listening", "degraded"]
 
 _PROBE = "probe:"
-# What a replica that stops cleanly sends, with its id (the replica_leave query).
+# What a replica sends with its id when it stops cleanly (the replica_leave query), and with
+# its first heartbeat (the health query).
 _LEFT = "left:"
+_JOINED = "joined:"
 
 # Reconnect backoff: the first retry within BACKOFF_BASE seconds, doubling per failure up to a
 # cap; a problem retrying cannot fix (a wrong password, a missing role) is retried rarely.
@@ -109,12 +114,9 @@ def parse_hint(payload: str) -> tuple[str, float | None] | None:
     return (job_id, float(at)) if _EPOCH.fullmatch(at) else None
 
 
-# The health check the listener runs on its proven connection: (connection, probe payload).
-Check = Callable[[db.AnyConnection, str | None], Awaitable[None]]
-# The queue poll it runs there too while one is wanted, and when the next one is due (anyio
-# time; None: no poll wanted).
-Poll = Callable[[db.AnyConnection], Awaitable[None]]
-PollDue = Callable[[], float | None]
+# The health check the listener runs on its proven connection: (connection, probe payload);
+# True when the statement sent the probe (it does not while the NOTIFY queue is half full).
+Check = Callable[[db.AnyConnection, str | None], Awaitable[bool]]
 
 
 class ProbeLost(ReactorError):
@@ -133,9 +135,10 @@ class Listener:
         on_job: Callable[[str, float | None], None],
         on_listening: Callable[[], None],
         on_left: Callable[[str], None] = lambda replica: None,
+        on_joined: Callable[[str], None] = lambda replica: None,
         check: Check,
-        poll: Poll,
-        poll_due: PollDue,
+        schedule: Scheduler,
+        clock: Clock,
         dsn: str,
     ) -> None:
         self.settings = settings
@@ -144,9 +147,10 @@ class Listener:
         self.on_job = on_job
         self.on_listening = on_listening
         self.on_left = on_left
+        self.on_joined = on_joined
         self.check = check
-        self.poll = poll
-        self.poll_due = poll_due
+        self.schedule = schedule
+        self.clock = clock
         self.dsn = dsn
         # The setting the DSN came from, for the messages.
         self._source = (
@@ -156,9 +160,7 @@ class Listener:
         self.connections = 0
         self._probe_token: str | None = None
         self._probe_sent = -math.inf
-        # The proven connection's check: when the next is due, and whether anything arrived
-        # since the last one (then no probe is needed).
-        self._next_check = -math.inf
+        # Whether anything arrived since the last check (then no probe is needed).
         self._heard = False
         # Whether a probe came back on the current connection: readiness waits for it.
         self.proven = False
@@ -231,7 +233,7 @@ class Listener:
         )
         identity = await db.session_identity(conn)
         self.connections += 1
-        self.proven = False
+        self._prove(False)
         if self.connections > 1:
             self.metrics.reconnects.inc()
             log.info("listener reconnected", extra={"channel": self.settings.channel})
@@ -261,7 +263,7 @@ class Listener:
     def _failed(self, message: str, problem: str) -> None:
         self.failures += 1
         self.metrics.listener_failures.inc()
-        self.proven = False
+        self._prove(False)
         self.settled.set()
         # Once per state change: the same failure again is not news, and a wrong password
         # would otherwise log a line every few seconds for ever.
@@ -276,7 +278,7 @@ class Listener:
         configured = False
         while True:
             wait = self._wait_time()
-            wake = anyio.current_time() + wait
+            wake = self.clock.now() + wait
             # Never left in the middle of a batch: psycopg drops what it has not yielded yet.
             # Unproven, it ends after any batch (which may hold the probe), so that once proven
             # the check and the polls are taken up at once. Closed explicitly: the generator
@@ -286,7 +288,7 @@ class Listener:
                 async for notify in arriving:
                     self._receive(notify.payload)
             if not self.proven:
-                if anyio.current_time() < wake:
+                if self.clock.now() < wake:
                     continue  # only other notifications: the probe's time is not up yet
                 # Shielded, like the probe: a stop arriving mid-statement waits for it (bounded
                 # by the probe timeout) rather than interrupting psycopg's own cancel, which
@@ -295,7 +297,7 @@ class Listener:
                     await conn.execute("SELECT 1")
                 self._check_probe()
                 if not self.proven:
-                    if anyio.current_time() - self._probe_sent >= self.settings.probe_interval:
+                    if self.clock.now() - self._probe_sent >= self.settings.probe_interval:
                         await self._send_probe()
                     continue
             if not configured:
@@ -307,13 +309,8 @@ class Listener:
                     await self._end_previous_session(conn)
                 conn.prepare_threshold = db.PREPARE_THRESHOLD
                 self._recovered()
-                self._next_check = -math.inf
-            now = anyio.current_time()
-            if now >= self._next_check:
-                await self._check(conn)
-            elif (due := self.poll_due()) is not None and now >= due:
-                with anyio.CancelScope(shield=True), anyio.fail_after(self.settings.probe_timeout):
-                    await self.poll(conn)
+                self.schedule.carry(True)
+            await self.schedule.run_duty("health", "listener", lambda: self._check(conn))
 
     async def _check(self, conn: db.AnyConnection) -> None:
         # The self-probe of the last check must be back by now; any notification since then
@@ -321,12 +318,14 @@ class Listener:
         if self._probe_token is not None and not self._heard:
             raise ProbeLost("a probe this LISTEN session sent itself did not come back")
         token = None if self._heard else uuid.uuid4().hex
-        self._probe_token = token
+        self._probe_token = None
         self._heard = False
-        self._next_check = anyio.current_time() + self.settings.probe_interval
-        self._probe_sent = anyio.current_time()
+        self._probe_sent = self.clock.now()
         with anyio.CancelScope(shield=True), anyio.fail_after(self.settings.probe_timeout):
-            await self.check(conn, None if token is None else _PROBE + token)
+            sent = await self.check(conn, None if token is None else _PROBE + token)
+        # Expected back only when it went out: at a half-full NOTIFY queue the check skips it.
+        if sent:
+            self._probe_token = token
 
     def _recovered(self) -> None:
         if self.problem is not None:
@@ -335,13 +334,11 @@ class Listener:
         self.failures = 0
 
     def _wait_time(self) -> float:
-        # Wake up in time for the next check or poll; unproven, to judge the outstanding probe
-        # or to send the next one.
-        now = anyio.current_time()
+        # Wake up in time for the next check; unproven, to judge the outstanding probe or to
+        # send the next one.
+        now = self.clock.now()
         if self.proven:
-            due = self.poll_due()
-            wake = self._next_check if due is None else min(self._next_check, due)
-            return max(0.001, wake - now)
+            return max(0.01, self.schedule.cadence.duties["health"].next_at - now)
         if self._probe_token is not None:
             return max(0.01, self._probe_sent + self.settings.probe_timeout - now)
         return max(0.01, self._probe_sent + self.settings.probe_interval - now)
@@ -364,6 +361,10 @@ class Listener:
             self.metrics.notifications.labels("left").inc()
             self.on_left(payload[len(_LEFT) : len(_LEFT) + 64])
             return
+        if payload.startswith(_JOINED):
+            self.metrics.notifications.labels("joined").inc()
+            self.on_joined(payload[len(_JOINED) : len(_JOINED) + 64])
+            return
         hint = parse_hint(payload)
         if hint is None:
             self.metrics.notifications.labels("rejected").inc()
@@ -376,7 +377,7 @@ class Listener:
         self.on_job(*hint)
 
     def _check_probe(self) -> None:
-        late = anyio.current_time() - self._probe_sent > self.settings.probe_timeout
+        late = self.clock.now() - self._probe_sent > self.settings.probe_timeout
         if self._probe_token is not None and late:
             self._probe_token = None
             if self.state != "degraded":
@@ -391,7 +392,7 @@ class Listener:
 
     async def _send_probe(self) -> None:
         token = uuid.uuid4().hex
-        self._probe_sent = anyio.current_time()
+        self._probe_sent = self.clock.now()
         try:
             # Bounded: while the pool waits for a connection, this loop reads nothing.
             with anyio.CancelScope(shield=True), anyio.fail_after(self.settings.probe_timeout):
@@ -404,3 +405,12 @@ class Listener:
     def _set_state(self, state: State) -> None:
         self.state = state
         self.metrics.listener_up.set(1 if state == "listening" else 0)
+        if state != "listening":
+            self.schedule.carry(False)
+
+    def _prove(self, proven: bool) -> None:
+        self.proven = proven
+        if not proven:
+            # The check goes back to the pool at once; it comes back once a probe proves a
+            # connection again and the session is configured.
+            self.schedule.carry(False)

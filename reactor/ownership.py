@@ -50,3 +50,44 @@ class Membership:
     def lost(self, newer: Membership) -> frozenset[str]:
         """The replicas this view had and ``newer`` does not: their jobs changed hands."""
         return self.live - newer.live
+
+
+class Roster:
+    """One replica's view of the live set, from the heartbeats it reads and from what the
+    others say when they join (``joined:``) or stop (``left:``) between two reads.
+
+    A replica that said it stopped is never live again, whatever a heartbeat of its still in
+    flight says (ids are unique to a process); it is forgotten once no heartbeat shows it.
+    """
+
+    def __init__(self, me: str) -> None:
+        self.membership = Membership(me)
+        self._departed: set[str] = set()
+
+    def heartbeats(self, live: frozenset[str]) -> frozenset[str]:
+        """A health check read ``live``; returns the replicas this view lost."""
+        self._departed &= live
+        return self._see(live - self._departed)
+
+    def left(self, replica: str) -> frozenset[str]:
+        """``replica`` said it stopped; returns the replicas this view lost."""
+        if replica == self.membership.me:
+            return frozenset()
+        self._departed.add(replica)
+        return self._see(self.membership.live - {replica})
+
+    def joined(self, replica: str) -> bool:
+        """``replica`` wrote its first heartbeat; True when this view changed. Before this
+        replica's own first heartbeat it claims everything, and learns the others from it."""
+        live = self.membership.live
+        if replica in self._departed or replica in live or self.membership.me not in live:
+            return False
+        self._see(live | {replica})
+        return True
+
+    def _see(self, live: frozenset[str]) -> frozenset[str]:
+        seen = Membership(self.membership.me, live)
+        lost = self.membership.lost(seen)
+        changed = seen != self.membership
+        self.membership = seen
+        return lost if changed else frozenset()

@@ -10,33 +10,38 @@ timer, which fires at once for a job already due.
 The pass is shared through one row of ``reactor.reconcile``: each step walks one chunk under that
 row's lock, and the replica that stepped holds a lease on the pass, so one pass runs at a time
 across replicas, a pass never stacks on itself, and a replica that dies mid-pass hands it on when
-its lease runs out. On SIGTERM the loop stops between steps and gives its lease back.
+its lease runs out. On SIGTERM the replica stops between steps and gives its lease back.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-import time
 from collections.abc import Callable
 
 import anyio
 
 from reactor import db
+from reactor.clock import Clock
 from reactor.metrics import Metrics
 from reactor.recorder import DATABASE_ERRORS
 
 log = logging.getLogger(__name__)
 
-# Between two steps, the loop rests as long as the step took: the walk keeps the database at
-# most half as busy as it could, and yields to the app's queries.
+# Between two steps, the walk rests as long as the step took: it keeps the database at most
+# half as busy as it could, and yields to the app's queries.
 _MIN_REST = 0.005
 # After a failed step: retry soon, backing off to this.
-_MAX_ERROR_WAIT = 30.0
+MAX_ERROR_WAIT = 30.0
 
 
 class Reconciler:
-    """One replica's share of the reconcile: steps the shared pass when it is this replica's."""
+    """One replica's share of the reconcile: steps the shared pass when it is this replica's.
+
+    The service's cadence runs :meth:`step` as a duty, as soon as the step before asks: it
+    returns how long to rest, and raises when the database failed it (the duty's policy backs
+    off). On SIGTERM the service stops stepping and calls :meth:`release`.
+    """
 
     def __init__(
         self,
@@ -46,52 +51,38 @@ class Reconciler:
         owner: str,
         interval: float,
         arm: Callable[[str, float], None],
-        is_stopping: Callable[[], bool],
+        clock: Clock,
     ) -> None:
         self.database = database
         self.metrics = metrics
         self.interval = interval
         self.arm = arm
-        self.is_stopping = is_stopping
+        self.clock = clock
         self.owner = owner
         self.steps = 0
-        self._wake = anyio.Event()
         self._holding = False
         metrics.reconcile_interval.set(interval)
 
-    def wake(self) -> None:
-        """Step now rather than at the next due time (a pass was asked for, or stopping)."""
-        self._wake.set()
-
-    async def run(self) -> None:
-        """Step passes until stopping; returns between steps."""
-        failures = 0
-        while not self.is_stopping():
-            started = time.monotonic()
-            try:
-                step = await self.database.reconcile_step(owner=self.owner, interval=self.interval)
-            except DATABASE_ERRORS as error:
-                failures += 1
-                log.warning(
-                    "reconcile step failed, will retry", extra={"error": db.first_line(error)}
-                )
-                await self._rest(min(_MAX_ERROR_WAIT, 0.5 * 2 ** (failures - 1)))
-                continue
-            failures = 0
-            self.steps += 1
-            self._digest(step)
-            if step.outcome == "stepped":
-                await self._rest(max(_MIN_REST, time.monotonic() - started))
-            elif step.outcome == "completed":
-                # The next pass is due one interval after this one began, so that it ends one
-                # interval after this one did: no step to ask when.
-                await self._rest(max(_MIN_REST, self.interval - (step.pass_seconds or 0.0)))
-            else:
-                # Idle: the next pass is due in next_in. Busy: another replica holds the pass,
-                # and it is ours to take over if its lease runs out.
-                wait = step.next_in if step.next_in is not None else self.interval
-                await self._rest(min(max(wait, _MIN_REST), self.interval))
-        await self._release()
+    async def step(self) -> float:
+        """Step the pass once; returns the seconds until the next step is due."""
+        started = self.clock.now()
+        try:
+            step = await self.database.reconcile_step(owner=self.owner, interval=self.interval)
+        except DATABASE_ERRORS as error:
+            log.warning("reconcile step failed, will retry", extra={"error": db.first_line(error)})
+            raise
+        self.steps += 1
+        self._digest(step)
+        if step.outcome == "stepped":
+            return max(_MIN_REST, self.clock.now() - started)
+        if step.outcome == "completed":
+            # The next pass is due one interval after this one began, so that it ends one
+            # interval after this one did: no step to ask when.
+            return max(_MIN_REST, self.interval - (step.pass_seconds or 0.0))
+        # Idle: the next pass is due in next_in. Busy: another replica holds the pass, and it is
+        # ours to take over if its lease runs out.
+        wait = step.next_in if step.next_in is not None else self.interval
+        return min(max(wait, _MIN_REST), self.interval)
 
     def _digest(self, step: db.ReconcileStep) -> None:
         self._holding = step.outcome == "stepped"
@@ -115,12 +106,8 @@ class Reconciler:
                 },
             )
 
-    async def _rest(self, seconds: float) -> None:
-        with anyio.move_on_after(seconds):
-            await self._wake.wait()
-        self._wake = anyio.Event()
-
-    async def _release(self) -> None:
+    async def release(self) -> None:
+        """Give the lease on the pass back, if this replica holds it (stopping)."""
         if not self._holding:
             return
         # Shielded: it runs during the drain. On failure the lease simply runs out.

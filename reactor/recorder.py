@@ -70,6 +70,9 @@ SPLIT = 8
 
 Rearm = list[tuple[str, float]]
 
+# What a scan's outcomes leave to no claim: the job was settled, one way or another.
+_SETTLED = frozenset({"recorded", "superseded", "dropped", "set_aside"})
+
 
 def split(items: Sequence[str], parts: int = SPLIT) -> list[list[str]]:
     """``items`` in at most ``parts`` consecutive, non-empty parts of near-equal size."""
@@ -107,6 +110,8 @@ class Recorder:
         self.batch_lock_timeout = BATCH_LOCK_TIMEOUT
         # Jobs isolated behind another transaction's row lock, until a statement settles them.
         self.stuck: set[str] = set()
+        # The jobs the scan in progress leaves out besides the stuck ones.
+        self._skip: frozenset[str] = frozenset()
         # Jobs this recorder set aside (job id: the error's first line), for `sweep --once`.
         self.set_aside: dict[str, str] = {}
         # A job another replica holds is checked again soon: if that replica dies mid-write,
@@ -163,32 +168,43 @@ class Recorder:
             rearm += await self._record(part, waits=waits)
         return rearm
 
-    async def drain(self, batch_size: int) -> int:
+    async def drain(
+        self,
+        batch_size: int,
+        *,
+        skip: Iterable[str] = (),
+        on_settled: Callable[[list[str]], None] | None = None,
+    ) -> int:
         """Record due jobs oldest first, batch after batch, until a batch comes back short.
 
-        Returns how many runs were written. Jobs stuck behind another transaction's row lock
-        are left out (and handed to ``on_stuck``); other database errors propagate.
+        Returns how many runs were written. Jobs in ``skip`` (claims in flight elsewhere) are
+        left out, and so are jobs stuck behind another transaction's row lock (handed to
+        ``on_stuck``); other database errors propagate. ``on_settled`` is told of the jobs that
+        need no claim any more (recorded, superseded, no longer due a run, set aside).
         """
         total = 0
+        self._skip = frozenset(skip)
         while True:
             outcomes = await self._oldest(batch_size)
             taken = [o for o in outcomes if o.outcome != "deferred"]
             self.metrics.scan_rows.inc(len(taken))
             self._digest(outcomes, "scan")
+            if on_settled is not None:
+                on_settled([o.job_id for o in taken if o.outcome in _SETTLED])
             total += sum(o.outcome == "recorded" for o in outcomes)
             # Only "kept" rows means other transactions hold them: the next scan settles them,
             # looping now would only spin. Deferred rows (past the byte cap) are next in line;
             # a job set aside is left out of the next statement.
-            settled = ("recorded", "superseded", "dropped", "set_aside")
-            progress = any(o.outcome in settled for o in taken)
+            progress = any(o.outcome in _SETTLED for o in taken)
             full = len(outcomes) >= batch_size or len(taken) < len(outcomes)
             if not (full and progress):
                 return total
 
     async def _oldest(self, limit: int, only: list[str] | None = None) -> list[JobOutcome]:
+        skip = sorted(self.stuck | self._skip)
         try:
             outcomes = await self.db.record_oldest(
-                limit, only=only, skip=sorted(self.stuck), lock_timeout=self.batch_lock_timeout
+                limit, only=only, skip=skip, lock_timeout=self.batch_lock_timeout
             )
         except psycopg.Error as error:
             timeout = isinstance(error, TIMEOUTS)
@@ -196,11 +212,7 @@ class Recorder:
                 raise
             if timeout:
                 self.metrics.record_timeouts.inc()
-            ids = (
-                only
-                if only is not None
-                else await self.db.oldest_queued(limit, skip=sorted(self.stuck))
-            )
+            ids = only if only is not None else await self.db.oldest_queued(limit, skip=skip)
             if len(ids) == 1:
                 return [await self._alone(ids[0], error, timed_out=timeout)]
             found: list[JobOutcome] = []

@@ -91,7 +91,7 @@ from rich.text import Text
 from reactor import db, redact, sql
 from reactor.config import Settings
 from reactor.errors import PrivilegeMissing, SchemaMissing
-from reactor.service import QUEUE_WARNING
+from reactor.vitals import QUEUE_WARNING
 
 # The application_name of a listener's session: db.conninfo names sessions "reactor-<role>"
 # and the listener connects with role "listener".

@@ -156,7 +156,7 @@ async def test_client_saved_runs_get_no_hooks(
             client_save(conn, saved)
             finish(conn, new_job(conn)[0])
             await eventually(lambda: hookmods.done)
-            await eventually(lambda: len(reactor.deadlines) == 0)
+            await eventually(lambda: len(reactor.queue) == 0)
         assert len(outbox(conn)) == 1
 
 

@@ -173,4 +173,4 @@ async def test_a_job_notified_in_the_probes_packet_is_not_dropped(
         await eventually(lambda: listener.checking)
         accepted = reactor.metrics.notifications.labels("accepted")
         await eventually(lambda: accepted._value.get() >= 1, timeout=5)
-        assert job_id in reactor.deadlines
+        assert job_id in reactor.queue

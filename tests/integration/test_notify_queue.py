@@ -83,10 +83,19 @@ async def test_a_stuck_listener_fails_no_commit_and_loses_nothing(
                     assert usage is not None
                     assert usage[0] >= 0.5
                     # The reactor says so, and polls instead of waiting for notifications.
-                    await eventually(lambda: reactor.notify_skipped, timeout=15)
+                    await eventually(lambda: reactor.vitals.notify_skipped, timeout=15)
                     gauge = "reactor_notification_queue_usage"
                     assert (reactor.metrics.registry.get_sample_value(gauge) or 0) >= 0.5
                     assert reactor.polling
+                    # The health check skips its probe while the queue is half full, and the
+                    # listener expects none back: its connection stays up through checks.
+                    assert reactor.listener is not None
+                    connections = reactor.listener.connections
+                    health = reactor.cadence.duties["health"]
+                    checks = health.runs
+                    await eventually(lambda: health.runs >= checks + 4, timeout=15)
+                    assert reactor.listener.connections == connections
+                    assert reactor.listener.state == "listening"
                     await eventually(lambda: _runs(app) == JOBS, timeout=60, interval=0.2)
                 finally:
                     reactor.stop()

@@ -80,7 +80,7 @@ async def test_later_job_does_not_replace_a_client_row(
             finish(conn, b)
             await eventually(lambda: log.all_processed([a, b]))
             assert await reactor.scan(rearm=True) == 0
-            assert len(reactor.deadlines) == 0
+            assert len(reactor.queue) == 0
         assert run_row(conn, run_id) == (a, "client")
         assert worker_writes(conn) == []
 

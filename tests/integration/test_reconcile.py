@@ -105,7 +105,7 @@ async def test_a_found_job_keeps_its_whole_grace(
         async with start_reactor(grace=grace, reconcile_interval=0.2) as reactor:
             [job] = _finish_bypassing_triggers(conn, 1)
             # Found well inside its grace: armed, not written, until updated_at + grace.
-            await eventually(lambda: str(job) in reactor.deadlines)
+            await eventually(lambda: str(job) in reactor.queue)
             assert scalar(conn, "SELECT count(*) FROM analysis_runs") == 0
             await eventually(lambda: scalar(conn, "SELECT count(*) FROM analysis_runs") == 1)
         result = await judge(database_url, grace)

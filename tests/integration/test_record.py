@@ -93,16 +93,14 @@ async def test_client_save_inside_grace_means_no_worker_write(
             finish(conn, job_id)
             client_save(conn, job_id)
             # The notification arms a timer; it fires after grace and its statement returns.
-            await eventually(
-                lambda: job_id_key(job_id) in reactor.deadlines or log.processed(job_id)
-            )
+            await eventually(lambda: job_id_key(job_id) in reactor.queue or log.processed(job_id))
             await eventually(lambda: log.processed(job_id))
-            await eventually(lambda: len(reactor.deadlines) == 0)
+            await eventually(lambda: len(reactor.queue) == 0)
             assert log.rearmed(job_id) == []
             assert worker_writes(conn) == []
             # A later full pass agrees: nothing to write, nothing to arm.
             assert await reactor.scan(rearm=True) == 0
-            assert len(reactor.deadlines) == 0
+            assert len(reactor.queue) == 0
             assert recorded(reactor, "timer") + recorded(reactor, "scan") == 0
         assert run_row(conn, run_id) == (job_id, "client")
         assert audit(conn) == [("INSERT", run_id, job_id, "client")]
@@ -186,7 +184,7 @@ async def test_jobs_that_need_no_run_are_never_written(
             await eventually(lambda: log.all_processed(notified))
 
             assert await reactor.scan(rearm=True) == 0
-            assert len(reactor.deadlines) == 0
+            assert len(reactor.queue) == 0
             assert await reactor.scan(rearm=True) == 0
 
         written = {row[1] for row in worker_writes(conn)}
@@ -206,13 +204,13 @@ async def test_touched_after_terminal_waits_for_the_new_updated_at(
             job_id, run_id = new_job(conn)
             finish(conn, job_id)
             # The notification armed the timer for the old updated_at.
-            await eventually(lambda: job_id_key(job_id) in reactor.deadlines)
-            deadline = reactor.deadlines.when(job_id_key(job_id))
+            await eventually(lambda: job_id_key(job_id) in reactor.queue)
+            deadline = reactor.queue.when(job_id_key(job_id))
             assert deadline is not None
             # The app touches the job in the middle of its grace window: well after the
             # notification (so the timer's first firing is early for the new updated_at), well
             # before that firing. This wait is the scenario's timing, not a synchronisation.
-            await anyio.sleep(max(0.0, (deadline - reactor.clock()) / 2))
+            await anyio.sleep(max(0.0, (deadline - reactor.clock.now()) / 2))
             touch(conn, job_id)
             assert not log.processed(job_id), "the timer fired before the touch"
             touched: Any = scalar(
@@ -372,16 +370,18 @@ async def test_the_timer_aims_at_updated_at_plus_grace_by_the_database_clock(
         assert 0 <= late < 0.2
 
 
-async def test_a_job_due_on_arrival_is_claimed_without_a_timer(
+async def test_a_job_due_on_arrival_is_claimed_at_once_by_one_statement(
     database_url: str, start_reactor: StartReactor
 ) -> None:
-    # At grace 0 the deadline has passed when the notification arrives: the claim starts from
-    # the listener's hand-over, with no timer armed and no timer-loop wake-up in between.
+    # At grace 0 the deadline has passed when the notification arrives: the job takes the work
+    # queue's road like any other, and is claimed by one statement with nothing to retry.
     with _connect(database_url) as conn:
-        async with start_reactor(grace=0.0) as reactor:
-            # Not polling either: until a check has read the trigger, a poll would arm the job.
-            # And the scan LISTEN asked for is over: at grace 0 it would claim the job too, and
-            # the listener's claim would find the row locked ("busy") and re-arm it.
+        # A probe interval and timeout the test cannot outlast: a LISTEN reconnect (a probe late
+        # under load) asks for a re-arm scan, which at grace 0 would claim the job too.
+        async with start_reactor(grace=0.0, probe_interval=10.0, probe_timeout=10.0) as reactor:
+            # Startup's scans are over: the one at start, the re-arm LISTEN asked for, and the
+            # retry of either if it failed (a failed scan is pending until its retry ran; that
+            # retry, unseen by this wait, could claim the job first). Not polling either.
             await eventually(
                 lambda: (
                     reactor.listener is not None
@@ -390,16 +390,12 @@ async def test_a_job_due_on_arrival_is_claimed_without_a_timer(
                     and not reactor.scan_pending
                 )
             )
-            armed: list[str] = []
-            arm = reactor.arm
-
-            def spy(job_id: str, delay: float) -> None:
-                armed.append(job_id)
-                arm(job_id, delay)
-
-            reactor.arm = spy  # type: ignore[method-assign]
+            log = watch_recorder(reactor)
             job_id, run_id = new_job(conn)
             finish(conn, job_id)
             assert await eventually(lambda: run_row(conn, run_id)) == (job_id, "worker")
-            assert str(job_id) not in armed
+            await eventually(lambda: log.processed(job_id))
+            assert log.batches == [[str(job_id)]]
+            assert log.rearms == [[]]
             assert recorded(reactor, "timer") == 1
+            assert recorded(reactor, "scan") == 0

@@ -50,7 +50,7 @@ def _explain(reactor: Reactor, job_id: str) -> str:
     }
     return (
         f"listener {listener.state} (proven {listener.proven}); job armed "
-        f"{job_id in reactor.deadlines}; {samples}; live {sorted(reactor.membership.live)} "
+        f"{job_id in reactor.queue}; {samples}; live {sorted(reactor.membership.live)} "
         f"(me {reactor.membership.me}); pool {reactor.database.pool.get_stats()}"
     )
 
@@ -86,7 +86,7 @@ async def test_terminated_listener_reconnects_and_recovers_missed_jobs(
 
                 job_id, run_id = new_job(conn)
                 finish(conn, job_id)  # notifies nobody
-                assert str(job_id) not in reactor.deadlines
+                assert str(job_id) not in reactor.queue
             finally:
                 admin.execute(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS true')
             allowed = time.monotonic()
@@ -125,7 +125,7 @@ async def test_postgres_restart_loses_nothing(
             # Finished before the restart; its deadline falls while the server is down.
             before, before_run = new_job(conn)
             finish(conn, before)
-            await eventually(lambda: str(before) in reactor.deadlines)
+            await eventually(lambda: str(before) in reactor.queue)
         await anyio.to_thread.run_sync(embedded.restart)
         restarted = time.monotonic()
         with _connect(database_url) as conn:

@@ -50,7 +50,7 @@ async def test_two_replicas_record_each_job_exactly_once(
                 lambda: scalar(conn, "SELECT count(*) FROM analysis_runs") == JOBS, timeout=20
             )
             # Both replicas let every timer run out, including retries of jobs the other held.
-            await eventually(lambda: len(r1.deadlines) == 0 and len(r2.deadlines) == 0, timeout=20)
+            await eventually(lambda: len(r1.queue) == 0 and len(r2.queue) == 0, timeout=20)
             for r in replicas:
                 assert await r.scan(rearm=True) == 0
             # What the replicas say they recorded is what the database holds.
@@ -95,7 +95,7 @@ async def test_rows_another_writer_holds_are_retried_not_lost(
             await eventually(
                 lambda: scalar(conn, "SELECT count(*) FROM analysis_runs") == len(jobs)
             )
-            await eventually(lambda: len(r1.deadlines) == 0 and len(r2.deadlines) == 0)
+            await eventually(lambda: len(r1.queue) == 0 and len(r2.queue) == 0)
             await eventually(lambda: _total_recorded(replicas) >= len(jobs))
             total = _total_recorded(replicas)
         _assert_exactly_once(conn, {job_id for job_id, _ in jobs}, set())
@@ -142,7 +142,7 @@ async def test_replicas_split_the_claims_one_statement_per_job(
             await eventually(
                 lambda: scalar(conn, "SELECT count(*) FROM analysis_runs") == len(jobs)
             )
-            await eventually(lambda: all(len(r.deadlines) == 0 for r in replicas))
+            await eventually(lambda: all(len(r.queue) == 0 for r in replicas))
         claimed = [job for log in logs for batch in log.batches for job in batch]
         # Each job was claimed once, by its owner; every replica owned a share.
         assert sorted(claimed) == sorted(str(j) for j in jobs)

@@ -8,7 +8,7 @@ from collections import Counter
 from hypothesis import given
 from hypothesis import strategies as st
 
-from reactor.ownership import Membership, owner
+from reactor.ownership import Membership, Roster, owner
 
 JOBS = [str(uuid.UUID(int=i * 7919 + 1)) for i in range(20_000)]
 REPLICAS = [f"reactor-{i}" for i in range(5)]
@@ -56,3 +56,28 @@ def test_lost_names_the_replicas_that_left() -> None:
 @given(st.sets(st.text(min_size=1, max_size=8), min_size=1, max_size=6), st.uuids())
 def test_the_owner_is_always_one_of_the_live(replicas: set[str], job: uuid.UUID) -> None:
     assert owner(str(job), replicas) in replicas
+
+
+# -- the roster: heartbeats, and what replicas say between them -----------------------------------
+
+
+def test_the_roster_loses_a_replica_that_left_at_once_and_for_good() -> None:
+    roster = Roster("me")
+    assert roster.heartbeats(frozenset({"me", "a", "b"})) == frozenset()
+    assert roster.left("a") == {"a"}
+    assert roster.membership.live == {"me", "b"}
+    # A heartbeat of its, read before it left, does not bring it back.
+    assert roster.heartbeats(frozenset({"me", "a", "b"})) == frozenset()
+    assert roster.membership.live == {"me", "b"}
+    assert roster.left("me") == frozenset()  # our own word comes back to us
+
+
+def test_the_roster_takes_a_joining_replica_in_at_once() -> None:
+    roster = Roster("me")
+    assert not roster.joined("new")  # before its own first heartbeat it claims everything
+    roster.heartbeats(frozenset({"me"}))
+    assert roster.joined("new")
+    assert roster.membership.live == {"me", "new"}
+    assert not roster.joined("new")
+    roster.left("gone")
+    assert not roster.joined("gone")

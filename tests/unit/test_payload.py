@@ -14,6 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from reactor import db
+from reactor.clock import FakeClock
 from reactor.config import Settings
 from reactor.errors import ConfigError
 from reactor.listener import Listener, parse_hint, parse_payload
@@ -143,8 +144,8 @@ def make_listener(channel: str = "analysis_jobs_terminal") -> tuple[Listener, li
         on_job=lambda job_id, updated_at: jobs.append(job_id),
         on_listening=lambda: None,
         check=cast(Any, MagicMock()),
-        poll=cast(Any, MagicMock()),
-        poll_due=lambda: None,
+        schedule=cast(Any, MagicMock()),
+        clock=FakeClock(),
         dsn="host=unused",
     )
     return listener, jobs

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from reactor.metrics import TRIGGER_STATES
-from reactor.service import trigger_state
+from reactor.vitals import trigger_state
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,247 @@
+"""One work queue for job ids: who claims which job, and when. Every road to a claim goes here.
+
+The listener, the poll, the scan's re-arm, the reconcile and the recorder's retries all
+:meth:`~WorkQueue.offer` a job with the time it is due; :meth:`~WorkQueue.take` hands out the due
+ones this replica owns and marks them in flight; :meth:`~WorkQueue.done` settles them. It is
+controller-runtime's workqueue with its delaying queue, for job ids:
+
+- **One claim per job at a time.** A job offered while its claim is in flight is not offered
+  again: the offer is noted (dirty) and the claim's answer decides. When the claim settles the
+  job (recorded, superseded, no longer needed), a level read made meanwhile (a poll, a scan)
+  is stale and dropped; a notification is an edge, newer than the claim may have seen (a run
+  deleted right after it was written), so it is offered again. When the claim asks to retry
+  (a row still held, a deadline moved), the retry's time wins: it is the newest read of the row.
+- **Ownership at the last moment.** Every replica is offered every job, and :meth:`take` leaves
+  the jobs whose deadline passed to their owner (rendezvous hashing over the live replicas), so a
+  change of membership moves them with no message. A job this replica found itself (the
+  reconcile) is *adopted*: it claims it whoever owns it, and the adoption stays with the entry
+  through every retry until a claim settles it.
+- **The last offer wins** for a job not in flight: every offer comes from a read of the row or a
+  fresh notification, and a deadline that moved later (the job was touched) must move later here.
+
+:class:`WorkQueue` is pure: no I/O, no clock; every method that needs the time takes ``now``.
+:class:`Dispatcher` is its async shell: one loop that sleeps until the next deadline (or an
+offer that comes earlier), and a semaphore of claim slots. A job due on arrival takes the same
+road as any other, one task switch after its offer.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+import anyio
+import anyio.abc
+
+from reactor.clock import Clock
+from reactor.deadlines import Deadlines
+from reactor.metrics import Metrics
+from reactor.ownership import Membership
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class _Meanwhile:
+    """What was offered for a job while its claim ran."""
+
+    at: float
+    adopted: bool
+    notified: bool
+
+
+class WorkQueue:
+    """Deadlines for job ids, the jobs in flight, and whose jobs are whose."""
+
+    def __init__(self, me: str, *, capacity: int) -> None:
+        # Until the first heartbeat this replica sees nobody, itself included, and owns all.
+        self.membership = Membership(me)
+        self.capacity = capacity
+        self._deadlines: Deadlines[str] = Deadlines()
+        self._adopted: set[str] = set()
+        self._in_flight: set[str] = set()
+        self._meanwhile: dict[str, _Meanwhile] = {}
+        # Counters for the metrics: offers refused at capacity, due jobs left to their owner.
+        self.refused = 0
+        self.left_to_owner = 0
+
+    def __len__(self) -> int:
+        """Jobs this queue holds: waiting for their deadline or in flight."""
+        return len(self._deadlines) + len(self._in_flight)
+
+    @property
+    def waiting(self) -> int:
+        """Jobs waiting for their deadline."""
+        return len(self._deadlines)
+
+    def __contains__(self, job: object) -> bool:
+        return job in self._in_flight or job in self._deadlines
+
+    @property
+    def in_flight(self) -> frozenset[str]:
+        """The jobs whose claim runs now."""
+        return frozenset(self._in_flight)
+
+    def adopted(self, job: str) -> bool:
+        """True when this replica claims ``job`` whoever owns it."""
+        return job in self._adopted
+
+    def when(self, job: str) -> float | None:
+        """When ``job`` is due, or None when it is not waiting (in flight or unknown)."""
+        return self._deadlines.when(job)
+
+    def offer(self, job: str, at: float, *, adopted: bool = False, notified: bool = False) -> bool:
+        """``job`` is due at ``at``; ``adopted``: claim it whoever owns it; ``notified``: the
+        offer comes from a notification. Returns True when this is now the earliest deadline
+        (a sleeping dispatcher must wake)."""
+        if job in self._in_flight:
+            seen = self._meanwhile.get(job)
+            if seen is None:
+                self._meanwhile[job] = _Meanwhile(at, adopted, notified)
+            else:
+                seen.at = at
+                seen.adopted |= adopted
+                seen.notified |= notified
+            return False
+        if job not in self._deadlines and len(self._deadlines) >= self.capacity:
+            # The fallback scan finds it when it comes due: the queue row is the truth.
+            self.refused += 1
+            return False
+        if adopted:
+            self._adopted.add(job)
+        return self._deadlines.schedule(job, at)
+
+    def forget(self, jobs: Iterable[str]) -> None:
+        """``jobs`` were settled on another road (the scan): no claim of ours is needed."""
+        for job in jobs:
+            if job not in self._in_flight:
+                self._deadlines.cancel(job)
+                self._adopted.discard(job)
+
+    def next_at(self) -> float | None:
+        """The earliest deadline, or None when nothing waits."""
+        return self._deadlines.next_deadline()
+
+    def take(self, now: float, limit: int) -> list[str]:
+        """Up to ``limit`` due jobs to claim now, earliest first, marked in flight. Due jobs
+        another live replica owns are left to it (and forgotten here)."""
+        taken: list[str] = []
+        while len(taken) < limit:
+            due = self._deadlines.pop_due(now, limit - len(taken))
+            if not due:
+                break
+            for job in due:
+                if job in self._adopted or self.membership.owns(job):
+                    taken.append(job)
+                else:
+                    self.left_to_owner += 1
+        self._in_flight.update(taken)
+        return taken
+
+    def done(self, jobs: Sequence[str], retry: Mapping[str, float]) -> bool:
+        """Settle the claim of ``jobs``: those in ``retry`` are due again at its time, the rest
+        are settled. Returns True when a deadline became the earliest."""
+        wake = False
+        for job in jobs:
+            self._in_flight.discard(job)
+            meanwhile = self._meanwhile.pop(job, None)
+            adopted = job in self._adopted or (meanwhile is not None and meanwhile.adopted)
+            self._adopted.discard(job)
+            at = retry.get(job)
+            if at is None and meanwhile is not None and meanwhile.notified:
+                at = meanwhile.at
+            if at is not None:
+                wake |= self.offer(job, at, adopted=adopted)
+        return wake
+
+    def see(self, membership: Membership) -> None:
+        """Who is live changed: ownership follows from now on."""
+        self.membership = membership
+
+
+# Claims the jobs (the recorder): returns the ones to try again, with the delay until then.
+Claim = Callable[[list[str]], Awaitable[list[tuple[str, float]]]]
+
+
+class Dispatcher:
+    """Runs the claims of a :class:`WorkQueue`: one loop, ``concurrency`` claims at once."""
+
+    def __init__(
+        self,
+        queue: WorkQueue,
+        claim: Claim,
+        clock: Clock,
+        metrics: Metrics,
+        *,
+        concurrency: int,
+        batch_size: int,
+        error_retry: float = 1.0,
+    ) -> None:
+        self.queue = queue
+        self.claim = claim
+        self.clock = clock
+        self.metrics = metrics
+        self.batch_size = batch_size
+        # A claim that ended without an answer (cut short): its jobs are tried again after this.
+        self.error_retry = error_retry
+        self._slots = anyio.Semaphore(concurrency)
+        self._wake = anyio.Event()
+        self._closed = False
+        self._refused = 0
+        self._left = 0
+
+    def offer(
+        self, job: str, delay: float, *, adopted: bool = False, notified: bool = False
+    ) -> None:
+        """``job`` is due in ``delay`` seconds (now, if not positive): :meth:`WorkQueue.offer`."""
+        at = self.clock.now() + max(0.0, delay)
+        if self.queue.offer(job, at, adopted=adopted, notified=notified):
+            self._wake.set()
+        self._count()
+
+    def close(self) -> None:
+        """Take no more jobs; the claims in flight finish."""
+        self._closed = True
+        self._wake.set()
+
+    async def run(self, work: anyio.abc.TaskGroup) -> None:
+        """Claim due jobs in ``work`` until :meth:`close`."""
+        while not self._closed:
+            next_at = self.queue.next_at()
+            if next_at is None or next_at > self.clock.now():
+                self._wake = anyio.Event()
+                await self.clock.sleep_until(math.inf if next_at is None else next_at, self._wake)
+                continue
+            await self._slots.acquire()
+            jobs = [] if self._closed else self.queue.take(self.clock.now(), self.batch_size)
+            self._count()
+            if not jobs:
+                self._slots.release()
+                continue
+            work.start_soon(self._claim, jobs)
+
+    async def _claim(self, jobs: list[str]) -> None:
+        # Until the claim answers, every job is a retry: a claim cut short (the drain's
+        # deadline) or one that raised settles nothing.
+        retry = dict.fromkeys(jobs, self.clock.now() + self.error_retry)
+        try:
+            answer = await self.claim(jobs)
+            now = self.clock.now()
+            retry = {job: now + max(0.0, delay) for job, delay in answer}
+        finally:
+            self._slots.release()
+            if self.queue.done(jobs, retry):
+                self._wake.set()
+            self._count()
+
+    def _count(self) -> None:
+        queue, metrics = self.queue, self.metrics
+        metrics.deadlines_pending.set(queue.waiting)
+        if queue.refused != self._refused:
+            metrics.deadlines_dropped.inc(queue.refused - self._refused)
+            self._refused = queue.refused
+        if queue.left_to_owner != self._left:
+            metrics.left_to_owner.inc(queue.left_to_owner - self._left)
+            self._left = queue.left_to_owner

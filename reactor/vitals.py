@@ -1,0 +1,178 @@
+"""What the health checks saw, and what /healthz and /readyz say about it.
+
+The service's checks feed :meth:`Vitals.saw` (or :meth:`Vitals.failed`); the loops ask it whether
+anything is overdue and whether the timers must come from polling; the HTTP server asks it for
+the verdict. No I/O: the time comes from the injected clock.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+
+from reactor import db
+from reactor.clock import Clock
+from reactor.config import Settings
+from reactor.listener import Listener
+from reactor.metrics import TRIGGER_STATES, Metrics
+
+log = logging.getLogger(__name__)
+
+# Past this share of the NOTIFY queue, the app's commits are at risk (they fail when it is full),
+# and the job trigger stops notifying (migration 0008): the reactors poll instead.
+QUEUE_WARNING = 0.5
+
+# How far past its grace the oldest queued job may be, as a health check sees it, before the
+# periodic scan stops being skipped. A job a few milliseconds late is most likely one whose
+# claim is in flight, and a claim's own retries (a row another replica held) come back within
+# a second: a scan would only race them.
+OVERDUE_TOLERANCE = 1.0
+
+
+def trigger_state(trigger_channel: str | None, channel: str) -> str:
+    """What the job trigger does for a replica listening on ``channel``: ``notifies`` it,
+    queues without notifying anyone (``quiet``), notifies ``elsewhere``, or is ``missing``
+    (or disabled), given the channel the trigger notifies ('' for none; None when missing)."""
+    if trigger_channel is None:
+        return "missing"
+    if trigger_channel == "":
+        return "quiet"
+    return "notifies" if trigger_channel == channel else "elsewhere"
+
+
+class Vitals:
+    """The database's health as the last checks saw it."""
+
+    def __init__(self, settings: Settings, metrics: Metrics, clock: Clock) -> None:
+        self.settings = settings
+        self.metrics = metrics
+        self.clock = clock
+        # None until the first check answers or fails.
+        self.database_ok: bool | None = None
+        # The last check failed because the server is a read-only hot standby.
+        self.read_only = False
+        # True while the NOTIFY queue is so full that the trigger skips its notifications.
+        self.notify_skipped = False
+        # The channel the job trigger notifies, as the last check read it from the catalog: ''
+        # when it was installed not to notify, None when it is missing or disabled. Until the
+        # first check, the channel this replica listens on.
+        self.trigger_channel: str | None = settings.channel
+        self._trigger_known = False
+        # How long past its grace the oldest queued job waits, and when a check last answered.
+        self.oldest_overdue = math.inf
+        self.last_seen = -math.inf
+
+    @property
+    def trigger(self) -> str:
+        """The job trigger's state for this replica's channel (see :func:`trigger_state`)."""
+        return trigger_state(self.trigger_channel, self.settings.channel)
+
+    def polling(self, listener: Listener | None) -> bool:
+        """True when timers must come from polling the queue rather than from notifications."""
+        if listener is None or not listener.delivering or self.notify_skipped:
+            return True
+        return self.trigger != "notifies"
+
+    def nothing_overdue(self) -> bool:
+        """True when a fresh check found no queued job past its grace (beyond the tolerance)."""
+        fresh = self.clock.now() - self.last_seen < 2 * self.settings.probe_interval
+        return fresh and self.database_ok is True and self.oldest_overdue < OVERDUE_TOLERANCE
+
+    def failed(self, error: BaseException) -> None:
+        """A check through the pool failed."""
+        if self.database_ok is not False:
+            log.warning("database check failed", extra={"error": db.first_line(error)})
+        self.database_ok = False
+        self.read_only = db.read_only_server(error)
+
+    def saw(self, health: db.Health) -> None:
+        """A check answered."""
+        self.database_ok = True
+        self.read_only = False
+        self.last_seen = self.clock.now()
+        usage = health.queue_usage
+        metrics = self.metrics
+        metrics.queue_usage.set(usage)
+        metrics.oldest_age.set(health.oldest_overdue)
+        self.oldest_overdue = health.oldest_overdue
+        metrics.hook_backlog.set(health.hook_backlog)
+        metrics.hook_failed.set(health.hook_failed)
+        metrics.set_aside_jobs.set(health.set_aside)
+        metrics.reconcile_last_pass.set(health.reconcile_last_pass)
+        if usage >= QUEUE_WARNING and not self.notify_skipped:
+            log.error(
+                "the NOTIFY queue is half full: a session is LISTENing without reading "
+                "(idle in transaction, frozen, or a dead connection); the job trigger "
+                "skips its notifications until it drains, and the reactor polls",
+                extra={"queue_usage": round(usage, 3)},
+            )
+        self.notify_skipped = usage >= QUEUE_WARNING
+        self._see_trigger(health.trigger_channel, listening=self.settings.mode == "listen")
+
+    def _see_trigger(self, channel: str | None, *, listening: bool) -> None:
+        known, self._trigger_known = self._trigger_known, True
+        if known and channel == self.trigger_channel:
+            return
+        self.trigger_channel = channel
+        state = self.trigger
+        for each in TRIGGER_STATES:
+            self.metrics.job_trigger.labels(each).set(1 if each == state else 0)
+        extra = {"trigger_channel": channel, "channel": self.settings.channel}
+        if state == "missing":
+            log.error(
+                "the job trigger on analysis_jobs is missing or disabled: finished jobs are not "
+                "queued, only the reconcile finds them; run `reactor migrate`",
+                extra=extra,
+            )
+        elif state == "quiet":
+            log.info(
+                "the job trigger queues without notifying (`reactor migrate --no-notify`): "
+                "polling the queue",
+                extra={"poll_interval_s": self.settings.poll_interval},
+            )
+        elif state == "elsewhere" and listening:
+            log.error(
+                "the job trigger notifies another channel than REACTOR_CHANNEL: run `reactor "
+                "migrate` with this REACTOR_CHANNEL; polling meanwhile",
+                extra=extra,
+            )
+        elif state == "notifies" and not listening:
+            log.info(
+                "the job trigger notifies, and in poll mode nobody hears it: `reactor migrate "
+                "--no-notify` spares the app's commits the NOTIFY",
+                extra=extra,
+            )
+        elif state == "notifies" and known:
+            log.info("the job trigger notifies this replica's channel again", extra=extra)
+
+    def readiness(self, listener: Listener | None) -> tuple[bool, str]:
+        """(ready, reason): ready when the database answered the last check and, in listen
+        mode, LISTEN is up and proven and the trigger notifies its channel."""
+        if self.database_ok is False and self.read_only:
+            return (
+                False,
+                "the database is a read-only hot standby; waiting for a writable one "
+                "(target_session_attrs=read-write)",
+            )
+        if not self.database_ok:
+            return False, "database unreachable" if self.database_ok is False else "starting"
+        state = self.trigger
+        if state == "missing":
+            return False, "the job trigger is missing or disabled; run `reactor migrate`"
+        if listener is not None:
+            if listener.state == "connecting":
+                problem = listener.problem
+                if problem is None:
+                    return False, "LISTEN connection not up yet; polling"
+                return False, f"LISTEN connection down: {problem}; polling, reconnecting"
+            if listener.state == "degraded":
+                return False, "probe notifications do not arrive (pooler?); polling"
+            if not listener.proven:
+                return False, "waiting for the first delivery probe"
+            if state == "elsewhere":
+                return (
+                    False,
+                    f"the job trigger notifies channel {self.trigger_channel!r}, not "
+                    f"REACTOR_CHANNEL {self.settings.channel!r}; polling",
+                )
+        return True, "ok"

@@ -1,0 +1,327 @@
+"""The work queue and its dispatcher on a fake clock: arrival, offers during a claim, adoption
+across retries, takeover, drain. The claim is a function of the test's; no database."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import anyio
+import pytest
+
+from reactor.clock import FakeClock
+from reactor.dispatch import Dispatcher, WorkQueue
+from reactor.metrics import Metrics
+from reactor.ownership import Membership, owner
+
+pytestmark = pytest.mark.anyio
+
+ME, OTHER = "reactor-me", "reactor-other"
+
+
+def jobs_owned_by(replica: str, count: int, among: tuple[str, ...] = (ME, OTHER)) -> list[str]:
+    found: list[str] = []
+    n = 0
+    while len(found) < count:
+        job = f"job-{n}"
+        n += 1
+        if owner(job, among) == replica:
+            found.append(job)
+    return found
+
+
+# -- the pure queue -------------------------------------------------------------------------------
+
+
+def test_a_job_is_taken_once_its_deadline_passes() -> None:
+    queue = WorkQueue(ME, capacity=10)
+    assert queue.offer("a", 5.0)
+    assert queue.take(4.9, 10) == []
+    assert queue.take(5.0, 10) == ["a"]
+    assert queue.in_flight == {"a"}
+    assert "a" in queue
+    assert len(queue) == 1
+
+
+def test_the_last_offer_wins_for_a_waiting_job() -> None:
+    queue = WorkQueue(ME, capacity=10)
+    queue.offer("a", 5.0)
+    queue.offer("a", 9.0)  # touched: its deadline moved later
+    assert queue.take(8.0, 10) == []
+    assert queue.when("a") == 9.0
+
+
+def test_an_offer_during_the_claim_sends_no_second_claim() -> None:
+    queue = WorkQueue(ME, capacity=10)
+    queue.offer("a", 0.0)
+    assert queue.take(0.0, 10) == ["a"]
+    # A poll or a scan reads the row while the claim runs: noted, not queued.
+    assert not queue.offer("a", 0.0)
+    assert queue.take(1.0, 10) == []
+    # The claim settled it: the poll's read was older than the claim's answer.
+    queue.done(["a"], {})
+    assert "a" not in queue
+    assert queue.take(2.0, 10) == []
+
+
+def test_a_notification_during_the_claim_is_offered_again_after_it() -> None:
+    # An edge newer than the claim (the run deleted right after it was written) is not lost.
+    queue = WorkQueue(ME, capacity=10)
+    queue.offer("a", 0.0)
+    queue.take(0.0, 10)
+    queue.offer("a", 3.0, notified=True)
+    assert queue.done(["a"], {})
+    assert queue.when("a") == 3.0
+
+
+def test_a_retry_wins_over_an_offer_made_during_the_claim() -> None:
+    queue = WorkQueue(ME, capacity=10)
+    queue.offer("a", 0.0)
+    queue.take(0.0, 10)
+    queue.offer("a", 0.5, notified=True)
+    queue.done(["a"], {"a": 7.0})  # the row said: due at 7 (updated_at moved)
+    assert queue.when("a") == 7.0
+
+
+def test_due_jobs_another_replica_owns_are_left_to_it() -> None:
+    queue = WorkQueue(ME, capacity=10)
+    queue.see(Membership(ME, frozenset({ME, OTHER})))
+    mine, theirs = jobs_owned_by(ME, 2), jobs_owned_by(OTHER, 2)
+    for job in [*mine, *theirs]:
+        queue.offer(job, 1.0)
+    assert sorted(queue.take(1.0, 10)) == sorted(mine)
+    assert queue.left_to_owner == 2
+    assert len(queue) == 2  # the two in flight; the others' jobs are forgotten here
+
+
+def test_a_replica_before_its_first_heartbeat_claims_everything() -> None:
+    queue = WorkQueue(ME, capacity=10)
+    queue.see(Membership(ME, frozenset({OTHER})))  # it does not see itself yet
+    theirs = jobs_owned_by(OTHER, 3)
+    for job in theirs:
+        queue.offer(job, 0.0)
+    assert sorted(queue.take(0.0, 10)) == sorted(theirs)
+
+
+def test_adoption_travels_with_the_entry_across_retries() -> None:
+    queue = WorkQueue(ME, capacity=10)
+    queue.see(Membership(ME, frozenset({ME, OTHER})))
+    (theirs,) = jobs_owned_by(OTHER, 1)
+    queue.offer(theirs, 0.0, adopted=True)  # the reconcile found it here
+    assert queue.take(0.0, 10) == [theirs]
+    queue.done([theirs], {theirs: 1.0})  # a row lock: try again in a second
+    assert queue.adopted(theirs)
+    assert queue.take(1.0, 10) == [theirs]  # still claimed here, whoever owns it
+    queue.done([theirs], {})
+    assert not queue.adopted(theirs)
+
+
+def test_adoption_offered_during_the_claim_is_kept_for_the_retry() -> None:
+    queue = WorkQueue(ME, capacity=10)
+    queue.see(Membership(ME, frozenset({ME, OTHER})))
+    (theirs,) = jobs_owned_by(OTHER, 1)
+    queue.see(Membership(ME, frozenset({ME})))
+    queue.offer(theirs, 0.0)
+    queue.take(0.0, 10)
+    queue.offer(theirs, 0.0, adopted=True)
+    queue.see(Membership(ME, frozenset({ME, OTHER})))
+    queue.done([theirs], {theirs: 1.0})
+    assert queue.take(1.0, 10) == [theirs]
+
+
+def test_takeover_when_the_owner_leaves() -> None:
+    queue = WorkQueue(ME, capacity=10)
+    queue.see(Membership(ME, frozenset({ME, OTHER})))
+    theirs = jobs_owned_by(OTHER, 3)
+    for job in theirs:
+        queue.offer(job, 5.0)
+    queue.see(Membership(ME, frozenset({ME})))  # the owner left before the deadlines
+    assert sorted(queue.take(5.0, 10)) == sorted(theirs)
+
+
+def test_a_full_queue_refuses_new_jobs_but_moves_known_ones() -> None:
+    queue = WorkQueue(ME, capacity=2)
+    queue.offer("a", 1.0)
+    queue.offer("b", 2.0)
+    assert not queue.offer("c", 0.5)
+    assert queue.refused == 1
+    assert "c" not in queue
+    queue.offer("a", 3.0)
+    assert queue.when("a") == 3.0
+
+
+def test_forget_drops_a_waiting_job_but_not_one_in_flight() -> None:
+    queue = WorkQueue(ME, capacity=10)
+    queue.offer("a", 5.0)
+    queue.offer("b", 0.0)
+    queue.take(0.0, 10)
+    queue.forget(["a", "b"])  # the scan settled both
+    assert "a" not in queue
+    assert "b" in queue  # its claim answers for it
+
+
+def test_take_fills_the_batch_past_jobs_left_to_their_owner() -> None:
+    queue = WorkQueue(ME, capacity=100)
+    queue.see(Membership(ME, frozenset({ME, OTHER})))
+    theirs, mine = jobs_owned_by(OTHER, 5), jobs_owned_by(ME, 5)
+    for at, job in enumerate([*theirs, *mine]):
+        queue.offer(job, float(at))
+    assert queue.take(100.0, 3) == mine[:3]
+
+
+# -- the dispatcher on a fake clock --------------------------------------------------------------
+
+
+class Claims:
+    """The test's claim: records each batch, answers with what the test set, and can be held."""
+
+    def __init__(self) -> None:
+        self.batches: list[list[str]] = []
+        self.answer: Callable[[list[str]], list[tuple[str, float]]] = lambda jobs: []
+        self.hold: anyio.Event | None = None
+        self.running = 0
+
+    async def __call__(self, jobs: list[str]) -> list[tuple[str, float]]:
+        self.batches.append(list(jobs))
+        self.running += 1
+        try:
+            if self.hold is not None:
+                await self.hold.wait()
+            return self.answer(jobs)
+        finally:
+            self.running -= 1
+
+
+def dispatcher(claims: Claims, clock: FakeClock, *, concurrency: int = 2) -> Dispatcher:
+    return Dispatcher(
+        WorkQueue(ME, capacity=1000),
+        claims,
+        clock,
+        Metrics(),
+        concurrency=concurrency,
+        batch_size=10,
+    )
+
+
+async def test_a_job_due_on_arrival_is_claimed_without_the_clock_moving() -> None:
+    clock, claims = FakeClock(), Claims()
+    d = dispatcher(claims, clock)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(d.run, tg)
+        await anyio.wait_all_tasks_blocked()
+        d.offer("a", -1.0)
+        await anyio.wait_all_tasks_blocked()
+        assert claims.batches == [["a"]]
+        d.close()
+
+
+async def test_a_deadline_fires_at_its_time_and_not_before() -> None:
+    clock, claims = FakeClock(), Claims()
+    d = dispatcher(claims, clock)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(d.run, tg)
+        d.offer("a", 120.0)
+        await clock.advance(119.999)
+        assert claims.batches == []
+        await clock.advance(0.001)
+        assert claims.batches == [["a"]]
+        d.close()
+
+
+async def test_an_earlier_offer_wakes_the_sleeping_loop() -> None:
+    clock, claims = FakeClock(), Claims()
+    d = dispatcher(claims, clock)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(d.run, tg)
+        d.offer("late", 100.0)
+        await clock.advance(1.0)
+        d.offer("early", 1.0)
+        await clock.advance(1.0)
+        assert claims.batches == [["early"]]
+        d.close()
+
+
+async def test_a_scan_offering_a_job_in_flight_costs_no_second_statement() -> None:
+    clock, claims = FakeClock(), Claims()
+    claims.hold = anyio.Event()
+    d = dispatcher(claims, clock)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(d.run, tg)
+        d.offer("a", 0.0)
+        await anyio.wait_all_tasks_blocked()
+        d.offer("a", 0.0)  # a poll reads it while its claim runs
+        await clock.advance(5.0)
+        claims.hold.set()
+        await clock.advance(5.0)
+        assert claims.batches == [["a"]]
+        d.close()
+
+
+async def test_a_retry_comes_back_after_its_delay() -> None:
+    clock, claims = FakeClock(), Claims()
+    claims.answer = lambda jobs: [(j, 1.0) for j in jobs] if len(claims.batches) == 1 else []
+    d = dispatcher(claims, clock)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(d.run, tg)
+        d.offer("a", 0.0)
+        await clock.advance(0.999)
+        assert claims.batches == [["a"]]
+        await clock.advance(0.001)
+        assert claims.batches == [["a"], ["a"]]
+        assert "a" not in d.queue
+        d.close()
+
+
+async def test_claims_never_exceed_the_slots() -> None:
+    clock, claims = FakeClock(), Claims()
+    claims.hold = anyio.Event()
+    d = Dispatcher(
+        WorkQueue(ME, capacity=1000), claims, clock, Metrics(), concurrency=2, batch_size=1
+    )
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(d.run, tg)
+        for job in "abcde":
+            d.offer(job, 0.0)
+        await clock.advance(1.0)
+        assert claims.running == 2
+        claims.hold.set()
+        await clock.advance(1.0)
+        assert sorted(j for b in claims.batches for j in b) == list("abcde")
+        d.close()
+
+
+async def test_close_takes_nothing_more_and_lets_the_claim_in_flight_finish() -> None:
+    clock, claims = FakeClock(), Claims()
+    claims.hold = anyio.Event()
+    d = dispatcher(claims, clock)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(d.run, tg)
+        d.offer("a", 0.0)
+        d.offer("b", 10.0)
+        await clock.advance(1.0)
+        d.close()  # SIGTERM: drain
+        claims.hold.set()
+        await clock.advance(20.0)
+    # The task group ended: the loop returned, and the claim in flight finished.
+    assert claims.batches == [["a"]]
+    assert "a" not in d.queue
+    assert "b" in d.queue
+
+
+async def test_a_claim_that_raises_leaves_its_jobs_to_retry() -> None:
+    clock, claims = FakeClock(), Claims()
+
+    def fail(jobs: list[str]) -> list[tuple[str, float]]:
+        raise RuntimeError("boom")
+
+    claims.answer = fail
+    d = dispatcher(claims, clock)
+
+    async def run_until_it_raises() -> None:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(d.run, tg)
+            d.offer("a", 0.0)
+            await clock.advance(0.5)
+
+    with pytest.raises(BaseExceptionGroup):
+        await run_until_it_raises()
+    assert d.queue.when("a") == pytest.approx(1.0)
