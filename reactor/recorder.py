@@ -23,9 +23,10 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Callable, Iterable, Sequence
-from typing import TypeGuard
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from typing import TypeGuard, TypeVar
 
+import anyio
 import psycopg
 import psycopg.errors
 from psycopg_pool import PoolTimeout
@@ -68,7 +69,12 @@ BATCH_LOCK_TIMEOUT = 0.5
 # rounds, three lock timeouts, instead of nine when halving.
 SPLIT = 8
 
+# Parts of one split tried at once: each held row waits out its lock timeouts beside the others
+# rather than after them; few enough to leave the pool room for the claims and the checks.
+PART_CONCURRENCY = 3
+
 Rearm = list[tuple[str, float]]
+T = TypeVar("T")
 
 # What a scan's outcomes leave to no claim: the job was settled, one way or another.
 _SETTLED = frozenset({"recorded", "superseded", "dropped", "set_aside"})
@@ -85,6 +91,34 @@ def split(items: Sequence[str], parts: int = SPLIT) -> list[list[str]]:
         result.append(list(items[start:end]))
         start = end
     return result
+
+
+async def each_part(
+    parts: list[list[str]], work: Callable[[list[str]], Awaitable[list[T]]]
+) -> list[T]:
+    """``work`` on every part, at most :data:`PART_CONCURRENCY` at once, results in part order.
+
+    The parts of a split batch are independent statements: a part that waits out a lock holds
+    up no other part, so a backlog with several held rows is isolated in the time one takes.
+    Every part runs to its end; then the first error, if any, is raised.
+    """
+    results: list[list[T]] = [[] for _ in parts]
+    errors: list[Exception] = []
+    limiter = anyio.CapacityLimiter(PART_CONCURRENCY)
+
+    async def one(index: int, part: list[str]) -> None:
+        async with limiter:
+            try:
+                results[index] = await work(part)
+            except Exception as error:  # raised below, once every part is over
+                errors.append(error)
+
+    async with anyio.create_task_group() as tg:
+        for index, part in enumerate(parts):
+            tg.start_soon(one, index, part)
+    if errors:
+        raise errors[0]
+    return [item for result in results for item in result]
 
 
 class Recorder:
@@ -163,10 +197,7 @@ class Recorder:
         return self._digest(outcomes, "timer")
 
     async def _record_parts(self, job_ids: list[str], *, waits: bool) -> Rearm:
-        rearm: Rearm = []
-        for part in split(job_ids):
-            rearm += await self._record(part, waits=waits)
-        return rearm
+        return await each_part(split(job_ids), lambda part: self._record(part, waits=waits))
 
     async def drain(
         self,
@@ -215,10 +246,7 @@ class Recorder:
             ids = only if only is not None else await self.db.oldest_queued(limit, skip=skip)
             if len(ids) == 1:
                 return [await self._alone(ids[0], error, timed_out=timeout)]
-            found: list[JobOutcome] = []
-            for part in split(ids):
-                found += await self._oldest(len(part), part)
-            return found
+            return await each_part(split(ids), lambda part: self._oldest(len(part), part))
         self._settled(o.job_id for o in outcomes if o.outcome != "deferred")
         return outcomes
 

@@ -263,3 +263,43 @@ def test_a_killed_replicas_jobs_are_taken_over_within_the_takeover_delay(
         assert late[0] <= 2.0 + 1.0
         assert early_writes(conn, 0.5) == 0
         assert len({(run, job) for run, job, _ in worker_writes(conn)}) == len(jobs)
+
+
+def test_a_killed_replica_is_dropped_at_the_next_check_not_when_its_heartbeat_ages(
+    database_url: str, spawn: Spawn
+) -> None:
+    # Probes every 2 s: a heartbeat stays live for 6 s, so by heartbeats alone a killed owner's
+    # jobs would wait 4 s or more. Its LISTEN session ends with its process, and the heartbeat
+    # names that session: the survivor drops it at its next check, within one probe interval.
+    probe = 2.0
+    env = reactor_env(
+        database_url,
+        REACTOR_GRACE_SECONDS="0.5",
+        REACTOR_PROBE_INTERVAL_SECONDS=str(probe),
+        REACTOR_PROBE_TIMEOUT_SECONDS="2",
+    )
+    victim = spawn("run", env=env)
+    spawn("run", env=env)
+    with psycopg.connect(database_url, autocommit=True) as conn:
+
+        def named_sessions() -> int:
+            row = conn.execute(
+                "SELECT count(*) FROM reactor.replicas WHERE session_pid IS NOT NULL"
+            ).fetchone()
+            return int(row[0]) if row else 0
+
+        wait_for(lambda: listening(conn, 2) and named_sessions() == 2)
+        victim.kill()
+        victim.communicate()
+        jobs = [new_job(conn)[0] for _ in range(40)]
+        for job_id in jobs:
+            finish(conn, job_id)
+        wait_for(lambda: len(worker_writes(conn)) == len(jobs))
+        late = conn.execute(
+            "SELECT max(extract(epoch FROM a.at - j.updated_at))::float8 - 0.5 "
+            "FROM run_audit a JOIN analysis_jobs j ON j.id = a.job_id"
+        ).fetchone()
+        assert late is not None
+        assert late[0] <= probe + 1.0
+        assert early_writes(conn, 0.5) == 0
+        assert len({(run, job) for run, job, _ in worker_writes(conn)}) == len(jobs)

@@ -205,3 +205,19 @@ async def test_the_others_hear_a_replica_leave_between_their_checks(
                 ).fetchone()
         assert late is not None
         assert late[0].total_seconds() < 1.0 + 1.0  # the grace, and well under a check
+
+
+async def test_the_others_hear_a_replica_join_between_their_checks(
+    database_url: str, start_reactor: StartReactor
+) -> None:
+    # Health checks a minute apart: only the new replica's first heartbeat, told on the channel,
+    # can bring it into the first one's view so soon.
+    settings = {"grace": 1.0, "probe_interval": 60.0, "probe_timeout": 5.0}
+    async with start_reactor(**settings) as first:
+        await eventually(lambda: first.membership.live == {first.replica_id})
+        await eventually(lambda: first.listener is not None and first.listener.proven)
+        async with start_reactor(**settings) as second:
+            both = {first.replica_id, second.replica_id}
+            await eventually(lambda: second.membership.live == both)
+            await eventually(lambda: first.membership.live == both, timeout=5.0)
+            assert first.cadence.duties["health"].runs == 1
