@@ -72,7 +72,7 @@ PARAMS: dict[str, Any] = {
     "limit": 4,
     "lease": 150.0,
     "max_attempts": 40,
-    "lock": db._PURGE_LOCK,
+    "lock": db.PURGE_LOCK,
     "batch": BATCH,
     "failed_only": False,
 }

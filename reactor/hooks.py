@@ -195,7 +195,8 @@ class NotifyHook:
 
     async def __call__(self, call: HookCall) -> None:
         """Send the notification from a pool connection."""
-        await db.notify(self.pool, self.channel, call.as_json())
+        # No call timeout of its own: the runner bounds every hook with the hook timeout.
+        await db.notify(db.Pooled(self.pool, timeout=None), self.channel, call.as_json())
 
 
 def webhook_verdict(status: int) -> Literal["done", "retry", "permanent"]:

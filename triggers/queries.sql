@@ -217,7 +217,7 @@ SELECT q.job_id::text AS job_id,
 -- name: oldest_queued
 -- The queue rows record_oldest would take next, oldest first, read without locking: when a
 -- batch waited too long on a row lock, the recorder splits these ids and settles them in parts.
-SELECT p.job_id::text
+SELECT p.job_id::text AS job_id
   FROM reactor.pending p LEFT JOIN analysis_jobs j ON j.id = p.job_id
  WHERE (j.id IS NULL OR j.updated_at < now() - make_interval(secs => %(grace)s))
    AND p.job_id <> ALL(%(skip)s::uuid[])
@@ -250,7 +250,7 @@ RETURNING s.failures, extract(epoch FROM s.retry_at - now())::float8 AS retry_in
 -- name: release_set_aside
 -- Tries every job set aside again at once (`reactor sweep --once`); how many there were.
 WITH released AS (DELETE FROM reactor.set_aside RETURNING 1)
-SELECT count(*)::int FROM released
+SELECT count(*)::int AS released FROM released
 
 -- name: upcoming
 -- Queued jobs that need a run and are still inside their grace window, with the seconds left:
@@ -386,7 +386,7 @@ SELECT CASE WHEN a.pass IS NOT NULL THEN CASE WHEN a.done THEN 'completed' ELSE 
             WHEN s.singleton IS NULL OR s.pass_started_at IS NOT NULL THEN 'busy'
             ELSE 'idle'
        END AS outcome,
-       coalesce(a.pass, s.pass) AS pass,
+       coalesce(a.pass, s.pass) AS pass_number,
        (SELECT examined FROM walked) AS examined,
        coalesce((SELECT array_agg(f.job_id::text ORDER BY f.job_id) FROM found f), '{}')
            AS found_ids,
@@ -568,12 +568,13 @@ UPDATE reactor.hook_outbox o
        updated_at = now()
   FROM judged j
  WHERE o.id = j.id
-RETURNING o.id, o.run_id::text, o.job_id::text, o.hook, o.attempts, o.retry_base,
+RETURNING o.id, o.run_id::text AS run_id, o.job_id::text AS job_id, o.hook,
+          o.attempts AS attempt, o.retry_base,
           CASE o.status WHEN 'superseded' THEN true WHEN 'running' THEN false END AS superseded
 
 -- name: next_hook_in
 -- Seconds until the next hook row of ours becomes claimable (NULL when there is none).
-SELECT extract(epoch FROM min(available_at) - now())::float8
+SELECT extract(epoch FROM min(available_at) - now())::float8 AS next_in
   FROM reactor.hook_outbox
  WHERE status IN ('pending', 'running') AND hook = ANY(%(hooks)s::text[])
 

@@ -359,11 +359,11 @@ async def test_retention_runs_on_one_replica_at_a_time(
     retention = HookRetention(Settings(hook_retention=10), database, is_stopping=lambda: False)
     with psycopg.connect(database_url, autocommit=True) as other_replica:
         # Another replica's purge statement holds the lock (here, a session holds it).
-        other_replica.execute("SELECT pg_advisory_lock(%s)", (db._PURGE_LOCK,))
+        other_replica.execute("SELECT pg_advisory_lock(%s)", (db.PURGE_LOCK,))
         assert await database.purge_hooks(10, 1000) is None
         assert await retention.purge() == 0
         assert counts(conn) == {"done": 30}
-        other_replica.execute("SELECT pg_advisory_unlock(%s)", (db._PURGE_LOCK,))
+        other_replica.execute("SELECT pg_advisory_unlock(%s)", (db.PURGE_LOCK,))
     assert await retention.purge(batch=7) == 30
     assert counts(conn) == {}
 
@@ -395,7 +395,7 @@ def test_periodic_queries_never_read_the_settled_rows(conn: psycopg.Connection[A
     params: dict[str, Any] = {
         **db.health_params(1.0, db.HealthCheck("test", 15.0, 86400.0, "test")),
         "hooks": ["judge"], "limit": 4, "lease": 60.0, "max_attempts": 40, "batch": 1000,
-        "lock": db._PURGE_LOCK,
+        "lock": db.PURGE_LOCK,
         "failed_only": False,
     }  # fmt: skip
     plans = {

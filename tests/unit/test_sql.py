@@ -116,7 +116,7 @@ def test_writers_use_the_precedence_clause(name: str) -> None:
 def test_every_query_the_code_names_exists() -> None:
     root = Path(sql.__file__).parent
     named: set[tuple[str, str | None]] = set()
-    for source in root.glob("*.py"):
+    for source in root.rglob("*.py"):
         text = source.read_text(encoding="utf-8")
         for match in re.finditer(r"""sql\.query\(\s*"(\w+)"\s*(?:,\s*"([\w.]+)"\s*)?\)""", text):
             named.add((match.group(1), match.group(2)))

@@ -1,0 +1,246 @@
+"""The migration engine: what `reactor migrate` applies, and the script it prints instead.
+
+Migrations run on a dedicated connection, one short transaction each, while the app keeps
+writing: a migration that waits on the app's locks gives way and is tried again, and index
+builds run CONCURRENTLY outside any transaction.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Callable
+
+import anyio
+import psycopg
+import psycopg.errors
+import tenacity
+
+from reactor import sql
+from reactor.db.queries import job_trigger, reconcile_pass
+from reactor.db.session import AnyConnection
+from reactor.errors import DatabaseUnreachable, SchemaMissing
+
+# The package's one logger, named as the JSON log lines have always named it.
+log = logging.getLogger("reactor.db")
+
+# The migrations of two processes must not interleave; any constant works, this one is ours.
+_MIGRATE_LOCK = 0x7265_6163  # "reac"
+# A migration waits this long for a lock the app holds, then gives way and tries again: while a
+# DDL statement waits, every app query on that table queues behind it.
+_MIGRATE_LOCK_TIMEOUT = "1s"
+_MIGRATE_ATTEMPTS = 30
+_CONCURRENT_INDEX = re.compile(
+    r"CREATE\s+INDEX\s+CONCURRENTLY\s+IF\s+NOT\s+EXISTS\s+(\w+)", re.IGNORECASE
+)
+
+
+async def schema_version(conn: AnyConnection) -> int | None:
+    """The newest applied migration, or None when the reactor's schema is absent."""
+    cur = await conn.execute("SELECT to_regclass('reactor.schema_version') IS NOT NULL")
+    row = await cur.fetchone()
+    if not row or not row[0]:
+        return None
+    cur = await conn.execute("SELECT max(version) FROM reactor.schema_version")
+    row = await cur.fetchone()
+    return row[0] if row else None
+
+
+async def require_schema(conn: AnyConnection) -> None:
+    """Raise SchemaMissing unless every migration of this release is applied."""
+    found = await schema_version(conn)
+    needed = sql.latest_version()
+    if found is None or found < needed:
+        have = "no reactor schema" if found is None else f"schema version {found}"
+        raise SchemaMissing(
+            f"the database has {have}, this reactor needs version {needed}; "
+            "run `reactor migrate` (or apply `reactor migrate --print`)"
+        )
+
+
+def migration_script(
+    channel: str, *, reference_schema: bool, applied: int = 0, notify: bool = True
+) -> str:
+    """The SQL `reactor migrate` runs from version ``applied``, for a migration tool to apply;
+    with ``notify`` False, the job trigger queues without notifying.
+
+    Each migration is one transaction; the statements that must run outside any transaction
+    (index builds that leave the app writing) follow it, marked as such. The walk that queues
+    the jobs which finished before the triggers existed is the reactor's, not SQL's: the script
+    ends by saying to run `reactor sweep --once`, or to let a running reactor's reconcile do it.
+    """
+    lock = f"SELECT pg_advisory_xact_lock({_MIGRATE_LOCK});"
+    timeout = f"SET LOCAL lock_timeout = '{_MIGRATE_LOCK_TIMEOUT}';"
+    parts = []
+    if reference_schema:
+        parts += ["BEGIN;", sql.read("reference.sql"), "COMMIT;"]
+    for migration in sql.migrations():
+        if migration.version <= applied:
+            continue
+        record = (
+            "INSERT INTO reactor.schema_version (version, name) "
+            f"VALUES ({migration.version}, '{migration.name}') ON CONFLICT DO NOTHING;"
+        )
+        parts += [f"-- {migration.version:04d}_{migration.name}", "BEGIN;", lock, timeout]
+        parts.append(sql.with_channel(migration.in_transaction, channel).strip())
+        if not migration.outside_transaction:
+            parts += [record, "COMMIT;"]
+            continue
+        parts.append("COMMIT;")
+        # The marker names the one statement after it: run it on its own, in autocommit.
+        for statement in migration.outside_transaction:
+            parts += [sql.OUTSIDE_TRANSACTION, f"{statement};"]
+        parts.append(record)
+    parts += ["-- the triggers, repeatable", "BEGIN;", lock, timeout]
+    trigger_channel = channel if notify else ""
+    parts += [sql.with_channel(sql.read("notify_triggers.sql"), trigger_channel).strip(), "COMMIT;"]
+    parts.append(
+        "-- Jobs that finished before the triggers existed are not queued yet: run\n"
+        "-- `reactor sweep --once`, or let a running reactor's reconcile pass find them."
+    )
+    return "\n".join(parts) + "\n"
+
+
+async def migrate(
+    conn: AnyConnection,
+    channel: str,
+    *,
+    reference_schema: bool,
+    notify: bool | None = None,
+    on_progress: Callable[[int], None] | None = None,
+) -> list[int]:
+    """Apply what is missing, then walk the jobs once; return the versions applied.
+
+    Safe while the app writes, and safe to run concurrently: a session advisory lock makes a
+    second migrate wait, then find nothing to do. Each migration is its own short transaction
+    that waits at most a second for the app's locks and is retried; index builds run
+    CONCURRENTLY outside it. The triggers are always re-pointed at ``channel``, so changing
+    REACTOR_CHANNEL takes effect; with ``notify`` False they queue without notifying, and with
+    None they keep the choice installed (notifying on a first install).
+
+    Last comes a full reconcile pass. The triggers exist and are committed by then, so a job
+    that turned eligible before they did is found by the pass, and any later one by them:
+    nothing finishing during the install falls between the two. ``on_progress`` hears the
+    number of jobs walked so far.
+    """
+    # Unbounded: an index build over a big table takes what it takes, and only waits.
+    await conn.execute("SELECT set_config('statement_timeout', '0', false)")
+    await _take_migrate_lock(conn)
+    try:
+        if reference_schema:
+            await _migration_transaction(conn, sql.read("reference.sql"))
+        await _require_app_tables(conn)
+        applied = await schema_version(conn) or 0
+        done = []
+        for migration in sql.migrations():
+            if migration.version <= applied:
+                continue
+            text = sql.with_channel(migration.in_transaction, channel)
+            outside = migration.outside_transaction
+            await _migration_transaction(conn, text, None if outside else migration)
+            for statement in outside:
+                await _outside_transaction(conn, statement)
+            if outside:
+                await _record_version(conn, migration)
+            done.append(migration.version)
+        if notify is None:
+            installed = await job_trigger(conn)
+            notify = installed is None or installed[0] != ""
+        await _migration_transaction(
+            conn, sql.with_channel(sql.read("notify_triggers.sql"), channel if notify else "")
+        )
+        # After an install, the pass queues what finished before the triggers existed: that is
+        # expected, not drift. After a plain re-run, whatever it finds is drift.
+        owner = "install" if done else "migrate"
+        await reconcile_pass(conn, owner=owner, on_progress=on_progress)
+    finally:
+        await conn.execute("SELECT pg_advisory_unlock(%s)", (_MIGRATE_LOCK,))
+    return done
+
+
+async def _take_migrate_lock(conn: AnyConnection) -> None:
+    # Polled, never waited for inside a statement: a waiting statement holds a snapshot, and
+    # the other migrate's CREATE INDEX CONCURRENTLY waits for every older snapshot to end.
+    # Waiting in the lock would deadlock the two.
+    waited = False
+    while True:
+        cur = await conn.execute("SELECT pg_try_advisory_lock(%s)", (_MIGRATE_LOCK,))
+        row = await cur.fetchone()
+        if row and row[0]:
+            return
+        if not waited:
+            log.info("another `reactor migrate` is running; waiting for it to finish")
+            waited = True
+        await anyio.sleep(0.2)
+
+
+async def _migration_transaction(
+    conn: AnyConnection, text: str, migration: sql.Migration | None = None
+) -> None:
+    # Retried whole when a lock wait gives way to the app (each attempt rolls back cleanly).
+    retrying = tenacity.AsyncRetrying(
+        stop=tenacity.stop_after_attempt(_MIGRATE_ATTEMPTS),
+        wait=tenacity.wait_random_exponential(multiplier=0.2, max=5),
+        retry=tenacity.retry_if_exception_type(psycopg.errors.LockNotAvailable),
+        reraise=True,
+    )
+    try:
+        async for attempt in retrying:
+            with attempt:
+                async with conn.transaction():
+                    await conn.execute(
+                        "SELECT set_config('lock_timeout', %s, true)", (_MIGRATE_LOCK_TIMEOUT,)
+                    )
+                    await conn.execute(text)
+                    if migration is not None:
+                        await _record_version(conn, migration)
+    except psycopg.errors.LockNotAvailable:
+        raise DatabaseUnreachable(
+            f"migrate could not take a table lock in {_MIGRATE_ATTEMPTS} tries of "
+            f"{_MIGRATE_LOCK_TIMEOUT}: a long transaction holds analysis_jobs or analysis_runs; "
+            "nothing was changed by the last try, run `reactor migrate` again later"
+        ) from None
+
+
+async def _outside_transaction(conn: AnyConnection, statement: str) -> None:
+    index = _CONCURRENT_INDEX.search(statement)
+    if index:
+        # A CONCURRENTLY build that failed (a crash, a cancel) leaves an invalid index behind
+        # that IF NOT EXISTS would keep for ever: drop it and build again.
+        cur = await conn.execute(
+            "SELECT NOT i.indisvalid FROM pg_index i WHERE i.indexrelid = to_regclass(%s)",
+            (index.group(1),),
+        )
+        row = await cur.fetchone()
+        if row and row[0]:
+            log.warning("dropping an invalid index left by an earlier build: %s", index.group(1))
+            await conn.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {index.group(1)}")
+    # It waits for old transactions to end, which blocks nobody: no lock timeout for it.
+    cur = await conn.execute("SELECT current_setting('lock_timeout')")
+    row = await cur.fetchone()
+    await conn.execute("SELECT set_config('lock_timeout', '0', false)")
+    try:
+        await conn.execute(statement)
+    finally:
+        if row is not None:
+            await conn.execute("SELECT set_config('lock_timeout', %s, false)", (row[0],))
+
+
+async def _record_version(conn: AnyConnection, migration: sql.Migration) -> None:
+    await conn.execute(
+        "INSERT INTO reactor.schema_version (version, name) VALUES (%s, %s) ON CONFLICT DO NOTHING",
+        (migration.version, migration.name),
+    )
+
+
+async def _require_app_tables(conn: AnyConnection) -> None:
+    cur = await conn.execute(
+        "SELECT name FROM unnest(ARRAY['analysis_jobs', 'analysis_runs']) AS name "
+        "WHERE to_regclass(name) IS NULL"
+    )
+    missing = [name for (name,) in await cur.fetchall()]
+    if missing:
+        raise SchemaMissing(
+            f"table {', '.join(missing)} not found; create the app's tables first, "
+            "or run `reactor migrate --reference-schema` for the reference ones"
+        )

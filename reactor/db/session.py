@@ -1,0 +1,619 @@
+"""How the reactor talks to PostgreSQL: connections, the pool, and how each call is run.
+
+What the reactor's statements mean must not depend on the session defaults a role or database
+hands out (``serializable``, a read-only default, a short statement_timeout), nor leak into other
+clients' sessions through a transaction-mode pooler. So each pooled connection is looked at
+once, when it opens:
+
+- A session of its own (the server's pid is the one the connection was given: no pooler in
+  between) gets the reactor's settings for the session, READ COMMITTED included, and keeps
+  psycopg's prepared statements. Each call is then one bare autocommit statement, as cheap as
+  it gets.
+- Behind a pooler it gets no session settings and no prepared statements (the next statement
+  may run on another server session, one the app uses next). Each call is pinned instead:
+  ``BEGIN ISOLATION LEVEL READ COMMITTED READ WRITE``, the settings set LOCAL, the statement,
+  ``COMMIT``, sent in one pipeline: one round trip, and nothing outlives the transaction.
+
+Either way the server has the whole of a call in hand at once, so a reactor that dies or is cut
+off mid-call cannot leave an idle transaction holding job rows locked.
+
+A hot standby is refused where the reactor would write (:func:`connect`), and a pooled connection
+that finds itself on one is closed (:func:`call`), so the pool's next one lands on the primary.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import weakref
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Literal, Protocol, TypeAlias, TypeVar, overload
+
+import anyio
+import psycopg
+import psycopg.conninfo
+import psycopg.errors
+import psycopg.sql
+import tenacity
+from psycopg.pq import TransactionStatus
+from psycopg.rows import AsyncRowFactory, TupleRow, tuple_row
+from psycopg_pool import AsyncConnectionPool
+
+from reactor.errors import ConfigError, DatabaseReadOnly, DatabaseUnreachable
+
+# The package's one logger, named as the JSON log lines have always named it.
+log = logging.getLogger("reactor.db")
+
+R = TypeVar("R")
+
+AnyConnection = psycopg.AsyncConnection[Any]
+
+# libpq settings that make a dead peer visible within seconds instead of the kernel's hours.
+_CLIENT_TCP = {
+    "connect_timeout": "10",
+    "keepalives": "1",
+    "keepalives_idle": "10",
+    "keepalives_interval": "5",
+    "keepalives_count": "3",
+    "tcp_user_timeout": "20000",
+}
+
+# Bounds on every statement. A session of our own gets them for the session; behind a pooler
+# they are set LOCAL to each transaction (see the module docstring).
+_BOUNDS = {
+    "statement_timeout": "30s",
+    "lock_timeout": "10s",
+    "idle_in_transaction_session_timeout": "30s",
+}
+
+# The client-side TCP settings on the server side: the server drops a session whose client
+# vanished instead of keeping its locks until the kernel gives up on the socket. Only for a
+# session of our own: behind a pooler the server's client is the pooler, not the reactor.
+_LIVENESS = {
+    "tcp_keepalives_idle": "10",
+    "tcp_keepalives_interval": "5",
+    "tcp_keepalives_count": "3",
+    "tcp_user_timeout": "20000",
+    "client_connection_check_interval": "5s",
+}
+
+# Only for a session of our own: a pinned call says all this in its BEGIN.
+_SESSION_DEFAULTS = {
+    "default_transaction_isolation": "read committed",
+    "default_transaction_read_only": "off",
+}
+
+# The start of every pinned transaction. Explicit, because the session's defaults may say
+# otherwise: the claim's SKIP LOCKED and reactor.outranks_v1's fresh snapshot per query need READ
+# COMMITTED; under REPEATABLE READ or SERIALIZABLE a race between writers turns into a
+# serialization failure of the whole batch.
+_BEGIN = b"BEGIN ISOLATION LEVEL READ COMMITTED READ WRITE"
+
+
+def _pin(settings: Mapping[str, str]) -> bytes:
+    """One statement that sets ``settings`` LOCAL: literals, not parameters, so the server
+    has no plan to make for it (it runs unprepared on every call behind a pooler)."""
+    calls = psycopg.sql.SQL(", ").join(
+        psycopg.sql.SQL("set_config({}, {}, true)").format(
+            psycopg.sql.Literal(name), psycopg.sql.Literal(value)
+        )
+        for name, value in settings.items()
+    )
+    return psycopg.sql.SQL("SELECT {}").format(calls).as_bytes(None)
+
+
+_PIN_BOUNDS = _pin(_BOUNDS)
+
+# Every pooled call gives up client-side after this long. TCP settings cannot see a peer that
+# keeps the connection open and never answers (a frozen backend, a stuck proxy); this can.
+CALL_TIMEOUT = 35.0  # statement_timeout above, plus room to hear about it
+# Checking out a pooled connection runs an empty query first; a dead one must fail fast. The
+# check is what keeps a connection that froze in the pool (a half-open link, a stopped backend)
+# from stalling a claim for the whole call timeout. It costs nothing when the reactor is idle:
+# its one periodic statement runs on the LISTEN connection, not through the pool.
+_CHECK_TIMEOUT = 5.0
+
+# psycopg's own default: a statement is prepared on its fifth run. Only for a session of our
+# own: behind a transaction pooler the next statement may run on a session that never saw it.
+PREPARE_THRESHOLD = 5
+
+# Connection failures that retrying cannot fix: the user must change the DSN or the server.
+_PERMANENT = re.compile(
+    r"password authentication failed|authentication failed|role .* does not exist"
+    r"|database .* does not exist|no password supplied|pg_hba\.conf|invalid .* value",
+    re.IGNORECASE,
+)
+
+
+def conninfo(dsn: str, role: str) -> str:
+    """``dsn`` with our application_name and TCP liveness settings added."""
+    return psycopg.conninfo.make_conninfo(dsn, application_name=f"reactor-{role}", **_CLIENT_TCP)
+
+
+def first_line(error: BaseException) -> str:
+    """The first line of a driver error: no traceback, no DSN (libpq never prints passwords)."""
+    text = str(error).strip() or type(error).__name__
+    return text.splitlines()[0]
+
+
+async def configure(conn: AnyConnection) -> None:
+    """Apply the session settings to a connection that is a session of its own, not one a
+    transaction-mode pooler shares with other clients (the settings would leak into theirs)."""
+    settings = {**_BOUNDS, **_LIVENESS, **_SESSION_DEFAULTS}
+    query = "SELECT set_config(n, v, false) FROM unnest(%s::text[], %s::text[]) AS s(n, v)"
+    try:
+        await conn.execute(query, (list(settings), list(settings.values())))
+    except psycopg.errors.UndefinedObject:
+        # An older server lacks one (client_connection_check_interval arrived in PostgreSQL 14):
+        # set them one by one and go without what it does not know.
+        for name, value in settings.items():
+            try:
+                await conn.execute("SELECT set_config(%s, %s, false)", (name, value))
+            except psycopg.errors.UndefinedObject:
+                log.debug("server does not know %s; skipped", name)
+
+
+# What :func:`connect` does with a server that is a read-only hot standby: ``accept`` it (the
+# caller only reads, or looks for the standby itself), ``refuse`` it at once, or ``retry`` it
+# like a failed connection within the attempts (a standby being promoted is writable seconds
+# later). Refused, or still a standby after the last attempt: DatabaseReadOnly.
+StandbyPolicy = Literal["accept", "refuse", "retry"]
+
+# libpq's own words (fe-connect.c, not the server's) for a host that target_session_attrs
+# turned down for being read-only: read-write's, then primary's.
+_READ_ONLY_HOST = re.compile(
+    r'server (?:at|on socket) "([^"]*)"(?:, port (\d+))? failed: '
+    r"(?:session is read-only|server is in hot standby mode)"
+)
+
+# The fix a read-only database calls for, whichever form the DSN takes.
+_MULTI_HOST_EXAMPLE = "postgresql://db1:5432,db2:5432/app?target_session_attrs=read-write"
+
+
+async def connect(
+    dsn: str,
+    role: str,
+    *,
+    attempts: int = 1,
+    configure_session: bool = True,
+    standby: StandbyPolicy = "accept",
+    source: str = "DATABASE_URL",
+) -> AnyConnection:
+    """One dedicated autocommit connection, retried with jitter on transient failures.
+
+    With ``configure_session`` False the session keeps the server's settings: for connections
+    that may go through a transaction-mode pooler, where a session setting would land on a
+    server session other clients use next. Prepared statements are never used: a transaction
+    pooler hands each statement to whichever server session is free, which never saw them.
+    ``standby`` says what to do with a read-only hot standby (see :data:`StandbyPolicy`);
+    ``source`` names the setting ``dsn`` came from, for the messages.
+
+    Raises ConfigError when retrying cannot help (bad password, unknown database),
+    DatabaseReadOnly for a standby the policy does not accept (also when every host of a
+    ``target_session_attrs=read-write`` DSN is one), and DatabaseUnreachable when every attempt
+    failed.
+    """
+    retrying = tenacity.AsyncRetrying(
+        stop=tenacity.stop_after_attempt(attempts),
+        wait=tenacity.wait_random_exponential(multiplier=0.5, max=5),
+        retry=tenacity.retry_if_exception(lambda error: _retryable(error, standby)),
+        before_sleep=_log_standby_retry,
+        reraise=True,
+    )
+    try:
+        async for attempt in retrying:
+            with attempt:
+                conn = await psycopg.AsyncConnection.connect(
+                    conninfo(dsn, role), autocommit=True, prepare_threshold=None
+                )
+                try:
+                    if standby != "accept":
+                        await _refuse_standby(conn, source)
+                    if configure_session:
+                        await configure(conn)
+                except BaseException:
+                    await conn.close()
+                    raise
+                return conn
+    except psycopg.OperationalError as error:
+        read_only = _read_only_hosts(error)
+        if read_only:
+            raise DatabaseReadOnly(_no_writable_host(error, read_only, source)) from None
+        if _is_transient(error):
+            raise DatabaseUnreachable(
+                f"cannot reach the database: {first_line(error)}; check {source} and that "
+                "the server is up"
+            ) from None
+        raise ConfigError(f"the database refused the connection: {first_line(error)}") from None
+    raise AssertionError("unreachable: tenacity either returns or raises")
+
+
+async def _refuse_standby(conn: AnyConnection, source: str) -> None:
+    problem = await standby_problem(conn, source)
+    if problem is not None:
+        raise DatabaseReadOnly(problem)
+
+
+async def standby_problem(conn: AnyConnection, source: str = "DATABASE_URL") -> str | None:
+    """None when ``conn``'s server accepts writes; else why not, in one line naming the fix.
+
+    Asks ``pg_is_in_recovery()`` rather than trusting the ``in_hot_standby`` the server
+    reports at login: a pooler may pass on another server's, or none. The upstream a standby
+    streams from is shown when this role may see it (pg_read_all_stats): most often the
+    primary.
+    """
+    cur = await conn.execute("SELECT pg_is_in_recovery()")
+    row = await cur.fetchone()
+    if not row or not row[0]:
+        return None
+    upstream = ""
+    try:
+        cur = await conn.execute(
+            "SELECT sender_host, sender_port FROM pg_stat_wal_receiver WHERE sender_host <> ''"
+        )
+        sender = await cur.fetchone()
+    except psycopg.Error:  # a server or role that cannot say: the fix reads the same
+        sender = None
+    if sender is not None:
+        upstream = f" (this standby streams from {_address(sender[0], sender[1])})"
+    return (
+        f"the database at {_address(conn.info.host, conn.info.port)} is a read-only hot "
+        f"standby (pg_is_in_recovery()), and the reactor writes: point {source} at the "
+        f"primary{upstream}, or list every host with target_session_attrs=read-write "
+        f"({_MULTI_HOST_EXAMPLE})"
+    )
+
+
+def _no_writable_host(error: BaseException, read_only: list[str], source: str) -> str:
+    verb = "is" if len(read_only) == 1 else "are"
+    # psycopg lists each attempt of a multi-host DSN on a line of its own.
+    others = str(error).count("\n- host: ") > len(read_only)
+    return (
+        f"no host of {source} accepts writes: {', '.join(read_only)} {verb} read-only (a hot "
+        f"standby) and target_session_attrs passed over it"
+        + (", the others did not answer" if others else "")
+        + f"; add the primary's address to the host list ({_MULTI_HOST_EXAMPLE}), or promote a "
+        "standby"
+    )
+
+
+def _read_only_hosts(error: BaseException) -> list[str]:
+    """The hosts a connection error says target_session_attrs refused as read-only, in the
+    order tried (psycopg lists every attempt of a multi-host DSN)."""
+    found: list[str] = []
+    for host, port in _READ_ONLY_HOST.findall(str(error)):
+        shown = _address(host, port or None)
+        if shown not in found:
+            found.append(shown)
+    return found
+
+
+def _address(host: str | None, port: int | str | None) -> str:
+    # host:port as people write it: [v6]:port, and a Unix socket's directory as is.
+    host = host or "localhost"
+    if host.startswith("/"):
+        return host if port is None else f"{host} (port {port})"
+    if ":" in host:
+        host = f"[{host}]"
+    return host if port is None else f"{host}:{port}"
+
+
+def _retryable(error: BaseException, standby: StandbyPolicy) -> bool:
+    if isinstance(error, DatabaseReadOnly) or _read_only_hosts(error):
+        return standby == "retry"
+    return _is_transient(error)
+
+
+def _log_standby_retry(state: tenacity.RetryCallState) -> None:
+    # Debug only: like a failed connection, a standby that stays one ends in a single line.
+    error = state.outcome.exception() if state.outcome is not None else None
+    if isinstance(error, DatabaseReadOnly) or (error is not None and _read_only_hosts(error)):
+        log.debug(
+            "the database is a read-only hot standby; trying again in case it is being promoted",
+            extra={"attempt": state.attempt_number, "error": first_line(error)},
+        )
+
+
+def _is_transient(error: BaseException) -> bool:
+    return isinstance(error, psycopg.OperationalError) and not _PERMANENT.search(str(error))
+
+
+def make_pool(dsn: str, *, max_size: int) -> AsyncConnectionPool[AnyConnection]:
+    """The pool for everything but LISTEN; connections are checked before use, and configured
+    by :func:`configure_pooled` when they open."""
+    return AsyncConnectionPool(
+        conninfo(dsn, "pool"),
+        min_size=1,
+        max_size=max_size,
+        kwargs={"autocommit": True},
+        configure=configure_pooled,
+        check=_check_connection,
+        open=False,
+        name="reactor",
+        timeout=15.0,
+        reconnect_timeout=_RECONNECT_WINDOW,
+        reconnect_failed=_reconnect_again,
+    )
+
+
+async def _check_connection(conn: AnyConnection) -> None:
+    with anyio.fail_after(_CHECK_TIMEOUT):
+        await AsyncConnectionPool.check_connection(conn)
+
+
+# psycopg_pool retries a lost connection with backoff (1, 2, 4, 8 s...) for as long as
+# reconnect_timeout, so after an outage a waiting call could sit out a pause of many seconds
+# while the database has long been back. A short window ends each series of retries early and
+# starts the next at once: retries stay about a second apart while calls wait, and stop while
+# none does (the next checkout starts them again). The database coming back is the normal case.
+_RECONNECT_WINDOW = 2.0
+
+
+async def _reconnect_again(pool: AsyncConnectionPool[AnyConnection]) -> None:
+    if pool.get_stats().get("requests_waiting", 0):
+        await pool.check()  # grows the pool again when it has no connection left
+
+
+# Pool connections found to be sessions of their own: see the module docstring.
+_OWN_SESSIONS: weakref.WeakSet[AnyConnection] = weakref.WeakSet()
+
+
+async def configure_pooled(conn: AnyConnection) -> None:
+    """Tell a session of its own from one behind a pooler, and set it up accordingly.
+
+    A pooler hands its client a cancel key of its own making, so the pid in it is not the pid of
+    the server session that runs the statements. Session pooling is taken for a pooler too: safe,
+    a little slower.
+    """
+    cur = await conn.execute("SELECT pg_backend_pid()", prepare=False)
+    row = await cur.fetchone()
+    if row is not None and row[0] == conn.info.backend_pid:
+        await configure(conn)
+        _OWN_SESSIONS.add(conn)
+    else:
+        # Named prepared statements break on PgBouncer before 1.21, and on any version with
+        # max_prepared_statements = 0: they were made on another server session.
+        conn.prepare_threshold = None
+
+
+def is_own_session(conn: AnyConnection) -> bool:
+    """True for a pool connection :func:`configure_pooled` found to be a session of its own."""
+    return conn in _OWN_SESSIONS
+
+
+@overload
+async def call(
+    conn: AnyConnection, query: str, params: Any = None, *, lock_timeout: float | None = None
+) -> list[TupleRow]: ...
+
+
+@overload
+async def call(
+    conn: AnyConnection,
+    query: str,
+    params: Any = None,
+    *,
+    lock_timeout: float | None = None,
+    row_factory: AsyncRowFactory[R],
+) -> list[R]: ...
+
+
+async def call(
+    conn: AnyConnection,
+    query: str,
+    params: Any = None,
+    *,
+    lock_timeout: float | None = None,
+    row_factory: AsyncRowFactory[Any] = tuple_row,
+) -> list[Any]:
+    """Run one statement on a pool connection, as the module docstring says; its rows, made by
+    ``row_factory`` (tuples unless given).
+
+    ``lock_timeout`` (seconds) replaces the usual bound on waiting for a row lock, for this
+    statement only.
+
+    A server that turns out read-only (a hot standby: the old primary back after a failover,
+    behind an address that used to be the primary's) costs the connection: it is closed, so the
+    pool discards it and opens another, which with ``target_session_attrs=read-write`` lands on
+    whichever host accepts writes now. The error is raised as always; the caller retries.
+    """
+    own = is_own_session(conn)
+    try:
+        if own and lock_timeout is None:
+            return await run_bare(conn, query, params, row_factory=row_factory)
+        if lock_timeout is None:
+            return await run_pinned(conn, query, params, row_factory=row_factory)
+        waiting = _lock_wait(lock_timeout)
+        settings = waiting if own else {**_BOUNDS, **waiting}
+        return await run_pinned(conn, query, params, settings, row_factory=row_factory)
+    except psycopg.Error as error:
+        if read_only_server(error, conn):
+            await _drop(conn, error)
+        raise
+
+
+def _lock_wait(seconds: float) -> dict[str, str]:
+    return {"lock_timeout": f"{max(1, round(seconds * 1000))}ms"}
+
+
+def read_only_server(error: BaseException, conn: AnyConnection | None = None) -> bool:
+    """True when ``error`` says the server is read-only: SQLSTATE 25006 (a write, LISTEN or
+    NOTIFY on a hot standby), or a pinned call's ``BEGIN ... READ WRITE`` refused during
+    recovery (0A000), which ``conn``'s server, when given, must not have reported a primary."""
+    if isinstance(error, psycopg.errors.ReadOnlySqlTransaction):
+        return True
+    if not isinstance(error, psycopg.errors.FeatureNotSupported):
+        return False
+    # PostgreSQL 14 on reports in_hot_standby, and updates it on promotion; older servers and
+    # some poolers say nothing, and then the error alone decides (none of the reactor's
+    # statements is otherwise unsupported).
+    return conn is None or conn.closed or conn.info.parameter_status("in_hot_standby") != "off"
+
+
+async def _drop(conn: AnyConnection, error: BaseException) -> None:
+    if conn.closed:
+        return  # the pool discards it as it is
+    log.debug(
+        "closing a connection to a read-only server",
+        extra={"server": _address(conn.info.host, conn.info.port), "error": first_line(error)},
+    )
+    with anyio.CancelScope(shield=True):
+        await conn.close()
+
+
+async def run_bare(
+    conn: AnyConnection, query: str, params: Any = None, *, row_factory: AsyncRowFactory[R]
+) -> list[R]:
+    """Run ``query`` as one autocommit statement, under the session's own settings; return its
+    rows, made by ``row_factory`` (none for a command)."""
+    cur = conn.cursor(row_factory=row_factory)
+    await cur.execute(query, params)
+    return await cur.fetchall() if cur.description is not None else []
+
+
+async def run_pinned(
+    conn: AnyConnection,
+    query: str,
+    params: Any = None,
+    settings: Mapping[str, str] | None = None,
+    *,
+    row_factory: AsyncRowFactory[R],
+) -> list[R]:
+    """Run ``query`` in a READ COMMITTED transaction of its own with ``settings`` set LOCAL
+    (default: the reactor's statement bounds), in one round trip; return its rows, made by
+    ``row_factory`` (none for a command).
+
+    The transaction is rolled back if anything fails, so the connection goes back idle.
+    """
+    pin = _PIN_BOUNDS if settings is None else _pin(settings) if settings else None
+    try:
+        async with conn.pipeline():
+            await conn.execute(_BEGIN)
+            if pin is not None:
+                await conn.execute(pin)
+            cur = conn.cursor(row_factory=row_factory)
+            await cur.execute(query, params)
+            await conn.execute(b"COMMIT")
+    except BaseException:
+        await _roll_back(conn)
+        raise
+    return await cur.fetchall() if cur.description is not None else []
+
+
+async def _roll_back(conn: AnyConnection) -> None:
+    # An error inside the explicit transaction leaves it aborted until ROLLBACK. A connection
+    # that is broken or still running the statement (cancelled mid-call) is left to the pool,
+    # which discards it.
+    status = conn.info.transaction_status
+    if conn.closed or status not in (TransactionStatus.INTRANS, TransactionStatus.INERROR):
+        return
+    with anyio.move_on_after(_CHECK_TIMEOUT, shield=True):
+        try:
+            await conn.rollback()
+        except psycopg.Error as error:
+            log.debug("rollback after a failed call failed", extra={"error": first_line(error)})
+
+
+async def session_identity(conn: AnyConnection) -> tuple[int, datetime]:
+    """(pid, backend_start) of the server session serving ``conn`` right now.
+
+    Through a pooler this is whichever server session the pooler picked, not one of our own.
+    """
+    cur = await conn.execute(
+        "SELECT pid, backend_start FROM pg_stat_activity WHERE pid = pg_backend_pid()"
+    )
+    row = await cur.fetchone()
+    assert row is not None
+    return int(row[0]), row[1]
+
+
+async def end_listener_session(conn: AnyConnection, pid: int, started: datetime) -> bool:
+    """End the reactor listener session ``pid`` if it is still the one that started at
+    ``started`` (a pid alone may by now belong to another session); True if it was ended."""
+    cur = await conn.execute(
+        "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM pg_stat_activity "
+        "WHERE pid = %s AND backend_start = %s AND application_name = %s",
+        (pid, started, "reactor-listener"),
+    )
+    row = await cur.fetchone()
+    return bool(row and row[0])
+
+
+class Connector(Protocol):
+    """Where a query runs: through the pool (:class:`Pooled`), or on a connection of the
+    caller's own (:class:`Dedicated`). Every named query takes one, so each is written once."""
+
+    async def fetch(
+        self,
+        query: str,
+        params: Any,
+        row_factory: AsyncRowFactory[R],
+        *,
+        lock_timeout: float | None = None,
+    ) -> list[R]:
+        """Run ``query`` once; its rows, made by ``row_factory`` (none for a command).
+
+        ``lock_timeout`` (seconds) replaces the usual bound on waiting for a row lock, for this
+        statement only.
+        """
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class Pooled:
+    """Each query on a connection of ``pool``, run as :func:`call` runs it, within ``timeout``
+    seconds (None: the caller bounds the wait)."""
+
+    pool: AsyncConnectionPool[AnyConnection]
+    timeout: float | None = CALL_TIMEOUT
+
+    async def fetch(
+        self,
+        query: str,
+        params: Any,
+        row_factory: AsyncRowFactory[R],
+        *,
+        lock_timeout: float | None = None,
+    ) -> list[R]:
+        """Run ``query`` on a pooled connection; see :meth:`Connector.fetch`."""
+        # The bound covers waiting for a connection and the whole call made on it.
+        with anyio.fail_after(self.timeout):
+            async with self.pool.connection() as conn:
+                return await call(
+                    conn, query, params, lock_timeout=lock_timeout, row_factory=row_factory
+                )
+
+
+@dataclass(frozen=True, slots=True)
+class Dedicated:
+    """Each query on ``conn``, a connection of the caller's own (the LISTEN connection, or a
+    command's): one bare statement under its session's settings; the caller bounds the wait."""
+
+    conn: AnyConnection
+
+    async def fetch(
+        self,
+        query: str,
+        params: Any,
+        row_factory: AsyncRowFactory[R],
+        *,
+        lock_timeout: float | None = None,
+    ) -> list[R]:
+        """Run ``query`` on the connection; see :meth:`Connector.fetch`."""
+        if lock_timeout is None:
+            return await run_bare(self.conn, query, params, row_factory=row_factory)
+        # A bound of its own for one statement: SET LOCAL needs a transaction around it.
+        return await run_pinned(
+            self.conn, query, params, _lock_wait(lock_timeout), row_factory=row_factory
+        )
+
+
+# A named query runs on a connector, or on a dedicated connection as it is.
+Target: TypeAlias = Connector | AnyConnection
+
+
+def connector(target: Target) -> Connector:
+    """``target`` as a connector: a bare connection is a :class:`Dedicated` one."""
+    return Dedicated(target) if isinstance(target, psycopg.AsyncConnection) else target
