@@ -41,6 +41,7 @@ from reactor import sql
 BENCHMARKS: dict[str, str] = {
     "lateness": "bench.lateness",
     "replicas": "bench.replicas",
+    "handoffs": "bench.handoffs",
     "event_latency": "bench.event_latency",
     "catchup": "bench.catchup",
     "set_aside": "bench.set_aside",

@@ -310,6 +310,9 @@ class Listener:
                 conn.prepare_threshold = db.PREPARE_THRESHOLD
                 self._recovered()
                 self.schedule.carry(True)
+                # At once, not at the pool's next turn: this check's heartbeat names this
+                # session, which tells the others at once if this process is killed.
+                self.schedule.hasten("health")
             await self.schedule.run_duty("health", "listener", lambda: self._check(conn))
 
     async def _check(self, conn: db.AnyConnection) -> None:
