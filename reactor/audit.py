@@ -26,9 +26,12 @@ class Verdict:
     clobbered: int
     early: int
     wrong: int
+    # Lateness of the worker's writes outside the excused stretches (run_audit_excused), and
+    # the worst of all of them, excused or not.
     lateness_p50: float | None
     lateness_p99: float | None
     lateness_max: float | None
+    lateness_max_overall: float | None
 
     @property
     def clean(self) -> bool:

@@ -35,7 +35,7 @@ TEMPLATE = "reactor_test_template_" + os.environ.get("PYTEST_XDIST_WORKER", "mai
 FAULT_ROW = "fault_scenario_row"
 _FAULT_HEAD = (
     "| scenario | cycles | jobs | lost | dup | clobbered | early | wrong | stale "
-    "| worst lateness (s) | p99 (s) | caught up in (s) | outcome | note |"
+    "| worst lateness outside faults (s) | p99 (s) | caught up in (s) | outcome | note |"
 )
 
 

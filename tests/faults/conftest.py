@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, cast
 
 import anyio
 import pytest
@@ -23,7 +23,7 @@ from reactor.service import POOL_SIZE, Reactor
 from tests.conftest import FAULT_ROW, Server
 from tests.faults.proxy import FaultProxy
 from tests.faults.scenario import REPLICAS, Scenario
-from tests.faults.support import Judgement, Replicas, Workload, host_port
+from tests.faults.support import FaultWindows, Judgement, Replicas, Workload, host_port
 
 StartReactor = Callable[..., AbstractAsyncContextManager[Reactor]]
 
@@ -66,19 +66,48 @@ def report(request: pytest.FixtureRequest) -> Report:
 
 
 @pytest.fixture
-def embedded(server: Server) -> Iterator[EmbeddedPostgres]:
-    """The test server's process, for tests that stop, kill or freeze it; it is up after."""
+def fault_windows(database_url: str) -> FaultWindows:
+    """Where the fault fixtures note their outages, for the verdict's lateness."""
+    return FaultWindows(database_url)
+
+
+class _NotedServer:
+    """The test server's process; its stops and starts are noted as fault windows."""
+
+    def __init__(self, pg: EmbeddedPostgres, windows: FaultWindows) -> None:
+        self._pg = pg
+        self._windows = windows
+
+    def stop(self, mode: Literal["smart", "fast", "immediate"] = "fast") -> None:
+        self._windows.begin()
+        self._pg.stop(mode)
+
+    def start(self) -> None:
+        self._pg.start()
+        self._windows.end()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._pg, name)
+
+
+@pytest.fixture
+def embedded(server: Server, fault_windows: FaultWindows) -> Iterator[EmbeddedPostgres]:
+    """The test server's process, for tests that stop, kill or freeze it; it is up after. Its
+    stops and starts are fault windows."""
     if server.embedded is None:
         pytest.skip("the test server is not ours to stop or signal")
-    yield server.embedded
+    yield cast(EmbeddedPostgres, _NotedServer(server.embedded, fault_windows))
     server.embedded.start()
 
 
 @pytest.fixture
-def proxy(database_url: str) -> Iterator[FaultProxy]:
-    """A fault proxy in front of the test database's server."""
+def proxy(database_url: str, fault_windows: FaultWindows) -> Iterator[FaultProxy]:
+    """A fault proxy in front of the test database's server; its partitions are fault
+    windows."""
     host, port = host_port(database_url)
-    fault_proxy = FaultProxy(host, port).start()
+    fault_proxy = FaultProxy(
+        host, port, on_partition=fault_windows.begin, on_heal=fault_windows.end
+    ).start()
     try:
         yield fault_proxy
     finally:

@@ -53,8 +53,19 @@ class _Link:
 class FaultProxy:
     """127.0.0.1:``port`` forwards to ``upstream``; see the module docstring for faults."""
 
-    def __init__(self, upstream_host: str, upstream_port: int, *, seed: int = 0) -> None:
+    def __init__(
+        self,
+        upstream_host: str,
+        upstream_port: int,
+        *,
+        seed: int = 0,
+        on_partition: Callable[[], None] = lambda: None,
+        on_heal: Callable[[], None] = lambda: None,
+    ) -> None:
         self.upstream = (upstream_host, upstream_port)
+        # Told when a partition begins and when it heals (the verdict's fault windows).
+        self.on_partition = on_partition
+        self.on_heal = on_heal
         self.port = 0
         self.latency = 0.0
         self.accepted = 0
@@ -88,6 +99,7 @@ class FaultProxy:
 
     def partition(self, *, new: bool = True) -> None:
         """Freeze every open link; with ``new``, links opened from now on too."""
+        self.on_partition()
 
         def apply() -> None:
             self._frozen_new = new
@@ -98,6 +110,7 @@ class FaultProxy:
 
     def heal(self) -> None:
         """Let every link, old and new, move its held bytes and carry on."""
+        self.on_heal()
 
         def apply() -> None:
             self._frozen_new = False

@@ -107,6 +107,44 @@ def listeners(conn: Conn) -> int:
     return len(reactor_pids(conn, "listener"))
 
 
+# -- fault windows -----------------------------------------------------------------------------
+
+
+@dataclass
+class FaultWindows:
+    """The stretches a test cut the server or the network off, written to ``run_audit_excused``
+    as each ends, so the verdict's lateness shows what the reactor does outside them: the
+    handoffs and the recoveries, not the outage itself. Wall-clock times: the server may be
+    down when a stretch begins, and it shares this machine's clock."""
+
+    dsn: str
+    began: float | None = None
+
+    def begin(self) -> None:
+        """A fault starts now (a second begin before an end keeps the first)."""
+        if self.began is None:
+            self.began = time.time()
+
+    def end(self) -> None:
+        """The fault is over: record its stretch (the server is answering again)."""
+        if self.began is None:
+            return
+        began, self.began = self.began, None
+        ended = time.time()
+        for _ in range(50):
+            try:
+                with connect(self.dsn) as conn:
+                    conn.execute(
+                        "INSERT INTO run_audit_excused (from_at, until_at) "
+                        "VALUES (to_timestamp(%s), to_timestamp(%s))",
+                        (began, ended),
+                    )
+            except psycopg.OperationalError:
+                time.sleep(0.1)  # the server is still coming back; no event to await here
+            else:
+                return
+
+
 # -- judging -----------------------------------------------------------------------------------
 
 

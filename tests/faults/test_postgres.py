@@ -149,8 +149,8 @@ async def _downtime(
     )
     assert app.failed_writes > 0
     # Recovery is the reconnect (its backoff is capped at 5 s), not the 30 s scan.
-    assert judgement.verdict.lateness_max is not None
-    assert judgement.verdict.lateness_max < (started - stopped) + 10
+    assert judgement.verdict.lateness_max_overall is not None
+    assert judgement.verdict.lateness_max_overall < (started - stopped) + 10
     assert caught_up - started < 10
 
 
