@@ -134,15 +134,6 @@ class Cadence:
         duty = self.duties[name]
         duty.next_at = min(duty.next_at, now)
 
-    def defer(self, name: str, at: float) -> None:
-        """Run ``name`` no earlier than ``at`` (another road just did its work)."""
-        duty = self.duties[name]
-        duty.next_at = max(duty.next_at, at)
-
-    def idle(self, name: str) -> bool:
-        """True when ``name`` is not running and not due before its interval."""
-        return self.duties[name].running is None
-
 
 # A duty's work: returns when it is due next (None: one interval on), raises on failure.
 Action = Callable[[], Awaitable[float | None]]

@@ -125,7 +125,7 @@ GROUPS: tuple[Group, ...] = (
         "Hooks. The record statement queues hook rows in the same statement (INSERT, needed\n"
         "even with REACTOR_HOOKS empty: PostgreSQL checks privileges before it knows that no\n"
         "row comes), the hook runner leases and settles them (SELECT ... FOR UPDATE SKIP\n"
-        "LOCKED, UPDATE), the watch loop counts them, and the retention job deletes settled\n"
+        "LOCKED, UPDATE), the health check counts them, and the retention job deletes settled\n"
         "rows once REACTOR_HOOK_RETENTION_SECONDS have passed (DELETE).",
         _table("reactor", "hook_outbox", "SELECT", "INSERT", "UPDATE", "DELETE"),
     ),

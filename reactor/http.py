@@ -1,6 +1,6 @@
 """Health and metrics over HTTP: ``/healthz``, ``/readyz`` and ``/metrics``, served by aiohttp.
 
-The handlers only read memory: :meth:`Reactor.health` (which the watch loop keeps current) and
+The handlers only read memory: :meth:`Reactor.health` (which the health checks keep current) and
 the metrics registry. None touches the database, so a slow or absent database can make
 ``/readyz`` say 503 but never makes a probe hang.
 

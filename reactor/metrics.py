@@ -182,7 +182,7 @@ class Metrics:
             "Deadlines that fired here for a job another live replica owns; it claims them.",
             registry=r,
         )
-        for result in ("accepted", "rejected", "probe", "left"):
+        for result in ("accepted", "rejected", "probe", "left", "joined"):
             self.notifications.labels(result)
         for source in ("timer", "scan"):
             self.recorded.labels(source)

@@ -75,7 +75,7 @@ async def test_health_ready_and_metrics(serve: Serve) -> None:
             status, _ = await get(session, f"{base}/readyz")
             return status == 200
 
-        # Ready once the watch loop has seen the database and a delivery probe came back.
+        # Ready once the health check has seen the database and a delivery probe came back.
         await until(ready, 15)
         assert await get(session, f"{base}/readyz") == (200, {"ready": True, "reason": "ok"})
 
@@ -138,7 +138,7 @@ async def test_readiness_follows_the_database(serve: Serve, server: Server) -> N
         reasons.clear()
         try:
             # The server's own stop blocks; the reactor keeps running meanwhile. The listener
-            # notices first (its connection drops), then the watch loop's next check.
+            # notices first (its connection drops), then the pool's next check.
             await anyio.to_thread.run_sync(embedded.stop)
             await until(unreachable, 30)
             assert all(
