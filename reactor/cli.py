@@ -18,7 +18,7 @@ import anyio
 import psycopg.errors
 from rich.console import Console
 
-from reactor import db, grants, hook_ops, http, logs, progress, sql, status
+from reactor import db, grants, hook_ops, http, logs, mapping, progress, sql, status
 from reactor.config import Settings
 from reactor.errors import (
     ConfigError,
@@ -139,6 +139,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     command: Callable[[argparse.Namespace], Awaitable[int]] = _COMMANDS[args.command]
     try:
         logs.setup(*_log_settings(args))
+        # Every command runs on the mapping REACTOR_CONFIG names; the startup checks then
+        # match it against the catalog and fill in the column types.
+        mapping.use(mapping.from_env(os.environ))
         code = anyio.run(command, args, backend="asyncio")
     except KeyboardInterrupt:
         sys.exit(130)
@@ -212,6 +215,7 @@ async def _startup_connection(
 
 async def _check_database(conn: db.AnyConnection) -> None:
     try:
+        await db.fitted(conn)
         await db.require_schema(conn)
     except psycopg.errors.InsufficientPrivilege:
         # Even looking for the reactor's schema needs USAGE on it: let the privilege check
@@ -276,6 +280,7 @@ async def cmd_migrate(args: argparse.Namespace) -> int:
     if not 0 <= args.from_version <= sql.latest_version():
         raise ConfigError(f"--from must be a schema version within 0..{sql.latest_version()}")
     if args.print:
+        await _fit_for_print(settings)
         sys.stdout.write(
             db.migration_script(
                 settings.channel,
@@ -302,6 +307,16 @@ async def cmd_migrate(args: argparse.Namespace) -> int:
     else:
         print(f"schema is up to date at version {sql.latest_version()}")
     return 0
+
+
+async def _fit_for_print(settings: Settings) -> None:
+    """The mapping `migrate --print` renders: checked against the database when DATABASE_URL
+    names one; otherwise as the file says, unqualified tables taken to be in public."""
+    if settings.database_url:
+        async with await _startup_connection(settings, "migrate") as conn:
+            await db.fitted(conn, installing=True)
+    else:
+        mapping.use(mapping.in_force().in_public())
 
 
 async def cmd_sweep(args: argparse.Namespace) -> int:
@@ -360,6 +375,7 @@ async def cmd_status(args: argparse.Namespace) -> int:
         if standby is not None and not args.json:
             raise DatabaseReadOnly(standby)
         try:
+            await db.fitted(conn)
             report = await status.collect(conn, settings)
         except SchemaMissing:
             if standby is not None:  # the primary is the one to look at, and it may have it
@@ -394,6 +410,7 @@ async def cmd_hooks(args: argparse.Namespace) -> int:
         standby="refuse",
     ) as conn:
         try:
+            await db.fitted(conn)
             await db.require_schema(conn)
             if action == "list":
                 return await _hooks_list(

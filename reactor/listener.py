@@ -47,7 +47,7 @@ import anyio
 import psycopg
 import psycopg.sql
 
-from reactor import db
+from reactor import db, mapping
 from reactor.cadence import Scheduler
 from reactor.clock import Clock
 from reactor.config import Settings
@@ -82,17 +82,26 @@ def backoff(failures: int, *, cap: float, base: float = BACKOFF_BASE, rand: floa
 
 
 _UUID = re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}")
+_BIGINT = re.compile(r"-?[0-9]{1,19}")
+# A text id is taken as sent, up to this long: the trigger sends what the column holds.
+_TEXT_ID_MAX = 512
 
 
 def parse_payload(payload: str) -> str | None:
-    """The job id a payload names, in canonical lower-case form, or None if it names none.
+    """The job id a payload names, in the canonical text form of the mapping's id type (a
+    uuid's lower-case form), or None if it names none.
 
     Only the trigger's exact form is accepted: uuid.UUID alone would also take braces, URNs
     and non-ASCII digits.
     """
-    if len(payload) > 64:  # a job id is 36 characters; don't even strip a flood
+    id_type = mapping.in_force().jobs.id_type
+    if id_type == "text":
+        return payload if 0 < len(payload) <= _TEXT_ID_MAX else None
+    if len(payload) > 64:  # a job id is at most 36 characters; don't even strip a flood
         return None
     text = payload.strip()
+    if id_type == "bigint":
+        return str(int(text)) if _BIGINT.fullmatch(text) else None
     return text.lower() if _UUID.fullmatch(text) else None
 
 
@@ -105,7 +114,10 @@ def parse_hint(payload: str) -> tuple[str, float | None] | None:
     The trigger sends ``<job id>@<updated_at>``; a bare job id (an older trigger) is accepted
     too, without a time. Anything else names no job.
     """
-    job, sep, at = payload.partition("@")
+    # The time is after the last "@": a text id may hold one.
+    job, sep, at = payload.rpartition("@")
+    if not sep:
+        job = payload
     job_id = parse_payload(job)
     if job_id is None:
         return None

@@ -12,8 +12,13 @@ from importlib.resources import files
 
 import psycopg.sql
 
+from reactor import mapping as mapping_module
+from reactor.mapping import Mapping
+
 _BLOCK = re.compile(r"^-- (name|fragment): (\w+)[ \t]*$", re.MULTILINE)
 _INCLUDE = re.compile(r"\{\{(\w+)\}\}")
+# A slot the mapping fills: @jobs@, @j.updated_at@ (a column of row j), @eligible(j)@.
+_SLOT = re.compile(r"@(?:(\w+)\.)?(\w+)(?:\((\w*)\))?@")
 _MIGRATION = re.compile(r"(\d{4})_(\w+)\.sql")
 # Everything after this line of a migration runs outside a transaction, one statement at a time:
 # CREATE INDEX CONCURRENTLY cannot run inside one, and is the point (the app keeps writing).
@@ -48,9 +53,25 @@ def read(name: str) -> str:
     return files("triggers").joinpath(name).read_text(encoding="utf-8")
 
 
+def render(text: str, mapping: Mapping | None = None, *, channel: str | None = None) -> str:
+    """Fill the slots of ``text`` from ``mapping`` (the one in force when None), and
+    ``@channel@`` with the NOTIFY channel, quoted as a literal."""
+    chosen = mapping or mapping_module.in_force()
+
+    def fill(match: re.Match[str]) -> str:
+        alias, name, argument = match.groups()
+        if name == "channel" and alias is None and argument is None:
+            if channel is None:
+                raise KeyError("@channel@ needs a channel")
+            return psycopg.sql.quote(channel)
+        return chosen.slot(name, alias, argument)
+
+    return _SLOT.sub(fill, text)
+
+
 def with_channel(text: str, channel: str) -> str:
-    """Put the NOTIFY channel into SQL that names it as ``@channel@``, quoted as a literal."""
-    return text.replace("@channel@", psycopg.sql.quote(channel))
+    """``text`` rendered for the mapping in force and the NOTIFY channel ``channel``."""
+    return render(text, channel=channel)
 
 
 @cache
@@ -71,14 +92,39 @@ def migrations() -> tuple[Migration, ...]:
     return tuple(found)
 
 
+@cache
+def baseline() -> Migration:
+    """What a first install applies: schema.sql, the newest migration's state in one file, so
+    that every mapping installs from the same text (the numbered migrations are the upgrade
+    road of installs made before it, on the reference tables)."""
+    latest = migrations()[-1]
+    return Migration(latest.version, "baseline", read("schema.sql"))
+
+
+def repeatable() -> Migration:
+    """What every `reactor migrate` applies after the migrations: notify_triggers.sql."""
+    return Migration(0, "repeatable", read("notify_triggers.sql"))
+
+
 def latest_version() -> int:
     """The schema version this release needs."""
     return migrations()[-1].version
 
 
+def queries(filename: str = "queries.sql", mapping: Mapping | None = None) -> dict[str, str]:
+    """The named queries of a file, with fragments (its own and queries.sql's) spliced in and
+    slots filled from ``mapping`` (the one in force when None)."""
+    return _rendered(filename, mapping or mapping_module.in_force())
+
+
 @cache
-def queries(filename: str = "queries.sql") -> dict[str, str]:
-    """The named queries of a file, with fragments (its own and queries.sql's) spliced in."""
+def _rendered(filename: str, mapping: Mapping) -> dict[str, str]:
+    return {name: render(text, mapping) for name, text in templates(filename).items()}
+
+
+@cache
+def templates(filename: str = "queries.sql") -> dict[str, str]:
+    """The named queries of a file as written, fragments spliced in, slots still open."""
     fragments = _blocks("queries.sql", "fragment")
     fragments.update(_blocks(filename, "fragment"))
     named = _blocks(filename, "name")
@@ -96,7 +142,7 @@ def queries(filename: str = "queries.sql") -> dict[str, str]:
 
 
 def query(name: str, filename: str = "queries.sql") -> str:
-    """One named query, ready to execute."""
+    """One named query for the mapping in force, ready to execute."""
     return queries(filename)[name]
 
 

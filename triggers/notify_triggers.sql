@@ -1,32 +1,145 @@
--- The reactor's triggers on the app's tables, on the NOTIFY channel (@channel@, from
--- REACTOR_CHANNEL). Repeatable: `reactor migrate` applies it after the numbered migrations every
--- time, so changing the channel needs no new migration.
+-- What the mapping shapes: the reactor's functions that read the app's tables, and its
+-- triggers on them, on the NOTIFY channel (@channel@, from REACTOR_CHANNEL). Repeatable:
+-- `reactor migrate` applies it after the numbered migrations every time, so a changed channel
+-- or mapping needs no new migration. Slots (@jobs@, @NEW.updated_at@, ...) are filled from the
+-- mapping in force (reactor/mapping.py).
 --
+-- The trigger functions act only for the tables their triggers are on (see migration 0013):
+-- app_table_v1 refuses any other before a column is read. They run with a search_path nobody
+-- else can plant objects in, and name the app's tables schema-qualified.
+UPDATE reactor.app_tables SET jobs = @jobs_name@, runs = @runs_name@;
+
+-- True when a run row written for run_job (with run_saved_by) may be replaced by new_job: only
+-- a worker row written for an earlier job of the same run (older created_at, ties broken by
+-- id). It reads the newest committed jobs, not the caller's snapshot, which is what the
+-- write's conflict check needs.
+CREATE OR REPLACE FUNCTION reactor.outranks_v1(new_job @job_type@, run_job @job_type@,
+                                               run_saved_by text)
+    RETURNS boolean
+    LANGUAGE plpgsql VOLATILE
+    SET search_path = pg_catalog, pg_temp AS
+$$
+BEGIN
+    RETURN coalesce(run_saved_by = @worker@, false)
+       AND NOT EXISTS (SELECT 1
+                         FROM @jobs@ rj, @jobs@ j
+                        WHERE @rj.id@ = $2 AND @j.id@ = $1
+                          AND (@rj.created_at@, @rj.id@) >= (@j.created_at@, @j.id@));
+END
+$$;
+
+CREATE OR REPLACE FUNCTION reactor.job_changed_v1() RETURNS trigger
+    LANGUAGE plpgsql
+    -- It runs in the app's transactions, as the app's role, which need not see the reactor's
+    -- schema: it acts as its owner instead, with a search_path nobody else can plant objects in.
+    SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS
+$$
+DECLARE
+    eligible boolean;
+    was_eligible boolean;
+BEGIN
+    -- First, before any column of the row is read: another table's columns could be of types
+    -- whose casts or operators run their owner's code with this function's rights.
+    PERFORM reactor.app_table_v1('jobs', TG_RELID);
+    -- The row-local half of "needs a run"; the runs table decides the rest at record time.
+    eligible := @eligible(NEW)@;
+    was_eligible := TG_OP = 'UPDATE' AND @eligible(OLD)@;
+    IF eligible AND NOT was_eligible THEN
+        INSERT INTO reactor.pending (job_id, since)
+        VALUES (@NEW.id@, least(@NEW.updated_at@, now()))
+            ON CONFLICT (job_id) DO UPDATE SET since = EXCLUDED.since;
+    END IF;
+    -- Wake the reactors on the transition into a terminal status, and when a terminal job
+    -- becomes eligible later (its results arrive in a second update); not at all when the
+    -- trigger was installed not to notify.
+    IF TG_ARGV[0] <> ''
+       AND (TG_OP = 'INSERT' OR @OLD.status@ IS DISTINCT FROM @NEW.status@
+            OR (eligible AND NOT was_eligible)) THEN
+        PERFORM reactor.hint_v1(TG_ARGV[0], @NEW.id@, @NEW.updated_at@);
+    END IF;
+    RETURN NULL;
+END
+$$;
+
+-- Queues the eligible jobs of the given runs, and hints each on the channel.
+CREATE OR REPLACE FUNCTION reactor.queue_runs_v2(run_ids @run_type@[], channel text)
+    RETURNS void
+    LANGUAGE plpgsql
+    SET search_path = pg_catalog, pg_temp AS
+$$
+#variable_conflict use_column
+DECLARE
+    queued_ids @job_type@[];
+    queued_since timestamptz[];
+BEGIN
+    WITH queued AS (
+        INSERT INTO reactor.pending AS p (job_id, since)
+        SELECT @j.id@, least(@j.updated_at@, now())
+          FROM @jobs@ j
+         WHERE @j.run@ = ANY($1) AND @eligible(j)@
+        ON CONFLICT (job_id) DO UPDATE SET since = least(p.since, EXCLUDED.since)
+        RETURNING p.job_id, p.since)
+    SELECT array_agg(q.job_id), array_agg(q.since) INTO queued_ids, queued_since FROM queued q;
+    FOR i IN 1 .. coalesce(array_length(queued_ids, 1), 0) LOOP
+        PERFORM reactor.hint_v1($2, queued_ids[i], queued_since[i]);
+    END LOOP;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION reactor.run_changed_v1() RETURNS trigger
+    LANGUAGE plpgsql
+    SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS
+$$
+BEGIN
+    PERFORM reactor.app_table_v1('runs', TG_RELID);
+    IF TG_OP = 'TRUNCATE' THEN
+        UPDATE reactor.reconcile SET requested_at = now();
+    ELSE
+        PERFORM reactor.queue_runs_v2(ARRAY[@OLD.key@], TG_ARGV[0]);
+    END IF;
+    RETURN NULL;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION reactor.jobs_deleted_v1() RETURNS trigger
+    LANGUAGE plpgsql
+    SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS
+$$
+#variable_conflict use_column
+DECLARE
+    worker_runs @run_type@[];
+BEGIN
+    PERFORM reactor.app_table_v1('jobs', TG_RELID);
+    SELECT array_agg(DISTINCT @r.key@) INTO worker_runs
+      FROM reactor_deleted_jobs d
+      JOIN @runs@ r ON @r.key@ = @d.run@ AND @r.job@ = @d.id@
+     WHERE @r.saved_by@ = @worker@;
+    IF worker_runs IS NOT NULL THEN
+        PERFORM reactor.queue_runs_v2(worker_runs, TG_ARGV[0]);
+    END IF;
+    RETURN NULL;
+END
+$$;
+
 -- Two job triggers because an INSERT has no OLD row. WHEN keeps the update trigger to terminal
 -- rows that changed status or were not yet eligible, so an ordinary update never calls the
 -- function; reactor.job_changed_v1 decides the rest. There is no column list: an app's BEFORE
 -- trigger may set status on an update that names other columns.
---
--- The trigger functions act only for the tables their triggers are on (see migration 0013).
-UPDATE reactor.app_tables SET jobs = 'analysis_jobs', runs = 'analysis_runs';
-
 CREATE OR REPLACE TRIGGER reactor_job_insert
-    AFTER INSERT ON analysis_jobs
+    AFTER INSERT ON @jobs@
     FOR EACH ROW
-    WHEN (NEW.status IN ('complete', 'failed'))
+    WHEN (@NEW.status@ IN @terminal@)
     EXECUTE FUNCTION reactor.job_changed_v1(@channel@);
 
 CREATE OR REPLACE TRIGGER reactor_job_update
-    AFTER UPDATE ON analysis_jobs
+    AFTER UPDATE ON @jobs@
     FOR EACH ROW
-    WHEN (NEW.status IN ('complete', 'failed')
-          AND (OLD.status IS DISTINCT FROM NEW.status
-               OR OLD.deleted_at IS NOT NULL OR OLD.doc_html IS NULL
-               OR OLD.results IS NULL OR OLD.results = '{}'::jsonb))
+    WHEN (@NEW.status@ IN @terminal@
+          AND (@OLD.status@ IS DISTINCT FROM @NEW.status@ OR NOT @eligible(OLD)@))
     EXECUTE FUNCTION reactor.job_changed_v1(@channel@);
 
 CREATE OR REPLACE TRIGGER reactor_jobs_delete
-    AFTER DELETE ON analysis_jobs
+    AFTER DELETE ON @jobs@
     REFERENCING OLD TABLE AS reactor_deleted_jobs
     FOR EACH STATEMENT
     EXECUTE FUNCTION reactor.jobs_deleted_v1(@channel@);
@@ -35,20 +148,21 @@ CREATE OR REPLACE TRIGGER reactor_jobs_delete
 -- to another job, or to another run id. The reactor's own replacement of an earlier job's row
 -- passes here too; the scan finds that the run's jobs need nothing and drops them.
 CREATE OR REPLACE TRIGGER reactor_run_delete
-    AFTER DELETE ON analysis_runs
+    AFTER DELETE ON @runs@
     FOR EACH ROW
     EXECUTE FUNCTION reactor.run_changed_v1(@channel@);
 
 CREATE OR REPLACE TRIGGER reactor_run_update
-    AFTER UPDATE ON analysis_runs
+    AFTER UPDATE ON @runs@
     FOR EACH ROW
-    WHEN (OLD.id IS DISTINCT FROM NEW.id
-          OR (NEW.saved_by = 'worker'
-              AND (OLD.saved_by IS DISTINCT FROM 'worker' OR OLD.job_id IS DISTINCT FROM NEW.job_id)))
+    WHEN (@OLD.key@ IS DISTINCT FROM @NEW.key@
+          OR (@NEW.saved_by@ = @worker@
+              AND (@OLD.saved_by@ IS DISTINCT FROM @worker@
+                   OR @OLD.job@ IS DISTINCT FROM @NEW.job@)))
     EXECUTE FUNCTION reactor.run_changed_v1(@channel@);
 
 CREATE OR REPLACE TRIGGER reactor_runs_truncate
-    AFTER TRUNCATE ON analysis_runs
+    AFTER TRUNCATE ON @runs@
     FOR EACH STATEMENT
     EXECUTE FUNCTION reactor.run_changed_v1(@channel@);
 
@@ -60,3 +174,8 @@ REVOKE ALL ON ALL FUNCTIONS IN SCHEMA reactor FROM PUBLIC;
 -- A migrate is the operator's word that the app's tables or the mapping may have changed: every
 -- job set aside because its write failed is tried again at once.
 DELETE FROM reactor.set_aside;
+
+-- reactor: outside-transaction
+-- The reconcile's walk, and the road from a run to its jobs: built without blocking the app's
+-- writes (a first install may meet millions of jobs), and again whenever it is missing.
+CREATE INDEX CONCURRENTLY IF NOT EXISTS @walk_index@ ON @jobs@ (@run@, @id@) WHERE @eligible()@;

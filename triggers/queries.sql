@@ -11,44 +11,41 @@
 -- reactor.outranks_v1 (migration 0007) reads the newest committed jobs, not this statement's
 -- snapshot, which is what the write's conflict check needs. The saved_by test in front spares
 -- the function call for client rows, most of them.
-(r.saved_by = 'worker' AND reactor.outranks_v1(j.id, r.job_id, r.saved_by))
+(@r.saved_by@ = @worker@ AND reactor.outranks_v1(@j.id@, @r.job@, @r.saved_by@))
 
 -- fragment: outranked_in_snapshot
 -- The same rule read in this statement's snapshot, for statements that only queue or report:
 -- whatever they get wrong by a concurrent commit, the record statement re-checks under lock.
 -- It costs an index probe, not a function call, per worker row: the reconcile walks millions.
-(r.saved_by = 'worker'
- AND r.job_id <> j.id
- AND NOT EXISTS (SELECT 1 FROM analysis_jobs rj
-                  WHERE rj.id = r.job_id AND (rj.created_at, rj.id) >= (j.created_at, j.id)))
+(@r.saved_by@ = @worker@
+ AND @r.job@ <> @j.id@
+ AND NOT EXISTS (SELECT 1 FROM @jobs@ rj
+                  WHERE @rj.id@ = @r.job@
+                    AND (@rj.created_at@, @rj.id@) >= (@j.created_at@, @j.id@)))
 
 -- fragment: eligible
 -- The row-local half of "needs a run", what the job row alone decides. The reconcile's walk
 -- index (analysis_jobs_reactor_walk_idx) and the triggers use exactly this predicate.
-(j.status IN ('complete', 'failed')
- AND j.deleted_at IS NULL
- AND j.doc_html IS NOT NULL
- AND j.results IS NOT NULL
- AND j.results <> '{}'::jsonb)
+@eligible(j)@
 
 -- fragment: set_aside
 -- True while job j is set aside (reactor.set_aside): its write failed on its own data, its next
 -- try is not due, and the app has not touched the job since (a new updated_at is new data).
 EXISTS (SELECT 1 FROM reactor.set_aside s
-         WHERE s.job_id = j.id AND s.retry_at > now()
-           AND s.job_updated_at IS NOT DISTINCT FROM j.updated_at)
+         WHERE s.job_id = @j.id@ AND s.retry_at > now()
+           AND s.job_updated_at IS NOT DISTINCT FROM @j.updated_at@)
 
 -- fragment: needs_run
 -- DESIGN.md's "needs a run" for job j, as the claims and the writes judge it.
 ({{eligible}}
- AND NOT EXISTS (SELECT 1 FROM analysis_runs r
-                  WHERE r.id = j.run_id AND NOT {{outranked}}))
+ AND NOT EXISTS (SELECT 1 FROM @runs@ r
+                  WHERE @r.key@ = @j.run@ AND NOT {{outranked}}))
 
 -- fragment: needs_run_in_snapshot
 -- needs_run with the precedence rule read in the statement's snapshot (see above).
 ({{eligible}}
- AND NOT EXISTS (SELECT 1 FROM analysis_runs r
-                  WHERE r.id = j.run_id AND NOT {{outranked_in_snapshot}}))
+ AND NOT EXISTS (SELECT 1 FROM @runs@ r
+                  WHERE @r.key@ = @j.run@ AND NOT {{outranked_in_snapshot}}))
 
 -- fragment: job_trigger
 -- The job trigger as installed: the channel it notifies (its argument; '' when it was installed
@@ -56,7 +53,7 @@ EXISTS (SELECT 1 FROM reactor.set_aside s
 SELECT split_part(encode(t.tgargs, 'escape'), '\000', 1) AS channel,
        t.tgenabled IN ('O', 'A') AS enabled
   FROM pg_trigger t
- WHERE t.tgrelid = to_regclass('analysis_jobs') AND t.tgname = 'reactor_job_update'
+ WHERE t.tgrelid = to_regclass(@jobs_name@) AND t.tgname = 'reactor_job_update'
 
 -- fragment: write_runs
 -- Writes one run per claimed run id, from the newest claimed job of that run, in run id order
@@ -65,22 +62,20 @@ SELECT split_part(encode(t.tgargs, 'escape'), '\000', 1) AS channel,
 -- snapshot is older than another writer's commit. The same statement queues the configured
 -- hooks (%(hooks)s) of every run it wrote, so no run is recorded without them.
 newest AS (
-    SELECT DISTINCT ON (c.run_id) c.id, c.run_id, c.doc_html, c.results
+    SELECT DISTINCT ON (c.run_id) c.id, c.run_id
       FROM claimed c
      ORDER BY c.run_id, c.created_at DESC, c.id DESC
 ), written AS (
-    INSERT INTO analysis_runs AS r (id, job_id, doc_html, results, saved_by)
-    SELECT n.run_id, n.id, n.doc_html, n.results, 'worker'
-      FROM newest n
+    -- The run's other columns are the mapping's expressions over the job row j, read again
+    -- here (it is locked by the claim) rather than carried through the claim's rows.
+    INSERT INTO @runs@ AS r (@run_columns@)
+    SELECT n.run_id, n.id, @worker@, @run_values@
+      FROM newest n JOIN @jobs@ j ON @j.id@ = n.id
      ORDER BY n.run_id
-    ON CONFLICT (id) DO UPDATE
-       SET job_id = EXCLUDED.job_id,
-           doc_html = EXCLUDED.doc_html,
-           results = EXCLUDED.results,
-           saved_by = 'worker',
-           updated_at = now()
-     WHERE reactor.outranks_v1(EXCLUDED.job_id, r.job_id, r.saved_by)
-    RETURNING r.id AS run_id, r.job_id
+    ON CONFLICT (@key@) DO UPDATE
+       SET @run_updates@
+     WHERE reactor.outranks_v1(EXCLUDED.@job@, @r.job@, @r.saved_by@)
+    RETURNING @r.key@ AS run_id, @r.job@ AS job_id
 ), hooked AS (
     INSERT INTO reactor.hook_outbox (run_id, job_id, hook)
     SELECT w.run_id, w.job_id, h.hook
@@ -110,21 +105,22 @@ released AS (
 -- only if it is the version this statement's snapshot judged; a queue row another transaction
 -- holds is left for the scan rather than waited for.
 WITH wanted AS (
-    SELECT j.id, j.run_id, j.updated_at, {{set_aside}} AS held
-      FROM analysis_jobs j
-     WHERE j.id = ANY(%(ids)s::uuid[]) AND {{needs_run}}
+    SELECT @j.id@ AS id, @j.run@ AS run_id, @j.updated_at@ AS updated_at, {{set_aside}} AS held
+      FROM @jobs@ j
+     WHERE @j.id@ = ANY(%(ids)s::@job_type@[]) AND {{needs_run}}
 ), seen AS (
     SELECT p.job_id, p.xmin AS version FROM reactor.pending p
-     WHERE p.job_id = ANY(%(ids)s::uuid[])
+     WHERE p.job_id = ANY(%(ids)s::@job_type@[])
 ), claimed AS (
     -- By the given ids, not a semi-join with wanted: with statistics that still see few
     -- finished jobs (a fresh database, a bulk finish) the planner turned that join into a walk
     -- of the whole walk index for every claim.
-    SELECT j.id, j.run_id, j.created_at, j.updated_at, j.doc_html, j.results
-      FROM analysis_jobs j
-     WHERE j.id = ANY(%(ids)s::uuid[])
+    SELECT @j.id@ AS id, @j.run@ AS run_id, @j.created_at@ AS created_at,
+           @j.updated_at@ AS updated_at
+      FROM @jobs@ j
+     WHERE @j.id@ = ANY(%(ids)s::@job_type@[])
        AND {{needs_run}}
-       AND j.updated_at < now() - make_interval(secs => %(grace)s)
+       AND @j.updated_at@ < now() - make_interval(secs => %(grace)s)
        AND NOT {{set_aside}}
        FOR NO KEY UPDATE OF j SKIP LOCKED
 ), {{write_runs}}, settled AS (
@@ -168,24 +164,24 @@ SELECT w.id::text AS job_id,
 -- the job row) | deferred (past the byte cap). due_in is negative: how late each job was.
 WITH queued AS (
     SELECT p.job_id, p.since
-      FROM reactor.pending p LEFT JOIN analysis_jobs j ON j.id = p.job_id
-     WHERE (j.id IS NULL OR j.updated_at < now() - make_interval(secs => %(grace)s))
-       AND (%(only)s::uuid[] IS NULL OR p.job_id = ANY(%(only)s::uuid[]))
-       AND p.job_id <> ALL(%(skip)s::uuid[])
+      FROM reactor.pending p LEFT JOIN @jobs@ j ON @j.id@ = p.job_id
+     WHERE (@j.id@ IS NULL OR @j.updated_at@ < now() - make_interval(secs => %(grace)s))
+       AND (%(only)s::@job_type@[] IS NULL OR p.job_id = ANY(%(only)s::@job_type@[]))
+       AND p.job_id <> ALL(%(skip)s::@job_type@[])
        AND NOT {{set_aside}}
      ORDER BY p.since
      LIMIT %(limit)s
        FOR UPDATE OF p SKIP LOCKED
 ), claimable AS (
-    SELECT j.id, j.run_id, j.created_at, j.updated_at, j.doc_html, j.results, q.since,
-           octet_length(j.doc_html) + pg_column_size(j.results) AS bytes
-      FROM analysis_jobs j JOIN queued q ON q.job_id = j.id
+    SELECT @j.id@ AS id, @j.run@ AS run_id, @j.created_at@ AS created_at,
+           @j.updated_at@ AS updated_at, q.since, @bytes(j)@ AS bytes
+      FROM @jobs@ j JOIN queued q ON q.job_id = @j.id@
      WHERE {{needs_run}}
-       AND j.updated_at < now() - make_interval(secs => %(grace)s)
+       AND @j.updated_at@ < now() - make_interval(secs => %(grace)s)
        FOR NO KEY UPDATE OF j SKIP LOCKED
 ), claimed AS (
-    -- octet_length reads a TOASTed document's length from its header, not the document.
-    SELECT k.id, k.run_id, k.created_at, k.updated_at, k.doc_html, k.results
+    -- pg_column_size reads a TOASTed document's size from its header, not the document.
+    SELECT k.id, k.run_id, k.created_at, k.updated_at
       FROM (SELECT c.*, sum(c.bytes) OVER (ORDER BY c.since, c.id) - c.bytes AS before
               FROM claimable c) AS k
      WHERE k.before < %(max_bytes)s
@@ -198,8 +194,8 @@ WITH queued AS (
      WHERE p.job_id = s.job_id
        AND (p.job_id IN (SELECT id FROM claimed)
             OR (p.xmin = s.version
-                AND NOT EXISTS (SELECT 1 FROM analysis_jobs j
-                                 WHERE j.id = p.job_id AND {{needs_run}})))
+                AND NOT EXISTS (SELECT 1 FROM @jobs@ j
+                                 WHERE @j.id@ = p.job_id AND {{needs_run}})))
     RETURNING p.job_id
 ), {{release_set_aside}}
 SELECT q.job_id::text AS job_id,
@@ -218,9 +214,9 @@ SELECT q.job_id::text AS job_id,
 -- The queue rows record_oldest would take next, oldest first, read without locking: when a
 -- batch waited too long on a row lock, the recorder splits these ids and settles them in parts.
 SELECT p.job_id::text AS job_id
-  FROM reactor.pending p LEFT JOIN analysis_jobs j ON j.id = p.job_id
- WHERE (j.id IS NULL OR j.updated_at < now() - make_interval(secs => %(grace)s))
-   AND p.job_id <> ALL(%(skip)s::uuid[])
+  FROM reactor.pending p LEFT JOIN @jobs@ j ON @j.id@ = p.job_id
+ WHERE (@j.id@ IS NULL OR @j.updated_at@ < now() - make_interval(secs => %(grace)s))
+   AND p.job_id <> ALL(%(skip)s::@job_type@[])
    AND NOT {{set_aside}}
  ORDER BY p.since
  LIMIT %(limit)s
@@ -230,9 +226,9 @@ SELECT p.job_id::text AS job_id
 -- statements leave it out until retry_at, or until the app touches it (a new updated_at). Each
 -- failure for the same data doubles the wait, from %(first_retry)s up to %(max_retry)s seconds.
 INSERT INTO reactor.set_aside AS s (job_id, job_updated_at, error, sqlstate, retry_at)
-SELECT %(job)s::uuid, j.updated_at, %(error)s, %(sqlstate)s,
+SELECT %(job)s::@job_type@, @j.updated_at@, %(error)s, %(sqlstate)s,
        now() + make_interval(secs => %(first_retry)s)
-  FROM (SELECT 1) AS one LEFT JOIN analysis_jobs j ON j.id = %(job)s::uuid
+  FROM (SELECT 1) AS one LEFT JOIN @jobs@ j ON @j.id@ = %(job)s::@job_type@
     ON CONFLICT (job_id) DO UPDATE
    SET failures = CASE WHEN s.job_updated_at IS NOT DISTINCT FROM EXCLUDED.job_updated_at
                        THEN s.failures + 1 ELSE 1 END,
@@ -256,13 +252,13 @@ SELECT count(*)::int AS released FROM released
 -- Queued jobs that need a run and are still inside their grace window, with the seconds left:
 -- the reactor arms a timer for each after every (re)connect, so missed notifications cost
 -- nothing.
-SELECT j.id::text AS job_id,
-       extract(epoch FROM j.updated_at + make_interval(secs => %(grace)s) - clock_timestamp())
+SELECT @j.id@::text AS job_id,
+       extract(epoch FROM @j.updated_at@ + make_interval(secs => %(grace)s) - clock_timestamp())
            ::float8 AS due_in
-  FROM reactor.pending p JOIN analysis_jobs j ON j.id = p.job_id
+  FROM reactor.pending p JOIN @jobs@ j ON @j.id@ = p.job_id
  WHERE {{needs_run}}
-   AND j.updated_at >= now() - make_interval(secs => %(grace)s)
- ORDER BY j.updated_at
+   AND @j.updated_at@ >= now() - make_interval(secs => %(grace)s)
+ ORDER BY @j.updated_at@
  LIMIT %(limit)s
 
 -- name: poll_queue
@@ -307,9 +303,9 @@ WITH state AS (
 ), step AS (
     SELECT s.pass_started_at IS NULL OR %(force)s AS starting,
            CASE WHEN s.pass_started_at IS NULL OR %(force)s
-                THEN '00000000-0000-0000-0000-000000000000'::uuid ELSE s.cursor_run END AS from_run,
+                THEN @least_run@ ELSE s.cursor_run END AS from_run,
            CASE WHEN s.pass_started_at IS NULL OR %(force)s
-                THEN '00000000-0000-0000-0000-000000000000'::uuid ELSE s.cursor_job END AS from_job
+                THEN @least_job@ ELSE s.cursor_job END AS from_job
       FROM state s
      WHERE %(force)s
         OR (s.pass_started_at IS NOT NULL
@@ -320,33 +316,33 @@ WITH state AS (
                     - (s.last_finished_at - s.last_started_at) <= now()))
 ), chunk AS (
     -- Index-only where the visibility map allows: the walk reads no job row it can skip.
-    SELECT j.id, j.run_id
-      FROM analysis_jobs j
+    SELECT @j.id@ AS id, @j.run@ AS run_id
+      FROM @jobs@ j
      WHERE {{eligible}}
-       AND (j.run_id, j.id) > ((SELECT from_run FROM step), (SELECT from_job FROM step))
-     ORDER BY j.run_id, j.id
+       AND (@j.run@, @j.id@) > ((SELECT from_run FROM step), (SELECT from_job FROM step))
+     ORDER BY @j.run@, @j.id@
      LIMIT %(limit)s
 ), uncovered AS (
     -- Nearly every walked job has a run row that stands for it: a client row, or the worker
     -- row written for the job itself. Only the rest need the whole predicate and a job row.
     SELECT c.id FROM chunk c
-     WHERE NOT EXISTS (SELECT 1 FROM analysis_runs r
-                        WHERE r.id = c.run_id
-                          AND (r.saved_by IS DISTINCT FROM 'worker' OR r.job_id = c.id))
+     WHERE NOT EXISTS (SELECT 1 FROM @runs@ r
+                        WHERE @r.key@ = c.run_id
+                          AND (@r.saved_by@ IS DISTINCT FROM @worker@ OR @r.job@ = c.id))
 ), found AS (
     INSERT INTO reactor.pending (job_id, since)
-    SELECT j.id, least(j.updated_at, now())
-      FROM analysis_jobs j
-     WHERE j.id IN (SELECT id FROM uncovered)
+    SELECT @j.id@, least(@j.updated_at@, now())
+      FROM @jobs@ j
+     WHERE @j.id@ IN (SELECT id FROM uncovered)
        AND {{needs_run_in_snapshot}}
-       AND NOT EXISTS (SELECT 1 FROM reactor.pending p WHERE p.job_id = j.id)
+       AND NOT EXISTS (SELECT 1 FROM reactor.pending p WHERE p.job_id = @j.id@)
     ON CONFLICT (job_id) DO NOTHING
     RETURNING job_id, since
 ), walked AS (
     SELECT count(*) AS examined,
            count(*) < %(limit)s AS done,
            (SELECT count(*) FROM found) AS found,
-           (SELECT min(f.job_id::text)::uuid FROM found f) AS example,
+           (SELECT min(f.job_id::text)::@job_type@ FROM found f) AS example,
            (array_agg(c.run_id ORDER BY c.run_id DESC, c.id DESC))[1] AS last_run,
            (array_agg(c.id ORDER BY c.run_id DESC, c.id DESC))[1] AS last_job
       FROM chunk c
@@ -474,11 +470,11 @@ WITH beat AS (
 )
 SELECT pg_notification_queue_usage()::float8 AS queue_usage,
        coalesce((SELECT extract(epoch FROM now() - make_interval(secs => %(grace)s)
-                                       - j.updated_at)
-                   FROM reactor.pending p JOIN analysis_jobs j ON j.id = p.job_id
+                                       - @j.updated_at@)
+                   FROM reactor.pending p JOIN @jobs@ j ON @j.id@ = p.job_id
                   WHERE p.since < now() - make_interval(secs => %(grace)s)
                     AND {{needs_run}}
-                    AND j.updated_at < now() - make_interval(secs => %(grace)s)
+                    AND @j.updated_at@ < now() - make_interval(secs => %(grace)s)
                     AND NOT {{set_aside}}
                   ORDER BY p.since
                   LIMIT 1), 0)::float8 AS oldest_overdue,
@@ -546,8 +542,8 @@ WITH due AS (
        FOR UPDATE SKIP LOCKED
 ), judged AS (
     SELECT d.id, d.expired, d.spent,
-           EXISTS (SELECT 1 FROM analysis_runs r
-                    WHERE r.id = d.run_id AND r.job_id = d.job_id) AS current
+           EXISTS (SELECT 1 FROM @runs@ r
+                    WHERE @r.key@ = d.run_id AND @r.job@ = d.job_id) AS current
       FROM due d
 )
 UPDATE reactor.hook_outbox o

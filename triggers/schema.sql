@@ -1,40 +1,45 @@
--- The reactor's objects as the newest migration leaves them, in one place to read. Applied on
+-- The reactor's objects as the newest migration leaves them, in one place to read, and what a
+-- first install applies (rendered for the mapping in force; idempotent, so a printed script may
+-- be applied twice). Applied on
 -- top of the app's tables (reference.sql) and followed by notify_triggers.sql, it must give the
 -- same catalog as every file in migrations/; tests/integration/test_schema.py checks that.
 
-CREATE SCHEMA reactor;
+CREATE SCHEMA IF NOT EXISTS reactor;
 
-CREATE TABLE reactor.schema_version (
+CREATE TABLE IF NOT EXISTS reactor.schema_version (
     version     integer PRIMARY KEY,
     name        text NOT NULL,
     applied_at  timestamptz NOT NULL DEFAULT now()
 );
 
--- analysis_runs.saved_by is part of reference.sql; migration 0002 adds it to older apps.
+-- The reference schema has runs.saved_by (reference.sql); migration 0002 added it to older apps.
+ALTER TABLE @runs@
+    ADD COLUMN IF NOT EXISTS @saved_by@ text CHECK (@saved_by@ IN @saved_by_values@);
 
-CREATE TABLE reactor.pending (
-    job_id  uuid PRIMARY KEY,
+CREATE TABLE IF NOT EXISTS reactor.pending (
+    job_id  @job_type@ PRIMARY KEY,
     since   timestamptz NOT NULL DEFAULT now()
 );
 
-CREATE INDEX pending_since_idx ON reactor.pending (since);
+CREATE INDEX IF NOT EXISTS pending_since_idx ON reactor.pending (since);
 
 -- The app's tables the triggers were installed on. regclass: an oid that follows a rename and
 -- is dumped and restored by name.
-CREATE TABLE reactor.app_tables (
+CREATE TABLE IF NOT EXISTS reactor.app_tables (
     singleton  boolean PRIMARY KEY DEFAULT true CHECK (singleton),
     jobs       regclass NOT NULL,
     runs       regclass NOT NULL
 );
 
-INSERT INTO reactor.app_tables (jobs, runs) VALUES ('analysis_jobs', 'analysis_runs');
+INSERT INTO reactor.app_tables (jobs, runs) VALUES (@jobs_name@, @runs_name@)
+    ON CONFLICT DO NOTHING;
 
 -- Jobs whose write failed on their own data, until a write of theirs succeeds. A job stays in
 -- reactor.pending meanwhile; the record statements leave it out until retry_at, or at once
 -- once the app touches the job (a new updated_at is new data). `reactor migrate` and
 -- `reactor sweep --once` release every job set aside.
-CREATE TABLE reactor.set_aside (
-    job_id           uuid PRIMARY KEY,
+CREATE TABLE IF NOT EXISTS reactor.set_aside (
+    job_id           @job_type@ PRIMARY KEY,
     job_updated_at   timestamptz,             -- the job's updated_at when its write failed
     error            text NOT NULL,           -- the error's first line
     sqlstate         text,
@@ -46,7 +51,7 @@ CREATE TABLE reactor.set_aside (
 
 -- The app's table a trigger function was called for: the installed one, or a partition of it.
 -- Anything else is refused before the caller's row is read.
-CREATE FUNCTION reactor.app_table_v1(which text, relid oid) RETURNS regclass
+CREATE OR REPLACE FUNCTION reactor.app_table_v1(which text, relid oid) RETURNS regclass
     LANGUAGE plpgsql STABLE
     SET search_path = pg_catalog, pg_temp AS
 $$
@@ -66,7 +71,7 @@ BEGIN
 END
 $$;
 
-CREATE FUNCTION reactor.hint_v1(channel text, job_id uuid, updated_at timestamptz)
+CREATE OR REPLACE FUNCTION reactor.hint_v1(channel text, job_id @job_type@, updated_at timestamptz)
     RETURNS void
     LANGUAGE plpgsql
     SET search_path = pg_catalog, pg_temp AS
@@ -86,45 +91,9 @@ BEGIN
 END
 $$;
 
-CREATE FUNCTION reactor.job_changed_v1() RETURNS trigger
-    LANGUAGE plpgsql
-    -- It runs in the app's transactions, as the app's role, which need not see the reactor's
-    -- schema: it acts as its owner instead, with a search_path nobody else can plant objects in.
-    SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS
-$$
-DECLARE
-    eligible boolean;
-    was_eligible boolean;
-BEGIN
-    -- First, before any column of the row is read: another table's columns could be of types
-    -- whose casts or operators run their owner's code with this function's rights.
-    PERFORM reactor.app_table_v1('jobs', TG_RELID);
-    -- The row-local half of "needs a run"; analysis_runs decides the rest at record time.
-    eligible := NEW.deleted_at IS NULL AND NEW.doc_html IS NOT NULL
-                AND NEW.results IS NOT NULL AND NEW.results <> '{}'::jsonb;
-    was_eligible := TG_OP = 'UPDATE' AND OLD.status IN ('complete', 'failed')
-                    AND OLD.deleted_at IS NULL AND OLD.doc_html IS NOT NULL
-                    AND OLD.results IS NOT NULL AND OLD.results <> '{}'::jsonb;
-    IF eligible AND NOT was_eligible THEN
-        INSERT INTO reactor.pending (job_id, since)
-        VALUES (NEW.id, least(NEW.updated_at, now()))
-            ON CONFLICT (job_id) DO UPDATE SET since = EXCLUDED.since;
-    END IF;
-    -- Wake the reactors on the transition into a terminal status, and when a terminal job
-    -- becomes eligible later (its results arrive in a second update); not at all when the
-    -- trigger was installed not to notify.
-    IF TG_ARGV[0] <> ''
-       AND (TG_OP = 'INSERT' OR OLD.status IS DISTINCT FROM NEW.status
-            OR (eligible AND NOT was_eligible)) THEN
-        PERFORM reactor.hint_v1(TG_ARGV[0], NEW.id, NEW.updated_at);
-    END IF;
-    RETURN NULL;
-END
-$$;
-
-CREATE TABLE reactor.hook_outbox (
-    run_id        uuid NOT NULL,
-    job_id        uuid NOT NULL,
+CREATE TABLE IF NOT EXISTS reactor.hook_outbox (
+    run_id        @run_type@ NOT NULL,
+    job_id        @job_type@ NOT NULL,
     hook          text NOT NULL,
     -- pending -> running -> done | pending (retry) | failed (parked); superseded: the run held a
     -- later job when the row was claimed; cancelled: by an operator.
@@ -145,49 +114,34 @@ CREATE TABLE reactor.hook_outbox (
     PRIMARY KEY (run_id, job_id, hook)
 );
 
-CREATE UNIQUE INDEX hook_outbox_id_idx ON reactor.hook_outbox (id);
+CREATE UNIQUE INDEX IF NOT EXISTS hook_outbox_id_idx ON reactor.hook_outbox (id);
 
 -- Open rows only: the claim, the health and status counts, the next-due lookup.
-CREATE INDEX hook_outbox_open_idx
+CREATE INDEX IF NOT EXISTS hook_outbox_open_idx
     ON reactor.hook_outbox (available_at) INCLUDE (status, hook, created_at)
     WHERE status IN ('pending', 'running');
 
 -- Parked rows only: the failure counts and listings.
-CREATE INDEX hook_outbox_failed_idx
+CREATE INDEX IF NOT EXISTS hook_outbox_failed_idx
     ON reactor.hook_outbox (updated_at)
     WHERE status = 'failed';
 
 -- Settled rows only: the retention job, oldest first.
-CREATE INDEX hook_outbox_settled_idx
+CREATE INDEX IF NOT EXISTS hook_outbox_settled_idx
     ON reactor.hook_outbox (updated_at)
     WHERE status IN ('done', 'superseded', 'cancelled');
 
-CREATE FUNCTION reactor.outranks_v1(new_job uuid, run_job uuid, run_saved_by text)
-    RETURNS boolean
-    LANGUAGE plpgsql VOLATILE
-    -- The schema of analysis_jobs when it was migrated (the reference schema's is public).
-    SET search_path = pg_catalog, public, pg_temp AS
-$$
-BEGIN
-    RETURN coalesce(run_saved_by, 'client') = 'worker'
-       AND NOT EXISTS (SELECT 1
-                         FROM analysis_jobs rj, analysis_jobs j
-                        WHERE rj.id = run_job AND j.id = new_job
-                          AND (rj.created_at, rj.id) >= (j.created_at, j.id));
-END
-$$;
-
 -- The reconcile's shared state (see queries.sql, reconcile_step), one row.
-CREATE TABLE reactor.reconcile (
+CREATE TABLE IF NOT EXISTS reactor.reconcile (
     singleton         boolean PRIMARY KEY DEFAULT true CHECK (singleton),
     pass              bigint NOT NULL DEFAULT 0,     -- the pass in progress, or the last one
     -- The pass in progress; pass_started_at is NULL between passes.
     pass_started_at   timestamptz,
-    cursor_run        uuid,
-    cursor_job        uuid,
+    cursor_run        @run_type@,
+    cursor_job        @job_type@,
     pass_examined     bigint NOT NULL DEFAULT 0,
     pass_found        bigint NOT NULL DEFAULT 0,
-    pass_example      uuid,
+    pass_example      @job_type@,
     owner             text,
     owner_until       timestamptz,
     -- Set when a pass should start at once (TRUNCATE analysis_runs, `reactor sweep --once`).
@@ -197,94 +151,20 @@ CREATE TABLE reactor.reconcile (
     last_finished_at  timestamptz,
     last_examined     bigint,
     last_found        bigint,
-    last_example      uuid,
+    last_example      @job_type@,
     -- Who ran it: a replica, `reactor sweep --once`, or the `reactor migrate` that installed
     -- the triggers (whose pass finds the jobs that finished before they existed: no drift).
     last_owner        text
 );
 
-INSERT INTO reactor.reconcile DEFAULT VALUES;
+INSERT INTO reactor.reconcile DEFAULT VALUES ON CONFLICT DO NOTHING;
 
-CREATE FUNCTION reactor.queue_runs_v2(run_ids uuid[], channel text)
-    RETURNS void
-    LANGUAGE plpgsql
-    SET search_path = pg_catalog, pg_temp AS
-$$
-DECLARE
-    queued uuid[];
-    queued_since timestamptz[];
-BEGIN
-    EXECUTE format(
-        'WITH queued AS (
-             INSERT INTO reactor.pending AS p (job_id, since)
-             SELECT j.id, least(j.updated_at, now())
-               FROM %s j
-              WHERE j.run_id = ANY($1)
-                AND j.status IN (''complete'', ''failed'')
-                AND j.deleted_at IS NULL
-                AND j.doc_html IS NOT NULL
-                AND j.results IS NOT NULL
-                AND j.results <> ''{}''::jsonb
-             ON CONFLICT (job_id) DO UPDATE SET since = least(p.since, EXCLUDED.since)
-             RETURNING job_id, since)
-         SELECT array_agg(job_id), array_agg(since) FROM queued',
-        (SELECT t.jobs FROM reactor.app_tables t))
-    INTO queued, queued_since
-    USING run_ids;
-    FOR i IN 1 .. coalesce(array_length(queued, 1), 0) LOOP
-        PERFORM reactor.hint_v1(channel, queued[i], queued_since[i]);
-    END LOOP;
-END
-$$;
-
-CREATE FUNCTION reactor.run_changed_v1() RETURNS trigger
-    LANGUAGE plpgsql
-    SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS
-$$
-BEGIN
-    PERFORM reactor.app_table_v1('runs', TG_RELID);
-    IF TG_OP = 'TRUNCATE' THEN
-        UPDATE reactor.reconcile SET requested_at = now();
-    ELSE
-        PERFORM reactor.queue_runs_v2(ARRAY[OLD.id], TG_ARGV[0]);
-    END IF;
-    RETURN NULL;
-END
-$$;
-
-CREATE FUNCTION reactor.jobs_deleted_v1() RETURNS trigger
-    LANGUAGE plpgsql
-    SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS
-$$
-DECLARE
-    runs uuid[];
-BEGIN
-    PERFORM reactor.app_table_v1('jobs', TG_RELID);
-    EXECUTE format(
-        'SELECT array_agg(DISTINCT r.id)
-           FROM reactor_deleted_jobs d
-           JOIN %s r ON r.id = d.run_id AND r.job_id = d.id
-          WHERE r.saved_by = ''worker''', (SELECT t.runs FROM reactor.app_tables t))
-    INTO runs;
-    IF runs IS NOT NULL THEN
-        PERFORM reactor.queue_runs_v2(runs, TG_ARGV[0]);
-    END IF;
-    RETURN NULL;
-END
-$$;
-
--- The reconcile's walk, and the road from a run to its jobs.
-CREATE INDEX analysis_jobs_reactor_walk_idx
-    ON analysis_jobs (run_id, id)
-    WHERE status IN ('complete', 'failed')
-      AND deleted_at IS NULL
-      AND doc_html IS NOT NULL
-      AND results IS NOT NULL
-      AND results <> '{}'::jsonb;
-
-CREATE TABLE reactor.replicas (
+CREATE TABLE IF NOT EXISTS reactor.replicas (
     id            text PRIMARY KEY,
     started_at    timestamptz NOT NULL DEFAULT now(),
     heartbeat_at  timestamptz NOT NULL DEFAULT now(),
     session_pid   integer
 );
+
+-- What the mapping shapes (the trigger functions, outranks_v1, queue_runs_v2, the triggers and
+-- the reconcile's walk index) is in notify_triggers.sql, which every `reactor migrate` applies.

@@ -12,7 +12,7 @@ SELECT now() AS checked_at,
        t.channel AS trigger_channel,
        coalesce(t.enabled, false) AS trigger_enabled,
        pg_notification_queue_usage()::float8 AS queue_usage,
-       to_regclass('analysis_jobs') IS NOT NULL AND to_regclass('analysis_runs') IS NOT NULL
+       to_regclass(@jobs_name@) IS NOT NULL AND to_regclass(@runs_name@) IS NOT NULL
            AS app_tables,
        to_regclass('reactor.hook_outbox') IS NOT NULL AS hook_outbox,
        EXISTS (SELECT 1 FROM pg_attribute a
@@ -30,9 +30,9 @@ SELECT now() AS checked_at,
 -- before it is recorded loses its report. Read through the pending queue, as the scan does:
 -- its cost is the unrecorded backlog, not the millions of finished jobs in analysis_jobs.
 WITH pending AS MATERIALIZED (
-    SELECT j.id, j.updated_at,
-           j.updated_at < now() - make_interval(secs => %(grace)s) AS due
-      FROM reactor.pending p JOIN analysis_jobs j ON j.id = p.job_id
+    SELECT @j.id@ AS id, @j.updated_at@ AS updated_at,
+           @j.updated_at@ < now() - make_interval(secs => %(grace)s) AS due
+      FROM reactor.pending p JOIN @jobs@ j ON @j.id@ = p.job_id
      WHERE {{needs_run}}
 )
 {{status_jobs_summary}}
@@ -41,9 +41,9 @@ WITH pending AS MATERIALIZED (
 -- status_jobs for a schema from before the pending queue (it reports itself behind): the
 -- predicate over analysis_jobs itself, which that schema's partial due index serves.
 WITH pending AS MATERIALIZED (
-    SELECT j.id, j.updated_at,
-           j.updated_at < now() - make_interval(secs => %(grace)s) AS due
-      FROM analysis_jobs j
+    SELECT @j.id@ AS id, @j.updated_at@ AS updated_at,
+           @j.updated_at@ < now() - make_interval(secs => %(grace)s) AS due
+      FROM @jobs@ j
      WHERE {{needs_run}}
 )
 {{status_jobs_summary}}

@@ -8,11 +8,13 @@ by concern, and every public name is re-exported here, so callers write ``db.X``
 - :mod:`.rows`: the rows the queries return, decoded by column name;
 - :mod:`.queries`: the named queries of ``triggers/*.sql``, each written once, and
   :class:`Database`, the replica's pooled side of them;
-- :mod:`.migrations`: the migration engine behind `reactor migrate`.
+- :mod:`.migrations`: the migration engine behind `reactor migrate`;
+- :mod:`.fit`: the mapping checked against the catalog before anything runs.
 """
 
 from __future__ import annotations
 
+from reactor.db.fit import fit, fitted
 from reactor.db.migrations import migrate, migration_script, require_schema, schema_version
 from reactor.db.queries import (
     BATCH_BYTES,
@@ -124,6 +126,8 @@ __all__ = [
     "fetch_dicts",
     "finish_hook",
     "first_line",
+    "fit",
+    "fitted",
     "health",
     "health_params",
     "is_own_session",

@@ -17,9 +17,10 @@ import psycopg.errors
 import tenacity
 
 from reactor import sql
+from reactor.db.fit import fitted
 from reactor.db.queries import job_trigger, reconcile_pass
 from reactor.db.session import AnyConnection
-from reactor.errors import DatabaseUnreachable, SchemaMissing
+from reactor.errors import ConfigError, DatabaseUnreachable, SchemaMissing
 
 # The package's one logger, named as the JSON log lines have always named it.
 log = logging.getLogger("reactor.db")
@@ -31,7 +32,7 @@ _MIGRATE_LOCK = 0x7265_6163  # "reac"
 _MIGRATE_LOCK_TIMEOUT = "1s"
 _MIGRATE_ATTEMPTS = 30
 _CONCURRENT_INDEX = re.compile(
-    r"CREATE\s+INDEX\s+CONCURRENTLY\s+IF\s+NOT\s+EXISTS\s+(\w+)", re.IGNORECASE
+    r"CREATE\s+INDEX\s+CONCURRENTLY\s+IF\s+NOT\s+EXISTS\s+(\w+|\"[^\"]+\")", re.IGNORECASE
 )
 
 
@@ -74,15 +75,20 @@ def migration_script(
     parts = []
     if reference_schema:
         parts += ["BEGIN;", sql.read("reference.sql"), "COMMIT;"]
+    if applied == 0:
+        baseline = sql.baseline()
+        parts += [f"-- a first install: the schema at version {baseline.version}", "BEGIN;"]
+        parts += [lock, timeout, sql.render(baseline.in_transaction).strip()]
+        parts += [_record_all_statement(), "COMMIT;"]
     for migration in sql.migrations():
-        if migration.version <= applied:
+        if migration.version <= applied or applied == 0:
             continue
         record = (
             "INSERT INTO reactor.schema_version (version, name) "
             f"VALUES ({migration.version}, '{migration.name}') ON CONFLICT DO NOTHING;"
         )
         parts += [f"-- {migration.version:04d}_{migration.name}", "BEGIN;", lock, timeout]
-        parts.append(sql.with_channel(migration.in_transaction, channel).strip())
+        parts.append(sql.render(migration.in_transaction, channel=channel).strip())
         if not migration.outside_transaction:
             parts += [record, "COMMIT;"]
             continue
@@ -93,7 +99,10 @@ def migration_script(
         parts.append(record)
     parts += ["-- the triggers, repeatable", "BEGIN;", lock, timeout]
     trigger_channel = channel if notify else ""
-    parts += [sql.with_channel(sql.read("notify_triggers.sql"), trigger_channel).strip(), "COMMIT;"]
+    repeatable = sql.repeatable()
+    parts += [sql.render(repeatable.in_transaction, channel=trigger_channel).strip(), "COMMIT;"]
+    for statement in repeatable.outside_transaction:
+        parts += [sql.OUTSIDE_TRANSACTION, f"{sql.render(statement)};"]
     parts.append(
         "-- Jobs that finished before the triggers existed are not queued yet: run\n"
         "-- `reactor sweep --once`, or let a running reactor's reconcile pass find them."
@@ -129,13 +138,22 @@ async def migrate(
     try:
         if reference_schema:
             await _migration_transaction(conn, sql.read("reference.sql"))
-        await _require_app_tables(conn)
+        # Checks before harm: nothing is changed until the mapping fits the app's tables.
+        mapping = await fitted(conn, installing=True, reference_schema=reference_schema)
         applied = await schema_version(conn) or 0
         done = []
+        if applied == 0:
+            await _install_baseline(conn)
+            done = [m.version for m in sql.migrations()]
+        elif not mapping.is_reference and applied < sql.latest_version():
+            raise ConfigError(
+                f"the reactor's schema here is at version {applied}, installed for the reference "
+                "tables; upgrade it with the reference mapping (REACTOR_CONFIG unset) first"
+            )
         for migration in sql.migrations():
-            if migration.version <= applied:
+            if migration.version <= applied or applied == 0:
                 continue
-            text = sql.with_channel(migration.in_transaction, channel)
+            text = sql.render(migration.in_transaction, channel=channel)
             outside = migration.outside_transaction
             await _migration_transaction(conn, text, None if outside else migration)
             for statement in outside:
@@ -146,9 +164,11 @@ async def migrate(
         if notify is None:
             installed = await job_trigger(conn)
             notify = installed is None or installed[0] != ""
-        await _migration_transaction(
-            conn, sql.with_channel(sql.read("notify_triggers.sql"), channel if notify else "")
-        )
+        repeatable = sql.repeatable()
+        text = sql.render(repeatable.in_transaction, channel=channel if notify else "")
+        await _migration_transaction(conn, text)
+        for statement in repeatable.outside_transaction:
+            await _outside_transaction(conn, sql.render(statement))
         # After an install, the pass queues what finished before the triggers existed: that is
         # expected, not drift. After a plain re-run, whatever it finds is drift.
         owner = "install" if done else "migrate"
@@ -226,21 +246,23 @@ async def _outside_transaction(conn: AnyConnection, statement: str) -> None:
             await conn.execute("SELECT set_config('lock_timeout', %s, false)", (row[0],))
 
 
+async def _install_baseline(conn: AnyConnection) -> None:
+    # One transaction: the schema and its versions appear together or not at all.
+    text = sql.render(sql.baseline().text) + _record_all_statement()
+    await _migration_transaction(conn, text)
+
+
+def _record_all_statement() -> str:
+    """Marks every migration applied: what a first install from the baseline leaves."""
+    values = ", ".join(f"({m.version}, '{m.name}')" for m in sql.migrations())
+    return (
+        f"\nINSERT INTO reactor.schema_version (version, name) VALUES {values} "
+        "ON CONFLICT DO NOTHING;"
+    )
+
+
 async def _record_version(conn: AnyConnection, migration: sql.Migration) -> None:
     await conn.execute(
         "INSERT INTO reactor.schema_version (version, name) VALUES (%s, %s) ON CONFLICT DO NOTHING",
         (migration.version, migration.name),
     )
-
-
-async def _require_app_tables(conn: AnyConnection) -> None:
-    cur = await conn.execute(
-        "SELECT name FROM unnest(ARRAY['analysis_jobs', 'analysis_runs']) AS name "
-        "WHERE to_regclass(name) IS NULL"
-    )
-    missing = [name for (name,) in await cur.fetchall()]
-    if missing:
-        raise SchemaMissing(
-            f"table {', '.join(missing)} not found; create the app's tables first, "
-            "or run `reactor migrate --reference-schema` for the reference ones"
-        )

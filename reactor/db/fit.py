@@ -1,0 +1,296 @@
+"""Checks before harm: the mapping against the catalog, before anything is changed or run.
+
+`reactor migrate` runs :func:`fit` before it touches the database, and `run`, `sweep` and
+`status` at start. The first mismatch raises ConfigError (exit 2) in one line that names the
+table or column and the fix. What passes comes back as the mapping with the columns' types and
+the tables' schemas filled in, which is what the SQL is rendered from.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import psycopg
+import psycopg.errors
+from psycopg.rows import dict_row
+
+from reactor import mapping as mapping_module
+from reactor.db.session import AnyConnection
+from reactor.errors import ConfigError, SchemaMissing
+from reactor.mapping import ID_TYPES, Mapping
+
+_TIMES = ("timestamp with time zone", "timestamp without time zone")
+
+
+@dataclass(frozen=True)
+class Column:
+    name: str
+    type: str
+    enum: bool
+    not_null: bool
+    filled: bool  # has a default, or is an identity or generated column
+
+
+@dataclass(frozen=True)
+class Table:
+    oid: int
+    schema: str
+    name: str
+    partitioned: bool
+    columns: dict[str, Column]
+
+    @property
+    def shown(self) -> str:
+        return self.name if self.schema == "public" else f"{self.schema}.{self.name}"
+
+
+async def fit(
+    conn: AnyConnection,
+    mapping: Mapping,
+    *,
+    installing: bool = False,
+    reference_schema: bool = False,
+) -> Mapping:
+    """``mapping`` checked against the catalog and typed from it; ConfigError names the first
+    problem. ``installing``: `reactor migrate`, which may add ``runs.saved_by`` itself."""
+    where = f"REACTOR_CONFIG ({mapping.source})" if mapping.source else "the reference mapping"
+    jobs_map, runs_map = mapping.jobs, mapping.runs
+    # The reference tables missing is the schema missing (exit 4), as it always was.
+    missing_is_schema = mapping.is_reference and not reference_schema
+    jobs = await _table(conn, jobs_map.table, "jobs", where, missing_is_schema)
+    runs = await _table(conn, runs_map.table, "runs", where, missing_is_schema)
+    if runs.partitioned:
+        raise ConfigError(
+            f"{runs.shown} is partitioned: the reactor writes it with ON CONFLICT on its key "
+            f"alone, which a partitioned table cannot be unique on; use a plain table for runs"
+        )
+
+    def column(table: Table, name: str, key: str) -> Column:
+        found = table.columns.get(name)
+        if found is None:
+            raise ConfigError(
+                f"{table.shown} has no column {name} ({key} in {where}); name the column "
+                f"that holds it, or add it"
+            )
+        return found
+
+    job_id = column(jobs, jobs_map.id, "jobs.id")
+    job_run = column(jobs, jobs_map.run, "jobs.run")
+    status = column(jobs, jobs_map.status, "jobs.status")
+    times = [column(jobs, jobs_map.updated_at, "jobs.updated_at")]
+    times.append(column(jobs, jobs_map.created_at, "jobs.created_at"))
+    if jobs_map.deleted_at:
+        times.append(column(jobs, jobs_map.deleted_at, "jobs.deleted_at"))
+    documents = [column(jobs, name, "jobs.not_null") for name in jobs_map.not_null]
+    run_key = column(runs, runs_map.key, "runs.key")
+    run_job = column(runs, runs_map.job, "runs.job")
+    if runs_map.saved_by not in runs.columns and not installing:
+        raise SchemaMissing(
+            f"{runs.shown} has no column {runs_map.saved_by} (runs.saved_by); run `reactor migrate`"
+        )
+    for name, _ in runs_map.columns:
+        column(runs, name, f"[runs.columns] {name}")
+
+    if job_id.type not in ID_TYPES:
+        raise ConfigError(
+            f"{jobs.shown}.{job_id.name} is {job_id.type}; job ids must be uuid, bigint or text"
+        )
+    if job_run.type not in ID_TYPES:
+        raise ConfigError(
+            f"{jobs.shown}.{job_run.name} is {job_run.type}; run keys must be uuid, bigint or text"
+        )
+    if run_key.type != job_run.type:
+        raise ConfigError(
+            f"{runs.shown}.{run_key.name} is {run_key.type} but {jobs.shown}.{job_run.name} is "
+            f"{job_run.type}: jobs.run and runs.key must have one type"
+        )
+    if run_job.type != job_id.type:
+        raise ConfigError(
+            f"{runs.shown}.{run_job.name} is {run_job.type} but {jobs.shown}.{job_id.name} is "
+            f"{job_id.type}: runs.job holds a job id and must have its type"
+        )
+    for time in times:
+        if time.type not in _TIMES:
+            raise ConfigError(
+                f"{jobs.shown}.{time.name} is {time.type}; it must be timestamptz "
+                "(or timestamp without time zone, with jobs.time_zone)"
+            )
+        if time.type == _TIMES[1] and not jobs_map.time_zone:
+            raise ConfigError(
+                f"{jobs.shown}.{time.name} is timestamp without time zone: set jobs.time_zone in "
+                'REACTOR_CONFIG to the zone its values are written in ("UTC" for most ORMs)'
+            )
+    if jobs_map.time_zone:
+        await _check_zone(conn, jobs_map.time_zone)
+    if status.type not in ("text", "character varying") and not status.type.startswith(
+        "character varying"
+    ):
+        if not status.enum:
+            raise ConfigError(
+                f"{jobs.shown}.{status.name} is {status.type}; the status must be text or an enum"
+            )
+        labels = await _enum_labels(conn, jobs.oid, status.name)
+        missing = [value for value in jobs_map.terminal if value not in labels]
+        if missing:
+            raise ConfigError(
+                f"jobs.terminal names {', '.join(missing)}, which the enum {status.type} of "
+                f"{jobs.shown}.{status.name} lacks; its values are {', '.join(labels)}"
+            )
+    if not await _unique_on(conn, runs.oid, run_key.name):
+        raise ConfigError(
+            f"{runs.shown}.{run_key.name} (runs.key) has no unique index on it alone; add one "
+            f"(CREATE UNIQUE INDEX ON {runs.shown} ({run_key.name})), or make it the primary key"
+        )
+    written = {runs_map.key, runs_map.job, runs_map.saved_by, *(c for c, _ in runs_map.columns)}
+    for unfilled in runs.columns.values():
+        if unfilled.not_null and not unfilled.filled and unfilled.name not in written:
+            raise ConfigError(
+                f"{runs.shown}.{unfilled.name} is NOT NULL without a default, and the reactor "
+                f'would leave it empty: add {unfilled.name} = "j.<column>" (an SQL expression '
+                f"over the job row) to [runs.columns] in REACTOR_CONFIG"
+            )
+
+    # Typed, and with both tables schema-qualified: the reactor's functions run with a
+    # search_path of pg_catalog only, and must find the same tables as the app.
+    typed = mapping.typed({c.name: c.type for c in (job_id, job_run, status, *times, *documents)})
+    located = replace(
+        typed,
+        jobs=replace(typed.jobs, table=(jobs.schema, jobs.name)),
+        runs=replace(typed.runs, table=(runs.schema, runs.name)),
+    )
+    await _check_expressions(conn, located, where)
+    if not installing:
+        await _check_installed(conn, located)
+    return located
+
+
+async def _table(
+    conn: AnyConnection, name: tuple[str, ...], section: str, where: str, missing_is_schema: bool
+) -> Table:
+    quoted = psycopg.sql.Identifier(*name).as_string(None)
+    cur = await conn.execute(
+        "SELECT c.oid, n.nspname, c.relname, c.relkind = 'p' AS partitioned"
+        "  FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
+        " WHERE c.oid = to_regclass(%s)",
+        (quoted,),
+    )
+    found = await cur.fetchone()
+    if found is None:
+        shown = name[-1] if name[0] == "public" else ".".join(name)
+        if missing_is_schema:
+            raise SchemaMissing(
+                f"table {shown} not found; create the app's tables first, or run "
+                "`reactor migrate --reference-schema` for the reference ones"
+            )
+        raise ConfigError(
+            f"table {shown} not found ({section}.table in {where}); create it, or name the "
+            f"app's {section} table there"
+        )
+    oid, schema, relname, partitioned = found
+    cur = await conn.cursor(row_factory=dict_row).execute(
+        "SELECT a.attname AS name, format_type(a.atttypid, a.atttypmod) AS type,"
+        "       t.typtype = 'e' AS enum, a.attnotnull AS not_null,"
+        "       a.atthasdef OR a.attidentity <> '' OR a.attgenerated <> '' AS filled"
+        "  FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid"
+        " WHERE a.attrelid = %s AND a.attnum > 0 AND NOT a.attisdropped",
+        (oid,),
+    )
+    columns = {row["name"]: Column(**row) for row in await cur.fetchall()}
+    return Table(oid, schema, relname, partitioned, columns)
+
+
+async def _check_zone(conn: AnyConnection, zone: str) -> None:
+    try:
+        async with conn.transaction():
+            await conn.execute("SELECT now() AT TIME ZONE %s", (zone,))
+    except psycopg.errors.InvalidParameterValue:
+        raise ConfigError(
+            f"jobs.time_zone = {zone!r} is not a time zone PostgreSQL knows; use a name of "
+            "pg_timezone_names, e.g. UTC or Europe/Berlin"
+        ) from None
+
+
+async def _enum_labels(conn: AnyConnection, table: int, column: str) -> list[str]:
+    cur = await conn.execute(
+        "SELECT e.enumlabel FROM pg_attribute a JOIN pg_enum e ON e.enumtypid = a.atttypid"
+        " WHERE a.attrelid = %s AND a.attname = %s ORDER BY e.enumsortorder",
+        (table, column),
+    )
+    return [label for (label,) in await cur.fetchall()]
+
+
+async def _unique_on(conn: AnyConnection, table: int, column: str) -> bool:
+    cur = await conn.execute(
+        "SELECT EXISTS (SELECT 1 FROM pg_index i JOIN pg_attribute a"
+        "    ON a.attrelid = i.indrelid AND a.attnum = i.indkey[0]"
+        " WHERE i.indrelid = %s AND i.indisunique AND i.indisvalid AND i.indpred IS NULL"
+        "   AND i.indnkeyatts = 1 AND i.indexprs IS NULL AND a.attname = %s)",
+        (table, column),
+    )
+    row = await cur.fetchone()
+    return bool(row and row[0])
+
+
+async def _check_expressions(conn: AnyConnection, mapping: Mapping, where: str) -> None:
+    """Plan (never run) the write's column list, so that an expression that does not compile
+    or does not fit its column is named now, not at the first write."""
+    from reactor import sql
+
+    for name, expression in mapping.runs.columns:
+        text = sql.render(
+            f"EXPLAIN (COSTS OFF) INSERT INTO @runs@ ({psycopg.sql.Identifier(name).as_string(None)})"
+            f" SELECT {expression} FROM @jobs@ j WHERE false",
+            mapping,
+        )
+        try:
+            async with conn.transaction():
+                await conn.execute(text)
+        except psycopg.errors.InsufficientPrivilege:
+            raise
+        except psycopg.Error as error:
+            first = (
+                str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+            )
+            raise ConfigError(
+                f"[runs.columns] {name} = {expression!r} in {where} does not compile as a value "
+                f"of that column: {first}"
+            ) from None
+
+
+async def _check_installed(conn: AnyConnection, mapping: Mapping) -> None:
+    """A schema installed for other tables than the mapping names: migrate re-installs it."""
+    cur = await conn.execute("SELECT to_regclass('reactor.app_tables') IS NOT NULL")
+    row = await cur.fetchone()
+    if not row or not row[0]:
+        return
+    cur = await conn.execute(
+        "SELECT jobs::oid, runs::oid, jobs::text, runs::text FROM reactor.app_tables"
+    )
+    installed = await cur.fetchone()
+    if installed is None:
+        return
+    jobs, runs = mapping.jobs.table, mapping.runs.table
+    cur = await conn.execute(
+        "SELECT to_regclass(%s)::oid, to_regclass(%s)::oid",
+        (
+            psycopg.sql.Identifier(*jobs).as_string(None),
+            psycopg.sql.Identifier(*runs).as_string(None),
+        ),
+    )
+    wanted = await cur.fetchone()
+    if wanted and (wanted[0], wanted[1]) != (installed[0], installed[1]):
+        raise SchemaMissing(
+            f"the reactor's triggers are installed on {installed[2]} and {installed[3]}, not on "
+            f"the tables the mapping names; run `reactor migrate` to install them there"
+        )
+
+
+async def fitted(
+    conn: AnyConnection, *, installing: bool = False, reference_schema: bool = False
+) -> Mapping:
+    """The mapping in force, checked and typed, and put in force."""
+    typed = await fit(
+        conn, mapping_module.in_force(), installing=installing, reference_schema=reference_schema
+    )
+    mapping_module.use(typed)
+    return typed

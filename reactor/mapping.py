@@ -1,0 +1,471 @@
+"""The mapping: which of the app's tables, columns and values the reactor reads and writes.
+
+``REACTOR_CONFIG`` names a TOML file (DESIGN.md §2); without one the reactor runs on the
+reference mapping, ``analysis_jobs``/``analysis_runs``. Parsing is pure and validates every key,
+so the rest of the code can trust a :class:`Mapping`. The catalog adds what the file does not
+say, the types of the columns (:meth:`Mapping.typed`), before any SQL is rendered from it.
+
+Every statement the reactor sends or installs is written once, in ``triggers/``, with named
+slots (``@jobs@``, ``@j.updated_at@``, ``@eligible(j)@``); :meth:`Mapping.slot` fills one. Names
+and values are quoted by ``psycopg.sql``; the ``[runs.columns]`` expressions are the only SQL
+taken from the file, written by whoever runs ``reactor migrate``, which checks they compile.
+
+One mapping is in force per process (:func:`in_force`), as one database schema is: every
+command of one deployment reads the same file. Tests switch it with :func:`using`.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tomllib
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import psycopg.sql
+
+from reactor.errors import ConfigError
+
+CONFIG_VARIABLE = "REACTOR_CONFIG"
+
+# The id types whose values keep one text form from the database to a notification and back.
+ID_TYPES = ("uuid", "bigint", "text")
+# The least value of each, where the reconcile's walk starts: its key compares as (run, id) >.
+_LEAST = {
+    "uuid": "00000000-0000-0000-0000-000000000000",
+    "bigint": "-9223372036854775808",
+    "text": "",
+}
+
+
+@dataclass(frozen=True)
+class Jobs:
+    """``[jobs]``: the app's job table, the truth the reactor reads."""
+
+    # Schema-qualified once checked against the catalog (db.fit); the reference's is public.
+    table: tuple[str, ...] = ("public", "analysis_jobs")
+    id: str = "id"
+    run: str = "run_id"
+    status: str = "status"
+    terminal: tuple[str, ...] = ("complete", "failed")
+    updated_at: str = "updated_at"
+    created_at: str = "created_at"
+    deleted_at: str | None = "deleted_at"
+    not_null: tuple[str, ...] = ("doc_html", "results")
+    not_empty: tuple[str, ...] = ("results",)
+    time_zone: str | None = None
+    # From the catalog (Mapping.typed), not the file: each mapped column's type, as
+    # format_type() names it. The reference schema's until then.
+    types: tuple[tuple[str, str], ...] = (
+        ("id", "uuid"),
+        ("run_id", "uuid"),
+        ("status", "text"),
+        ("updated_at", "timestamp with time zone"),
+        ("created_at", "timestamp with time zone"),
+        ("deleted_at", "timestamp with time zone"),
+        ("doc_html", "text"),
+        ("results", "jsonb"),
+    )
+
+    def type_of(self, column: str) -> str:
+        return dict(self.types).get(column, "text")
+
+    @property
+    def id_type(self) -> str:
+        return self.type_of(self.id)
+
+    @property
+    def run_type(self) -> str:
+        return self.type_of(self.run)
+
+    def naive(self, column: str) -> bool:
+        """Whether ``column`` is a timestamp without time zone (read AT TIME ZONE time_zone)."""
+        return self.type_of(column) == "timestamp without time zone"
+
+
+@dataclass(frozen=True)
+class Runs:
+    """``[runs]``: the artifact table, which the app's fast path and the reactor both write."""
+
+    table: tuple[str, ...] = ("public", "analysis_runs")
+    key: str = "id"
+    job: str = "job_id"
+    saved_by: str = "saved_by"
+    client: tuple[str, ...] = ("client",)
+    worker: str = "worker"
+    # Run column = SQL expression over the job row j, in the order written. The reference's
+    # updated_at is set on a replacement too, as an upsert's own update would.
+    columns: tuple[tuple[str, str], ...] = (
+        ("doc_html", "j.doc_html"),
+        ("results", "j.results"),
+        ("updated_at", "now()"),
+    )
+
+
+@dataclass(frozen=True)
+class Mapping:
+    """The whole mapping; :data:`REFERENCE` is the default."""
+
+    jobs: Jobs = field(default_factory=Jobs)
+    runs: Runs = field(default_factory=Runs)
+    reactor_schema: str = "reactor"
+    # Where it came from, for messages: the file's path, or None for the reference.
+    source: str | None = field(default=None, compare=False)
+
+    @property
+    def is_reference(self) -> bool:
+        """Whether it names the reference tables and columns (whatever types it was given)."""
+        jobs = replace(self.jobs, types=Jobs().types)
+        return jobs == Jobs() and self.runs == Runs() and self.reactor_schema == "reactor"
+
+    def typed(self, types: dict[str, str]) -> Mapping:
+        """This mapping with the job columns' types as the catalog reported them."""
+        return replace(self, jobs=replace(self.jobs, types=tuple(sorted(types.items()))))
+
+    def in_public(self) -> Mapping:
+        """This mapping with unqualified table names taken to be in the schema public."""
+        jobs = replace(self.jobs, table=_qualified(self.jobs.table))
+        return replace(self, jobs=jobs, runs=replace(self.runs, table=_qualified(self.runs.table)))
+
+    def slot(self, name: str, alias: str | None, argument: str | None) -> str:
+        """The SQL for one slot of a template: ``@name@``, ``@alias.name@`` or ``@name(arg)@``."""
+        if argument is not None:
+            return self._function(name, argument)
+        if alias is not None:
+            return self._column(name, alias)
+        return self._value(name)
+
+    def _value(self, name: str) -> str:
+        jobs, runs = self.jobs, self.runs
+        match name:
+            case "jobs":
+                return _identifier(*jobs.table)
+            case "runs":
+                return _identifier(*runs.table)
+            case "jobs_name":
+                return _literal(_identifier(*jobs.table))
+            case "runs_name":
+                return _literal(_identifier(*runs.table))
+            case "job_type":
+                return jobs.id_type
+            case "run_type":
+                return jobs.run_type
+            case "least_job":
+                return f"{_literal(_LEAST[jobs.id_type])}::{jobs.id_type}"
+            case "least_run":
+                return f"{_literal(_LEAST[jobs.run_type])}::{jobs.run_type}"
+            case "walk_index":
+                return _identifier(f"{jobs.table[-1]}_reactor_walk_idx"[:63])
+            case "terminal":
+                return "(" + ", ".join(_literal(value) for value in jobs.terminal) + ")"
+            case "worker":
+                return _literal(runs.worker)
+            case "saved_by_values":
+                values = (*runs.client, runs.worker)
+                return "(" + ", ".join(_literal(value) for value in values) + ")"
+            case "run_columns":
+                written = (runs.key, runs.job, runs.saved_by, *(c for c, _ in runs.columns))
+                return ", ".join(_identifier(c) for c in written)
+            case "run_values":
+                return ", ".join(expression for _, expression in runs.columns)
+            case "run_updates":
+                updated = (runs.job, *(c for c, _ in runs.columns))
+                sets = [f"{_identifier(c)} = EXCLUDED.{_identifier(c)}" for c in updated]
+                return ",\n           ".join(
+                    [*sets, f"{_identifier(runs.saved_by)} = {_literal(runs.worker)}"]
+                )
+        column = self._logical_column(name)
+        if column is None:
+            raise KeyError(f"unknown slot @{name}@")
+        return _identifier(column)
+
+    def _logical_column(self, name: str) -> str | None:
+        jobs, runs = self.jobs, self.runs
+        columns = {
+            "id": jobs.id,
+            "run": jobs.run,
+            "status": jobs.status,
+            "updated_at": jobs.updated_at,
+            "created_at": jobs.created_at,
+            "deleted_at": jobs.deleted_at,
+            "key": runs.key,
+            "job": runs.job,
+            "saved_by": runs.saved_by,
+        }
+        if name not in columns:
+            return None
+        column = columns[name]
+        if column is None:
+            raise KeyError(f"slot @{name}@ names a column the mapping leaves out")
+        return column
+
+    def _column(self, name: str, alias: str) -> str:
+        column = self._logical_column(name)
+        if column is None:
+            raise KeyError(f"unknown slot @{alias}.{name}@")
+        qualified = f"{alias}.{_identifier(column)}"
+        if name in ("updated_at", "created_at", "deleted_at") and self.jobs.naive(column):
+            # The app writes these as wall-clock time in time_zone; read as instants.
+            return f"({qualified} AT TIME ZONE {_literal(self.jobs.time_zone or 'UTC')})"
+        return qualified
+
+    def _function(self, name: str, alias: str) -> str:
+        if name == "eligible":
+            return self.eligible(alias or None)
+        if name == "bytes":
+            sizes = [f"pg_column_size({alias}.{_identifier(c)})" for c in self.jobs.not_null]
+            return "(" + " + ".join(sizes or ["0"]) + ")"
+        raise KeyError(f"unknown slot @{name}({alias})@")
+
+    def eligible(self, alias: str | None) -> str:
+        """The row-local half of "needs a run" for the job row ``alias`` (None: bare columns).
+
+        Terminal values are untyped literals, so they take the column's type, text or enum.
+        """
+        jobs = self.jobs
+
+        def col(name: str) -> str:
+            return f"{alias}.{_identifier(name)}" if alias else _identifier(name)
+
+        parts = [f"{col(jobs.status)} IN {self._value('terminal')}"]
+        if jobs.deleted_at:
+            parts.append(f"{col(jobs.deleted_at)} IS NULL")
+        parts += [f"{col(c)} IS NOT NULL" for c in jobs.not_null]
+        parts += [_not_empty(col(c), jobs.type_of(c)) for c in jobs.not_empty]
+        return "(" + "\n AND ".join(parts) + ")"
+
+
+REFERENCE = Mapping()
+
+_in_force = REFERENCE
+
+
+def in_force() -> Mapping:
+    """The mapping this process runs on."""
+    return _in_force
+
+
+def use(mapping: Mapping) -> None:
+    """Make ``mapping`` the one in force (at a command's start, once its types are known)."""
+    global _in_force
+    _in_force = mapping
+
+
+@contextmanager
+def using(mapping: Mapping) -> Iterator[Mapping]:
+    """``mapping`` in force for the block; the previous one after it."""
+    previous = in_force()
+    use(mapping)
+    try:
+        yield mapping
+    finally:
+        use(previous)
+
+
+def _qualified(table: tuple[str, ...]) -> tuple[str, ...]:
+    return table if len(table) == 2 else ("public", *table)
+
+
+def _not_empty(column: str, type_name: str) -> str:
+    # By the column's own equality, so a TOASTed document is compared, never cast to text.
+    if type_name == "jsonb":
+        return f"{column} <> '{{}}'::jsonb"
+    if type_name in ("json", "xml"):
+        return f"{column}::text NOT IN ('', '{{}}', '[]')"
+    if type_name.endswith("[]"):
+        return f"cardinality({column}) > 0"
+    return f"{column} <> ''"
+
+
+def _identifier(*parts: str) -> str:
+    return psycopg.sql.Identifier(*parts).as_string(None)
+
+
+def _literal(value: str) -> str:
+    return psycopg.sql.Literal(value).as_string(None)
+
+
+# ---- parsing ---------------------------------------------------------------------------------
+
+_NAME = re.compile(r"[^\x00]{1,63}")
+_SCHEMA = re.compile(r"[a-z_][a-z0-9_]{0,62}")
+_JOB_KEYS = set(Jobs.__dataclass_fields__) - {"types"}
+_RUN_KEYS = set(Runs.__dataclass_fields__)
+
+
+def from_env(environ: dict[str, str] | os._Environ[str]) -> Mapping:
+    """The mapping ``REACTOR_CONFIG`` names, or the reference one when it is unset or empty."""
+    path = environ.get(CONFIG_VARIABLE, "").strip()
+    return load(path) if path else REFERENCE
+
+
+def load(path: str) -> Mapping:
+    """Read and validate the file at ``path``; ConfigError names the first problem."""
+    try:
+        with open(path, "rb") as file:
+            document = tomllib.load(file)
+    except FileNotFoundError:
+        raise ConfigError(f"{CONFIG_VARIABLE}={path}: no such file") from None
+    except OSError as error:
+        raise ConfigError(f"{CONFIG_VARIABLE}={path}: cannot read it ({error.strerror})") from None
+    except tomllib.TOMLDecodeError as error:
+        raise ConfigError(f"{CONFIG_VARIABLE}={path} is not valid TOML: {error}") from None
+    return parse(document, source=path)
+
+
+def parse(document: dict[str, Any], *, source: str = "the mapping") -> Mapping:
+    """A validated mapping from a parsed TOML document."""
+    where = f"{source}:"
+    _known(document, {"reactor_schema", "jobs", "runs"}, where, "")
+    schema = document.get("reactor_schema", "reactor")
+    if not isinstance(schema, str) or not _SCHEMA.fullmatch(schema):
+        raise ConfigError(f"{where} reactor_schema must be a lower-case identifier, e.g. reactor")
+    if schema != "reactor":
+        raise ConfigError(
+            f"{where} reactor_schema = {schema!r}: this release installs its objects in the "
+            "schema reactor only; leave reactor_schema out"
+        )
+    jobs_table = _table(document, "jobs", where)
+    runs_table = _table(document, "runs", where)
+    jobs = _section(document, "jobs", where, _JOB_KEYS)
+    runs = _section(document, "runs", where, _RUN_KEYS)
+    reference_jobs, reference_runs = Jobs(), Runs()
+    parsed_jobs = Jobs(
+        table=jobs_table or reference_jobs.table,
+        id=_column(jobs, "id", where, "jobs", reference_jobs.id),
+        run=_column(jobs, "run", where, "jobs", reference_jobs.run),
+        status=_column(jobs, "status", where, "jobs", reference_jobs.status),
+        terminal=_values(jobs, "terminal", where, "jobs", reference_jobs.terminal),
+        updated_at=_column(jobs, "updated_at", where, "jobs", reference_jobs.updated_at),
+        created_at=_column(jobs, "created_at", where, "jobs", reference_jobs.created_at),
+        deleted_at=_column(jobs, "deleted_at", where, "jobs", None)
+        if jobs
+        else reference_jobs.deleted_at,
+        not_null=_names(
+            jobs, "not_null", where, "jobs", reference_jobs.not_null if not jobs else ()
+        ),
+        not_empty=_names(
+            jobs, "not_empty", where, "jobs", reference_jobs.not_empty if not jobs else ()
+        ),
+        time_zone=_zone(jobs, where),
+    )
+    columns = runs.get("columns")
+    parsed_runs = Runs(
+        table=runs_table or reference_runs.table,
+        key=_column(runs, "key", where, "runs", reference_runs.key),
+        job=_column(runs, "job", where, "runs", reference_runs.job),
+        saved_by=_column(runs, "saved_by", where, "runs", reference_runs.saved_by),
+        client=_values(runs, "client", where, "runs", reference_runs.client),
+        worker=_value(runs, "worker", where, reference_runs.worker),
+        columns=reference_runs.columns if columns is None else _expressions(columns, where),
+    )
+    written = {parsed_runs.key, parsed_runs.job, parsed_runs.saved_by}
+    for column, _ in parsed_runs.columns:
+        if column in written:
+            raise ConfigError(
+                f"{where} [runs.columns] {column} is written by the reactor itself "
+                "(runs.key, runs.job or runs.saved_by); remove it from [runs.columns]"
+            )
+    if parsed_runs.worker in parsed_runs.client:
+        raise ConfigError(f"{where} runs.worker {parsed_runs.worker!r} is also in runs.client")
+    for name in parsed_jobs.not_empty:
+        if name not in parsed_jobs.not_null:
+            raise ConfigError(
+                f"{where} jobs.not_empty names {name}, which jobs.not_null must name too"
+            )
+    return Mapping(jobs=parsed_jobs, runs=parsed_runs, source=source)
+
+
+def _known(table: dict[str, Any], keys: set[str], where: str, section: str) -> None:
+    for key in table:
+        if key not in keys:
+            place = f"[{section}] " if section else ""
+            raise ConfigError(
+                f"{where} unknown key {place}{key}; the keys are {', '.join(sorted(keys))}"
+            )
+
+
+def _section(document: dict[str, Any], name: str, where: str, keys: set[str]) -> dict[str, Any]:
+    section = document.get(name, {})
+    if not isinstance(section, dict):
+        raise ConfigError(f"{where} {name} must be a table ([{name}])")
+    _known(section, keys, where, name)
+    return section
+
+
+def _table(document: dict[str, Any], section: str, where: str) -> tuple[str, ...] | None:
+    value = (
+        document.get(section, {}).get("table") if isinstance(document.get(section), dict) else None
+    )
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise ConfigError(f"{where} {section}.table must be a string: table or schema.table")
+    parts = tuple(value.split("."))
+    if len(parts) > 2 or not all(_NAME.fullmatch(part) for part in parts):
+        raise ConfigError(
+            f"{where} {section}.table = {value!r} must be table or schema.table, as named "
+            "in the catalog (case matters)"
+        )
+    return parts
+
+
+def _column(table: dict[str, Any], key: str, where: str, section: str, default: str | None) -> Any:
+    value = table.get(key, default)
+    if value is None:
+        return None
+    if not isinstance(value, str) or not _NAME.fullmatch(value):
+        raise ConfigError(f"{where} {section}.{key} must be a column name, as in the catalog")
+    return value
+
+
+def _names(
+    table: dict[str, Any], key: str, where: str, section: str, default: tuple[str, ...]
+) -> tuple[str, ...]:
+    value = table.get(key, list(default))
+    if not isinstance(value, list) or not all(
+        isinstance(v, str) and _NAME.fullmatch(v) for v in value
+    ):
+        raise ConfigError(f"{where} {section}.{key} must be a list of column names")
+    return tuple(value)
+
+
+def _values(
+    table: dict[str, Any], key: str, where: str, section: str, default: tuple[str, ...]
+) -> tuple[str, ...]:
+    value = table.get(key, list(default))
+    if not isinstance(value, list) or not value or not all(isinstance(v, str) for v in value):
+        raise ConfigError(f"{where} {section}.{key} must be a non-empty list of strings")
+    return tuple(value)
+
+
+def _value(table: dict[str, Any], key: str, where: str, default: str) -> str:
+    value = table.get(key, default)
+    if not isinstance(value, str) or not value:
+        raise ConfigError(f"{where} runs.{key} must be a non-empty string")
+    return value
+
+
+def _zone(table: dict[str, Any], where: str) -> str | None:
+    value = table.get("time_zone")
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value.strip():
+        raise ConfigError(f"{where} jobs.time_zone must be a time zone name, e.g. UTC")
+    return value.strip()
+
+
+def _expressions(columns: Any, where: str) -> tuple[tuple[str, str], ...]:
+    if not isinstance(columns, dict):
+        raise ConfigError(f'{where} [runs.columns] must be a table of column = "SQL expression"')
+    found = []
+    for column, expression in columns.items():
+        if not _NAME.fullmatch(column) or not isinstance(expression, str) or not expression.strip():
+            raise ConfigError(
+                f"{where} [runs.columns] {column} must be a string holding an SQL expression "
+                'over the job row j, e.g. "j.results"'
+            )
+        found.append((column, expression.strip()))
+    return tuple(found)
