@@ -8,6 +8,7 @@ the tables' schemas filled in, which is what the SQL is rendered from.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, replace
 
 import psycopg
@@ -20,6 +21,7 @@ from reactor.errors import ConfigError, SchemaMissing
 from reactor.mapping import ID_TYPES, Mapping
 
 _TIMES = ("timestamp with time zone", "timestamp without time zone")
+_TYPMOD = re.compile(r"\(\d+(?:,\d+)?\)")
 
 
 @dataclass(frozen=True)
@@ -122,9 +124,7 @@ async def fit(
             )
     if jobs_map.time_zone:
         await _check_zone(conn, jobs_map.time_zone)
-    if status.type not in ("text", "character varying") and not status.type.startswith(
-        "character varying"
-    ):
+    if status.type not in ("text", "character varying"):
         if not status.enum:
             raise ConfigError(
                 f"{jobs.shown}.{status.name} is {status.type}; the status must be text or an enum"
@@ -195,7 +195,11 @@ async def _table(
         " WHERE a.attrelid = %s AND a.attnum > 0 AND NOT a.attisdropped",
         (oid,),
     )
-    columns = {row["name"]: Column(**row) for row in await cur.fetchall()}
+    # Without a type's modifiers: timestamp(3) is a timestamp, varchar(200) a varchar.
+    columns = {
+        row["name"]: Column(**{**row, "type": _TYPMOD.sub("", row["type"])})
+        for row in await cur.fetchall()
+    }
     return Table(oid, schema, relname, partitioned, columns)
 
 

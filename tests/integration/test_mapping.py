@@ -1,0 +1,215 @@
+"""The reactor on the app's own tables: tests/mappings/second.sql, mapped by second.toml.
+
+Every difference the mapping covers at once: another schema, quoted camelCase names, a bigint
+job id and a text run key, an enum status with other terminal values, timestamp(3) without time
+zone columns holding UTC, no soft delete, other values for saved_by, and NOT NULL artifact
+columns filled by expressions. The database's and the test session's TimeZone are neither UTC,
+so a naive timestamp read in the session's zone would be hours off.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from reactor import db, mapping, status
+from reactor.config import Settings
+from reactor.listener import parse_hint
+from reactor.metrics import Metrics
+from reactor.recorder import Recorder
+from tests.helpers import Conn
+
+pytestmark = pytest.mark.anyio
+
+MAPPINGS = Path(__file__).parent.parent / "mappings"
+SECOND_SQL = (MAPPINGS / "second.sql").read_text()
+SECOND_TOML = MAPPINGS / "second.toml"
+CHANNEL = "second_jobs_terminal"
+GRACE = 2.0
+OWNER = "7f1c0b4e-2d7a-4d8e-9a51-0c6f3f1a2b3c"
+
+
+@pytest.fixture
+def second_url(empty_database_url: str) -> Iterator[str]:
+    """A database holding only the second schema, whose default TimeZone is Asia/Tokyo."""
+    with psycopg.connect(empty_database_url, autocommit=True) as conn:
+        conn.execute(SECOND_SQL)
+        conn.execute(
+            "DO $$ BEGIN EXECUTE format('ALTER DATABASE %I SET timezone = ''Asia/Tokyo''', "
+            "current_database()); END $$"
+        )
+    yield empty_database_url
+
+
+@pytest.fixture
+async def second(second_url: str) -> AsyncIterator[mapping.Mapping]:
+    """The second mapping installed by `reactor migrate`, and in force for the test."""
+    with mapping.using(mapping.load(str(SECOND_TOML))):
+        async with await db.connect(second_url, "test") as conn:
+            await db.migrate(conn, CHANNEL, reference_schema=False)
+        yield mapping.in_force()
+
+
+def app(url: str) -> psycopg.Connection[Any]:
+    """The app's session, in a third time zone."""
+    return psycopg.connect(url, autocommit=True, options="-c timezone=America/New_York")
+
+
+def add(
+    conn: Conn,
+    key: str,
+    *,
+    state: str = "done",
+    age: float = 10.0,
+    html: str | None = "<p>report</p>",
+    verdicts: Any = ("ok",),
+    title: str | None = None,
+) -> int:
+    """A job as the app writes it: its times are UTC wall-clock, ``age`` seconds ago."""
+    row = conn.execute(
+        'INSERT INTO app."Job" ("reportKey", state, html, verdicts, "ownerId", title,'
+        ' "createdAt", "updatedAt")'
+        " VALUES (%s, %s, %s, %s::jsonb, %s, %s, now() AT TIME ZONE 'UTC',"
+        "         (now() - make_interval(secs => %s)) AT TIME ZONE 'UTC')"
+        ' RETURNING "jobId"',
+        (key, state, html, None if verdicts is None else json.dumps(verdicts), OWNER, title, age),
+    ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def report(conn: Conn, key: str) -> tuple[Any, ...] | None:
+    return conn.execute(
+        'SELECT origin, "fromJob", verdicts, "ownerId"::text, title FROM app."Report" WHERE key = %s',
+        (key,),
+    ).fetchone()
+
+
+async def drain(url: str) -> int:
+    async with db.make_pool(url, max_size=2) as pool:
+        return await Recorder(db.Database(pool, grace=GRACE), Metrics()).drain(100)
+
+
+async def test_migrate_types_the_reactor_tables_by_the_app_columns(
+    second: mapping.Mapping, second_url: str
+) -> None:
+    assert second.jobs.id_type == "bigint" and second.jobs.run_type == "text"
+    assert second.jobs.table == ("app", "Job")
+    with app(second_url) as conn:
+        types = dict(
+            conn.execute(
+                "SELECT c.relname || '.' || a.attname, format_type(a.atttypid, a.atttypmod)"
+                "  FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid"
+                "  JOIN pg_namespace n ON n.oid = c.relnamespace"
+                " WHERE n.nspname = 'reactor' AND a.attname IN ('job_id', 'run_id', 'cursor_run')"
+            ).fetchall()
+        )
+        assert types["pending.job_id"] == "bigint"
+        assert types["hook_outbox.run_id"] == "text"
+        assert types["reconcile.cursor_run"] == "text"
+        # The walk index is on the app's table, by its own names.
+        assert conn.execute(
+            "SELECT count(*) FROM pg_indexes WHERE schemaname = 'app' AND tablename = 'Job'"
+            " AND indexname = 'Job_reactor_walk_idx'"
+        ).fetchone() == (1,)
+
+
+async def test_due_jobs_are_recorded_from_utc_wall_clock_times(
+    second: mapping.Mapping, second_url: str
+) -> None:
+    with app(second_url) as conn:
+        due = add(conn, "due", title=None)
+        fresh = add(conn, "fresh", age=0.0)  # inside its grace, whatever the session's zone
+        running = add(conn, "running", state="running")
+        empty = add(conn, "empty", verdicts={})
+        bare = add(conn, "bare", html=None)
+        saved = add(conn, "saved")
+        conn.execute(
+            'INSERT INTO app."Report" (key, "fromJob", origin, verdicts, "ownerId", title)'
+            " VALUES ('saved', %s, 'user', '[\"mine\"]', %s, 'Tab')",
+            (saved, OWNER),
+        )
+        legacy = add(conn, "legacy")
+        conn.execute(
+            'INSERT INTO app."Report" (key, "fromJob", origin, verdicts, "ownerId", title)'
+            " VALUES ('legacy', %s, NULL, '[\"old\"]', %s, 'Old')",
+            (legacy, OWNER),
+        )
+        queued = conn.execute("SELECT job_id FROM reactor.pending ORDER BY job_id").fetchall()
+        assert [row[0] for row in queued] == sorted([due, fresh, saved, legacy])
+
+    assert await drain(second_url) == 1
+
+    with app(second_url) as conn:
+        assert report(conn, "due") == ("system", due, ["ok"], OWNER, "Untitled")
+        assert report(conn, "fresh") is None
+        assert report(conn, "running") is None
+        assert report(conn, "empty") is None
+        assert report(conn, "bare") is None
+        assert report(conn, "saved") == ("user", saved, ["mine"], OWNER, "Tab")
+        assert report(conn, "legacy") == (None, legacy, ["old"], OWNER, "Old")
+        del running, empty, bare
+
+
+async def test_a_later_job_of_the_run_replaces_the_worker_row(
+    second: mapping.Mapping, second_url: str
+) -> None:
+    with app(second_url) as conn:
+        first = add(conn, "again", verdicts=["first"])
+    assert await drain(second_url) == 1
+    with app(second_url) as conn:
+        later = add(conn, "again", verdicts=["later"])
+        assert (
+            conn.execute("SELECT count(*) FROM reactor.pending WHERE job_id = %s", (later,))
+        ).fetchone() == (1,)
+    assert await drain(second_url) == 1
+    with app(second_url) as conn:
+        assert report(conn, "again") == ("system", later, ["later"], OWNER, "Untitled")
+        assert first < later
+
+
+async def test_the_trigger_hints_with_the_bigint_id_and_the_utc_instant(
+    second: mapping.Mapping, second_url: str
+) -> None:
+    with app(second_url) as listener, app(second_url) as conn:
+        listener.execute(f"LISTEN {CHANNEL}")
+        job = add(conn, "hinted", age=3.0)
+        hints = [n.payload for n in listener.notifies(timeout=5, stop_after=1)]
+    assert len(hints) == 1
+    parsed = parse_hint(hints[0])
+    assert parsed is not None
+    job_id, at = parsed
+    assert job_id == str(job)
+    assert at is not None and abs(time.time() - 3.0 - at) < 2.0
+
+
+async def test_the_reconcile_finds_a_job_that_went_around_the_trigger(
+    second: mapping.Mapping, second_url: str
+) -> None:
+    with app(second_url) as conn:
+        conn.execute("SET session_replication_role = replica")
+        restored = add(conn, "restored")
+        conn.execute("SET session_replication_role = origin")
+        assert conn.execute("SELECT count(*) FROM reactor.pending").fetchone() == (0,)
+    async with await db.connect(second_url, "test") as conn:
+        found = await db.reconcile_pass(conn, owner="test", grace=GRACE)
+    assert found.found == 1 and found.example == str(restored)
+    assert await drain(second_url) == 1
+
+
+async def test_status_reads_the_mapped_tables(second: mapping.Mapping, second_url: str) -> None:
+    with app(second_url) as conn:
+        add(conn, "late")
+        add(conn, "early", age=0.0)
+    settings = Settings(database_url=second_url, grace=GRACE)
+    async with await db.connect(second_url, "status", configure_session=False) as conn:
+        report = await status.collect(conn, settings)
+    document = status.as_json(report)
+    assert document["jobs"]["due"] == 1
+    assert document["jobs"]["in_grace"] == 1
