@@ -1,0 +1,162 @@
+"""Checks before harm: each contract check of the mapping, fed a wrong file or table.
+
+`reactor migrate` checks the mapping against the catalog before it changes anything, and
+`run`, `sweep` and `status` at start. Each mismatch is one line naming the fix, exit 2, and the
+database is left as it was.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from reactor import sql
+from tests.acceptance.conftest import reactor_env, run_reactor
+
+# (case, SQL run after reference.sql, the mapping file or None, what the line must say)
+CASES = [
+    ("bad toml", "", "[jobs\n", "is not valid TOML"),
+    ("unknown key", "", "[jobs]\ncolour = 'red'\n", "unknown key [jobs] colour"),
+    ("missing table", "", "[jobs]\ntable = 'jobz'\n", "table jobz not found"),
+    ("missing column", "", "[jobs]\nstatus = 'state'\n", "has no column state"),
+    (
+        "types differ",
+        "ALTER TABLE analysis_runs ALTER COLUMN id TYPE text",
+        None,
+        "jobs.run and runs.key must have one type",
+    ),
+    (
+        "no unique key",
+        "ALTER TABLE analysis_runs DROP CONSTRAINT analysis_runs_pkey",
+        None,
+        "has no unique index on it alone",
+    ),
+    (
+        "not null unfilled",
+        "ALTER TABLE analysis_runs ADD COLUMN owner_id uuid NOT NULL",
+        None,
+        "analysis_runs.owner_id is NOT NULL without a default",
+    ),
+    (
+        "expression does not compile",
+        "",
+        "[runs.columns]\nresults = 'j.nope'\n",
+        "does not compile",
+    ),
+    (
+        "expression of the wrong type",
+        "",
+        "[runs.columns]\nresults = 'j.created_at'\n",
+        "does not compile",
+    ),
+    (
+        "naive time without a zone",
+        "ALTER TABLE analysis_jobs ALTER COLUMN updated_at TYPE timestamp",
+        None,
+        "set jobs.time_zone",
+    ),
+    (
+        "unknown zone",
+        "ALTER TABLE analysis_jobs ALTER COLUMN updated_at TYPE timestamp",
+        "[jobs]\ntime_zone = 'Mars/Olympus'\nnot_null = ['doc_html']\n",
+        "not a time zone PostgreSQL knows",
+    ),
+    (
+        "partitioned runs",
+        "DROP TABLE analysis_runs; CREATE TABLE analysis_runs (id uuid, job_id uuid NOT NULL,"
+        " doc_html text, results jsonb NOT NULL, saved_by text, created_at timestamptz NOT NULL"
+        " DEFAULT now(), updated_at timestamptz NOT NULL DEFAULT now())"
+        " PARTITION BY HASH (id)",
+        None,
+        "analysis_runs is partitioned",
+    ),
+    (
+        "terminal value not in the enum",
+        "CREATE TYPE job_status AS ENUM ('queued', 'running', 'complete', 'failed');"
+        " ALTER TABLE analysis_jobs ALTER COLUMN status TYPE job_status USING status::job_status",
+        "[jobs]\nterminal = ['complete', 'done']\nnot_null = ['doc_html']\n",
+        "jobs.terminal names done",
+    ),
+    (
+        "an id type the reactor cannot carry",
+        "ALTER TABLE analysis_jobs ALTER COLUMN id TYPE numeric USING 0",
+        None,
+        "job ids must be uuid, bigint or text",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("schema", "toml", "says"), [case[1:] for case in CASES], ids=[case[0] for case in CASES]
+)
+def test_migrate_names_the_problem_in_one_line_and_changes_nothing(
+    empty_database_url: str, tmp_path: Path, schema: str, toml: str | None, says: str
+) -> None:
+    with psycopg.connect(empty_database_url, autocommit=True) as conn:
+        conn.execute(sql.read("reference.sql"))
+        if schema:
+            conn.execute(schema)
+    variables = {}
+    if toml is not None:
+        path = tmp_path / "reactor.toml"
+        path.write_text(toml)
+        variables["REACTOR_CONFIG"] = str(path)
+    result = run_reactor("migrate", env=reactor_env(empty_database_url, **variables))
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("reactor: "), result.stderr
+    assert says in lines[0]
+    assert "Traceback" not in result.stderr
+    with psycopg.connect(empty_database_url) as conn:
+        assert conn.execute("SELECT to_regnamespace('reactor')").fetchone() == (None,)
+
+
+@pytest.mark.parametrize("command", [("run",), ("sweep", "--once"), ("status",)])
+def test_every_command_checks_at_start(database_url: str, command: tuple[str, ...]) -> None:
+    # The app added an owner to its artifact table after the reactor was installed.
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        conn.execute("ALTER TABLE analysis_runs ADD COLUMN owner_id uuid NOT NULL")
+    result = run_reactor(*command, env=reactor_env(database_url))
+    assert result.returncode == 2, result.stderr
+    assert "analysis_runs.owner_id is NOT NULL without a default" in result.stderr
+    assert "[runs.columns]" in result.stderr
+
+
+def test_a_missing_mapping_file_is_one_line(database_url: str) -> None:
+    result = run_reactor(
+        "status", env=reactor_env(database_url, REACTOR_CONFIG="/nonexistent/reactor.toml")
+    )
+    assert result.returncode == 2
+    assert (
+        result.stderr.strip() == "reactor: REACTOR_CONFIG=/nonexistent/reactor.toml: no such file"
+    )
+
+
+def test_the_owner_column_filled_by_the_mapping_is_written(
+    database_url: str, tmp_path: Path
+) -> None:
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        conn.execute("ALTER TABLE analysis_jobs ADD COLUMN owner_id uuid")
+        conn.execute("ALTER TABLE analysis_runs ADD COLUMN owner_id uuid NOT NULL")
+        conn.execute(
+            "INSERT INTO analysis_jobs (id, run_id, status, doc_html, results, owner_id,"
+            " updated_at) VALUES (gen_random_uuid(), gen_random_uuid(), 'complete', '<p/>',"
+            " '{\"a\": 1}', gen_random_uuid(), now() - interval '1 hour')"
+        )
+    path = tmp_path / "reactor.toml"
+    path.write_text(
+        "[runs.columns]\ndoc_html = 'j.doc_html'\nresults = 'j.results'\n"
+        "owner_id = 'j.owner_id'\nupdated_at = 'now()'\n"
+    )
+    env = reactor_env(database_url, REACTOR_CONFIG=str(path))
+    assert run_reactor("migrate", env=env).returncode == 0
+    result = run_reactor("sweep", "--once", env=env)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "1"
+    with psycopg.connect(database_url) as conn:
+        assert conn.execute(
+            "SELECT count(*) FROM analysis_runs r JOIN analysis_jobs j ON j.run_id = r.id"
+            " WHERE r.owner_id = j.owner_id AND r.saved_by = 'worker'"
+        ).fetchone() == (1,)
