@@ -363,14 +363,16 @@ class Reactor:
         raises when the database failed the pass (a re-arm asked for is kept for the retry)."""
         started = self.clock.now()
         try:
-            if rearm:
-                for job_id, due_in in await self.database.upcoming(self.settings.max_pending):
-                    self.dispatcher.offer(job_id, due_in + 0.001)
-            recorded = await self.recorder.drain(
-                self.settings.batch_size,
-                skip=self.queue.in_flight,
-                on_settled=self.queue.forget,
-            )
+            with tracing.span("reactor.scan", rearm=rearm) as traced:
+                if rearm:
+                    for job_id, due_in in await self.database.upcoming(self.settings.max_pending):
+                        self.dispatcher.offer(job_id, due_in + 0.001)
+                recorded = await self.recorder.drain(
+                    self.settings.batch_size,
+                    skip=self.queue.in_flight,
+                    on_settled=self.queue.forget,
+                )
+                traced.set(recorded=recorded)
         except BaseException:
             self._rearm_wanted |= rearm
             raise
