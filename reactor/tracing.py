@@ -22,8 +22,9 @@ everything else as usual (endpoint, headers, sampler, ``OTEL_SERVICE_NAME`` and
 
 Without the extra, and while tracing is off, nothing from OpenTelemetry is imported: ``span``
 is a no-op and ``inject_traceparent`` adds nothing. ``reactor run`` and ``reactor sweep`` call
-:func:`configure` at startup, so a misspelt exporter fails there; embedded, the first span reads
-the environment instead, and an app may install its provider later.
+:func:`configure` at startup, so a misspelt exporter fails there. Embedded, the first span reads
+the environment unless the app called :func:`configure` itself (a misspelt exporter is then
+logged, and tracing stays off); a provider the app installs later is picked up from then on.
 
 No attribute carries a secret: call sites pass ids, names, kinds, counts and outcomes, never a
 hook's spec or URL, and error descriptions and exception messages go through
