@@ -241,7 +241,8 @@ class Recorder:
     async def _oldest(self, limit: int, only: list[str] | None = None) -> list[JobOutcome]:
         skip = sorted(self.stuck | self._skip)
         try:
-            with tracing.span("reactor.record", source="scan", limit=limit) as traced:
+            known = tracing.jobs(only) if only is not None else None  # a split's part
+            with tracing.span("reactor.record", known, source="scan", limit=limit) as traced:
                 outcomes = await self.db.record_oldest(
                     limit, only=only, skip=skip, lock_timeout=self.batch_lock_timeout
                 )

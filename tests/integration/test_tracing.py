@@ -168,7 +168,7 @@ async def test_a_failed_statement_is_an_error_span_and_its_parts_follow(
         conn.execute(
             "ALTER TABLE analysis_runs ADD CONSTRAINT no_flagged CHECK (NOT results ? 'flagged')"
         )
-        add_job(conn, status="complete", results={"flagged": True}, age=60)
+        bad = str(add_job(conn, status="complete", results={"flagged": True}, age=60)[0])
         _due(conn, 4)
         async with idle_reactor(database_url) as reactor:
             assert await reactor.scan(rearm=False) == 4
@@ -176,8 +176,6 @@ async def test_a_failed_statement_is_an_error_span_and_its_parts_follow(
         assert scalar(conn, "SELECT count(*) FROM analysis_runs") == 4
     records = [s for s in named(spans, "reactor.record") if parent_of(s) == span_id(scan)]
     failed = [s for s in records if s.status.status_code is StatusCode.ERROR]
-    # The whole batch, then the part holding the rejected job, down to the job alone.
-    assert failed
     for span in failed:
         assert span.status.description is not None
         assert span.status.description.startswith("CheckViolation: ")
@@ -186,6 +184,9 @@ async def test_a_failed_statement_is_an_error_span_and_its_parts_follow(
         assert event.attributes is not None
         assert event.attributes["exception.type"] == "psycopg.errors.CheckViolation"
         assert "no_flagged" in str(event.attributes["exception.message"])
+    # The whole batch (its jobs unknown until it returns), then the part holding the rejected
+    # job alone, which names it.
+    assert [attrs(s).get("reactor.job_ids") for s in failed] == [None, [bad]]
     assert sum(attrs(s).get("reactor.recorded", 0) for s in records) == 4
     assert attrs(scan)["reactor.recorded"] == 4
 
