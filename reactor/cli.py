@@ -18,7 +18,7 @@ import anyio
 import psycopg.errors
 from rich.console import Console
 
-from reactor import db, grants, hook_ops, http, logs, mapping, progress, sql, status
+from reactor import db, grants, hook_ops, http, logs, mapping, progress, sql, status, tracing
 from reactor.config import Settings
 from reactor.errors import (
     ConfigError,
@@ -228,6 +228,7 @@ async def _check_database(conn: db.AnyConnection) -> None:
 async def cmd_run(args: argparse.Namespace) -> int:
     """``reactor run``: serve until SIGTERM/SIGINT, then drain and exit 0."""
     settings = _settings(args)
+    tracing.configure()
     pool = db.make_pool(settings.require_database(), max_size=POOL_SIZE)
     # Everything that can fail without the database fails first, in milliseconds: hooks are
     # parsed (their modules imported) and the HTTP port is bound before anything connects.
@@ -326,6 +327,7 @@ async def cmd_sweep(args: argparse.Namespace) -> int:
     number of runs recorded, as always; what the pass found goes to stderr for the operator.
     """
     settings = _settings(args)
+    tracing.configure()
     pool = db.make_pool(settings.require_database(), max_size=1)
     # The runs a sweep writes get their hook rows like any other (a running replica runs them).
     async with open_hooks(settings, pool) as hooks:

@@ -72,7 +72,7 @@ import anyio
 import anyio.abc
 from psycopg_pool import AsyncConnectionPool
 
-from reactor import db, redact
+from reactor import db, redact, tracing
 from reactor.config import Settings, webhook_secret_variable
 from reactor.errors import ConfigError
 from reactor.metrics import Metrics
@@ -223,12 +223,14 @@ class WebhookHook:
         headers = {"Content-Type": "application/json", IDEMPOTENCY_HEADER: call.idempotency_key}
         if self.secret:
             headers[SIGNATURE_HEADER] = sign(self.secret, body, timestamp=int(self.clock()))
+        tracing.inject_traceparent(headers)  # not signed: the signature covers t and the body
         shown = redact.safe_url(self.url)
         try:
             async with self.session().post(
                 self.url, data=body, headers=headers, allow_redirects=False
             ) as response:
                 status, location = response.status, response.headers.get("Location")
+            tracing.current().set({"http.response.status_code": status})
         except aiohttp.ClientError as error:
             # Client errors may quote the URL whole (credentials, query): never pass them on.
             detail = f"{type(error).__name__}: {error}"
@@ -591,7 +593,7 @@ class HookRunner:
                             self._parked(claim)
                             continue
                         self.in_flight += 1
-                        running.start_soon(self._execute, claim)
+                        running.start_soon(self._traced, claim)
                     pause = await self._pause(saturated=free > 0 and len(claims) == free)
                 except DATABASE_ERRORS as error:
                     log.warning("hook claim failed", extra={"error": db.first_line(error)})
@@ -630,6 +632,19 @@ class HookRunner:
             "hook superseded: the run holds a later job",
             extra={"run_id": claim.run_id, "job_id": claim.job_id, "hook": claim.hook},
         )
+
+    async def _traced(self, claim: db.HookClaim) -> None:
+        # One span per attempt; _settle gives it the outcome, and the error (scrubbed).
+        kind = self.hooks[claim.hook].spec.partition(":")[0]
+        with tracing.span(
+            "reactor.hook",
+            hook=claim.hook,
+            hook_kind=kind if kind in KINDS else None,
+            run_id=claim.run_id,
+            job_id=claim.job_id,
+            attempt=claim.attempt,
+        ):
+            await self._execute(claim)
 
     async def _execute(self, claim: db.HookClaim) -> None:
         hook = self.hooks[claim.hook]
@@ -713,6 +728,7 @@ class HookRunner:
         delay: float = 0.0,
     ) -> None:
         self.metrics.hook_outcomes.labels(claim.hook, outcome).inc()
+        tracing.current().set(outcome=outcome).error(error)
         level = {"done": logging.INFO, "retry": logging.WARNING}.get(outcome, logging.ERROR)
         if outcome == "released":
             level = logging.WARNING

@@ -21,7 +21,7 @@ from collections.abc import Callable
 
 import anyio
 
-from reactor import db
+from reactor import db, tracing
 from reactor.clock import Clock
 from reactor.metrics import Metrics
 from reactor.recorder import DATABASE_ERRORS
@@ -67,7 +67,9 @@ class Reconciler:
         """Step the pass once; returns the seconds until the next step is due."""
         started = self.clock.now()
         try:
-            step = await self.database.reconcile_step(owner=self.owner, interval=self.interval)
+            with tracing.span("reactor.reconcile") as traced:
+                step = await self.database.reconcile_step(owner=self.owner, interval=self.interval)
+                traced.set(outcome=step.outcome, examined=step.examined, found=len(step.found))
         except DATABASE_ERRORS as error:
             log.warning("reconcile step failed, will retry", extra={"error": db.first_line(error)})
             raise

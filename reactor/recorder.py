@@ -31,6 +31,7 @@ import psycopg
 import psycopg.errors
 from psycopg_pool import PoolTimeout
 
+from reactor import tracing
 from reactor.db import Database, JobOutcome, first_line
 from reactor.metrics import Metrics
 
@@ -78,6 +79,10 @@ T = TypeVar("T")
 
 # What a scan's outcomes leave to no claim: the job was settled, one way or another.
 _SETTLED = frozenset({"recorded", "superseded", "dropped", "set_aside"})
+
+
+def _recorded(outcomes: list[JobOutcome]) -> int:
+    return sum(o.outcome == "recorded" for o in outcomes)
 
 
 def split(items: Sequence[str], parts: int = SPLIT) -> list[list[str]]:
@@ -168,9 +173,11 @@ class Recorder:
         # Only a job on its own from the start waits the usual lock timeout; the parts of a
         # split batch give up as soon as the batch did, so the stuck job is found quickly.
         try:
-            outcomes = await self.db.record_jobs(
-                job_ids, lock_timeout=None if waits else self.batch_lock_timeout
-            )
+            with tracing.span("reactor.record", tracing.jobs(job_ids), source="timer") as traced:
+                outcomes = await self.db.record_jobs(
+                    job_ids, lock_timeout=None if waits else self.batch_lock_timeout
+                )
+                traced.set(recorded=_recorded(outcomes))
         except TIMEOUTS as error:
             self.metrics.record_timeouts.inc()
             if len(job_ids) == 1:
@@ -234,9 +241,12 @@ class Recorder:
     async def _oldest(self, limit: int, only: list[str] | None = None) -> list[JobOutcome]:
         skip = sorted(self.stuck | self._skip)
         try:
-            outcomes = await self.db.record_oldest(
-                limit, only=only, skip=skip, lock_timeout=self.batch_lock_timeout
-            )
+            known = tracing.jobs(only) if only is not None else None  # a split's part
+            with tracing.span("reactor.record", known, source="scan", limit=limit) as traced:
+                outcomes = await self.db.record_oldest(
+                    limit, only=only, skip=skip, lock_timeout=self.batch_lock_timeout
+                )
+                traced.set(tracing.jobs([o.job_id for o in outcomes]), recorded=_recorded(outcomes))
         except psycopg.Error as error:
             timeout = isinstance(error, TIMEOUTS)
             if not (timeout or is_row_error(error)):

@@ -29,7 +29,7 @@ from datetime import datetime, timedelta
 import anyio
 import anyio.abc
 
-from reactor import db
+from reactor import db, tracing
 from reactor.cadence import Action, Cadence, Carrier, Scheduler, backoff
 from reactor.clock import Clock, SystemClock
 from reactor.config import Settings
@@ -354,7 +354,8 @@ class Reactor:
             # The health check just read the queue and found nothing past its grace: a
             # periodic scan would find nothing either.
             return
-        await self.scan(rearm=rearm)
+        with tracing.span("reactor.scan", rearm=rearm) as traced:
+            traced.set(recorded=await self.scan(rearm=rearm))
 
     async def scan(self, *, rearm: bool) -> int:
         """One fallback pass: offer upcoming jobs if asked, then record the due backlog, oldest
@@ -362,14 +363,16 @@ class Reactor:
         raises when the database failed the pass (a re-arm asked for is kept for the retry)."""
         started = self.clock.now()
         try:
-            if rearm:
-                for job_id, due_in in await self.database.upcoming(self.settings.max_pending):
-                    self.dispatcher.offer(job_id, due_in + 0.001)
-            recorded = await self.recorder.drain(
-                self.settings.batch_size,
-                skip=self.queue.in_flight,
-                on_settled=self.queue.forget,
-            )
+            with tracing.span("reactor.scan", rearm=rearm) as traced:
+                if rearm:
+                    for job_id, due_in in await self.database.upcoming(self.settings.max_pending):
+                        self.dispatcher.offer(job_id, due_in + 0.001)
+                recorded = await self.recorder.drain(
+                    self.settings.batch_size,
+                    skip=self.queue.in_flight,
+                    on_settled=self.queue.forget,
+                )
+                traced.set(recorded=recorded)
         except BaseException:
             self._rearm_wanted |= rearm
             raise

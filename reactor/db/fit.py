@@ -241,8 +241,9 @@ async def _check_expressions(conn: AnyConnection, mapping: Mapping, where: str) 
     from reactor import sql
 
     for name, expression in mapping.runs.columns:
+        target = psycopg.sql.Identifier(name).as_string(None)
         text = sql.render(
-            f"EXPLAIN (COSTS OFF) INSERT INTO @runs@ ({psycopg.sql.Identifier(name).as_string(None)})"
+            f"EXPLAIN (COSTS OFF) INSERT INTO @runs@ ({target})"
             f" SELECT {expression} FROM @jobs@ j WHERE false",
             mapping,
         )

@@ -106,7 +106,8 @@ def test_migrate_names_the_problem_in_one_line_and_changes_nothing(
     result = run_reactor("migrate", env=reactor_env(empty_database_url, **variables))
     assert result.returncode == 2, result.stderr
     lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("reactor: "), result.stderr
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("reactor: ")
     assert says in lines[0]
     assert "Traceback" not in result.stderr
     with psycopg.connect(empty_database_url) as conn:

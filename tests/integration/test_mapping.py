@@ -44,7 +44,7 @@ def second_url(empty_database_url: str) -> Iterator[str]:
             "DO $$ BEGIN EXECUTE format('ALTER DATABASE %I SET timezone = ''Asia/Tokyo''', "
             "current_database()); END $$"
         )
-    yield empty_database_url
+    return empty_database_url
 
 
 @pytest.fixture
@@ -86,7 +86,8 @@ def add(
 
 def report(conn: Conn, key: str) -> tuple[Any, ...] | None:
     return conn.execute(
-        'SELECT origin, "fromJob", verdicts, "ownerId"::text, title FROM app."Report" WHERE key = %s',
+        'SELECT origin, "fromJob", verdicts, "ownerId"::text, title'
+        ' FROM app."Report" WHERE key = %s',
         (key,),
     ).fetchone()
 
@@ -99,7 +100,8 @@ async def drain(url: str) -> int:
 async def test_migrate_types_the_reactor_tables_by_the_app_columns(
     second: mapping.Mapping, second_url: str
 ) -> None:
-    assert second.jobs.id_type == "bigint" and second.jobs.run_type == "text"
+    assert second.jobs.id_type == "bigint"
+    assert second.jobs.run_type == "text"
     assert second.jobs.table == ("app", "Job")
     with app(second_url) as conn:
         types = dict(
@@ -186,7 +188,8 @@ async def test_the_trigger_hints_with_the_bigint_id_and_the_utc_instant(
     assert parsed is not None
     job_id, at = parsed
     assert job_id == str(job)
-    assert at is not None and abs(time.time() - 3.0 - at) < 2.0
+    assert at is not None
+    assert abs(time.time() - 3.0 - at) < 2.0
 
 
 async def test_the_reconcile_finds_a_job_that_went_around_the_trigger(
@@ -199,7 +202,8 @@ async def test_the_reconcile_finds_a_job_that_went_around_the_trigger(
         assert conn.execute("SELECT count(*) FROM reactor.pending").fetchone() == (0,)
     async with await db.connect(second_url, "test") as conn:
         found = await db.reconcile_pass(conn, owner="test", grace=GRACE)
-    assert found.found == 1 and found.example == str(restored)
+    assert found.found == 1
+    assert found.example == str(restored)
     assert await drain(second_url) == 1
 
 
