@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +36,7 @@ OWNER = "7f1c0b4e-2d7a-4d8e-9a51-0c6f3f1a2b3c"
 
 
 @pytest.fixture
-def second_url(empty_database_url: str) -> Iterator[str]:
+def second_url(empty_database_url: str) -> str:
     """A database holding only the second schema, whose default TimeZone is Asia/Tokyo."""
     with psycopg.connect(empty_database_url, autocommit=True) as conn:
         conn.execute(SECOND_SQL)
