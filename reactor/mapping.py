@@ -215,7 +215,9 @@ class Mapping:
         if name == "eligible":
             return self.eligible(alias or None)
         if name == "bytes":
-            sizes = [f"pg_column_size({alias}.{_identifier(c)})" for c in self.jobs.not_null]
+            sizes = [
+                _size(f"{alias}.{_identifier(c)}", self.jobs.type_of(c)) for c in self.jobs.not_null
+            ]
             return "(" + " + ".join(sizes or ["0"]) + ")"
         raise KeyError(f"unknown slot @{name}({alias})@")
 
@@ -262,6 +264,14 @@ def using(mapping: Mapping) -> Iterator[Mapping]:
         yield mapping
     finally:
         use(previous)
+
+
+def _size(column: str, type_name: str) -> str:
+    # What writing it costs: octet_length reads a TOASTed text's raw length from its header,
+    # where pg_column_size would give its compressed size.
+    if type_name in ("text", "character varying", "bytea"):
+        return f"coalesce(octet_length({column}), 0)"
+    return f"coalesce(pg_column_size({column}), 0)"
 
 
 def _qualified(table: tuple[str, ...]) -> tuple[str, ...]:
