@@ -271,7 +271,11 @@ async def _stop_on_signals(reactor: Reactor, scope: anyio.CancelScope) -> None:
 async def cmd_migrate(args: argparse.Namespace) -> int:
     """``reactor migrate``: apply (or print) the migrations, idempotently; or print grants."""
     if args.print_grants is not None:
-        # Pure text: no database, and no other setting matters.
+        # Text for the mapping: checked against the database when DATABASE_URL names one
+        # (a custom mapping's id type comes from the catalog); else as the file says.
+        grants.check_role(args.print_grants)
+        if os.environ.get("REACTOR_CONFIG", "").strip():
+            await _fit_for_print(Settings.from_env(os.environ))
         sys.stdout.write(grants.grant_script(args.print_grants))
         return 0
     channel = args.channel or os.environ.get("REACTOR_CHANNEL") or Settings.channel

@@ -15,13 +15,17 @@ import re
 from dataclasses import dataclass
 from typing import Any, Literal
 
+import psycopg.sql
+
 from reactor.errors import ConfigError
+from reactor.mapping import REFERENCE, Mapping, in_force
 
 Kind = Literal["schema", "table", "any_column", "function"]
 
 # What PostgreSQL accepts unquoted, minus nothing: the name is double-quoted on output anyway,
 # so mixed case survives, but anything fancier is more likely a typo than a role.
 _ROLE = re.compile(r"[A-Za-z_][A-Za-z0-9_$]{0,62}")
+_PLAIN = re.compile(r"[a-z_][a-z0-9_$]*")
 
 
 @dataclass(frozen=True)
@@ -45,13 +49,21 @@ class Privilege:
             return f"SCHEMA {self.name}"
         if self.kind == "function":
             return f"FUNCTION {self.schema}.{self.name}({self.args})"
-        return f"{self.schema}.{self.name}" if self.schema else self.name
+        name = _quoted(self.name)
+        return f"{_quoted(self.schema)}.{name}" if self.schema else name
 
     @property
     def grant(self) -> str:
         """``GRANT <privilege> ON <object>``, without the grantee: what the message names."""
-        column = f" ({self.column})" if self.column else ""
+        column = f" ({_quoted(self.column)})" if self.column else ""
         return f"GRANT {self.privilege}{column} ON {self.target}"
+
+
+def _quoted(name: str) -> str:
+    # Plain names as written; any other (camelCase, spaces) as the identifier it is.
+    if _PLAIN.fullmatch(name):
+        return name
+    return psycopg.sql.Identifier(name).as_string(None)
 
 
 @dataclass(frozen=True)
@@ -66,77 +78,124 @@ def _table(schema: str | None, name: str, *privileges: str) -> tuple[Privilege, 
     return tuple(Privilege("table", p, schema, name) for p in privileges)
 
 
-GROUPS: tuple[Group, ...] = (
-    Group(
-        "The reactor's own schema holds its version table, job queue and hook outbox.",
-        (Privilege("schema", "USAGE", None, "reactor"),),
-    ),
-    Group(
-        "Reads jobs: which need a run, and the row a run is written from (inside PostgreSQL).",
-        _table(None, "analysis_jobs", "SELECT"),
-    ),
-    Group(
-        "The claim locks job rows (SELECT ... FOR NO KEY UPDATE OF j SKIP LOCKED), and\n"
-        "PostgreSQL allows a row lock only to a role with UPDATE privilege on at least one\n"
-        "column of the table; without any, the claim fails with 'permission denied for table\n"
-        "analysis_jobs'. One column is enough, and the reactor never updates a job. updated_at\n"
-        "is the column whose misuse does least harm: it cannot rename a job or change its\n"
-        "status, document or verdicts, only move its deadline, as the app's own writes do.",
-        (Privilege("any_column", "UPDATE", None, "analysis_jobs", column="updated_at"),),
-    ),
-    Group(
-        "Writes runs: INSERT ... ON CONFLICT (id) DO UPDATE ... RETURNING reads the row it\n"
-        "conflicts with. No DELETE: the reactor never removes a run.",
-        _table(None, "analysis_runs", "SELECT", "INSERT", "UPDATE"),
-    ),
-    Group(
-        "Startup checks the applied schema version (the migrations run as the owner).",
-        _table("reactor", "schema_version", "SELECT"),
-    ),
-    Group(
-        "The queue of jobs that may need a run, filled by the app's trigger and by the\n"
-        "reconcile (INSERT). The record statements read it, lock their rows (FOR UPDATE ...\n"
-        "SKIP LOCKED, which again needs UPDATE on one column; since only orders the scan) and\n"
-        "delete what they settled.",
-        (
-            Privilege("table", "SELECT", "reactor", "pending"),
-            Privilege("table", "INSERT", "reactor", "pending"),
-            Privilege("any_column", "UPDATE", "reactor", "pending", column="since"),
-            Privilege("table", "DELETE", "reactor", "pending"),
-        ),
-    ),
-    Group(
-        "Jobs whose write failed on their own data (the app's constraint or trigger rejected\n"
-        "the row): the recorder sets each aside with its error (INSERT ... ON CONFLICT DO\n"
-        "UPDATE), the record statements leave them out and release them once written\n"
-        "(DELETE), and the health check and status count and list them.",
-        _table("reactor", "set_aside", "SELECT", "INSERT", "UPDATE", "DELETE"),
-    ),
-    Group(
-        "The reconcile's shared state: one row, locked and advanced by each step of a pass.",
-        _table("reactor", "reconcile", "SELECT", "UPDATE"),
-    ),
-    Group(
-        "Heartbeats: each replica upserts its row and reads the others' to split the work, and\n"
-        "deletes its own on a clean stop and the rows of replicas gone for an hour.",
-        _table("reactor", "replicas", "SELECT", "INSERT", "UPDATE", "DELETE"),
-    ),
-    Group(
-        "Hooks. The record statement queues hook rows in the same statement (INSERT, needed\n"
-        "even with REACTOR_HOOKS empty: PostgreSQL checks privileges before it knows that no\n"
-        "row comes), the hook runner leases and settles them (SELECT ... FOR UPDATE SKIP\n"
-        "LOCKED, UPDATE), the health check counts them, and the retention job deletes settled\n"
-        "rows once REACTOR_HOOK_RETENTION_SECONDS have passed (DELETE).",
-        _table("reactor", "hook_outbox", "SELECT", "INSERT", "UPDATE", "DELETE"),
-    ),
-    Group(
-        "The precedence rule the record statements call. `reactor migrate` revokes EXECUTE on\n"
-        "every reactor function from PUBLIC, so the runtime role holds it by this grant alone.",
-        (Privilege("function", "EXECUTE", "reactor", "outranks_v1", args="uuid, uuid, text"),),
-    ),
-)
+def groups(mapping: Mapping | None = None) -> tuple[Group, ...]:
+    """What the runtime role needs on the tables ``mapping`` names (the one in force if None)."""
+    mapping = mapping or in_force()
+    jobs_schema, jobs = _located(mapping.jobs.table)
+    runs_schema, runs = _located(mapping.runs.table)
+    id_type = mapping.jobs.id_type
+    return _groups(jobs_schema, jobs, runs_schema, runs, mapping.jobs.updated_at, id_type)
 
-REQUIRED: tuple[Privilege, ...] = tuple(p for group in GROUPS for p in group.privileges)
+
+def _located(table: tuple[str, ...]) -> tuple[str | None, str]:
+    # A table in public is named as the app names it, through the search_path.
+    if len(table) == 1 or table[0] == "public":
+        return None, table[-1]
+    return table[0], table[1]
+
+
+def _groups(
+    jobs_schema: str | None,
+    jobs: str,
+    runs_schema: str | None,
+    runs: str,
+    updated_at: str,
+    id_type: str,
+) -> tuple[Group, ...]:
+    # One grant each: a group prints as one GRANT on one object.
+    app_schemas = tuple(
+        Group("The schema of the app's tables.", (Privilege("schema", "USAGE", None, schema),))
+        for schema in dict.fromkeys((jobs_schema, runs_schema))
+        if schema is not None
+    )
+    return (
+        Group(
+            "The reactor's own schema holds its version table, job queue and hook outbox.",
+            (Privilege("schema", "USAGE", None, "reactor"),),
+        ),
+        *app_schemas,
+        Group(
+            "Reads jobs: which need a run, and the row a run is written from (inside PostgreSQL).",
+            _table(jobs_schema, jobs, "SELECT"),
+        ),
+        Group(
+            "The claim locks job rows (SELECT ... FOR NO KEY UPDATE OF j SKIP LOCKED), and\n"
+            "PostgreSQL allows a row lock only to a role with UPDATE privilege on at least\n"
+            "one column of the table; without any, the claim fails with 'permission denied\n"
+            "for table'. One column is enough, and the reactor never updates a job.\n"
+            "updated_at is the column whose misuse does least harm: it cannot rename a job or\n"
+            "change its status, document or verdicts, only move its deadline, as the app's own\n"
+            "writes do.",
+            (Privilege("any_column", "UPDATE", jobs_schema, jobs, column=updated_at),),
+        ),
+        Group(
+            "Writes runs: INSERT ... ON CONFLICT (id) DO UPDATE ... RETURNING reads the row it\n"
+            "conflicts with. No DELETE: the reactor never removes a run.",
+            _table(runs_schema, runs, "SELECT", "INSERT", "UPDATE"),
+        ),
+        Group(
+            "Startup checks the applied schema version (the migrations run as the owner).",
+            _table("reactor", "schema_version", "SELECT"),
+        ),
+        Group(
+            "The queue of jobs that may need a run, filled by the app's trigger and by the\n"
+            "reconcile (INSERT). The record statements read it, lock their rows (FOR UPDATE ...\n"
+            "SKIP LOCKED, which again needs UPDATE on one column; since only orders the scan) and\n"
+            "delete what they settled.",
+            (
+                Privilege("table", "SELECT", "reactor", "pending"),
+                Privilege("table", "INSERT", "reactor", "pending"),
+                Privilege("any_column", "UPDATE", "reactor", "pending", column="since"),
+                Privilege("table", "DELETE", "reactor", "pending"),
+            ),
+        ),
+        Group(
+            "Jobs whose write failed on their own data (the app's constraint or trigger rejected\n"
+            "the row): the recorder sets each aside with its error (INSERT ... ON CONFLICT DO\n"
+            "UPDATE), the record statements leave them out and release them once written\n"
+            "(DELETE), and the health check and status count and list them.",
+            _table("reactor", "set_aside", "SELECT", "INSERT", "UPDATE", "DELETE"),
+        ),
+        Group(
+            "The reconcile's shared state: one row, locked and advanced by each step of a pass.",
+            _table("reactor", "reconcile", "SELECT", "UPDATE"),
+        ),
+        Group(
+            "Heartbeats: each replica upserts its row and reads the others' to split the work,\n"
+            "and deletes its own on a clean stop and the rows of replicas gone for an hour.",
+            _table("reactor", "replicas", "SELECT", "INSERT", "UPDATE", "DELETE"),
+        ),
+        Group(
+            "Hooks. The record statement queues hook rows in the same statement (INSERT, needed\n"
+            "even with REACTOR_HOOKS empty: PostgreSQL checks privileges before it knows that no\n"
+            "row comes), the hook runner leases and settles them (SELECT ... FOR UPDATE SKIP\n"
+            "LOCKED, UPDATE), the health check counts them, and the retention job deletes settled\n"
+            "rows once REACTOR_HOOK_RETENTION_SECONDS have passed (DELETE).",
+            _table("reactor", "hook_outbox", "SELECT", "INSERT", "UPDATE", "DELETE"),
+        ),
+        Group(
+            "The precedence rule the record statements call. `reactor migrate` revokes EXECUTE on\n"
+            "every reactor function from PUBLIC, so the runtime role holds it by this grant alone.",
+            (
+                Privilege(
+                    "function",
+                    "EXECUTE",
+                    "reactor",
+                    "outranks_v1",
+                    args=f"{id_type}, {id_type}, text",
+                ),
+            ),
+        ),
+    )
+
+
+def required(mapping: Mapping | None = None) -> tuple[Privilege, ...]:
+    """Every privilege of :func:`groups`, in order."""
+    return tuple(p for group in groups(mapping) for p in group.privileges)
+
+
+# The reference mapping's, for what is printed and tested about it.
+REQUIRED: tuple[Privilege, ...] = required(REFERENCE)
 
 
 def check_role(role: str) -> str:
@@ -163,24 +222,26 @@ def grant_script(role: str) -> str:
         "-- `reactor migrate` (which needs the owner too). `reactor run` checks exactly these",
         "-- at startup and exits 5 naming the first one missing.",
     ]
-    for group in GROUPS:
+    for group in groups():
         lines.append("")
         lines.extend(f"-- {line}" for line in group.why.splitlines())
         first = group.privileges[0]
         privileges = ", ".join(
-            p.privilege + (f" ({p.column})" if p.column else "") for p in group.privileges
+            p.privilege + (f" ({_quoted(p.column)})" if p.column else "") for p in group.privileges
         )
         lines.append(f"GRANT {privileges} ON {first.target} TO {grantee};")
     return "\n".join(lines) + "\n"
 
 
 def check_params() -> dict[str, Any]:
-    """The parameters of status.sql's ``missing_privileges`` query: :data:`REQUIRED` as arrays."""
+    """The parameters of status.sql's ``missing_privileges`` query: :func:`required` (for the
+    mapping in force) as arrays."""
+    needed = required()
     return {
-        "kinds": [p.kind for p in REQUIRED],
-        "privileges": [p.privilege for p in REQUIRED],
-        "schemas": [p.schema for p in REQUIRED],
-        "names": [p.name for p in REQUIRED],
-        "args": [p.args for p in REQUIRED],
-        "grants": [p.grant for p in REQUIRED],
+        "kinds": [p.kind for p in needed],
+        "privileges": [p.privilege for p in needed],
+        "schemas": [p.schema for p in needed],
+        "names": [p.name for p in needed],
+        "args": [p.args for p in needed],
+        "grants": [p.grant for p in needed],
     }

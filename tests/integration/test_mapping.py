@@ -11,14 +11,16 @@ from __future__ import annotations
 
 import json
 import time
+import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import psycopg
+import psycopg.conninfo
 import pytest
 
-from reactor import db, mapping, status
+from reactor import db, grants, mapping, status
 from reactor.config import Settings
 from reactor.listener import parse_hint
 from reactor.metrics import Metrics
@@ -217,3 +219,28 @@ async def test_status_reads_the_mapped_tables(second: mapping.Mapping, second_ur
     document = status.as_json(report)
     assert document["jobs"]["due"] == 1
     assert document["jobs"]["in_grace"] == 1
+
+
+async def test_a_role_with_the_printed_grants_records_on_the_mapped_tables(
+    second: mapping.Mapping, second_url: str
+) -> None:
+    name = f"reactor_rt_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(second_url, autocommit=True) as admin:
+        admin.execute(f'CREATE ROLE "{name}" LOGIN')
+        try:
+            admin.execute(grants.grant_script(name).encode())
+            printed = grants.grant_script(name)
+            assert f'GRANT USAGE ON SCHEMA app TO "{name}";' in printed
+            assert f'GRANT UPDATE ("updatedAt") ON app."Job" TO "{name}";' in printed
+            assert "outranks_v1(bigint, bigint, text)" in printed
+            with app(second_url) as conn:
+                add(conn, "as-role")
+            as_role = psycopg.conninfo.make_conninfo(second_url, user=name)
+            async with await db.connect(as_role, "test", configure_session=False) as conn:
+                await db.require_privileges(conn)
+            assert await drain(as_role) == 1
+            with app(second_url) as conn:
+                assert report(conn, "as-role") is not None
+        finally:
+            admin.execute(f'DROP OWNED BY "{name}"')
+            admin.execute(f'DROP ROLE "{name}"')
