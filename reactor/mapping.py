@@ -236,7 +236,7 @@ class Mapping:
             parts.append(f"{col(jobs.deleted_at)} IS NULL")
         parts += [f"{col(c)} IS NOT NULL" for c in jobs.not_null]
         parts += [_not_empty(col(c), jobs.type_of(c)) for c in jobs.not_empty]
-        return "(" + "\n AND ".join(parts) + ")"
+        return "(" + "\n     AND ".join(parts) + ")"
 
 
 REFERENCE = Mapping()

@@ -1,8 +1,8 @@
 -- What the mapping shapes: the reactor's functions that read the app's tables, and its
 -- triggers on them, on the NOTIFY channel (@channel@, from REACTOR_CHANNEL). Repeatable:
 -- `reactor migrate` applies it after the numbered migrations every time, so a changed channel
--- or mapping needs no new migration. Slots (@jobs@, @NEW.updated_at@, ...) are filled from the
--- mapping in force (reactor/mapping.py).
+-- or mapping needs no new migration. Its names and values are the mapping's
+-- (reactor/mapping.py), filled in by `reactor migrate` and shown by `reactor migrate --print`.
 --
 -- The trigger functions act only for the tables their triggers are on (see migration 0013):
 -- app_table_v1 refuses any other before a column is read. They run with a search_path nobody
