@@ -358,3 +358,54 @@ async def test_upgrade_from_every_older_version(
     assert catalog(old) == catalog(fresh)
     assert catalog(scripted) == catalog(fresh)
     assert versions(old) == [(v, 1) for v in ALL_VERSIONS]
+
+
+async def test_an_install_at_version_12_upgrades_in_place_with_its_work_in_flight(
+    empty_database_url: str,
+) -> None:
+    # A release at schema version 12, running: jobs queued, one set aside for nothing (0013
+    # adds that table), hook rows open and parked. The upgrade keeps every one of them.
+    old = empty_database_url
+    execute(old, sql.read("reference.sql"))
+    for migration in sql.migrations()[:12]:
+        execute(old, sql.with_channel(migration.text, CHANNEL))
+        with psycopg.connect(old, autocommit=True) as conn:
+            conn.execute(
+                "INSERT INTO reactor.schema_version (version, name) VALUES (%s, %s)",
+                (migration.version, migration.name),
+            )
+    queued, hooked = uuid.uuid4(), uuid.uuid4()
+    with psycopg.connect(old, autocommit=True) as conn:
+        conn.execute(
+            "INSERT INTO analysis_jobs (id, run_id, status, doc_html, results)"
+            " VALUES (%s, gen_random_uuid(), 'complete', '<p/>', '{\"a\": 1}')",
+            (queued,),
+        )
+        # What that release's trigger queued (its repeatable script is not part of this test).
+        conn.execute("INSERT INTO reactor.pending (job_id) VALUES (%s)", (queued,))
+        conn.execute(
+            "INSERT INTO reactor.hook_outbox (run_id, job_id, hook, status, attempts, last_error)"
+            " VALUES (gen_random_uuid(), %s, 'judge', 'pending', 0, NULL),"
+            "        (gen_random_uuid(), %s, 'judge', 'failed', 40, 'boom')",
+            (hooked, hooked),
+        )
+        before = conn.execute(
+            "SELECT run_id, job_id, hook, status, attempts, last_error FROM reactor.hook_outbox"
+            " ORDER BY status"
+        ).fetchall()
+
+    assert await migrate(old, reference_schema=False) == ALL_VERSIONS[12:]
+
+    with psycopg.connect(old, autocommit=True) as conn:
+        assert conn.execute("SELECT job_id FROM reactor.pending").fetchall() == [(queued,)]
+        after = conn.execute(
+            "SELECT run_id, job_id, hook, status, attempts, last_error FROM reactor.hook_outbox"
+            " ORDER BY status"
+        ).fetchall()
+        assert after == before
+        # And the upgraded triggers queue the next job as before.
+        conn.execute(
+            "INSERT INTO analysis_jobs (id, run_id, status, doc_html, results)"
+            " VALUES (gen_random_uuid(), gen_random_uuid(), 'complete', '<p/>', '{\"b\": 2}')"
+        )
+        assert conn.execute("SELECT count(*) FROM reactor.pending").fetchone() == (2,)
