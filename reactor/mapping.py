@@ -124,6 +124,16 @@ class Mapping:
         """This mapping with the job columns' types as the catalog reported them."""
         return replace(self, jobs=replace(self.jobs, types=tuple(sorted(types.items()))))
 
+    @property
+    def jobs_shown(self) -> str:
+        """The job table as messages name it."""
+        return _shown(self.jobs.table)
+
+    @property
+    def runs_shown(self) -> str:
+        """The artifact table as messages name it."""
+        return _shown(self.runs.table)
+
     def in_public(self) -> Mapping:
         """This mapping with unqualified table names taken to be in the schema public."""
         jobs = replace(self.jobs, table=_qualified(self.jobs.table))
@@ -272,6 +282,10 @@ def _size(column: str, type_name: str) -> str:
     if type_name in ("text", "character varying", "bytea"):
         return f"coalesce(octet_length({column}), 0)"
     return f"coalesce(pg_column_size({column}), 0)"
+
+
+def _shown(table: tuple[str, ...]) -> str:
+    return table[-1] if table[0] == "public" else ".".join(table)
 
 
 def _qualified(table: tuple[str, ...]) -> tuple[str, ...]:

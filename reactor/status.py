@@ -88,7 +88,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from reactor import db, redact, sql
+from reactor import db, mapping, redact, sql
 from reactor.config import Settings
 from reactor.errors import PrivilegeMissing, SchemaMissing
 from reactor.vitals import QUEUE_WARNING
@@ -230,9 +230,10 @@ async def collect(conn: db.AnyConnection, settings: Settings) -> Status:
 async def _collect(conn: db.AnyConnection, settings: Settings) -> Status:
     server = await _one(conn, "status_server")
     if not server["app_tables"]:
+        tables = mapping.in_force()
         raise SchemaMissing(
-            "table analysis_jobs or analysis_runs not found; check DATABASE_URL points at the "
-            "app's database"
+            f"table {tables.jobs_shown} or {tables.runs_shown} not found; check DATABASE_URL "
+            "points at the app's database"
         )
     version = await db.schema_version(conn)
     if version is None:
@@ -344,7 +345,8 @@ def risks(status: Status) -> list[str]:
     if status.trigger_at_risk:
         state = "missing" if status.trigger_channel is None else "disabled"
         found.append(
-            f"the job trigger on analysis_jobs is {state}: finished jobs are not queued and "
+            f"the job trigger on {mapping.in_force().jobs_shown} is {state}: finished jobs are "
+            "not queued and "
             "only the reconcile finds them; run `reactor migrate`"
         )
     if status.mode == "listen" and status.due and not status.listeners:
@@ -537,7 +539,8 @@ def _trigger_text(status: Status) -> str:
     if status.trigger_channel is None:
         return "not installed (run `reactor migrate`)"
     if not status.trigger_enabled:
-        return "disabled (ALTER TABLE analysis_jobs ENABLE TRIGGER reactor_job_update)"
+        table = mapping.in_force().jobs_shown
+        return f"disabled (ALTER TABLE {table} ENABLE TRIGGER reactor_job_update)"
     if not status.trigger_channel:
         return "queues without notifying: the reactors poll the queue"
     return f"notifies channel {status.trigger_channel}"

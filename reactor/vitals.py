@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import math
 
-from reactor import db
+from reactor import db, mapping
 from reactor.clock import Clock
 from reactor.config import Settings
 from reactor.listener import Listener
@@ -120,8 +120,9 @@ class Vitals:
         extra = {"trigger_channel": channel, "channel": self.settings.channel}
         if state == "missing":
             log.error(
-                "the job trigger on analysis_jobs is missing or disabled: finished jobs are not "
-                "queued, only the reconcile finds them; run `reactor migrate`",
+                "the job trigger on %s is missing or disabled: finished jobs are not queued, "
+                "only the reconcile finds them; run `reactor migrate`",
+                mapping.in_force().jobs_shown,
                 extra=extra,
             )
         elif state == "quiet":
