@@ -193,6 +193,9 @@ def _log_settings(args: argparse.Namespace) -> tuple[str, str | None]:
 
 def _settings(args: argparse.Namespace) -> Settings:
     overrides = {name: getattr(args, name, None) for name in _OVERRIDES}
+    overrides.setdefault("channel", None)
+    if overrides["channel"] is None and not os.environ.get("REACTOR_CHANNEL"):
+        overrides["channel"] = mapping.in_force().default_channel
     return Settings.from_env(os.environ, overrides)
 
 
@@ -278,7 +281,9 @@ async def cmd_migrate(args: argparse.Namespace) -> int:
             await _fit_for_print(Settings.from_env(os.environ))
         sys.stdout.write(grants.grant_script(args.print_grants))
         return 0
-    channel = args.channel or os.environ.get("REACTOR_CHANNEL") or Settings.channel
+    channel = (
+        args.channel or os.environ.get("REACTOR_CHANNEL") or mapping.in_force().default_channel
+    )
     settings = Settings.from_env(os.environ, {"channel": channel})
     if args.from_version and not args.print:
         raise ConfigError("--from goes with --print; `reactor migrate` finds the version itself")

@@ -84,7 +84,15 @@ def groups(mapping: Mapping | None = None) -> tuple[Group, ...]:
     jobs_schema, jobs = _located(mapping.jobs.table)
     runs_schema, runs = _located(mapping.runs.table)
     id_type = mapping.jobs.id_type
-    return _groups(jobs_schema, jobs, runs_schema, runs, mapping.jobs.updated_at, id_type)
+    return _groups(
+        jobs_schema,
+        jobs,
+        runs_schema,
+        runs,
+        mapping.jobs.updated_at,
+        id_type,
+        mapping.reactor_schema,
+    )
 
 
 def _located(table: tuple[str, ...]) -> tuple[str | None, str]:
@@ -101,6 +109,7 @@ def _groups(
     runs: str,
     updated_at: str,
     id_type: str,
+    reactor: str,
 ) -> tuple[Group, ...]:
     # One grant each: a group prints as one GRANT on one object.
     app_schemas = tuple(
@@ -111,7 +120,7 @@ def _groups(
     return (
         Group(
             "The reactor's own schema holds its version table, job queue and hook outbox.",
-            (Privilege("schema", "USAGE", None, "reactor"),),
+            (Privilege("schema", "USAGE", None, reactor),),
         ),
         *app_schemas,
         Group(
@@ -135,7 +144,7 @@ def _groups(
         ),
         Group(
             "Startup checks the applied schema version (the migrations run as the owner).",
-            _table("reactor", "schema_version", "SELECT"),
+            _table(reactor, "schema_version", "SELECT"),
         ),
         Group(
             "The queue of jobs that may need a run, filled by the app's trigger and by the\n"
@@ -143,10 +152,10 @@ def _groups(
             "SKIP LOCKED, which again needs UPDATE on one column; since only orders the scan) and\n"
             "delete what they settled.",
             (
-                Privilege("table", "SELECT", "reactor", "pending"),
-                Privilege("table", "INSERT", "reactor", "pending"),
-                Privilege("any_column", "UPDATE", "reactor", "pending", column="since"),
-                Privilege("table", "DELETE", "reactor", "pending"),
+                Privilege("table", "SELECT", reactor, "pending"),
+                Privilege("table", "INSERT", reactor, "pending"),
+                Privilege("any_column", "UPDATE", reactor, "pending", column="since"),
+                Privilege("table", "DELETE", reactor, "pending"),
             ),
         ),
         Group(
@@ -154,16 +163,16 @@ def _groups(
             "the row): the recorder sets each aside with its error (INSERT ... ON CONFLICT DO\n"
             "UPDATE), the record statements leave them out and release them once written\n"
             "(DELETE), and the health check and status count and list them.",
-            _table("reactor", "set_aside", "SELECT", "INSERT", "UPDATE", "DELETE"),
+            _table(reactor, "set_aside", "SELECT", "INSERT", "UPDATE", "DELETE"),
         ),
         Group(
             "The reconcile's shared state: one row, locked and advanced by each step of a pass.",
-            _table("reactor", "reconcile", "SELECT", "UPDATE"),
+            _table(reactor, "reconcile", "SELECT", "UPDATE"),
         ),
         Group(
             "Heartbeats: each replica upserts its row and reads the others' to split the work,\n"
             "and deletes its own on a clean stop and the rows of replicas gone for an hour.",
-            _table("reactor", "replicas", "SELECT", "INSERT", "UPDATE", "DELETE"),
+            _table(reactor, "replicas", "SELECT", "INSERT", "UPDATE", "DELETE"),
         ),
         Group(
             "Hooks. The record statement queues hook rows in the same statement (INSERT, needed\n"
@@ -171,7 +180,7 @@ def _groups(
             "row comes), the hook runner leases and settles them (SELECT ... FOR UPDATE SKIP\n"
             "LOCKED, UPDATE), the health check counts them, and the retention job deletes settled\n"
             "rows once REACTOR_HOOK_RETENTION_SECONDS have passed (DELETE).",
-            _table("reactor", "hook_outbox", "SELECT", "INSERT", "UPDATE", "DELETE"),
+            _table(reactor, "hook_outbox", "SELECT", "INSERT", "UPDATE", "DELETE"),
         ),
         Group(
             "The precedence rule the record statements call. `reactor migrate` revokes EXECUTE on\n"
@@ -180,7 +189,7 @@ def _groups(
                 Privilege(
                     "function",
                     "EXECUTE",
-                    "reactor",
+                    reactor,
                     "outranks_v1",
                     args=f"{id_type}, {id_type}, text",
                 ),

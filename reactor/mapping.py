@@ -125,6 +125,14 @@ class Mapping:
         return replace(self, jobs=replace(self.jobs, types=tuple(sorted(types.items()))))
 
     @property
+    def default_channel(self) -> str:
+        """The NOTIFY channel when REACTOR_CHANNEL is unset: each reactor schema its own, so
+        that two sidecars in one database do not hear each other's jobs."""
+        if self.reactor_schema == "reactor":
+            return "analysis_jobs_terminal"
+        return f"{self.reactor_schema}_jobs_terminal"[:63]
+
+    @property
     def jobs_shown(self) -> str:
         """The job table as messages name it."""
         return _shown(self.jobs.table)
@@ -150,6 +158,9 @@ class Mapping:
     def _value(self, name: str) -> str:
         jobs, runs = self.jobs, self.runs
         match name:
+            case "reactor":
+                # Validated as a plain lower-case identifier: safe bare, readable in --print.
+                return self.reactor_schema
             case "jobs":
                 return _identifier(*jobs.table)
             case "runs":
@@ -346,11 +357,6 @@ def parse(document: dict[str, Any], *, source: str = "the mapping") -> Mapping:
     schema = document.get("reactor_schema", "reactor")
     if not isinstance(schema, str) or not _SCHEMA.fullmatch(schema):
         raise ConfigError(f"{where} reactor_schema must be a lower-case identifier, e.g. reactor")
-    if schema != "reactor":
-        raise ConfigError(
-            f"{where} reactor_schema = {schema!r}: this release installs its objects in the "
-            "schema reactor only; leave reactor_schema out"
-        )
     jobs_table = _table(document, "jobs", where)
     runs_table = _table(document, "runs", where)
     jobs = _section(document, "jobs", where, _JOB_KEYS)
@@ -399,7 +405,7 @@ def parse(document: dict[str, Any], *, source: str = "the mapping") -> Mapping:
             raise ConfigError(
                 f"{where} jobs.not_empty names {name}, which jobs.not_null must name too"
             )
-    return Mapping(jobs=parsed_jobs, runs=parsed_runs, source=source)
+    return Mapping(jobs=parsed_jobs, runs=parsed_runs, reactor_schema=schema, source=source)
 
 
 def _known(table: dict[str, Any], keys: set[str], where: str, section: str) -> None:

@@ -16,7 +16,7 @@ WITH turn AS MATERIALIZED (
     SELECT pg_try_advisory_xact_lock(%(lock)s) AS ours
 ), doomed AS (
     SELECT o.id
-      FROM reactor.hook_outbox o
+      FROM @reactor@.hook_outbox o
      WHERE (SELECT ours FROM turn)
        AND o.status IN ('done', 'superseded', 'cancelled')
        AND o.updated_at < now() - make_interval(secs => %(retention)s)
@@ -24,7 +24,7 @@ WITH turn AS MATERIALIZED (
      LIMIT %(batch)s
        FOR UPDATE SKIP LOCKED
 ), deleted AS (
-    DELETE FROM reactor.hook_outbox o
+    DELETE FROM @reactor@.hook_outbox o
      USING doomed d
      WHERE o.id = d.id
     RETURNING o.id
@@ -40,10 +40,10 @@ o.last_error, o.available_at, o.leased_until, o.created_at, o.updated_at
 -- parked ones only with %(failed_only)s, oldest first, at most %(limit)s, and how many there
 -- are in all and of them failed. Each half reads its own partial index.
 WITH queued AS (
-    SELECT {{hook_row}} FROM reactor.hook_outbox o
+    SELECT {{hook_row}} FROM @reactor@.hook_outbox o
      WHERE o.status IN ('pending', 'running') AND NOT %(failed_only)s
 ), parked AS (
-    SELECT {{hook_row}} FROM reactor.hook_outbox o
+    SELECT {{hook_row}} FROM @reactor@.hook_outbox o
      WHERE o.status = 'failed'
 ), listed AS (
     SELECT * FROM queued UNION ALL SELECT * FROM parked
@@ -61,7 +61,7 @@ SELECT l.*, count(*) OVER () AS total,
 -- the check and the change one step, even against a runner claiming at the same moment.
 WITH target AS MATERIALIZED (
     SELECT o.id, o.status
-      FROM reactor.hook_outbox o
+      FROM @reactor@.hook_outbox o
      WHERE o.id = ANY(%(ids)s::bigint[])
      ORDER BY o.id
        FOR UPDATE
@@ -70,7 +70,7 @@ WITH target AS MATERIALIZED (
            AND coalesce(bool_and(t.status IN ('failed', 'cancelled')), false) AS ok
       FROM target t
 ), changed AS (
-    UPDATE reactor.hook_outbox o
+    UPDATE @reactor@.hook_outbox o
        SET status = 'pending',
            retry_base = o.attempts,
            available_at = now(),
@@ -87,7 +87,7 @@ SELECT w.id, t.status, w.id IN (SELECT id FROM changed) AS changed
 
 -- name: retry_failed
 -- `reactor hooks retry --failed`: re-queues every failed row, due now, for a new schedule.
-UPDATE reactor.hook_outbox
+UPDATE @reactor@.hook_outbox
    SET status = 'pending',
        retry_base = attempts,
        available_at = now(),
@@ -103,7 +103,7 @@ RETURNING id
 -- a row already cancelled is left as it is.
 WITH target AS MATERIALIZED (
     SELECT o.id, o.status
-      FROM reactor.hook_outbox o
+      FROM @reactor@.hook_outbox o
      WHERE o.id = ANY(%(ids)s::bigint[])
      ORDER BY o.id
        FOR UPDATE
@@ -112,7 +112,7 @@ WITH target AS MATERIALIZED (
            AND coalesce(bool_and(t.status IN ('pending', 'failed', 'cancelled')), false) AS ok
       FROM target t
 ), changed AS (
-    UPDATE reactor.hook_outbox o
+    UPDATE @reactor@.hook_outbox o
        SET status = 'cancelled',
            leased_until = NULL,
            updated_at = now()

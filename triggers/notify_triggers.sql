@@ -7,13 +7,13 @@
 -- The trigger functions act only for the tables their triggers are on (see migration 0013):
 -- app_table_v1 refuses any other before a column is read. They run with a search_path nobody
 -- else can plant objects in, and name the app's tables schema-qualified.
-UPDATE reactor.app_tables SET jobs = @jobs_name@, runs = @runs_name@;
+UPDATE @reactor@.app_tables SET jobs = @jobs_name@, runs = @runs_name@;
 
 -- True when a run row written for run_job (with run_saved_by) may be replaced by new_job: only
 -- a worker row written for an earlier job of the same run (older created_at, ties broken by
 -- id). It reads the newest committed jobs, not the caller's snapshot, which is what the
 -- write's conflict check needs.
-CREATE OR REPLACE FUNCTION reactor.outranks_v1(new_job @job_type@, run_job @job_type@,
+CREATE OR REPLACE FUNCTION @reactor@.outranks_v1(new_job @job_type@, run_job @job_type@,
                                                run_saved_by text)
     RETURNS boolean
     LANGUAGE plpgsql VOLATILE
@@ -28,7 +28,7 @@ BEGIN
 END
 $$;
 
-CREATE OR REPLACE FUNCTION reactor.job_changed_v1() RETURNS trigger
+CREATE OR REPLACE FUNCTION @reactor@.job_changed_v1() RETURNS trigger
     LANGUAGE plpgsql
     -- It runs in the app's transactions, as the app's role, which need not see the reactor's
     -- schema: it acts as its owner instead, with a search_path nobody else can plant objects in.
@@ -40,12 +40,12 @@ DECLARE
 BEGIN
     -- First, before any column of the row is read: another table's columns could be of types
     -- whose casts or operators run their owner's code with this function's rights.
-    PERFORM reactor.app_table_v1('jobs', TG_RELID);
+    PERFORM @reactor@.app_table_v1('jobs', TG_RELID);
     -- The row-local half of "needs a run"; the runs table decides the rest at record time.
     eligible := @eligible(NEW)@;
     was_eligible := TG_OP = 'UPDATE' AND @eligible(OLD)@;
     IF eligible AND NOT was_eligible THEN
-        INSERT INTO reactor.pending (job_id, since)
+        INSERT INTO @reactor@.pending (job_id, since)
         VALUES (@NEW.id@, least(@NEW.updated_at@, now()))
             ON CONFLICT (job_id) DO UPDATE SET since = EXCLUDED.since;
     END IF;
@@ -55,14 +55,14 @@ BEGIN
     IF TG_ARGV[0] <> ''
        AND (TG_OP = 'INSERT' OR @OLD.status@ IS DISTINCT FROM @NEW.status@
             OR (eligible AND NOT was_eligible)) THEN
-        PERFORM reactor.hint_v1(TG_ARGV[0], @NEW.id@, @NEW.updated_at@);
+        PERFORM @reactor@.hint_v1(TG_ARGV[0], @NEW.id@, @NEW.updated_at@);
     END IF;
     RETURN NULL;
 END
 $$;
 
 -- Queues the eligible jobs of the given runs, and hints each on the channel.
-CREATE OR REPLACE FUNCTION reactor.queue_runs_v2(run_ids @run_type@[], channel text)
+CREATE OR REPLACE FUNCTION @reactor@.queue_runs_v2(run_ids @run_type@[], channel text)
     RETURNS void
     LANGUAGE plpgsql
     SET search_path = pg_catalog, pg_temp AS
@@ -73,7 +73,7 @@ DECLARE
     queued_since timestamptz[];
 BEGIN
     WITH queued AS (
-        INSERT INTO reactor.pending AS p (job_id, since)
+        INSERT INTO @reactor@.pending AS p (job_id, since)
         SELECT @j.id@, least(@j.updated_at@, now())
           FROM @jobs@ j
          WHERE @j.run@ = ANY($1) AND @eligible(j)@
@@ -81,27 +81,27 @@ BEGIN
         RETURNING p.job_id, p.since)
     SELECT array_agg(q.job_id), array_agg(q.since) INTO queued_ids, queued_since FROM queued q;
     FOR i IN 1 .. coalesce(array_length(queued_ids, 1), 0) LOOP
-        PERFORM reactor.hint_v1($2, queued_ids[i], queued_since[i]);
+        PERFORM @reactor@.hint_v1($2, queued_ids[i], queued_since[i]);
     END LOOP;
 END
 $$;
 
-CREATE OR REPLACE FUNCTION reactor.run_changed_v1() RETURNS trigger
+CREATE OR REPLACE FUNCTION @reactor@.run_changed_v1() RETURNS trigger
     LANGUAGE plpgsql
     SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS
 $$
 BEGIN
-    PERFORM reactor.app_table_v1('runs', TG_RELID);
+    PERFORM @reactor@.app_table_v1('runs', TG_RELID);
     IF TG_OP = 'TRUNCATE' THEN
-        UPDATE reactor.reconcile SET requested_at = now();
+        UPDATE @reactor@.reconcile SET requested_at = now();
     ELSE
-        PERFORM reactor.queue_runs_v2(ARRAY[@OLD.key@], TG_ARGV[0]);
+        PERFORM @reactor@.queue_runs_v2(ARRAY[@OLD.key@], TG_ARGV[0]);
     END IF;
     RETURN NULL;
 END
 $$;
 
-CREATE OR REPLACE FUNCTION reactor.jobs_deleted_v1() RETURNS trigger
+CREATE OR REPLACE FUNCTION @reactor@.jobs_deleted_v1() RETURNS trigger
     LANGUAGE plpgsql
     SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS
 $$
@@ -109,13 +109,13 @@ $$
 DECLARE
     worker_runs @run_type@[];
 BEGIN
-    PERFORM reactor.app_table_v1('jobs', TG_RELID);
+    PERFORM @reactor@.app_table_v1('jobs', TG_RELID);
     SELECT array_agg(DISTINCT @r.key@) INTO worker_runs
       FROM reactor_deleted_jobs d
       JOIN @runs@ r ON @r.key@ = @d.run@ AND @r.job@ = @d.id@
      WHERE @r.saved_by@ = @worker@;
     IF worker_runs IS NOT NULL THEN
-        PERFORM reactor.queue_runs_v2(worker_runs, TG_ARGV[0]);
+        PERFORM @reactor@.queue_runs_v2(worker_runs, TG_ARGV[0]);
     END IF;
     RETURN NULL;
 END
@@ -123,57 +123,57 @@ $$;
 
 -- Two job triggers because an INSERT has no OLD row. WHEN keeps the update trigger to terminal
 -- rows that changed status or were not yet eligible, so an ordinary update never calls the
--- function; reactor.job_changed_v1 decides the rest. There is no column list: an app's BEFORE
+-- function; @reactor@.job_changed_v1 decides the rest. There is no column list: an app's BEFORE
 -- trigger may set status on an update that names other columns.
-CREATE OR REPLACE TRIGGER reactor_job_insert
+CREATE OR REPLACE TRIGGER @reactor@_job_insert
     AFTER INSERT ON @jobs@
     FOR EACH ROW
     WHEN (@NEW.status@ IN @terminal@)
-    EXECUTE FUNCTION reactor.job_changed_v1(@channel@);
+    EXECUTE FUNCTION @reactor@.job_changed_v1(@channel@);
 
-CREATE OR REPLACE TRIGGER reactor_job_update
+CREATE OR REPLACE TRIGGER @reactor@_job_update
     AFTER UPDATE ON @jobs@
     FOR EACH ROW
     WHEN (@NEW.status@ IN @terminal@
           AND (@OLD.status@ IS DISTINCT FROM @NEW.status@ OR NOT @eligible(OLD)@))
-    EXECUTE FUNCTION reactor.job_changed_v1(@channel@);
+    EXECUTE FUNCTION @reactor@.job_changed_v1(@channel@);
 
-CREATE OR REPLACE TRIGGER reactor_jobs_delete
+CREATE OR REPLACE TRIGGER @reactor@_jobs_delete
     AFTER DELETE ON @jobs@
     REFERENCING OLD TABLE AS reactor_deleted_jobs
     FOR EACH STATEMENT
-    EXECUTE FUNCTION reactor.jobs_deleted_v1(@channel@);
+    EXECUTE FUNCTION @reactor@.jobs_deleted_v1(@channel@);
 
 -- A run row deleted, or changed so that it may stop standing for a job: from client to worker,
 -- to another job, or to another run id. The reactor's own replacement of an earlier job's row
 -- passes here too; the scan finds that the run's jobs need nothing and drops them.
-CREATE OR REPLACE TRIGGER reactor_run_delete
+CREATE OR REPLACE TRIGGER @reactor@_run_delete
     AFTER DELETE ON @runs@
     FOR EACH ROW
-    EXECUTE FUNCTION reactor.run_changed_v1(@channel@);
+    EXECUTE FUNCTION @reactor@.run_changed_v1(@channel@);
 
-CREATE OR REPLACE TRIGGER reactor_run_update
+CREATE OR REPLACE TRIGGER @reactor@_run_update
     AFTER UPDATE ON @runs@
     FOR EACH ROW
     WHEN (@OLD.key@ IS DISTINCT FROM @NEW.key@
           OR (@NEW.saved_by@ = @worker@
               AND (@OLD.saved_by@ IS DISTINCT FROM @worker@
                    OR @OLD.job@ IS DISTINCT FROM @NEW.job@)))
-    EXECUTE FUNCTION reactor.run_changed_v1(@channel@);
+    EXECUTE FUNCTION @reactor@.run_changed_v1(@channel@);
 
-CREATE OR REPLACE TRIGGER reactor_runs_truncate
+CREATE OR REPLACE TRIGGER @reactor@_runs_truncate
     AFTER TRUNCATE ON @runs@
     FOR EACH STATEMENT
-    EXECUTE FUNCTION reactor.run_changed_v1(@channel@);
+    EXECUTE FUNCTION @reactor@.run_changed_v1(@channel@);
 
 -- Nobody but the owner calls a reactor function unless granted (`reactor migrate
 -- --print-grants` grants the runtime role the one it calls). Triggers fire without EXECUTE;
 -- creating one on a reactor function needs it. Functions a later migration adds are covered.
-REVOKE ALL ON ALL FUNCTIONS IN SCHEMA reactor FROM PUBLIC;
+REVOKE ALL ON ALL FUNCTIONS IN SCHEMA @reactor@ FROM PUBLIC;
 
 -- A migrate is the operator's word that the app's tables or the mapping may have changed: every
 -- job set aside because its write failed is tried again at once.
-DELETE FROM reactor.set_aside;
+DELETE FROM @reactor@.set_aside;
 
 -- reactor: outside-transaction
 -- The reconcile's walk, and the road from a run to its jobs: built without blocking the app's

@@ -8,10 +8,10 @@
 -- fragment: outranked
 -- True when the run row r may be replaced by job j: only a worker row written for an earlier
 -- job of the same run (older created_at, ties broken by id). NULL saved_by is a client row.
--- reactor.outranks_v1 (migration 0007) reads the newest committed jobs, not this statement's
+-- @reactor@.outranks_v1 (migration 0007) reads the newest committed jobs, not this statement's
 -- snapshot, which is what the write's conflict check needs. The saved_by test in front spares
 -- the function call for client rows, most of them.
-(@r.saved_by@ = @worker@ AND reactor.outranks_v1(@j.id@, @r.job@, @r.saved_by@))
+(@r.saved_by@ = @worker@ AND @reactor@.outranks_v1(@j.id@, @r.job@, @r.saved_by@))
 
 -- fragment: outranked_in_snapshot
 -- The same rule read in this statement's snapshot, for statements that only queue or report:
@@ -29,9 +29,9 @@
 @eligible(j)@
 
 -- fragment: set_aside
--- True while job j is set aside (reactor.set_aside): its write failed on its own data, its next
+-- True while job j is set aside (@reactor@.set_aside): its write failed on its own data, its next
 -- try is not due, and the app has not touched the job since (a new updated_at is new data).
-EXISTS (SELECT 1 FROM reactor.set_aside s
+EXISTS (SELECT 1 FROM @reactor@.set_aside s
          WHERE s.job_id = @j.id@ AND s.retry_at > now()
            AND s.job_updated_at IS NOT DISTINCT FROM @j.updated_at@)
 
@@ -53,7 +53,7 @@ EXISTS (SELECT 1 FROM reactor.set_aside s
 SELECT split_part(encode(t.tgargs, 'escape'), '\000', 1) AS channel,
        t.tgenabled IN ('O', 'A') AS enabled
   FROM pg_trigger t
- WHERE t.tgrelid = to_regclass(@jobs_name@) AND t.tgname = 'reactor_job_update'
+ WHERE t.tgrelid = to_regclass(@jobs_name@) AND t.tgname = '@reactor@_job_update'
 
 -- fragment: write_runs
 -- Writes one run per claimed run id, from the newest claimed job of that run, in run id order
@@ -74,10 +74,10 @@ newest AS (
      ORDER BY n.run_id
     ON CONFLICT (@key@) DO UPDATE
        SET @run_updates@
-     WHERE reactor.outranks_v1(EXCLUDED.@job@, @r.job@, @r.saved_by@)
+     WHERE @reactor@.outranks_v1(EXCLUDED.@job@, @r.job@, @r.saved_by@)
     RETURNING @r.key@ AS run_id, @r.job@ AS job_id
 ), hooked AS (
-    INSERT INTO reactor.hook_outbox (run_id, job_id, hook)
+    INSERT INTO @reactor@.hook_outbox (run_id, job_id, hook)
     SELECT w.run_id, w.job_id, h.hook
       FROM written w CROSS JOIN unnest(%(hooks)s::text[]) AS h(hook)
     ON CONFLICT DO NOTHING
@@ -86,7 +86,7 @@ newest AS (
 -- fragment: release_set_aside
 -- A job that left the queue (the statement's `settled`) is no longer set aside.
 released AS (
-    DELETE FROM reactor.set_aside s WHERE s.job_id IN (SELECT job_id FROM settled)
+    DELETE FROM @reactor@.set_aside s WHERE s.job_id IN (SELECT job_id FROM settled)
 )
 
 -- name: job_trigger
@@ -109,7 +109,7 @@ WITH wanted AS (
       FROM @jobs@ j
      WHERE @j.id@ = ANY(%(ids)s::@job_type@[]) AND {{needs_run}}
 ), seen AS (
-    SELECT p.job_id, p.xmin AS version FROM reactor.pending p
+    SELECT p.job_id, p.xmin AS version FROM @reactor@.pending p
      WHERE p.job_id = ANY(%(ids)s::@job_type@[])
 ), claimed AS (
     -- By the given ids, not a semi-join with wanted: with statistics that still see few
@@ -124,10 +124,10 @@ WITH wanted AS (
        AND NOT {{set_aside}}
        FOR NO KEY UPDATE OF j SKIP LOCKED
 ), {{write_runs}}, settled AS (
-    DELETE FROM reactor.pending p
+    DELETE FROM @reactor@.pending p
      USING seen s
      WHERE p.job_id = s.job_id
-       AND p.job_id IN (SELECT q.job_id FROM reactor.pending q
+       AND p.job_id IN (SELECT q.job_id FROM @reactor@.pending q
                          WHERE q.job_id IN (SELECT job_id FROM seen)
                            FOR UPDATE SKIP LOCKED)
        AND (p.job_id IN (SELECT id FROM claimed)
@@ -164,7 +164,7 @@ SELECT w.id::text AS job_id,
 -- the job row) | deferred (past the byte cap). due_in is negative: how late each job was.
 WITH queued AS (
     SELECT p.job_id, p.since
-      FROM reactor.pending p LEFT JOIN @jobs@ j ON @j.id@ = p.job_id
+      FROM @reactor@.pending p LEFT JOIN @jobs@ j ON @j.id@ = p.job_id
      WHERE (@j.id@ IS NULL OR @j.updated_at@ < now() - make_interval(secs => %(grace)s))
        AND (%(only)s::@job_type@[] IS NULL OR p.job_id = ANY(%(only)s::@job_type@[]))
        AND p.job_id <> ALL(%(skip)s::@job_type@[])
@@ -186,10 +186,10 @@ WITH queued AS (
               FROM claimable c) AS k
      WHERE k.before < %(max_bytes)s
 ), seen AS (
-    SELECT p.job_id, p.xmin AS version FROM reactor.pending p
+    SELECT p.job_id, p.xmin AS version FROM @reactor@.pending p
      WHERE p.job_id IN (SELECT job_id FROM queued)
 ), {{write_runs}}, settled AS (
-    DELETE FROM reactor.pending p
+    DELETE FROM @reactor@.pending p
      USING seen s
      WHERE p.job_id = s.job_id
        AND (p.job_id IN (SELECT id FROM claimed)
@@ -214,7 +214,7 @@ SELECT q.job_id::text AS job_id,
 -- The queue rows record_oldest would take next, oldest first, read without locking: when a
 -- batch waited too long on a row lock, the recorder splits these ids and settles them in parts.
 SELECT p.job_id::text AS job_id
-  FROM reactor.pending p LEFT JOIN @jobs@ j ON @j.id@ = p.job_id
+  FROM @reactor@.pending p LEFT JOIN @jobs@ j ON @j.id@ = p.job_id
  WHERE (@j.id@ IS NULL OR @j.updated_at@ < now() - make_interval(secs => %(grace)s))
    AND p.job_id <> ALL(%(skip)s::@job_type@[])
    AND NOT {{set_aside}}
@@ -225,7 +225,7 @@ SELECT p.job_id::text AS job_id
 -- Sets a job aside whose write failed on its own data, alone in its statement: the record
 -- statements leave it out until retry_at, or until the app touches it (a new updated_at). Each
 -- failure for the same data doubles the wait, from %(first_retry)s up to %(max_retry)s seconds.
-INSERT INTO reactor.set_aside AS s (job_id, job_updated_at, error, sqlstate, retry_at)
+INSERT INTO @reactor@.set_aside AS s (job_id, job_updated_at, error, sqlstate, retry_at)
 SELECT %(job)s::@job_type@, @j.updated_at@, %(error)s, %(sqlstate)s,
        now() + make_interval(secs => %(first_retry)s)
   FROM (SELECT 1) AS one LEFT JOIN @jobs@ j ON @j.id@ = %(job)s::@job_type@
@@ -245,7 +245,7 @@ RETURNING s.failures, extract(epoch FROM s.retry_at - now())::float8 AS retry_in
 
 -- name: release_set_aside
 -- Tries every job set aside again at once (`reactor sweep --once`); how many there were.
-WITH released AS (DELETE FROM reactor.set_aside RETURNING 1)
+WITH released AS (DELETE FROM @reactor@.set_aside RETURNING 1)
 SELECT count(*)::int AS released FROM released
 
 -- name: upcoming
@@ -255,7 +255,7 @@ SELECT count(*)::int AS released FROM released
 SELECT @j.id@::text AS job_id,
        extract(epoch FROM @j.updated_at@ + make_interval(secs => %(grace)s) - clock_timestamp())
            ::float8 AS due_in
-  FROM reactor.pending p JOIN @jobs@ j ON @j.id@ = p.job_id
+  FROM @reactor@.pending p JOIN @jobs@ j ON @j.id@ = p.job_id
  WHERE {{needs_run}}
    AND @j.updated_at@ >= now() - make_interval(secs => %(grace)s)
  ORDER BY @j.updated_at@
@@ -277,7 +277,7 @@ SELECT p.job_id::text AS job_id,
        p.since,
        w.high
   FROM (SELECT now() - make_interval(secs => %(grace)s - %(ahead)s) AS high) w
-  LEFT JOIN reactor.pending p
+  LEFT JOIN @reactor@.pending p
     ON p.since >= coalesce(%(low)s::timestamptz, w.high - make_interval(secs => 2 * %(ahead)s))
    AND p.since <= w.high
  ORDER BY p.since
@@ -299,7 +299,7 @@ SELECT p.job_id::text AS job_id,
 -- The walk's lower bound starts at the nil uuid pair: a job whose id and run_id are both nil
 -- would be skipped, which no generated id is.
 WITH state AS (
-    SELECT s.* FROM reactor.reconcile s FOR UPDATE SKIP LOCKED
+    SELECT s.* FROM @reactor@.reconcile s FOR UPDATE SKIP LOCKED
 ), step AS (
     SELECT s.pass_started_at IS NULL OR %(force)s AS starting,
            CASE WHEN s.pass_started_at IS NULL OR %(force)s
@@ -330,12 +330,12 @@ WITH state AS (
                         WHERE @r.key@ = c.run_id
                           AND (@r.saved_by@ IS DISTINCT FROM @worker@ OR @r.job@ = c.id))
 ), found AS (
-    INSERT INTO reactor.pending (job_id, since)
+    INSERT INTO @reactor@.pending (job_id, since)
     SELECT @j.id@, least(@j.updated_at@, now())
       FROM @jobs@ j
      WHERE @j.id@ IN (SELECT id FROM uncovered)
        AND {{needs_run_in_snapshot}}
-       AND NOT EXISTS (SELECT 1 FROM reactor.pending p WHERE p.job_id = @j.id@)
+       AND NOT EXISTS (SELECT 1 FROM @reactor@.pending p WHERE p.job_id = @j.id@)
     ON CONFLICT (job_id) DO NOTHING
     RETURNING job_id, since
 ), walked AS (
@@ -347,7 +347,7 @@ WITH state AS (
            (array_agg(c.id ORDER BY c.run_id DESC, c.id DESC))[1] AS last_job
       FROM chunk c
 ), advanced AS (
-    UPDATE reactor.reconcile s
+    UPDATE @reactor@.reconcile s
        SET pass = s.pass + step.starting::int,
            pass_started_at = CASE WHEN w.done THEN NULL
                                   WHEN step.starting THEN now() ELSE s.pass_started_at END,
@@ -407,7 +407,7 @@ SELECT CASE WHEN a.pass IS NOT NULL THEN CASE WHEN a.done THEN 'completed' ELSE 
 
 -- name: reconcile_release
 -- Hands the pass this replica holds to the next replica at once (on shutdown).
-UPDATE reactor.reconcile SET owner_until = now() WHERE owner = %(owner)s
+UPDATE @reactor@.reconcile SET owner_until = now() WHERE owner = %(owner)s
 
 -- name: reconcile_last_pass
 -- The last completed pass and whether one is in progress, for `reactor sweep --once` and status.
@@ -421,7 +421,7 @@ SELECT pass AS number,
        extract(epoch FROM last_finished_at - last_started_at)::float8 AS seconds,
        requested_at IS NOT NULL AS requested,
        last_owner AS owner
-  FROM reactor.reconcile
+  FROM @reactor@.reconcile
 
 -- name: health
 -- The replica's one periodic statement, every probe interval; on the LISTEN connection while it
@@ -450,7 +450,7 @@ SELECT pass AS number,
 -- keepalives end it; its heartbeat ages out meanwhile. A replica's first heartbeat tells the
 -- others at once (`joined:<replica>`), as replica_leave does its last.
 WITH beat AS (
-    INSERT INTO reactor.replicas (id, session_pid)
+    INSERT INTO @reactor@.replicas (id, session_pid)
     VALUES (%(replica)s, CASE WHEN %(own_session)s THEN pg_backend_pid() END)
     ON CONFLICT (id) DO UPDATE SET heartbeat_at = now(), session_pid = excluded.session_pid
     RETURNING xmax = 0 AS joined
@@ -460,8 +460,8 @@ WITH beat AS (
      WHERE beat.joined AND pg_notification_queue_usage() < 0.5
 ), gone AS (
     -- SKIP LOCKED: another replica's check deleting the same rows never holds this one up.
-    DELETE FROM reactor.replicas
-     WHERE id IN (SELECT id FROM reactor.replicas
+    DELETE FROM @reactor@.replicas
+     WHERE id IN (SELECT id FROM @reactor@.replicas
                    WHERE heartbeat_at < now() - interval '1 hour'
                      FOR UPDATE SKIP LOCKED)
 ), probe AS (
@@ -471,24 +471,24 @@ WITH beat AS (
 SELECT pg_notification_queue_usage()::float8 AS queue_usage,
        coalesce((SELECT extract(epoch FROM now() - make_interval(secs => %(grace)s)
                                        - @j.updated_at@)
-                   FROM reactor.pending p JOIN @jobs@ j ON @j.id@ = p.job_id
+                   FROM @reactor@.pending p JOIN @jobs@ j ON @j.id@ = p.job_id
                   WHERE p.since < now() - make_interval(secs => %(grace)s)
                     AND {{needs_run}}
                     AND @j.updated_at@ < now() - make_interval(secs => %(grace)s)
                     AND NOT {{set_aside}}
                   ORDER BY p.since
                   LIMIT 1), 0)::float8 AS oldest_overdue,
-       (SELECT count(*) FROM reactor.hook_outbox
+       (SELECT count(*) FROM @reactor@.hook_outbox
          WHERE status IN ('pending', 'running'))::int AS hook_backlog,
-       (SELECT count(*) FROM reactor.hook_outbox WHERE status = 'failed')::int AS hook_failed,
-       EXISTS (SELECT 1 FROM reactor.hook_outbox
+       (SELECT count(*) FROM @reactor@.hook_outbox WHERE status = 'failed')::int AS hook_failed,
+       EXISTS (SELECT 1 FROM @reactor@.hook_outbox
                 WHERE status IN ('done', 'superseded', 'cancelled')
                   AND updated_at < now() - make_interval(secs => %(retention)s)) AS hooks_expired,
-       coalesce((SELECT extract(epoch FROM last_finished_at) FROM reactor.reconcile), 0)::float8
+       coalesce((SELECT extract(epoch FROM last_finished_at) FROM @reactor@.reconcile), 0)::float8
            AS reconcile_last_pass,
-       coalesce((SELECT requested_at IS NOT NULL FROM reactor.reconcile), false)
+       coalesce((SELECT requested_at IS NOT NULL FROM @reactor@.reconcile), false)
            AS reconcile_requested,
-       array(SELECT r.id FROM reactor.replicas r
+       array(SELECT r.id FROM @reactor@.replicas r
               WHERE r.heartbeat_at > now() - make_interval(secs => %(liveness)s)
                 AND r.id <> %(replica)s
                 AND (r.session_pid IS NULL
@@ -500,8 +500,8 @@ SELECT pg_notification_queue_usage()::float8 AS queue_usage,
        (SELECT t.channel FROM ({{job_trigger}}) AS t WHERE t.enabled) AS trigger_channel,
        (SELECT count(*) FROM probe)::int AS probes_sent,
        extract(epoch FROM clock_timestamp())::float8 AS database_time,
-       (SELECT count(*) FROM reactor.set_aside s
-         WHERE EXISTS (SELECT 1 FROM reactor.pending p WHERE p.job_id = s.job_id))::int
+       (SELECT count(*) FROM @reactor@.set_aside s
+         WHERE EXISTS (SELECT 1 FROM @reactor@.pending p WHERE p.job_id = s.job_id))::int
            AS set_aside,
        (SELECT count(*) FROM announce)::int AS joined_told
 
@@ -511,7 +511,7 @@ SELECT pg_notification_queue_usage()::float8 AS queue_usage,
 -- its share over in milliseconds rather than at their next health check. The notification is
 -- skipped when the NOTIFY queue is half full, as the probe is; the health check then tells.
 WITH gone AS (
-    DELETE FROM reactor.replicas WHERE id = %(replica)s RETURNING id
+    DELETE FROM @reactor@.replicas WHERE id = %(replica)s RETURNING id
 )
 SELECT count(pg_notify(%(channel)s, 'left:' || g.id))::int AS told
   FROM gone g
@@ -533,7 +533,7 @@ WITH due AS (
     SELECT o.id, o.run_id, o.job_id, o.status = 'running' AS expired,
            o.status = 'running'
            AND coalesce(o.attempts - o.retry_base >= %(max_attempts)s::int, false) AS spent
-      FROM reactor.hook_outbox o
+      FROM @reactor@.hook_outbox o
      WHERE o.status IN ('pending', 'running')
        AND o.available_at <= now()
        AND o.hook = ANY(%(hooks)s::text[])
@@ -546,7 +546,7 @@ WITH due AS (
                     WHERE @r.key@ = d.run_id AND @r.job@ = d.job_id) AS current
       FROM due d
 )
-UPDATE reactor.hook_outbox o
+UPDATE @reactor@.hook_outbox o
    SET status = CASE WHEN NOT j.current THEN 'superseded'
                      WHEN j.spent THEN 'failed'
                      ELSE 'running' END,
@@ -571,13 +571,13 @@ RETURNING o.id, o.run_id::text AS run_id, o.job_id::text AS job_id, o.hook,
 -- name: next_hook_in
 -- Seconds until the next hook row of ours becomes claimable (NULL when there is none).
 SELECT extract(epoch FROM min(available_at) - now())::float8 AS next_in
-  FROM reactor.hook_outbox
+  FROM @reactor@.hook_outbox
  WHERE status IN ('pending', 'running') AND hook = ANY(%(hooks)s::text[])
 
 -- name: finish_hook
 -- Settles one attempt: done, retry after %(delay)s seconds, or parked as failed. Only the
 -- holder of the current attempt may settle it, except that success is always recorded.
-UPDATE reactor.hook_outbox
+UPDATE @reactor@.hook_outbox
    SET status = %(status)s,
        last_error = %(error)s,
        available_at = now() + make_interval(secs => %(delay)s),
@@ -589,7 +589,7 @@ UPDATE reactor.hook_outbox
 
 -- name: release_hook
 -- Hands an interrupted attempt back at once (a drain ran out), without counting it.
-UPDATE reactor.hook_outbox
+UPDATE @reactor@.hook_outbox
    SET status = 'pending',
        attempts = attempts - 1,
        available_at = now(),

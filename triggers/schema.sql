@@ -4,9 +4,9 @@
 -- top of the app's tables (reference.sql) and followed by notify_triggers.sql, it must give the
 -- same catalog as every file in migrations/; tests/integration/test_schema.py checks that.
 
-CREATE SCHEMA IF NOT EXISTS reactor;
+CREATE SCHEMA IF NOT EXISTS @reactor@;
 
-CREATE TABLE IF NOT EXISTS reactor.schema_version (
+CREATE TABLE IF NOT EXISTS @reactor@.schema_version (
     version     integer PRIMARY KEY,
     name        text NOT NULL,
     applied_at  timestamptz NOT NULL DEFAULT now()
@@ -16,29 +16,29 @@ CREATE TABLE IF NOT EXISTS reactor.schema_version (
 ALTER TABLE @runs@
     ADD COLUMN IF NOT EXISTS @saved_by@ text CHECK (@saved_by@ IN @saved_by_values@);
 
-CREATE TABLE IF NOT EXISTS reactor.pending (
+CREATE TABLE IF NOT EXISTS @reactor@.pending (
     job_id  @job_type@ PRIMARY KEY,
     since   timestamptz NOT NULL DEFAULT now()
 );
 
-CREATE INDEX IF NOT EXISTS pending_since_idx ON reactor.pending (since);
+CREATE INDEX IF NOT EXISTS pending_since_idx ON @reactor@.pending (since);
 
 -- The app's tables the triggers were installed on. regclass: an oid that follows a rename and
 -- is dumped and restored by name.
-CREATE TABLE IF NOT EXISTS reactor.app_tables (
+CREATE TABLE IF NOT EXISTS @reactor@.app_tables (
     singleton  boolean PRIMARY KEY DEFAULT true CHECK (singleton),
     jobs       regclass NOT NULL,
     runs       regclass NOT NULL
 );
 
-INSERT INTO reactor.app_tables (jobs, runs) VALUES (@jobs_name@, @runs_name@)
+INSERT INTO @reactor@.app_tables (jobs, runs) VALUES (@jobs_name@, @runs_name@)
     ON CONFLICT DO NOTHING;
 
 -- Jobs whose write failed on their own data, until a write of theirs succeeds. A job stays in
--- reactor.pending meanwhile; the record statements leave it out until retry_at, or at once
+-- @reactor@.pending meanwhile; the record statements leave it out until retry_at, or at once
 -- once the app touches the job (a new updated_at is new data). `reactor migrate` and
 -- `reactor sweep --once` release every job set aside.
-CREATE TABLE IF NOT EXISTS reactor.set_aside (
+CREATE TABLE IF NOT EXISTS @reactor@.set_aside (
     job_id           @job_type@ PRIMARY KEY,
     job_updated_at   timestamptz,             -- the job's updated_at when its write failed
     error            text NOT NULL,           -- the error's first line
@@ -51,7 +51,7 @@ CREATE TABLE IF NOT EXISTS reactor.set_aside (
 
 -- The app's table a trigger function was called for: the installed one, or a partition of it.
 -- Anything else is refused before the caller's row is read.
-CREATE OR REPLACE FUNCTION reactor.app_table_v1(which text, relid oid) RETURNS regclass
+CREATE OR REPLACE FUNCTION @reactor@.app_table_v1(which text, relid oid) RETURNS regclass
     LANGUAGE plpgsql STABLE
     SET search_path = pg_catalog, pg_temp AS
 $$
@@ -59,7 +59,7 @@ DECLARE
     installed regclass;
 BEGIN
     SELECT CASE which WHEN 'jobs' THEN t.jobs WHEN 'runs' THEN t.runs END
-      INTO installed FROM reactor.app_tables t;
+      INTO installed FROM @reactor@.app_tables t;
     IF installed IS NULL
        OR (relid <> installed
            AND installed NOT IN (SELECT a.relid FROM pg_partition_ancestors(relid) AS a)) THEN
@@ -71,7 +71,7 @@ BEGIN
 END
 $$;
 
-CREATE OR REPLACE FUNCTION reactor.hint_v1(channel text, job_id @job_type@, updated_at timestamptz)
+CREATE OR REPLACE FUNCTION @reactor@.hint_v1(channel text, job_id @job_type@, updated_at timestamptz)
     RETURNS void
     LANGUAGE plpgsql
     SET search_path = pg_catalog, pg_temp AS
@@ -91,7 +91,7 @@ BEGIN
 END
 $$;
 
-CREATE TABLE IF NOT EXISTS reactor.hook_outbox (
+CREATE TABLE IF NOT EXISTS @reactor@.hook_outbox (
     run_id        @run_type@ NOT NULL,
     job_id        @job_type@ NOT NULL,
     hook          text NOT NULL,
@@ -114,25 +114,25 @@ CREATE TABLE IF NOT EXISTS reactor.hook_outbox (
     PRIMARY KEY (run_id, job_id, hook)
 );
 
-CREATE UNIQUE INDEX IF NOT EXISTS hook_outbox_id_idx ON reactor.hook_outbox (id);
+CREATE UNIQUE INDEX IF NOT EXISTS hook_outbox_id_idx ON @reactor@.hook_outbox (id);
 
 -- Open rows only: the claim, the health and status counts, the next-due lookup.
 CREATE INDEX IF NOT EXISTS hook_outbox_open_idx
-    ON reactor.hook_outbox (available_at) INCLUDE (status, hook, created_at)
+    ON @reactor@.hook_outbox (available_at) INCLUDE (status, hook, created_at)
     WHERE status IN ('pending', 'running');
 
 -- Parked rows only: the failure counts and listings.
 CREATE INDEX IF NOT EXISTS hook_outbox_failed_idx
-    ON reactor.hook_outbox (updated_at)
+    ON @reactor@.hook_outbox (updated_at)
     WHERE status = 'failed';
 
 -- Settled rows only: the retention job, oldest first.
 CREATE INDEX IF NOT EXISTS hook_outbox_settled_idx
-    ON reactor.hook_outbox (updated_at)
+    ON @reactor@.hook_outbox (updated_at)
     WHERE status IN ('done', 'superseded', 'cancelled');
 
 -- The reconcile's shared state (see queries.sql, reconcile_step), one row.
-CREATE TABLE IF NOT EXISTS reactor.reconcile (
+CREATE TABLE IF NOT EXISTS @reactor@.reconcile (
     singleton         boolean PRIMARY KEY DEFAULT true CHECK (singleton),
     pass              bigint NOT NULL DEFAULT 0,     -- the pass in progress, or the last one
     -- The pass in progress; pass_started_at is NULL between passes.
@@ -157,9 +157,9 @@ CREATE TABLE IF NOT EXISTS reactor.reconcile (
     last_owner        text
 );
 
-INSERT INTO reactor.reconcile DEFAULT VALUES ON CONFLICT DO NOTHING;
+INSERT INTO @reactor@.reconcile DEFAULT VALUES ON CONFLICT DO NOTHING;
 
-CREATE TABLE IF NOT EXISTS reactor.replicas (
+CREATE TABLE IF NOT EXISTS @reactor@.replicas (
     id            text PRIMARY KEY,
     started_at    timestamptz NOT NULL DEFAULT now(),
     heartbeat_at  timestamptz NOT NULL DEFAULT now(),

@@ -14,13 +14,13 @@ SELECT now() AS checked_at,
        pg_notification_queue_usage()::float8 AS queue_usage,
        to_regclass(@jobs_name@) IS NOT NULL AND to_regclass(@runs_name@) IS NOT NULL
            AS app_tables,
-       to_regclass('reactor.hook_outbox') IS NOT NULL AS hook_outbox,
+       to_regclass('@reactor@.hook_outbox') IS NOT NULL AS hook_outbox,
        EXISTS (SELECT 1 FROM pg_attribute a
-                WHERE a.attrelid = to_regclass('reactor.hook_outbox')
+                WHERE a.attrelid = to_regclass('@reactor@.hook_outbox')
                   AND a.attname = 'id' AND NOT a.attisdropped) AS hook_ids,
-       to_regclass('reactor.pending') IS NOT NULL AS pending_queue,
-       to_regclass('reactor.reconcile') IS NOT NULL AS reconcile,
-       to_regclass('reactor.set_aside') IS NOT NULL AS set_aside
+       to_regclass('@reactor@.pending') IS NOT NULL AS pending_queue,
+       to_regclass('@reactor@.reconcile') IS NOT NULL AS reconcile,
+       to_regclass('@reactor@.set_aside') IS NOT NULL AS set_aside
   FROM (SELECT 1) AS one
   LEFT JOIN ({{job_trigger}}) AS t ON true
 
@@ -32,7 +32,7 @@ SELECT now() AS checked_at,
 WITH pending AS MATERIALIZED (
     SELECT @j.id@ AS id, @j.updated_at@ AS updated_at,
            @j.updated_at@ < now() - make_interval(secs => %(grace)s) AS due
-      FROM reactor.pending p JOIN @jobs@ j ON @j.id@ = p.job_id
+      FROM @reactor@.pending p JOIN @jobs@ j ON @j.id@ = p.job_id
      WHERE {{needs_run}}
 )
 {{status_jobs_summary}}
@@ -62,8 +62,8 @@ SELECT (SELECT count(*) FROM pending WHERE due)::bigint AS due,
 -- Queued jobs set aside because their write failed on their own data: how many, and the
 -- %(limit)s that failed first, with the error and when they are tried again.
 WITH held AS (
-    SELECT s.* FROM reactor.set_aside s
-     WHERE EXISTS (SELECT 1 FROM reactor.pending p WHERE p.job_id = s.job_id)
+    SELECT s.* FROM @reactor@.set_aside s
+     WHERE EXISTS (SELECT 1 FROM @reactor@.pending p WHERE p.job_id = s.job_id)
 )
 SELECT (SELECT count(*) FROM held)::bigint AS count,
        coalesce((SELECT json_agg(json_build_object(
@@ -80,16 +80,16 @@ SELECT (SELECT count(*) FROM held)::bigint AS count,
 -- can be millions.
 SELECT count(*) FILTER (WHERE o.status = 'pending')::bigint AS pending,
        count(*) FILTER (WHERE o.status = 'running')::bigint AS running,
-       (SELECT count(*) FROM reactor.hook_outbox f WHERE f.status = 'failed')::bigint AS failed,
+       (SELECT count(*) FROM @reactor@.hook_outbox f WHERE f.status = 'failed')::bigint AS failed,
        extract(epoch FROM now() - min(o.created_at))::float8 AS oldest_backlog_age
-  FROM reactor.hook_outbox o
+  FROM @reactor@.hook_outbox o
  WHERE o.status IN ('pending', 'running')
 
 -- name: status_hook_failures
 -- The most recent parked failures, with the id `reactor hooks retry` takes.
 SELECT o.id, o.hook, o.run_id::text AS run_id, o.job_id::text AS job_id, o.attempts,
        o.last_error, o.updated_at
-  FROM reactor.hook_outbox o
+  FROM @reactor@.hook_outbox o
  WHERE o.status = 'failed'
  ORDER BY o.updated_at DESC
  LIMIT %(limit)s
@@ -98,7 +98,7 @@ SELECT o.id, o.hook, o.run_id::text AS run_id, o.job_id::text AS job_id, o.attem
 -- status_hook_failures for a schema from before hook row ids (it reports itself behind).
 SELECT NULL::bigint AS id, o.hook, o.run_id::text AS run_id, o.job_id::text AS job_id,
        o.attempts, o.last_error, o.updated_at
-  FROM reactor.hook_outbox o
+  FROM @reactor@.hook_outbox o
  WHERE o.status = 'failed'
  ORDER BY o.updated_at DESC
  LIMIT %(limit)s

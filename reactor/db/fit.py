@@ -265,15 +265,17 @@ async def _check_expressions(conn: AnyConnection, mapping: Mapping, where: str) 
 async def _check_installed(conn: AnyConnection, mapping: Mapping) -> None:
     """A schema installed for other tables than the mapping names: migrate re-installs it."""
     # A role that may not read it (the runtime role needs no grant on it) skips the check.
+    app_tables = f"{mapping.reactor_schema}.app_tables"
     cur = await conn.execute(
-        "SELECT CASE WHEN to_regclass('reactor.app_tables') IS NULL THEN false"
-        "            ELSE has_table_privilege('reactor.app_tables', 'SELECT') END"
+        "SELECT CASE WHEN to_regclass(%(t)s) IS NULL THEN false"
+        "            ELSE has_table_privilege(%(t)s, 'SELECT') END",
+        {"t": app_tables},
     )
     row = await cur.fetchone()
     if not row or not row[0]:
         return
     cur = await conn.execute(
-        "SELECT jobs::oid, runs::oid, jobs::text, runs::text FROM reactor.app_tables"
+        f"SELECT jobs::oid, runs::oid, jobs::text, runs::text FROM {app_tables}"
     )
     installed = await cur.fetchone()
     if installed is None:

@@ -16,7 +16,7 @@ import psycopg
 import psycopg.errors
 import tenacity
 
-from reactor import sql
+from reactor import mapping, sql
 from reactor.db.fit import fitted
 from reactor.db.queries import job_trigger, reconcile_pass
 from reactor.db.session import AnyConnection
@@ -38,11 +38,12 @@ _CONCURRENT_INDEX = re.compile(
 
 async def schema_version(conn: AnyConnection) -> int | None:
     """The newest applied migration, or None when the reactor's schema is absent."""
-    cur = await conn.execute("SELECT to_regclass('reactor.schema_version') IS NOT NULL")
+    versions = f"{mapping.in_force().reactor_schema}.schema_version"
+    cur = await conn.execute("SELECT to_regclass(%s) IS NOT NULL", (versions,))
     row = await cur.fetchone()
     if not row or not row[0]:
         return None
-    cur = await conn.execute("SELECT max(version) FROM reactor.schema_version")
+    cur = await conn.execute(f"SELECT max(version) FROM {versions}")
     row = await cur.fetchone()
     return row[0] if row else None
 
@@ -256,13 +257,15 @@ def _record_all_statement() -> str:
     """Marks every migration applied: what a first install from the baseline leaves."""
     values = ", ".join(f"({m.version}, '{m.name}')" for m in sql.migrations())
     return (
-        f"\nINSERT INTO reactor.schema_version (version, name) VALUES {values} "
+        f"\nINSERT INTO {mapping.in_force().reactor_schema}.schema_version (version, name) "
+        f"VALUES {values} "
         "ON CONFLICT DO NOTHING;"
     )
 
 
 async def _record_version(conn: AnyConnection, migration: sql.Migration) -> None:
     await conn.execute(
-        "INSERT INTO reactor.schema_version (version, name) VALUES (%s, %s) ON CONFLICT DO NOTHING",
+        f"INSERT INTO {mapping.in_force().reactor_schema}.schema_version (version, name) "
+        "VALUES (%s, %s) ON CONFLICT DO NOTHING",
         (migration.version, migration.name),
     )

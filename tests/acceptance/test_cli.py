@@ -12,6 +12,7 @@ from typing import Any
 import psycopg
 import pytest
 
+from reactor import sql
 from tests import pgbouncer as bouncer
 from tests.acceptance.conftest import reactor_env, run_reactor
 from tests.helpers import early_writes, finish, new_job, worker_writes
@@ -129,9 +130,12 @@ def test_migrate_print_is_sql(database_url: str) -> None:
     assert result.stdout.startswith("BEGIN;")
     assert "CREATE TABLE IF NOT EXISTS analysis_jobs" in result.stdout
     assert "'my_channel'" in result.stdout
-    statements = [line for line in result.stdout.splitlines() if not line.startswith("--")]
-    assert statements[-1] == "COMMIT;"
-    assert "reactor sweep --once" in result.stdout.splitlines()[-1]
+    lines = result.stdout.splitlines()
+    # It ends with the walk index, built on its own outside any transaction, as marked.
+    marker = lines.index(sql.OUTSIDE_TRANSACTION, len(lines) - 12)
+    assert lines[marker + 1].startswith("CREATE INDEX CONCURRENTLY IF NOT EXISTS")
+    assert lines[marker - 1] == "COMMIT;"
+    assert "reactor sweep --once" in lines[-1]
 
 
 def test_migrate_print_from_a_version_prints_only_the_upgrade() -> None:

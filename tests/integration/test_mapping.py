@@ -20,11 +20,12 @@ import psycopg
 import psycopg.conninfo
 import pytest
 
-from reactor import db, grants, mapping, status
+from reactor import db, grants, mapping, sql, status
 from reactor.config import Settings
 from reactor.listener import parse_hint
 from reactor.metrics import Metrics
 from reactor.recorder import Recorder
+from tests.acceptance.conftest import reactor_env, run_reactor
 from tests.helpers import Conn
 
 pytestmark = pytest.mark.anyio
@@ -244,3 +245,55 @@ async def test_a_role_with_the_printed_grants_records_on_the_mapped_tables(
         finally:
             admin.execute(f'DROP OWNED BY "{name}"')
             admin.execute(f'DROP ROLE "{name}"')
+
+
+async def test_two_sidecars_share_a_database_through_two_reactor_schemas(
+    second_url: str, tmp_path: Path
+) -> None:
+    # The reference pair and the second pair in one database, each with a reactor of its own:
+    # its own schema, queue, channel and triggers. Neither sees the other's jobs.
+    with psycopg.connect(second_url, autocommit=True) as conn:
+        conn.execute(sql.read("reference.sql"))
+    own = tmp_path / "second.toml"
+    own.write_text('reactor_schema = "second_reactor"\n' + SECOND_TOML.read_text())
+    env = reactor_env(second_url, REACTOR_GRACE_SECONDS=str(GRACE))
+    assert run_reactor("migrate", env=env).returncode == 0
+    second_env = {**env, "REACTOR_CONFIG": str(own)}
+    migrated = run_reactor("migrate", env=second_env)
+    assert migrated.returncode == 0, migrated.stderr
+
+    with app(second_url) as conn:
+        add(conn, "theirs")
+        conn.execute(
+            "INSERT INTO analysis_jobs (id, run_id, status, doc_html, results, updated_at)"
+            " VALUES (gen_random_uuid(), gen_random_uuid(), 'complete', '<p/>', '{\"a\": 1}',"
+            " now() - interval '10 seconds')"
+        )
+        assert conn.execute("SELECT count(*) FROM reactor.pending").fetchone() == (1,)
+        assert conn.execute("SELECT count(*) FROM second_reactor.pending").fetchone() == (1,)
+        triggers = {
+            row[0]
+            for row in conn.execute(
+                "SELECT tgname FROM pg_trigger WHERE tgrelid = 'app.\"Job\"'::regclass"
+            )
+        }
+        assert triggers == {
+            "second_reactor_job_insert",
+            "second_reactor_job_update",
+            "second_reactor_jobs_delete",
+        }
+
+    swept = run_reactor("sweep", "--once", env=second_env)
+    assert swept.returncode == 0, swept.stderr
+    assert swept.stdout.strip() == "1"
+    with app(second_url) as conn:
+        assert report(conn, "theirs") is not None
+        assert conn.execute("SELECT count(*) FROM analysis_runs").fetchone() == (0,)
+    swept = run_reactor("sweep", "--once", env=env)
+    assert swept.stdout.strip() == "1"
+    with app(second_url) as conn:
+        assert conn.execute("SELECT count(*) FROM analysis_runs").fetchone() == (1,)
+        assert conn.execute('SELECT count(*) FROM app."Report"').fetchone() == (1,)
+    # Each status reads its own schema.
+    status_of_second = run_reactor("status", "--json", env=second_env)
+    assert json.loads(status_of_second.stdout)["jobs"]["due"] == 0

@@ -45,7 +45,6 @@ def test_the_second_mapping_parses_as_written() -> None:
         ({"runs": {"worker": "client"}}, "is also in runs.client"),
         ({"runs": {"columns": {"saved_by": "'x'"}}}, "written by the reactor itself"),
         ({"runs": {"columns": {"title": 3}}}, "must be a string holding an SQL expression"),
-        ({"reactor_schema": "other"}, "schema reactor only"),
         ({"reactor_schema": "Bad-Name"}, "lower-case identifier"),
     ],
 )
@@ -54,6 +53,16 @@ def test_a_wrong_key_is_named(document: dict[str, Any], says: str) -> None:
         mapping.parse(document, source="m.toml")
     assert says in str(raised.value)
     assert str(raised.value).startswith("m.toml:")
+
+
+def test_a_reactor_schema_of_its_own_has_a_channel_of_its_own() -> None:
+    assert mapping.REFERENCE.default_channel == "analysis_jobs_terminal"
+    other = mapping.parse({"reactor_schema": "reports_reactor"})
+    assert other.default_channel == "reports_reactor_jobs_terminal"
+    assert not other.is_reference
+    assert sql.render("SELECT 1 FROM @reactor@.pending", other) == (
+        "SELECT 1 FROM reports_reactor.pending"
+    )
 
 
 def test_a_file_that_is_not_toml_is_one_line(tmp_path: Path) -> None:
