@@ -47,6 +47,7 @@ BENCHMARKS: dict[str, str] = {
     "set_aside": "bench.set_aside",
     "writes": "bench.writes",
     "trigger_overhead": "bench.trigger_overhead",
+    "app_cost": "bench.app_cost",
     "scan_scale": "bench.scan_scale",
     "reconcile": "bench.reconcile",
     "migrate_online": "bench.migrate_online",

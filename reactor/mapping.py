@@ -178,7 +178,7 @@ class Mapping:
             case "least_run":
                 return f"{_literal(_LEAST[jobs.run_type])}::{jobs.run_type}"
             case "walk_index":
-                return _identifier(f"{jobs.table[-1]}_reactor_walk_idx"[:63])
+                return _identifier(f"{jobs.table[-1]}_reactor_finished_idx"[:63])
             case "terminal":
                 return "(" + ", ".join(_literal(value) for value in jobs.terminal) + ")"
             case "worker":
@@ -235,6 +235,8 @@ class Mapping:
     def _function(self, name: str, alias: str) -> str:
         if name == "eligible":
             return self.eligible(alias or None)
+        if name == "walked":
+            return self.walked(alias or None)
         if name == "bytes":
             sizes = [
                 _size(f"{alias}.{_identifier(c)}", self.jobs.type_of(c)) for c in self.jobs.not_null
@@ -242,11 +244,20 @@ class Mapping:
             return "(" + " + ".join(sizes or ["0"]) + ")"
         raise KeyError(f"unknown slot @{name}({alias})@")
 
+    def walked(self, alias: str | None) -> str:
+        """The part of :meth:`eligible` the reconcile's walk index holds: columns that change
+        once in a job's life. The not_empty columns (verdicts the app adds to as a job runs)
+        stay out, or no update of theirs could be HOT."""
+        return self._predicate(alias, with_contents=False)
+
     def eligible(self, alias: str | None) -> str:
         """The row-local half of "needs a run" for the job row ``alias`` (None: bare columns).
 
         Terminal values are untyped literals, so they take the column's type, text or enum.
         """
+        return self._predicate(alias, with_contents=True)
+
+    def _predicate(self, alias: str | None, *, with_contents: bool) -> str:
         jobs = self.jobs
 
         def col(name: str) -> str:
@@ -255,8 +266,11 @@ class Mapping:
         parts = [f"{col(jobs.status)} IN {self._value('terminal')}"]
         if jobs.deleted_at:
             parts.append(f"{col(jobs.deleted_at)} IS NULL")
-        parts += [f"{col(c)} IS NOT NULL" for c in jobs.not_null]
-        parts += [_not_empty(col(c), jobs.type_of(c)) for c in jobs.not_empty]
+        for column in jobs.not_null:
+            if with_contents or column not in jobs.not_empty:
+                parts.append(f"{col(column)} IS NOT NULL")
+        if with_contents:
+            parts += [_not_empty(col(c), jobs.type_of(c)) for c in jobs.not_empty]
         return "(" + "\n     AND ".join(parts) + ")"
 
 

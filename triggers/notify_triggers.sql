@@ -178,4 +178,6 @@ DELETE FROM @reactor@.set_aside;
 -- reactor: outside-transaction
 -- The reconcile's walk, and the road from a run to its jobs: built without blocking the app's
 -- writes (a first install may meet millions of jobs), and again whenever it is missing.
-CREATE INDEX CONCURRENTLY IF NOT EXISTS @walk_index@ ON @jobs@ (@run@, @id@) WHERE @eligible()@;
+-- Its key and predicate name only columns that change once in a job's life, so the app's
+-- progress updates stay HOT (migration 0015 replaced one whose predicate named results).
+CREATE INDEX CONCURRENTLY IF NOT EXISTS @walk_index@ ON @jobs@ (@run@, @id@) WHERE @walked()@;

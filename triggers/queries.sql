@@ -23,9 +23,17 @@
                   WHERE @rj.id@ = @r.job@
                     AND (@rj.created_at@, @rj.id@) >= (@j.created_at@, @j.id@)))
 
+-- fragment: walked
+-- The part of "needs a run" that the reconcile's walk index holds: the terminal status, the soft
+-- delete and the documents that are set once, columns that change once in a job's life. The
+-- not_empty columns (results) are left out of the index so that the app's progress updates,
+-- which add to them, stay HOT.
+@walked(j)@
+
 -- fragment: eligible
--- The row-local half of "needs a run", what the job row alone decides. The reconcile's walk
--- index (analysis_jobs_reactor_walk_idx) and the triggers use exactly this predicate.
+-- The row-local half of "needs a run", what the job row alone decides; the triggers use exactly
+-- this predicate. It implies the walk index's, so a statement that filters on it can use that
+-- index and check results in the row.
 @eligible(j)@
 
 -- fragment: set_aside
@@ -285,8 +293,8 @@ SELECT p.job_id::text AS job_id,
 
 -- name: reconcile_step
 -- One step of the reconcile, the level-triggered half: walk the next %(limit)s jobs that can
--- still need a run, in (run_id, id) order on analysis_jobs_reactor_walk_idx, and queue each that
--- needs a run and is not queued. The state row is shared by every replica and locked for the
+-- still need a run, in (run_id, id) order on analysis_jobs_reactor_finished_idx, and queue each
+-- that needs a run and is not queued. The state row is shared by every replica and locked for the
 -- step (SKIP LOCKED: a replica that finds it locked just waits its turn), so one pass runs at a
 -- time. The replica that steps holds a lease on the pass until %(lease)s seconds from now; a
 -- pass whose holder died is taken over when that runs out. A pass starts when none is running
@@ -315,10 +323,12 @@ WITH state AS (
                  OR s.last_finished_at + make_interval(secs => %(interval)s)
                     - (s.last_finished_at - s.last_started_at) <= now()))
 ), chunk AS (
-    -- Index-only where the visibility map allows: the walk reads no job row it can skip.
+    -- Index-only where the visibility map allows: the walk reads no job row it can skip. It
+    -- walks the index's predicate alone; results is checked below, in the few job rows that no
+    -- run row stands for.
     SELECT @j.id@ AS id, @j.run@ AS run_id
       FROM @jobs@ j
-     WHERE {{eligible}}
+     WHERE {{walked}}
        AND (@j.run@, @j.id@) > ((SELECT from_run FROM step), (SELECT from_job FROM step))
      ORDER BY @j.run@, @j.id@
      LIMIT %(limit)s

@@ -130,10 +130,10 @@ def test_every_query_the_code_names_exists() -> None:
 def test_the_reconcile_walks_on_the_index_predicate() -> None:
     # The walk must state the walk index's predicate itself, or the planner cannot use the index.
     walk = squash(QUERIES["reconcile_step"])
-    assert f"WHERE {squash(mapping.REFERENCE.eligible('j'))}" in walk
+    assert f"WHERE {squash(mapping.REFERENCE.walked('j'))}" in walk
     assert 'ORDER BY j."run_id", j."id"' in walk
     index = squash(sql.render(sql.repeatable().outside_transaction[0]))
-    assert f"WHERE {squash(mapping.REFERENCE.eligible(None))}" in index
+    assert f"WHERE {squash(mapping.REFERENCE.walked(None))}" in index
     assert '("run_id", "id")' in index
 
 

@@ -163,15 +163,6 @@ BEGIN
 END
 $$;
 
--- reactor: outside-transaction
--- The walk's index, and the triggers' road from a run to its jobs: the jobs that can still
--- need a run, in (run_id, id) order. Partial, so it holds the app's trim window of finished
--- jobs rather than the whole table. Built without blocking the app's writes; `reactor migrate`
--- drops a build that a crash left invalid before it tries again.
-CREATE INDEX CONCURRENTLY IF NOT EXISTS analysis_jobs_reactor_walk_idx
-    ON analysis_jobs (run_id, id)
-    WHERE status IN ('complete', 'failed')
-      AND deleted_at IS NULL
-      AND doc_html IS NOT NULL
-      AND results IS NOT NULL
-      AND results <> '{}'::jsonb;
+-- This migration once built the walk's index here, analysis_jobs_reactor_walk_idx; migration 0015
+-- replaced it with one the app's progress updates leave HOT and drops it where it exists. A new
+-- install skips the build: on a big live table it took minutes only to be dropped.
