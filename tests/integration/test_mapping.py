@@ -297,3 +297,29 @@ async def test_two_sidecars_share_a_database_through_two_reactor_schemas(
     # Each status reads its own schema.
     status_of_second = run_reactor("status", "--json", env=second_env)
     assert json.loads(status_of_second.stdout)["jobs"]["due"] == 0
+
+
+async def test_the_apps_progress_updates_stay_hot_on_the_mapped_table(
+    second: mapping.Mapping, second_url: str
+) -> None:
+    def counts(conn: Conn) -> tuple[int, int]:
+        conn.execute("SELECT pg_stat_force_next_flush()")
+        row = conn.execute(
+            "SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables"
+            " WHERE relid = 'app.\"Job\"'::regclass"
+        ).fetchone()
+        assert row is not None
+        return int(row[0]), int(row[1])
+
+    with app(second_url) as conn:
+        jobs = [add(conn, f"running-{i}", state="running", verdicts=None) for i in range(5)]
+        before = counts(conn)
+        for step in range(3):
+            conn.execute(
+                "UPDATE app.\"Job\" SET verdicts = coalesce(verdicts, '[]'::jsonb) || %s::jsonb,"
+                ' "updatedAt" = now() AT TIME ZONE \'UTC\' WHERE "jobId" = ANY(%s)',
+                (json.dumps([step]), jobs),
+            )
+        after = counts(conn)
+    assert after[0] - before[0] == 15
+    assert after[1] - before[1] == 15
