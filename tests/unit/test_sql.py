@@ -87,6 +87,7 @@ def test_needs_run_is_spliced_in(name: str) -> None:
         fragment("needs_run")
         .replace("{{outranked}}", fragment("outranked"))
         .replace("{{eligible}}", fragment("eligible"))
+        .replace("{{walked}}", fragment("walked"))
     )
     assert "{{" not in needs_run
     assert squash(needs_run) in squash(QUERIES[name])
@@ -129,13 +130,19 @@ def test_every_query_the_code_names_exists() -> None:
 
 def test_the_reconcile_walks_on_the_index_predicate() -> None:
     # The walk must state the walk index's predicate itself, or the planner cannot use the index.
-    eligible = squash(fragment("eligible"))
+    walked = squash(fragment("walked"))
     walk = squash(QUERIES["reconcile_step"])
-    assert f"WHERE {eligible}" in walk
+    assert f"WHERE {walked}" in walk
     assert "ORDER BY j.run_id, j.id" in walk
-    index = squash(sql.migrations()[7].outside_transaction[0])
-    for piece in ("status IN ('complete', 'failed')", "results <> '{}'::jsonb", "(run_id, id)"):
+    index = squash(sql.migrations()[14].outside_transaction[0])
+    assert "analysis_jobs_reactor_finished_idx" in index
+    for piece in ("status IN ('complete', 'failed')", "deleted_at IS NULL", "(run_id, id)"):
         assert piece in index
+    # The index names no column that the app's progress updates change: they stay HOT.
+    for column in ("results", "updated_at"):
+        assert column not in index
+    # The walk index's predicate is the one the queries state, without the j. prefix.
+    assert squash(walked.replace("j.", "")).strip("()") in index
 
 
 def test_outside_transaction_statements_are_split_off() -> None:
