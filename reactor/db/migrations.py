@@ -7,6 +7,7 @@ builds run CONCURRENTLY outside any transaction.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import re
 from collections.abc import Callable
@@ -31,8 +32,22 @@ _MIGRATE_LOCK = 0x7265_6163  # "reac"
 # DDL statement waits, every app query on that table queues behind it.
 _MIGRATE_LOCK_TIMEOUT = "1s"
 _MIGRATE_ATTEMPTS = 30
+# CREATE INDEX CONCURRENTLY IF NOT EXISTS <name> ON <table> <the rest of the definition>.
 _CONCURRENT_INDEX = re.compile(
-    r"CREATE\s+INDEX\s+CONCURRENTLY\s+IF\s+NOT\s+EXISTS\s+(\w+|\"[^\"]+\")", re.IGNORECASE
+    r"CREATE\s+INDEX\s+CONCURRENTLY\s+IF\s+NOT\s+EXISTS\s+(\w+|\"[^\"]+\")\s+ON\s+([\w.\"]+)(.*)",
+    re.IGNORECASE | re.DOTALL,
+)
+_CONCURRENT_DROP = re.compile(
+    r"DROP\s+INDEX\s+CONCURRENTLY\s+IF\s+EXISTS\s+(\w+)\s*$", re.IGNORECASE
+)
+# The longest identifier PostgreSQL keeps (NAMEDATALEN - 1).
+_MAX_NAME = 63
+# What `migrate --print` says before an index build: the script is text, written without a
+# connection, so it cannot know whether analysis_jobs is partitioned or what its partitions are.
+_PARTITIONED_NOTE = (
+    "-- On a partitioned job table PostgreSQL refuses the next statement: run `reactor migrate`,\n"
+    "-- which builds the index ON ONLY the table, CONCURRENTLY on each partition, and attaches\n"
+    "-- each with ALTER INDEX ... ATTACH PARTITION; or do those steps with your tool."
 )
 
 
@@ -96,14 +111,18 @@ def migration_script(
         parts.append("COMMIT;")
         # The marker names the one statement after it: run it on its own, in autocommit.
         for statement in migration.outside_transaction:
+            if _CONCURRENT_INDEX.search(statement):
+                parts.append(_PARTITIONED_NOTE)
             parts += [sql.OUTSIDE_TRANSACTION, f"{statement};"]
         parts.append(record)
     parts += ["-- the triggers, repeatable", "BEGIN;", lock, timeout]
     trigger_channel = channel if notify else ""
     repeatable = sql.repeatable()
     parts += [sql.render(repeatable.in_transaction, channel=trigger_channel).strip(), "COMMIT;"]
-    for statement in repeatable.outside_transaction:
-        parts += [sql.OUTSIDE_TRANSACTION, f"{sql.render(statement)};"]
+    for statement in map(sql.render, repeatable.outside_transaction):
+        if _CONCURRENT_INDEX.search(statement):
+            parts.append(_PARTITIONED_NOTE)
+        parts += [sql.OUTSIDE_TRANSACTION, f"{statement};"]
     parts.append(
         "-- Jobs that finished before the triggers existed are not queued yet: run\n"
         "-- `reactor sweep --once`, or let a running reactor's reconcile pass find them."
@@ -225,6 +244,17 @@ async def _migration_transaction(
 
 async def _outside_transaction(conn: AnyConnection, statement: str) -> None:
     index = _CONCURRENT_INDEX.search(statement)
+    if index and await _relkind(conn, index.group(2)) == "p":
+        # PostgreSQL builds no index CONCURRENTLY on a partitioned table: build it per partition.
+        name = index.group(1).strip('"')
+        await _partitioned_index(conn, name, index.group(2), index.group(3))
+        return
+    dropped = _CONCURRENT_DROP.search(statement)
+    if dropped and await _relkind(conn, dropped.group(1)) == "I":
+        # Nor does it drop a partitioned index CONCURRENTLY: it goes in one short transaction,
+        # with its partitions' indexes, under the lock timeout that gives way to the app.
+        await _migration_transaction(conn, f"DROP INDEX IF EXISTS {dropped.group(1)}")
+        return
     if index:
         # A CONCURRENTLY build that failed (a crash, a cancel) leaves an invalid index behind
         # that IF NOT EXISTS would keep for ever: drop it and build again.
@@ -261,6 +291,88 @@ def _record_all_statement() -> str:
         f"VALUES {values} "
         "ON CONFLICT DO NOTHING;"
     )
+
+
+async def _relkind(conn: AnyConnection, name: str) -> str | None:
+    cur = await conn.execute(
+        "SELECT relkind::text FROM pg_class WHERE oid = to_regclass(%s)", (name,)
+    )
+    row = await cur.fetchone()
+    return str(row[0]) if row else None
+
+
+async def _partitioned_index(conn: AnyConnection, name: str, table: str, definition: str) -> None:
+    """Build index ``name`` on partitioned ``table`` while the app writes to it.
+
+    The index on the table itself is made ON ONLY it: an instant catalog change, invalid until
+    each partition has its own index attached. Each partition's is then built CONCURRENTLY (a
+    sub-partitioned one the same way, recursively) and attached, which makes the table's valid
+    once the last one is. A run cut short resumes: partitions whose index is attached are
+    skipped. A partition created or attached later gets its index from PostgreSQL itself.
+    """
+    await _migration_transaction(
+        conn, f"CREATE INDEX IF NOT EXISTS {_ident(name)} ON ONLY {table}{definition}"
+    )
+    cur = await conn.execute(
+        "SELECT c.oid::regclass::text, c.relname::text FROM pg_class c"
+        " WHERE c.relnamespace = (SELECT relnamespace FROM pg_class WHERE oid = to_regclass(%s))"
+        "   AND c.relname = %s",
+        (table, name),
+    )
+    found = await cur.fetchone()
+    if found is None:
+        raise RuntimeError(f"index {name} on {table} was not created")
+    parent_index = str(found[0])
+    cur = await conn.execute(
+        """
+        SELECT c.oid::regclass::text, c.relname::text, c.relkind::text,
+               (SELECT relname::text FROM pg_class WHERE oid = to_regclass(%(table)s))
+          FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
+         WHERE i.inhparent = to_regclass(%(table)s)
+           AND c.relkind IN ('r', 'p')
+           AND NOT EXISTS (SELECT 1 FROM pg_inherits ii
+                             JOIN pg_index x ON x.indexrelid = ii.inhrelid
+                            WHERE ii.inhparent = to_regclass(%(index)s) AND x.indrelid = c.oid)
+         ORDER BY c.oid
+        """,
+        {"table": table, "index": parent_index},
+    )
+    for partition, relname, kind, table_relname in await cur.fetchall():
+        child = _partition_index_name(name, str(table_relname), str(relname))
+        if kind == "p":
+            await _partitioned_index(conn, child, partition, definition)
+        else:
+            build = f"CREATE INDEX CONCURRENTLY IF NOT EXISTS {_ident(child)} ON {partition}"
+            await _outside_transaction(conn, build + definition)
+        await _migration_transaction(
+            conn, f"ALTER INDEX {parent_index} ATTACH PARTITION {_qualified(partition, child)}"
+        )
+    cur = await conn.execute(
+        "SELECT indisvalid FROM pg_index WHERE indexrelid = to_regclass(%s)", (parent_index,)
+    )
+    valid = await cur.fetchone()
+    if not (valid and valid[0]):
+        log.warning("index %s is not valid yet: a partition of %s has no index", name, table)
+
+
+def _partition_index_name(index: str, table: str, partition: str) -> str:
+    """The name of a partition's index: the partition's name where the index names the table."""
+    suffix = index[len(table) + 1 :] if index.startswith(f"{table}_") else index
+    name = f"{partition}_{suffix}"
+    if len(name) > _MAX_NAME:
+        digest = hashlib.sha1(name.encode()).hexdigest()[:8]
+        name = f"{name[: _MAX_NAME - 9]}_{digest}"
+    return name
+
+
+def _qualified(partition: str, index: str) -> str:
+    """``index`` in the schema of ``partition`` (a regclass text, qualified when it must be)."""
+    schema, dot, _ = partition.rpartition(".")
+    return f"{schema}.{_ident(index)}" if dot else _ident(index)
+
+
+def _ident(name: str) -> str:
+    return psycopg.sql.Identifier(name).as_string(None)
 
 
 async def _record_version(conn: AnyConnection, migration: sql.Migration) -> None:

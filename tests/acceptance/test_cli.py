@@ -134,7 +134,7 @@ def test_migrate_print_is_sql(database_url: str) -> None:
     # It ends with the walk index, built on its own outside any transaction, as marked.
     marker = lines.index(sql.OUTSIDE_TRANSACTION, len(lines) - 12)
     assert lines[marker + 1].startswith("CREATE INDEX CONCURRENTLY IF NOT EXISTS")
-    assert lines[marker - 1] == "COMMIT;"
+    assert "COMMIT;" in lines[marker - 5 : marker]
     assert "reactor sweep --once" in lines[-1]
 
 

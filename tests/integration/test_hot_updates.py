@@ -28,7 +28,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from reactor import sql
+from reactor import db, sql
 from tests.helpers import Conn
 from tests.integration.support import scalar
 
@@ -172,3 +172,23 @@ def test_the_walk_and_the_run_to_jobs_road_use_the_index(conn: Conn) -> None:
     )
     assert "analysis_jobs_reactor_finished_idx" in road, road
     assert "results" in road, road  # checked in the row, as a filter
+
+
+@pytest.mark.anyio
+async def test_an_upgrade_replaces_the_old_walk_index(database_url: str, conn: Conn) -> None:
+    # A database migrated by an earlier release: version 14, with 0008's walk index built.
+    conn.execute("DROP INDEX analysis_jobs_reactor_finished_idx")
+    conn.execute(
+        OLD_WALK_INDEX.replace("analysis_jobs_old_walk_idx", "analysis_jobs_reactor_walk_idx")
+    )
+    conn.execute("DELETE FROM reactor.schema_version WHERE version = 15")
+    async with await db.connect(database_url, "test") as aconn:
+        assert await db.migrate(aconn, "analysis_jobs_terminal", reference_schema=False) == [15]
+    names = [
+        row[0]
+        for row in conn.execute(
+            "SELECT indexrelid::regclass::text FROM pg_index "
+            "WHERE indrelid = 'analysis_jobs'::regclass AND NOT indisprimary AND indisvalid"
+        )
+    ]
+    assert names == ["analysis_jobs_reactor_finished_idx"]

@@ -87,6 +87,7 @@ def test_needs_run_is_spliced_in(name: str) -> None:
         fragment("needs_run")
         .replace("{{outranked}}", fragment("outranked"))
         .replace("{{eligible}}", fragment("eligible"))
+        .replace("{{walked}}", fragment("walked"))
     )
     assert "{{" not in needs_run
     assert squash(needs_run) in squash(sql.templates()[name])
@@ -135,6 +136,9 @@ def test_the_reconcile_walks_on_the_index_predicate() -> None:
     index = squash(sql.render(sql.repeatable().outside_transaction[0]))
     assert f"WHERE {squash(mapping.REFERENCE.walked(None))}" in index
     assert '("run_id", "id")' in index
+    # The index names no column that the app's progress updates change: they stay HOT.
+    for column in ("results", "updated_at"):
+        assert column not in index
 
 
 def test_outside_transaction_statements_are_split_off() -> None:
