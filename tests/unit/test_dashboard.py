@@ -82,3 +82,17 @@ def test_next_reconcile_in_words() -> None:
     doc["reconcile"]["interval_seconds"] = 0.0  # type: ignore[index]
     assert next_reconcile(doc).startswith("turned off")
     assert next_reconcile({"reconcile": None}).startswith("no reconcile")
+
+
+def test_the_token_setting() -> None:
+    import pytest
+
+    from reactor.config import Settings
+    from reactor.errors import ConfigError
+
+    assert Settings.from_env({"REACTOR_DASHBOARD_TOKEN": TOKEN}).dashboard_token == TOKEN
+    assert Settings.from_env({"REACTOR_DASHBOARD_TOKEN": ""}).dashboard_token is None
+    with pytest.raises(ConfigError, match="at least 16") as raised:
+        Settings.from_env({"REACTOR_DASHBOARD_TOKEN": "short-secret"})
+    assert "short-secret" not in str(raised.value)
+    assert TOKEN not in repr(Settings.from_env({"REACTOR_DASHBOARD_TOKEN": TOKEN}))
