@@ -130,6 +130,14 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--save-ratio", type=float, default=0.7, help="share of jobs a tab saves")
     demo.add_argument("--replicas", type=int, default=2, help="reactor replicas side by side")
     demo.add_argument("--json", action="store_true", help="print the summary as JSON")
+    demo.add_argument(
+        "--hold",
+        action="store_true",
+        help="after the summary, keep the cluster and the page up until Ctrl-C",
+    )
+    demo.add_argument(
+        "--http-addr", help="HOST:PORT of the page, or empty for none (127.0.0.1:9187)"
+    )
     return parser
 
 
@@ -470,12 +478,17 @@ async def cmd_demo(args: argparse.Namespace) -> int:
         raise ConfigError("--jobs must be within 1..100000 and --save-ratio within 0..1")
     if not 0 <= args.grace <= 60 or not 1 <= args.replicas <= 8:
         raise ConfigError("--grace must be within 0..60 seconds and --replicas within 1..8")
+    addr: tuple[str, int] | None = demo.DEMO_HTTP_ADDR
+    if args.http_addr is not None:
+        addr = Settings.from_env({}, {"http_addr": args.http_addr}).http_addr
     return await demo.main(
         jobs=args.jobs,
         grace=args.grace,
         save_ratio=args.save_ratio,
         replicas=args.replicas,
         as_json=args.json,
+        hold=args.hold,
+        http_addr=addr,
     )
 
 

@@ -89,6 +89,9 @@ class Settings:
     poll_interval: float = 0.25
     # The most deadlines held in memory; past it, new ones are left to the fallback scan.
     max_pending: int = 1_000_000
+    # What an operator presents to the HTTP page to retry or cancel hooks and release jobs set
+    # aside; None: the page is read-only.
+    dashboard_token: str | None = field(default=None, repr=False)
 
     @classmethod
     def from_env(
@@ -181,6 +184,7 @@ ENVIRONMENT: dict[str, str] = {
     "probe_timeout": "REACTOR_PROBE_TIMEOUT_SECONDS",
     "poll_interval": "REACTOR_POLL_INTERVAL_SECONDS",
     "max_pending": "REACTOR_MAX_PENDING",
+    "dashboard_token": "REACTOR_DASHBOARD_TOKEN",
 }
 
 
@@ -241,6 +245,22 @@ def _optional(source: str, text: str) -> str | None:
     return text or None
 
 
+# A token shorter than this is guessable over HTTP; 32 random bytes, hex-encoded, are 64.
+MIN_TOKEN = 16
+
+
+def _token(source: str, text: str) -> str | None:
+    # The value is never quoted: it is the secret.
+    if not text:
+        return None
+    if len(text) < MIN_TOKEN or not text.isascii() or not text.isprintable():
+        raise ConfigError(
+            f"{source} must be at least {MIN_TOKEN} printable ASCII characters; "
+            "make one with `openssl rand -hex 32`, or leave it empty for a read-only page"
+        )
+    return text
+
+
 def _channel(source: str, text: str) -> str:
     if not _CHANNEL.fullmatch(text):
         raise ConfigError(
@@ -288,6 +308,7 @@ _PARSERS: dict[str, Any] = {
     "probe_timeout": _seconds(0.0, inclusive=False),
     "poll_interval": _seconds(0.01),
     "max_pending": _count(1, 100_000_000),
+    "dashboard_token": _token,
 }
 
 

@@ -12,6 +12,8 @@ from __future__ import annotations
 import json
 import logging
 import random
+import signal
+import socket
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -25,11 +27,15 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from reactor import audit, db
+from reactor import audit, db, http
 from reactor.config import Settings
+from reactor.dashboard import Dashboard
 from reactor.embedded import EmbeddedPostgres
 from reactor.metrics import Metrics
 from reactor.service import POOL_SIZE, Reactor
+
+# Where the page is served while the demo runs: the reactor's own default.
+DEMO_HTTP_ADDR = ("127.0.0.1", 9187)
 
 # The sweep this replaces ran every 30 s, so a rescued run waited 15 s past its grace on average.
 _SWEEP_TICK = 30.0
@@ -69,9 +75,18 @@ class Scoreboard:
 
 
 async def main(
-    *, jobs: int, grace: float, save_ratio: float, replicas: int = 2, as_json: bool = False
+    *,
+    jobs: int,
+    grace: float,
+    save_ratio: float,
+    replicas: int = 2,
+    as_json: bool = False,
+    hold: bool = False,
+    http_addr: tuple[str, int] | None = DEMO_HTTP_ADDR,
 ) -> int:
-    """Run the demo; exit code 0 when every invariant held."""
+    """Run the demo; exit code 0 when every invariant held. The operator's page is served on
+    ``http_addr`` (another free port when that one is taken) while it runs; with ``hold``, the
+    cluster, a fresh fleet and the page stay up after the summary until SIGINT or SIGTERM."""
     console = Console(stderr=as_json)
     # The live view tells the story; per-run log lines would scroll it away.
     logging.getLogger("reactor").setLevel(logging.WARNING)
@@ -89,19 +104,55 @@ async def main(
             await audit.install(conn)
         board = Scoreboard(jobs=jobs, replica_count=replicas)
         settings = Settings(database_url=pg.dsn, grace=grace, http_addr=None)
-        with Live(
-            board.render(), console=console, refresh_per_second=8, transient=not as_json
-        ) as live:
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(_refresh, live, board)
-                await _play(settings, board, save_ratio)
-                tg.cancel_scope.cancel()
-        async with await db.connect(pg.dsn, "demo") as conn:
-            verdict = await audit.verdict(conn, grace)
+        async with db.make_pool(pg.dsn, max_size=2) as pool:
+            page = Dashboard(settings, pool, lambda: board.replicas[0] if board.replicas else None)
+            async with http.serving_page(page, _free(http_addr)) as bound:
+                if bound is not None:
+                    console.print(f"the operator's page: {http.page_url(*bound)}")
+                with Live(
+                    board.render(), console=console, refresh_per_second=8, transient=not as_json
+                ) as live:
+                    async with anyio.create_task_group() as tg:
+                        tg.start_soon(_refresh, live, board)
+                        await _play(settings, board, save_ratio)
+                        tg.cancel_scope.cancel()
+                async with await db.connect(pg.dsn, "demo") as conn:
+                    verdict = await audit.verdict(conn, grace)
+                _report(console, verdict, time.monotonic() - started, as_json)
+                if hold:
+                    await _hold(console, settings, board, bound)
     finally:
         await anyio.to_thread.run_sync(pg.cleanup)
-    _report(console, verdict, time.monotonic() - started, as_json)
     return 0 if verdict.clean else 1
+
+
+def _free(addr: tuple[str, int] | None) -> tuple[str, int] | None:
+    # The demo's page is a convenience: a taken port moves it to a free one.
+    if addr is None or addr[1] == 0:
+        return addr
+    with socket.socket(socket.AF_INET6 if ":" in addr[0] else socket.AF_INET) as probe:
+        try:
+            probe.bind(addr)
+        except OSError:
+            return addr[0], 0
+    return addr
+
+
+async def _hold(
+    console: Console, settings: Settings, board: Scoreboard, bound: tuple[str, int] | None
+) -> None:
+    """Keep the cluster, a fresh fleet and the page up until SIGINT or SIGTERM."""
+    where = f" and {http.page_url(*bound)}" if bound else ""
+    console.print(
+        f"holding: PostgreSQL on {settings.safe_database_url}{where} stay up; Ctrl-C ends it"
+    )
+    async with anyio.create_task_group() as tg:
+        fleet = await _start_fleet(tg, settings, board)
+        with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+            async for _ in signals:
+                break
+        board.replicas = []
+        await fleet.stop()
 
 
 async def _refresh(live: Live, board: Scoreboard) -> None:

@@ -23,7 +23,10 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from collections import deque
 from collections.abc import Awaitable, Callable, Iterable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import TypeGuard, TypeVar
 
 import anyio
@@ -76,6 +79,22 @@ PART_CONCURRENCY = 3
 
 Rearm = list[tuple[str, float]]
 T = TypeVar("T")
+
+# How many settled outcomes :attr:`Recorder.recent` keeps, for the HTTP page.
+RECENT_OUTCOMES = 20
+
+
+@dataclass(frozen=True, slots=True)
+class Settled:
+    """What one claim of this replica did with a job, for the HTTP page's "last records"."""
+
+    job_id: str
+    run_id: str | None
+    outcome: str  # recorded, superseded (a later job or a tab's save owns the run), set_aside
+    source: str  # timer or scan
+    lateness: float | None  # recorded: seconds past updated_at + grace, by the database clock
+    at: datetime  # this process's wall clock: shown to people, never compared with the database
+
 
 # What a scan's outcomes leave to no claim: the job was settled, one way or another.
 _SETTLED = frozenset({"recorded", "superseded", "dropped", "set_aside"})
@@ -153,6 +172,8 @@ class Recorder:
         self._skip: frozenset[str] = frozenset()
         # Jobs this recorder set aside (job id: the error's first line), for `sweep --once`.
         self.set_aside: dict[str, str] = {}
+        # The last few jobs this recorder settled, newest last.
+        self.recent: deque[Settled] = deque(maxlen=RECENT_OUTCOMES)
         # A job another replica holds is checked again soon: if that replica dies mid-write,
         # the row lock goes with it and the job is still ours to record.
         self.busy_retry = busy_retry
@@ -276,6 +297,7 @@ class Recorder:
         )
         self.metrics.jobs_set_aside.inc()
         self.set_aside[job_id] = first_line(error)
+        self.recent.append(Settled(job_id, None, "set_aside", "", None, datetime.now(UTC)))
         log.error(
             "a job's run cannot be written and is set aside; every other job goes on",
             extra={
@@ -307,10 +329,17 @@ class Recorder:
         if self.on_recorded and any(o.outcome == "recorded" for o in outcomes):
             self.on_recorded()
         for o in outcomes:
+            if o.outcome == "superseded":
+                self.recent.append(
+                    Settled(o.job_id, o.run_id, o.outcome, source, None, datetime.now(UTC))
+                )
             if o.outcome == "recorded":
                 lateness = max(0.0, -(o.due_in or 0.0))
                 self.metrics.recorded.labels(source).inc()
                 self.metrics.lateness.observe(lateness)
+                self.recent.append(
+                    Settled(o.job_id, o.run_id, "recorded", source, lateness, datetime.now(UTC))
+                )
                 log.info(
                     "recorded run",
                     extra={

@@ -12,6 +12,8 @@ ISO 8601 from the database clock, and ``null`` means "unknown or not applicable"
       "checked_at": "2025-01-01T12:00:00.000000+00:00",   # database clock
       "at_risk": false,                                  # true exactly when risks is non-empty
       "risks": ["..."],                                  # one sentence per finding
+      "verdict": {"state": "ok",     # "ok", "backlog" (jobs are due, nothing at risk) or
+                  "reason": "..."},  # "at risk"; the reason in words (the first risk)
       "standby": false,              # a read-only hot standby (pg_is_in_recovery()): at risk,
                                      # and `reactor status` exits 3
       "jobs": {
@@ -43,6 +45,12 @@ ISO 8601 from the database clock, and ``null`` means "unknown or not applicable"
         "sessions": [{"pid": 123, "client_addr": "10.0.0.5", "backend_start": "..."}]
       },                             # client_addr and backend_start are null for a session of
                                      # another role unless this one has pg_read_all_stats
+      "replicas": {                  # the heartbeat rows (reactor.replicas), oldest first
+        "live": 2,
+        "rows": [{"id": "reactor-...", "started_at": "...", "heartbeat_age_seconds": 1.2,
+                  "listens": true,   # its heartbeat rides its LISTEN session
+                  "live": true}]     # fresh heartbeat, and that session still there
+      },
       "schema": {"version": 5, "required": 5, "behind": false},
       "trigger": {                   # the job trigger on analysis_jobs
         "installed": true,
@@ -91,6 +99,7 @@ from rich.text import Text
 from reactor import db, mapping, redact, sql
 from reactor.config import Settings
 from reactor.errors import PrivilegeMissing, SchemaMissing
+from reactor.service import LIVENESS_PROBES
 from reactor.vitals import QUEUE_WARNING
 
 # The application_name of a listener's session: db.conninfo names sessions "reactor-<role>"
@@ -98,6 +107,9 @@ from reactor.vitals import QUEUE_WARNING
 LISTENER_APPLICATION_NAME = "reactor-listener"
 
 RECENT_FAILURES = 5
+
+# The migration that gave heartbeat rows their LISTEN session; before it none are read.
+REPLICA_SESSIONS_VERSION = 14
 
 
 @dataclass(frozen=True)
@@ -107,6 +119,17 @@ class Listener:
     pid: int
     client_addr: str | None  # None: a Unix socket, or not visible to this role
     backend_start: datetime | None
+
+
+@dataclass(frozen=True)
+class Replica:
+    """One replica's heartbeat row, as reactor.replicas holds it."""
+
+    id: str
+    started_at: datetime
+    heartbeat_age: float  # seconds since its last health check, by the database clock
+    listens: bool  # its heartbeat rides its LISTEN session
+    live: bool  # the health check's rule: a fresh heartbeat, and that session still there
 
 
 @dataclass(frozen=True)
@@ -178,6 +201,7 @@ class Status:
     set_aside_count: int | None = None  # None before the set-aside migration
     set_aside: tuple[SetAsideJob, ...] = ()  # the oldest few
     in_recovery: bool = False  # a read-only hot standby: no reactor can write here
+    replicas: tuple[Replica, ...] = ()  # the heartbeat rows, oldest first
 
     @property
     def trigger_at_risk(self) -> bool:
@@ -268,6 +292,13 @@ async def _collect(conn: db.AnyConnection, settings: Settings) -> Status:
         sql.query("status_listeners", "status.sql"),
         {"application_name": LISTENER_APPLICATION_NAME},
     )
+    replicas = []
+    if version >= REPLICA_SESSIONS_VERSION:
+        replicas = await db.fetch_dicts(
+            conn,
+            sql.query("status_replicas", "dashboard.sql"),
+            {"liveness": LIVENESS_PROBES * settings.probe_interval},
+        )
     return Status(
         checked_at=server["checked_at"],
         grace=settings.grace,
@@ -288,7 +319,12 @@ async def _collect(conn: db.AnyConnection, settings: Settings) -> Status:
         trigger_enabled=server["trigger_enabled"],
         in_recovery=server["in_recovery"],
         set_aside_count=None if held is None else held["count"],
-        set_aside=() if held is None else tuple(SetAsideJob(**job) for job in held["first"]),
+        set_aside=()
+        if held is None
+        else tuple(
+            SetAsideJob(**{**job, "error": redact.scrub(job["error"])}) for job in held["first"]
+        ),
+        replicas=tuple(Replica(**row) for row in replicas),
     )
 
 
@@ -366,13 +402,34 @@ def risks(status: Status) -> list[str]:
     return found
 
 
+def verdict(status: Status) -> tuple[str, str]:
+    """(state, reason): ``at risk`` when :func:`risks` finds anything (the reason is the first
+    finding), ``backlog`` when jobs are due and nothing is at risk, else ``ok``."""
+    found = risks(status)
+    if found:
+        more = f" (and {len(found) - 1} more)" if len(found) > 1 else ""
+        return "at risk", found[0] + more
+    if status.due:
+        assert status.oldest_age is not None
+        return "backlog", (
+            f"{status.due} job(s) are due and not recorded yet; the oldest was last updated "
+            f"{duration(status.oldest_age)} ago, well inside the {duration(status.trim_horizon)}"
+            " trim horizon"
+        )
+    return "ok", (
+        f"nothing at risk: no job is past its {duration(status.grace)} grace without a run"
+    )
+
+
 def as_json(status: Status) -> dict[str, Any]:
     """The snapshot in the stable JSON shape documented at the top of this module."""
     found = risks(status)
+    state, reason = verdict(status)
     return {
         "checked_at": status.checked_at.isoformat(),
         "at_risk": bool(found),
         "risks": found,
+        "verdict": {"state": state, "reason": reason},
         "standby": status.in_recovery,
         "jobs": {
             "due": status.due,
@@ -414,6 +471,19 @@ def as_json(status: Status) -> dict[str, Any]:
                     "backend_start": s.backend_start.isoformat() if s.backend_start else None,
                 }
                 for s in status.listeners
+            ],
+        },
+        "replicas": {
+            "live": sum(r.live for r in status.replicas),
+            "rows": [
+                {
+                    "id": r.id,
+                    "started_at": r.started_at.isoformat(),
+                    "heartbeat_age_seconds": r.heartbeat_age,
+                    "listens": r.listens,
+                    "live": r.live,
+                }
+                for r in status.replicas
             ],
         },
         "schema": {

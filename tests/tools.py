@@ -1,6 +1,7 @@
-"""Tools from outside Python that some tests need: Bun (from npm) and promtool (Debian's
-``prometheus`` package). Missing, a test is skipped with the reason; under CI (``CI`` set),
-where ``.ci/run`` installs them, it fails instead, so a green CI run always ran them.
+"""Tools from outside Python that some tests need: Bun (from npm), promtool (Debian's
+``prometheus`` package) and Chromium (Debian's ``chromium``, driven by Playwright). Missing, a
+test is skipped with the reason; under CI (``CI`` set), where ``.ci/run`` installs them, it fails
+instead, so a green CI run always ran them.
 """
 
 from __future__ import annotations
@@ -30,6 +31,15 @@ def promtool() -> str:
     if path is None:
         missing("promtool not found: apt-get install prometheus")
     return path
+
+
+def chromium() -> str:
+    """The path of a Chromium that Playwright can drive (Playwright downloads no browser here)."""
+    for name in ("chromium", "chromium-browser"):
+        path = shutil.which(name)
+        if path is not None:
+            return path
+    missing("chromium not found: apt-get install --no-install-recommends chromium")
 
 
 def bun() -> Path:

@@ -149,6 +149,14 @@ async def release_set_aside(on: Target) -> int:
     return int(rows[0]["released"])
 
 
+async def release_set_aside_job(on: Target, job_id: str) -> bool:
+    """Try one job set aside again at once; False when it was not set aside."""
+    rows = await connector(on).fetch(
+        sql.query("release_set_aside_job", "dashboard.sql"), {"job": job_id}, dict_row
+    )
+    return bool(rows)
+
+
 async def upcoming(on: Target, limit: int, *, grace: float) -> list[tuple[str, float]]:
     """(job id, seconds until due) for jobs that need a run and are inside their grace."""
     rows = await connector(on).fetch(

@@ -22,3 +22,4 @@ def test_demo_prints_only_its_own_screen() -> None:
     assert lines[0].startswith("backstop-reactor demo: 120 jobs")
     assert [line for line in lines if _LOG_LINE.match(line)] == []
     assert "lost (needed a run, got none)" in result.stdout
+    assert re.search(r"^the operator's page: http://127\.0\.0\.1:\d+/$", result.stdout, re.M)

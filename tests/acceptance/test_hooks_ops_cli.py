@@ -124,7 +124,8 @@ URL_PASSWORD = "url-PLANTED-pw2"
 URL_TOKEN = "qry-PLANTED-tok3"
 WEBHOOK_SECRET = "whk-PLANTED-sec4"
 LOCATION_TOKEN = "loc-PLANTED-tok5"
-PLANTED = (DSN_PASSWORD, URL_PASSWORD, URL_TOKEN, WEBHOOK_SECRET, LOCATION_TOKEN)
+DASHBOARD_TOKEN = "dash-PLANTED-token6"
+PLANTED = (DSN_PASSWORD, URL_PASSWORD, URL_TOKEN, WEBHOOK_SECRET, LOCATION_TOKEN, DASHBOARD_TOKEN)
 
 
 class _Failing(BaseHTTPRequestHandler):
@@ -182,6 +183,7 @@ def test_no_secret_in_any_output(
         REACTOR_HOOK_BACKOFF_SECONDS="0.05",
         REACTOR_HTTP_ADDR=f"127.0.0.1:{http_port}",
         REACTOR_LOG_LEVEL="DEBUG",
+        REACTOR_DASHBOARD_TOKEN=DASHBOARD_TOKEN,
     )
     outputs: dict[str, str] = {}
     with psycopg.connect(database_url, autocommit=True) as conn:
@@ -196,6 +198,14 @@ def test_no_secret_in_any_output(
         wait_for(lambda: parked() or proc.poll() is not None)
         with urllib.request.urlopen(f"http://127.0.0.1:{http_port}/metrics", timeout=10) as r:
             outputs["metrics"] = r.read().decode()
+        # The page and its document, read-only and signed in (as a script does, by Bearer).
+        for path in ("/", "/api/status"):
+            for headers in ({}, {"Authorization": f"Bearer {DASHBOARD_TOKEN}"}):
+                request = urllib.request.Request(
+                    f"http://127.0.0.1:{http_port}{path}", headers=headers
+                )
+                with urllib.request.urlopen(request, timeout=10) as r:
+                    outputs[f"GET {path} {sorted(headers)}"] = r.read().decode()
         proc.send_signal(signal.SIGTERM)
         out, err = proc.communicate(timeout=30)
         assert proc.returncode == 0, err
@@ -229,6 +239,8 @@ def test_no_secret_in_any_output(
     assert "HTTP 500 from " + shown_url in outputs["run"]
     assert shown_url in outputs["status --json"]
     assert shown_url in outputs["hooks list --json"]
+    assert shown_url in outputs["GET / []"]
+    assert shown_url in outputs["GET /api/status []"]
     assert 'reactor_hook_outcomes_total{hook="judge",outcome="failed"} 1.0' in outputs["metrics"]
     # ...and no secret is, anywhere.
     for name, text in outputs.items():

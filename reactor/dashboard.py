@@ -1,0 +1,699 @@
+"""The page an operator opens at 3 a.m.: ``/``, and ``/api/status`` beside it.
+
+Everything the page shows is one document: ``reactor status --json`` (:func:`status.as_json`)
+with a ``replica`` key added for what only this process knows (its LISTEN state, its view of
+who is live, its lateness histogram, the last jobs it settled). ``/api/status`` serves that
+document and the page is rendered from it, server-side, with no script: a person and a machine
+read the same thing.
+
+The database pays for at most one ``status`` every :data:`REPORT_TTL` seconds, however many
+tabs refresh: :class:`StatusSource` keeps the last report, and one collection at a time runs
+under its lock, bounded by :data:`REPORT_TIMEOUT`; a database that does not answer gives the
+last report back with the reason. /healthz and /readyz never come here.
+
+Acting (retry or cancel hook rows, release a job set aside: the statements of ``reactor hooks
+retry|cancel`` and ``reactor sweep``) needs ``REACTOR_DASHBOARD_TOKEN``; see :class:`Auth`.
+Without it the page has no buttons, and every POST is refused with 403.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import logging
+import secrets
+import time
+import urllib.parse
+import uuid
+from collections import OrderedDict
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, Literal
+
+import anyio
+import psycopg
+from aiohttp import web
+from jinja2 import Environment, PackageLoader, StrictUndefined, select_autoescape
+from psycopg_pool import AsyncConnectionPool
+
+from reactor import db, hook_ops, redact, status
+from reactor.config import Settings
+from reactor.errors import ReactorError, UsageError
+from reactor.metrics import Metrics
+
+if TYPE_CHECKING:
+    from reactor.service import Reactor
+
+log = logging.getLogger(__name__)
+
+# How long one report serves every request; the page refreshes itself every REFRESH_SECONDS.
+REPORT_TTL = 2.0
+# The most one collection may take, waiting for a pool connection included.
+REPORT_TIMEOUT = 5.0
+REFRESH_SECONDS = 5
+
+# A signed-in browser stays signed in this long, or until the process restarts.
+SESSION_SECONDS = 12 * 3600.0
+COOKIE = "reactor_dashboard"
+
+# Outcomes of actions, shown once on the page the browser is sent back to.
+_NOTES = 64
+
+
+# -- the report --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """What one request is served: the last report (None before any answered) and, when the
+    latest attempt failed, why."""
+
+    document: dict[str, Any] | None
+    error: str | None
+    taken_at: float  # monotonic time of the attempt
+    document_at: float | None  # monotonic time the document was collected
+
+
+class StatusSource:
+    """The ``status`` report for the page, collected at most once every ``ttl`` seconds."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        pool: AsyncConnectionPool[db.AnyConnection],
+        *,
+        ttl: float = REPORT_TTL,
+        timeout: float = REPORT_TIMEOUT,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.settings = settings
+        self.pool = pool
+        self.ttl = ttl
+        self.timeout = timeout
+        self.clock = clock
+        self.collections = 0  # how many times the database was asked
+        self._last: Snapshot | None = None
+        self._lock = anyio.Lock()
+
+    def invalidate(self) -> None:
+        """Forget the report: an action changed what it says."""
+        self._last = None
+
+    async def get(self) -> Snapshot:
+        """The report, fresh within ``ttl``; waits at most ``timeout`` for it."""
+        last = self._last
+        if last is not None and self.clock() - last.taken_at < self.ttl:
+            return last
+        with anyio.move_on_after(self.timeout):
+            async with self._lock:
+                last = self._last
+                if last is not None and self.clock() - last.taken_at < self.ttl:
+                    return last  # collected while this request waited for the lock
+                self._last = await self._collect()
+                return self._last
+        # Another request's collection holds the lock past the bound: the database is slow.
+        return self._failed(f"the database did not answer within {self.timeout:g} s")
+
+    async def _collect(self) -> Snapshot:
+        self.collections += 1
+        started = self.clock()
+        try:
+            with anyio.fail_after(self.timeout):
+                async with self.pool.connection(timeout=self.timeout) as conn:
+                    report = await status.collect(conn, self.settings)
+        except TimeoutError:
+            return self._failed(f"the database did not answer within {self.timeout:g} s")
+        except (ReactorError, psycopg.Error, OSError) as error:
+            return self._failed(db.first_line(error) or type(error).__name__)
+        return Snapshot(status.as_json(report), None, started, started)
+
+    def _failed(self, reason: str) -> Snapshot:
+        last = self._last
+        return Snapshot(
+            None if last is None else last.document,
+            redact.scrub(reason),
+            self.clock(),
+            None if last is None else last.document_at,
+        )
+
+
+# -- what only this replica knows --------------------------------------------------------------
+
+
+def lateness_buckets(metrics: Metrics) -> list[tuple[float, int]]:
+    """(upper bound in seconds, count in that bucket alone) of the lateness histogram; the last
+    bound is infinity."""
+    cumulative: list[tuple[float, float]] = []
+    for family in metrics.lateness.collect():
+        for sample in family.samples:
+            if sample.name.endswith("_bucket"):
+                cumulative.append((float(sample.labels["le"]), sample.value))
+    cumulative.sort()
+    buckets, below = [], 0.0
+    for bound, count in cumulative:
+        buckets.append((bound, int(count - below)))
+        below = count
+    return buckets
+
+
+def replica_view(reactor: Reactor | None) -> dict[str, Any] | None:
+    """This replica's own state, from memory only; None where no replica runs (the demo's
+    outage)."""
+    if reactor is None:
+        return None
+    listener = reactor.listener
+    _, ready, reason = reactor.health()
+    live = sorted(reactor.membership.live)
+    return {
+        "id": reactor.replica_id,
+        "mode": reactor.settings.mode,
+        "ready": ready,
+        "reason": reason,
+        "listener": None
+        if listener is None
+        else {
+            "state": listener.state,
+            "proven": listener.proven,
+            "problem": listener.problem,
+            "reconnects": max(0, listener.connections - 1),
+        },
+        "polling": reactor.polling,
+        "trigger": reactor.vitals.trigger,
+        "live": live,
+        # Rendezvous hashing splits the jobs evenly between the live replicas it sees; before
+        # its first heartbeat a replica claims every job.
+        "share": 1.0 / len(live) if reactor.replica_id in live else 1.0,
+        "deadlines": len(reactor.queue),
+        "lateness": [
+            {"le": None if bound == float("inf") else bound, "count": count}
+            for bound, count in lateness_buckets(reactor.metrics)
+        ],
+        "recent": [
+            {
+                "job_id": s.job_id,
+                "run_id": s.run_id,
+                "outcome": s.outcome,
+                "source": s.source,
+                "lateness_seconds": s.lateness,
+                "at": s.at.isoformat(),
+            }
+            for s in reversed(reactor.recorder.recent)
+        ],
+    }
+
+
+# -- signing in, and what a POST must carry ----------------------------------------------------
+
+
+Who = Literal["bearer", "cookie"]
+
+
+class Auth:
+    """Who may act, for a process whose operator set ``token`` (None: nobody may).
+
+    - A script sends ``Authorization: Bearer <token>``. A browser never adds that header on
+      its own, so another site cannot make one send it: no CSRF token is needed.
+    - A person posts the token once to ``/login`` and gets a session cookie: HttpOnly (no
+      script reads it), SameSite=Strict (no other site's page sends it along), Secure when the
+      page came over HTTPS. Its value is a timestamp signed with a key made at random when the
+      process starts; the token itself is never stored in it, and a restart signs everyone out.
+    - A POST carried by that cookie must also carry a form token, an HMAC of the session under
+      the same key, which only this process's pages hold; and it must come from the page
+      itself: ``Sec-Fetch-Site`` same-origin when the browser sends it, and ``Origin``, when
+      present, naming the host the request was sent to.
+
+    Every comparison of a secret is in constant time (``hmac.compare_digest``), of digests of
+    equal length.
+    """
+
+    def __init__(
+        self,
+        token: str | None,
+        *,
+        lifetime: float = SESSION_SECONDS,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._token = None if token is None else _digest(token.encode())
+        self._key = secrets.token_bytes(32)
+        self.lifetime = lifetime
+        self.clock = clock
+
+    @property
+    def enabled(self) -> bool:
+        """True when actions are possible at all (REACTOR_DASHBOARD_TOKEN is set)."""
+        return self._token is not None
+
+    def token_ok(self, presented: str) -> bool:
+        """True when ``presented`` is the token."""
+        if self._token is None:
+            return False
+        return hmac.compare_digest(_digest(presented.encode()), self._token)
+
+    def issue(self) -> str:
+        """A new session cookie's value."""
+        body = f"{int(self.clock())}.{secrets.token_hex(8)}"
+        return f"{body}.{self._mac('session', body)}"
+
+    def session_ok(self, value: str | None) -> bool:
+        """True for a cookie value :meth:`issue` made that has not expired."""
+        if not self.enabled or not value:
+            return False
+        body, _, mac = value.rpartition(".")
+        issued, _, _ = body.partition(".")
+        if not issued.isdigit() or not hmac.compare_digest(
+            mac.encode(), self._mac("session", body).encode()
+        ):
+            return False
+        return 0 <= self.clock() - int(issued) < self.lifetime
+
+    def form_token(self, session: str) -> str:
+        """The CSRF token the pages of ``session`` carry in their forms."""
+        return self._mac("form", session)
+
+    def form_ok(self, session: str, presented: str) -> bool:
+        """True when ``presented`` is ``session``'s form token."""
+        return hmac.compare_digest(presented.encode(), self.form_token(session).encode())
+
+    def _mac(self, purpose: str, text: str) -> str:
+        return hmac.new(self._key, f"{purpose}:{text}".encode(), hashlib.sha256).hexdigest()
+
+
+def _digest(data: bytes) -> bytes:
+    return hashlib.sha256(data).digest()
+
+
+def cross_site(headers: Mapping[str, str], host: str) -> str | None:
+    """Why a POST with ``headers``, sent to ``host``, did not come from this page; None when
+    nothing says it came from elsewhere."""
+    site = headers.get("Sec-Fetch-Site")
+    if site is not None and site != "same-origin":
+        return f"Sec-Fetch-Site is {site}"
+    origin = headers.get("Origin")
+    if origin is None:
+        return None
+    if origin == "null" or urllib.parse.urlsplit(origin).netloc.lower() != host.lower():
+        return "Origin names another site"
+    return None
+
+
+# -- the page ----------------------------------------------------------------------------------
+
+
+_ENV = Environment(
+    loader=PackageLoader("reactor", "templates"),
+    autoescape=select_autoescape(default=True, default_for_string=True),
+    undefined=StrictUndefined,
+    trim_blocks=True,
+    lstrip_blocks=True,
+)
+
+
+def _duration(seconds: float | None) -> str:
+    return "-" if seconds is None else status.duration(max(0.0, seconds))
+
+
+def _bound(seconds: float | None) -> str:
+    if seconds is None:
+        return "more"
+    if seconds < 1:
+        return f"{seconds * 1000:g} ms"
+    return status.duration(seconds)
+
+
+def _tick(seconds: float | None) -> str:
+    # The chart's axis: short enough for 17 buckets side by side.
+    if seconds is None:
+        return "more"
+    if seconds < 1:
+        return f"{seconds * 1000:g}ms"
+    if seconds < 60:
+        return f"{seconds:g}s"
+    return f"{seconds / 60:g}m"
+
+
+_ENV.filters["duration"] = _duration
+_ENV.filters["bound"] = _bound
+_ENV.filters["short"] = lambda text: str(text)[:8]
+_ENV.filters["time"] = lambda iso: "-" if iso is None else str(iso)[:19].replace("T", " ")
+
+
+@dataclass(frozen=True)
+class Bar:
+    """One bar of the lateness chart, in SVG user units."""
+
+    x: float
+    y: float
+    width: float
+    height: float
+    count: int
+    label: str
+
+
+CHART_WIDTH = 640
+CHART_HEIGHT = 120
+
+
+def bars(buckets: Sequence[Mapping[str, Any]]) -> list[Bar]:
+    """The lateness chart's bars, one per bucket, scaled to the fullest; pure."""
+    if not buckets:
+        return []
+    width = CHART_WIDTH / len(buckets)
+    top = max(int(b["count"]) for b in buckets) or 1
+    drawn = []
+    for index, bucket in enumerate(buckets):
+        count = int(bucket["count"])
+        height = 0.0 if not count else max(2.0, CHART_HEIGHT * count / top)
+        label = _tick(bucket["le"])
+        drawn.append(Bar(index * width + 2, CHART_HEIGHT - height, width - 4, height, count, label))
+    return drawn
+
+
+def next_reconcile(document: Mapping[str, Any]) -> str:
+    """When the next reconcile pass is due, in words, from the report alone."""
+    reconcile = document.get("reconcile")
+    if reconcile is None:
+        return "no reconcile in this schema (run `reactor migrate`)"
+    interval = reconcile["interval_seconds"]
+    if not interval:
+        return "turned off here (REACTOR_RECONCILE_INTERVAL_SECONDS=0)"
+    if reconcile["in_progress"]:
+        return "a pass is running now"
+    if reconcile["requested"]:
+        return "asked for: starts at a replica's next step"
+    last = reconcile["last_pass"]
+    if last is None:
+        return "the first pass starts at a replica's next step"
+    finished = datetime.fromisoformat(last["finished_at"])
+    checked = datetime.fromisoformat(document["checked_at"])
+    left = interval - (checked - finished).total_seconds()
+    return "due now" if left <= 0 else f"in about {status.duration(left)}"
+
+
+def render_page(
+    snapshot: Snapshot,
+    replica: dict[str, Any] | None,
+    *,
+    actions: Literal["none", "sign in", "yes"],
+    form_token: str | None,
+    note: tuple[str, bool] | None,
+    now: float,
+) -> str:
+    """The page's HTML, from the document alone (and how this request may act)."""
+    document = snapshot.document
+    template = _ENV.get_template("dashboard.html")
+    return template.render(
+        doc=document,
+        error=snapshot.error,
+        stale=None if snapshot.document_at is None else now - snapshot.document_at,
+        replica=replica,
+        bars=bars(replica["lateness"]) if replica else [],
+        chart_width=CHART_WIDTH,
+        chart_height=CHART_HEIGHT,
+        next_reconcile=next_reconcile(document) if document else "",
+        actions=actions,
+        form_token=form_token,
+        note=note,
+        refresh=REFRESH_SECONDS,
+    )
+
+
+def render_login(*, refused: bool, enabled: bool) -> str:
+    """The sign-in page."""
+    return _ENV.get_template("login.html").render(refused=refused, enabled=enabled)
+
+
+# -- the handlers ------------------------------------------------------------------------------
+
+
+_HEADERS = {
+    "Cache-Control": "no-store",
+    # No script, no frames, no requests anywhere else; forms post only back here.
+    "Content-Security-Policy": (
+        "default-src 'none'; style-src 'unsafe-inline'; img-src data:; "
+        "form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
+    ),
+    "X-Content-Type-Options": "nosniff",
+    "X-Frame-Options": "DENY",
+    # Not no-referrer: under it a browser sends "Origin: null" even for the page's own forms.
+    "Referrer-Policy": "same-origin",
+}
+
+
+class Dashboard:
+    """The page's state in one process: the report, the sign-in key and the notes.
+
+    ``replica`` gives the reactor whose memory the page shows (None while none runs: the
+    demo's outage); the report comes through ``pool``.
+    """
+
+    def __init__(
+        self,
+        settings: Settings,
+        pool: AsyncConnectionPool[db.AnyConnection],
+        replica: Callable[[], Reactor | None],
+    ) -> None:
+        self.settings = settings
+        self.pool = pool
+        self.replica = replica
+        self.source = StatusSource(settings, pool)
+        self.auth = Auth(settings.dashboard_token)
+        self._token = settings.dashboard_token
+        self._notes: OrderedDict[str, tuple[str, bool]] = OrderedDict()
+
+    def add_routes(self, app: web.Application) -> None:
+        """Serve the page, the document and the actions on ``app``."""
+        app.router.add_get("/", self.page)
+        app.router.add_get("/api/status", self.api_status)
+        app.router.add_get("/login", self.login_form)
+        app.router.add_post("/login", self.login)
+        app.router.add_post("/logout", self.logout)
+        app.router.add_post("/actions/hooks/retry", self.retry_hooks)
+        app.router.add_post("/actions/hooks/cancel", self.cancel_hooks)
+        app.router.add_post("/actions/set-aside/release", self.release_set_aside)
+
+    async def document(self) -> tuple[Snapshot, dict[str, Any]]:
+        """What /api/status serves: the report with this replica's view added."""
+        snapshot = await self.source.get()
+        body: dict[str, Any] = dict(snapshot.document or {})
+        body["replica"] = replica_view(self.replica())
+        if snapshot.error is not None:
+            body["error"] = snapshot.error
+        return snapshot, body
+
+    async def api_status(self, request: web.Request) -> web.Response:
+        """``GET /api/status``: the document as JSON; 503 when no report could be read yet."""
+        snapshot, body = await self.document()
+        response = web.json_response(body, status=200 if snapshot.document else 503)
+        return self._masked(response)
+
+    async def page(self, request: web.Request) -> web.Response:
+        """``GET /``: the page."""
+        snapshot, body = await self.document()
+        session = request.cookies.get(COOKIE)
+        signed_in = self.auth.session_ok(session)
+        actions: Literal["none", "sign in", "yes"] = "none"
+        if self.auth.enabled:
+            actions = "yes" if signed_in else "sign in"
+        note = self._notes.get(request.query.get("note", ""))
+        html = render_page(
+            snapshot,
+            body["replica"],
+            actions=actions,
+            form_token=self.auth.form_token(session) if signed_in and session else None,
+            note=note,
+            now=self.source.clock(),
+        )
+        response = web.Response(text=html, content_type="text/html", headers=_HEADERS)
+        return self._masked(response)
+
+    async def login_form(self, request: web.Request) -> web.Response:
+        """``GET /login``: the form that takes the token."""
+        html = render_login(refused=False, enabled=self.auth.enabled)
+        return web.Response(text=html, content_type="text/html", headers=_HEADERS)
+
+    async def login(self, request: web.Request) -> web.Response:
+        """``POST /login``: the token in, a session cookie out."""
+        self._same_site(request)
+        form = await request.post()
+        presented = form.get("token")
+        if not isinstance(presented, str) or not self.auth.token_ok(presented):
+            log.warning("dashboard sign-in refused", extra={"client": request.remote})
+            html = render_login(refused=True, enabled=self.auth.enabled)
+            return web.Response(text=html, status=403, content_type="text/html", headers=_HEADERS)
+        log.info("dashboard sign-in", extra={"client": request.remote})
+        response = web.HTTPSeeOther("/", headers=_HEADERS)
+        response.set_cookie(
+            COOKIE,
+            self.auth.issue(),
+            max_age=int(self.auth.lifetime),
+            path="/",
+            httponly=True,
+            samesite="Strict",
+            secure=request.secure,
+        )
+        raise response
+
+    async def logout(self, request: web.Request) -> web.Response:
+        """``POST /logout``: forget the cookie."""
+        self._authorize(request, await request.post())
+        response = web.HTTPSeeOther("/", headers=_HEADERS)
+        response.del_cookie(COOKIE, path="/")
+        raise response
+
+    async def retry_hooks(self, request: web.Request) -> web.Response:
+        """``POST /actions/hooks/retry`` with ``id`` fields: ``reactor hooks retry ID...``."""
+        form = await request.post()
+        who = self._authorize(request, form)
+        ids = hook_ops.parse_ids([str(v) for v in form.getall("id", [])])
+        changes = await db.retry_hooks(db.Pooled(self.pool), ids)
+        message = hook_ops.judge_changes(
+            changes, verb="re-queued", allowed=hook_ops.RETRYABLE, result="pending"
+        )
+        reactor = self.replica()
+        if reactor is not None and reactor.hook_runner is not None:
+            reactor.hook_runner.wake()  # due now: no need to wait for the runner's next look
+        return self._done(request, who, "hooks retry", {"hook_ids": ids}, message)
+
+    async def cancel_hooks(self, request: web.Request) -> web.Response:
+        """``POST /actions/hooks/cancel`` with ``id`` fields: ``reactor hooks cancel ID...``."""
+        form = await request.post()
+        who = self._authorize(request, form)
+        ids = hook_ops.parse_ids([str(v) for v in form.getall("id", [])])
+        changes = await db.cancel_hooks(db.Pooled(self.pool), ids)
+        message = hook_ops.judge_changes(
+            changes, verb="cancelled", allowed=hook_ops.CANCELLABLE, result="cancelled"
+        )
+        return self._done(request, who, "hooks cancel", {"hook_ids": ids}, message)
+
+    async def release_set_aside(self, request: web.Request) -> web.Response:
+        """``POST /actions/set-aside/release`` with ``job_id``: try that job again now."""
+        form = await request.post()
+        who = self._authorize(request, form)
+        job_id = str(form.get("job_id", ""))
+        try:
+            job = str(uuid.UUID(job_id))
+        except ValueError:
+            raise UsageError(f"{job_id[:64]!r} is not a job id") from None
+        released = await db.release_set_aside_job(db.Pooled(self.pool), job)
+        if not released:
+            raise UsageError(f"job {job} is not set aside; nothing was released")
+        reactor = self.replica()
+        if reactor is not None:
+            reactor.request_scan()  # it is due: the scan takes it at once
+        message = f"released job {job}: it is tried again now"
+        return self._done(request, who, "set-aside release", {"job_id": job}, message)
+
+    def _same_site(self, request: web.Request) -> None:
+        if not self.auth.enabled:
+            raise _forbidden("the page is read-only: REACTOR_DASHBOARD_TOKEN is not set")
+        problem = cross_site(request.headers, request.host)
+        if problem is not None:
+            log.warning(
+                "dashboard POST refused: not from the page",
+                extra={"client": request.remote, "path": request.path, "reason": problem},
+            )
+            raise _forbidden(f"refused: {problem}")
+
+    def _authorize(self, request: web.Request, form: Mapping[str, Any]) -> Who:
+        self._same_site(request)
+        scheme, _, presented = request.headers.get("Authorization", "").partition(" ")
+        if scheme.lower() == "bearer":
+            if self.auth.token_ok(presented.strip()):
+                return "bearer"
+            raise _forbidden("refused: wrong token")
+        session = request.cookies.get(COOKIE)
+        if not session or not self.auth.session_ok(session):
+            raise _forbidden("refused: sign in at /login first")
+        csrf = form.get("csrf")
+        if not isinstance(csrf, str) or not self.auth.form_ok(session, csrf):
+            raise _forbidden("refused: the form is stale or not from this page; reload it")
+        return "cookie"
+
+    def _done(
+        self, request: web.Request, who: Who, action: str, touched: dict[str, Any], message: str
+    ) -> web.Response:
+        self.source.invalidate()
+        log.info(
+            "dashboard action",
+            extra={
+                "action": action,
+                **touched,
+                "result": message,
+                "by": who,
+                "client": request.remote,
+            },
+        )
+        if who == "bearer":
+            return web.json_response({"message": message}, headers=_HEADERS)
+        raise web.HTTPSeeOther(f"/?note={self._note(message, ok=True)}", headers=_HEADERS)
+
+    def refused(self, request: web.Request, error: UsageError) -> web.Response:
+        """An action the database turned down (unknown ids, a row in the wrong state)."""
+        message = str(error)
+        log.info("dashboard action refused", extra={"path": request.path, "result": message})
+        if request.headers.get("Authorization"):
+            return web.json_response({"error": message}, status=409, headers=_HEADERS)
+        raise web.HTTPSeeOther(f"/?note={self._note(message, ok=False)}", headers=_HEADERS)
+
+    def _note(self, message: str, *, ok: bool) -> str:
+        key = secrets.token_urlsafe(9)
+        self._notes[key] = (message, ok)
+        while len(self._notes) > _NOTES:
+            self._notes.popitem(last=False)
+        return key
+
+    def _masked(self, response: web.Response) -> web.Response:
+        # Nothing the page shows holds the token; if a stored error ever quoted it, it is
+        # masked on the way out all the same.
+        if self._token and response.text and self._token in response.text:
+            response.text = response.text.replace(self._token, redact.MASK)
+        return response
+
+
+def _forbidden(reason: str) -> web.HTTPForbidden:
+    return web.HTTPForbidden(text=reason + "\n", headers=_HEADERS)
+
+
+@web.middleware
+async def usage_errors(
+    request: web.Request, handler: Callable[[web.Request], Any]
+) -> web.StreamResponse:
+    """Turn an action's UsageError into the page's note (or a 409 for a script)."""
+    try:
+        response: web.StreamResponse = await handler(request)
+    except UsageError as error:
+        dashboard: Dashboard = request.app[DASHBOARD]
+        return dashboard.refused(request, error)
+    return response
+
+
+DASHBOARD = web.AppKey("dashboard", Dashboard)
+
+
+def install(app: web.Application, dashboard: Dashboard) -> None:
+    """Put ``dashboard``'s routes and error handling on ``app``."""
+    app[DASHBOARD] = dashboard
+    app.middlewares.append(usage_errors)
+    dashboard.add_routes(app)
+
+
+def for_reactor(reactor: Reactor) -> Dashboard:
+    """The page of one running replica, read through its own pool."""
+    return Dashboard(reactor.settings, reactor.database.pool, lambda: reactor)
+
+
+__all__ = [
+    "Auth",
+    "Dashboard",
+    "Snapshot",
+    "StatusSource",
+    "bars",
+    "cross_site",
+    "for_reactor",
+    "install",
+    "lateness_buckets",
+    "next_reconcile",
+    "render_page",
+    "replica_view",
+]

@@ -1,0 +1,28 @@
+-- The statements the reactor's HTTP page adds to `reactor status`, by name (loaded with
+-- sql.query(name, "dashboard.sql")). Kept apart from status.sql and hooks.sql so that neither
+-- changes for them; each is one short autocommit statement.
+
+-- name: status_replicas
+-- Every replica's heartbeat row: when it started, how long ago it last checked in, and whether
+-- it counts as live, by the rule of the health check's live set (a heartbeat within
+-- %(liveness)s seconds, and its LISTEN session still there when it named one). Rows of replicas
+-- gone for an hour are deleted by the health check, so this stays a handful of rows.
+SELECT r.id,
+       r.started_at,
+       extract(epoch FROM now() - r.heartbeat_at)::float8 AS heartbeat_age,
+       r.session_pid IS NOT NULL AS listens,
+       r.heartbeat_at > now() - make_interval(secs => %(liveness)s)
+       AND (r.session_pid IS NULL
+            OR EXISTS (SELECT 1 FROM pg_stat_activity a
+                        WHERE a.pid = r.session_pid
+                          AND a.application_name = 'reactor-listener')) AS live
+  FROM @reactor@.replicas r
+ ORDER BY r.started_at, r.id
+
+-- name: release_set_aside_job
+-- Tries one job set aside again at once: its row goes, so the next record statement or scan
+-- takes the job as any other (and sets it aside again if its data still fails). The job id
+-- comes back when there was such a row.
+DELETE FROM @reactor@.set_aside
+ WHERE job_id = %(job)s::@job_type@
+RETURNING job_id::text AS job_id
