@@ -101,7 +101,7 @@ SELECT DISTINCT ON (a.job_id) a.job_id::text,
 RECORD_CALLS = """
 SELECT coalesce(sum(s.calls), 0)::bigint
   FROM pg_stat_statements s JOIN pg_database d ON d.oid = s.dbid
- WHERE d.datname = %s AND s.query LIKE '%%INSERT INTO analysis_runs AS r%%'
+ WHERE d.datname = %s AND s.query LIKE '%%INSERT INTO "public"."analysis_runs" AS r%%'
 """
 
 

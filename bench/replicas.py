@@ -186,7 +186,8 @@ async def _measure(admin_dsn: str, dsn: str, count: int, jobs: int, probe: float
             or 0
             for r in running
         )
-    records = sum(calls for query, calls, _ in rows if "INSERT INTO analysis_runs AS r" in query)
+    write = 'INSERT INTO "public"."analysis_runs" AS r'
+    records = sum(calls for query, calls, _ in rows if write in query)
     replica_ms = sum(t for query, _, t in rows if not query.lstrip().startswith(_NOT_REPLICAS))
     return {
         "replicas": count,

@@ -241,7 +241,9 @@ async def _resets_mid_record(
     async with scenario.fleet(dsn, probe_interval=PROBE, probe_timeout=PROBE) as fleet:
         # RST right after a record statement reaches the server: before it runs, while it runs,
         # or after it committed but before the reply (the reactor cannot tell which).
-        proxy.reset_on(b"INSERT INTO analysis_runs AS r", times=resets, delay=(0.0, 0.01))
+        proxy.reset_on(
+            b'INSERT INTO "public"."analysis_runs" AS r', times=resets, delay=(0.0, 0.01)
+        )
         deadline = time.monotonic() + 20 + resets
         while proxy.resets_fired() < resets and time.monotonic() < deadline:
             await scenario.drive(app, 0.5)
