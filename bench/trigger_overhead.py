@@ -289,7 +289,7 @@ class Triggers:
                 await conn.execute(trigger_sql)
         elif config == "quiet":
             # What `reactor migrate --no-notify` installs: the same triggers, with no channel.
-            text = sql.with_channel(sql.repeatable().in_transaction, "")
+            text = sql.render(sql.repeatable().in_transaction, channel="")
             await conn.execute(text)
 
 

@@ -69,11 +69,6 @@ def render(text: str, mapping: Mapping | None = None, *, channel: str | None = N
     return _SLOT.sub(fill, text)
 
 
-def with_channel(text: str, channel: str) -> str:
-    """``text`` rendered for the mapping in force and the NOTIFY channel ``channel``."""
-    return render(text, channel=channel)
-
-
 @cache
 def migrations() -> tuple[Migration, ...]:
     """Every migration, in version order."""

@@ -268,9 +268,8 @@ async def test_a_partition_made_after_migrate_gets_the_index_and_the_triggers(
     assert _recorded(conn, jobs) == 2
 
 
-async def test_deleting_a_job_requeues_the_earlier_job_of_its_run(dsn: str, conn: Conn) -> None:
-    # The statement-level delete trigger with its transition table sits on the parent: a delete
-    # through the parent fires it, with the rows of every partition it touched.
+def _reanalysed(dsn: str, conn: Conn) -> tuple[uuid.UUID, uuid.UUID]:
+    """A run analysed twice, in two partitions: (earlier job, later job), the later recorded."""
     earlier, run_id = _job(conn, "2026-02-01")
     later = uuid.uuid4()
     conn.execute(
@@ -281,6 +280,13 @@ async def test_deleting_a_job_requeues_the_earlier_job_of_its_run(dsn: str, conn
     _finish(conn, earlier)
     _finish(conn, later)
     assert _sweep(dsn) == 1
+    return earlier, later
+
+
+async def test_deleting_a_job_requeues_the_earlier_job_of_its_run(dsn: str, conn: Conn) -> None:
+    # The statement-level delete trigger with its transition table sits on the parent: a delete
+    # through the parent fires it, with the rows of every partition it touched.
+    earlier, later = _reanalysed(dsn, conn)
     assert _recorded(conn, [later]) == 1
     assert _queued(conn, [earlier]) == 0
     conn.execute("DELETE FROM analysis_jobs WHERE id = %s", (later,))
@@ -295,16 +301,7 @@ async def test_a_delete_naming_a_partition_is_repaired_by_the_reconcile(
     # PostgreSQL fires a partitioned table's statement-level triggers only for statements that
     # name it: a DELETE naming the partition passes the parent's trigger by. The reconcile's
     # walk finds the earlier job that needs its run again.
-    earlier, run_id = _job(conn, "2026-02-01")
-    later = uuid.uuid4()
-    conn.execute(
-        "INSERT INTO analysis_jobs (id, run_id, status, doc_html, created_at) "
-        "VALUES (%s, %s, 'running', '<p>again</p>', '2026-05-01')",
-        (later, run_id),
-    )
-    _finish(conn, earlier)
-    _finish(conn, later)
-    assert _sweep(dsn) == 1
+    earlier, later = _reanalysed(dsn, conn)
     conn.execute("DELETE FROM analysis_jobs_2026q2 WHERE id = %s", (later,))
     assert _queued(conn, [earlier]) == 0
     assert _sweep(dsn) == 1

@@ -161,7 +161,7 @@ async def test_migrations_produce_the_current_schema(
     declared = make_database()
     execute(declared, sql.read("reference.sql"))
     execute(declared, sql.render(sql.read("schema.sql")))
-    execute(declared, sql.with_channel(sql.read("notify_triggers.sql"), CHANNEL))
+    execute(declared, sql.render(sql.read("notify_triggers.sql"), channel=CHANNEL))
 
     got, want = catalog(migrated), catalog(declared)
     # The snapshot must see what matters, or comparing it proves nothing.
@@ -335,21 +335,21 @@ async def test_upgrade_from_every_older_version(
     old = empty_database_url
     execute(old, sql.read("reference.sql"))
     for migration in sql.migrations()[:installed]:
-        execute(old, sql.with_channel(migration.text, CHANNEL))
+        execute(old, sql.render(migration.text, channel=CHANNEL))
         with psycopg.connect(old, autocommit=True) as conn:
             conn.execute(
                 "INSERT INTO reactor.schema_version (version, name) VALUES (%s, %s)",
                 (migration.version, migration.name),
             )
     if 3 <= installed < 6:  # releases with migrations 3-5 installed these triggers
-        execute(old, sql.with_channel(_TERMINAL_TRIGGERS, CHANNEL))
+        execute(old, sql.render(_TERMINAL_TRIGGERS, channel=CHANNEL))
     assert await migrate(old, reference_schema=False) == ALL_VERSIONS[installed:]
 
     # The printed upgrade script from that version does the same.
     scripted = make_database()
     execute(scripted, sql.read("reference.sql"))
     for migration in sql.migrations()[:installed]:
-        execute(scripted, sql.with_channel(migration.text, CHANNEL))
+        execute(scripted, sql.render(migration.text, channel=CHANNEL))
     execute(scripted, db.migration_script(CHANNEL, reference_schema=False, applied=installed))
 
     fresh = make_database()
@@ -368,7 +368,7 @@ async def test_an_install_at_version_12_upgrades_in_place_with_its_work_in_fligh
     old = empty_database_url
     execute(old, sql.read("reference.sql"))
     for migration in sql.migrations()[:12]:
-        execute(old, sql.with_channel(migration.text, CHANNEL))
+        execute(old, sql.render(migration.text, channel=CHANNEL))
         with psycopg.connect(old, autocommit=True) as conn:
             conn.execute(
                 "INSERT INTO reactor.schema_version (version, name) VALUES (%s, %s)",

@@ -58,7 +58,7 @@ def pool_requests(reactor: Reactor) -> int:
 
 
 def reinstall_triggers(conn: psycopg.Connection[tuple[object, ...]], channel: str) -> None:
-    conn.execute(sql.with_channel(sql.repeatable().in_transaction, channel))
+    conn.execute(sql.render(sql.repeatable().in_transaction, channel=channel))
 
 
 async def test_a_quiet_replica_checks_on_its_listen_connection_alone(

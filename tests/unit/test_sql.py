@@ -185,35 +185,35 @@ def test_latest_version_is_the_newest_migration() -> None:
     assert sql.latest_version() == sql.migrations()[-1].version
 
 
-# -- with_channel --------------------------------------------------------------------------------
+# -- render: the channel ---------------------------------------------------------------------------
 
 
-def test_with_channel_quotes_the_channel_as_a_literal() -> None:
-    assert sql.with_channel("SELECT pg_notify(@channel@, 'x')", "jobs_done") == (
+def test_render_quotes_the_channel_as_a_literal() -> None:
+    assert sql.render("SELECT pg_notify(@channel@, 'x')", channel="jobs_done") == (
         "SELECT pg_notify('jobs_done', 'x')"
     )
 
 
-def test_with_channel_replaces_every_occurrence() -> None:
-    assert sql.with_channel("@channel@ @channel@", "c") == "'c' 'c'"
+def test_render_replaces_every_occurrence() -> None:
+    assert sql.render("@channel@ @channel@", channel="c") == "'c' 'c'"
 
 
-def test_with_channel_escapes_quotes() -> None:
+def test_render_escapes_quotes() -> None:
     # The config forbids such channels, but the quoting must hold regardless.
-    assert sql.with_channel("f(@channel@)", "a'b") == "f('a''b')"
-    assert sql.with_channel("f(@channel@)", "x'); DROP TABLE t; --") == (
+    assert sql.render("f(@channel@)", channel="a'b") == "f('a''b')"
+    assert sql.render("f(@channel@)", channel="x'); DROP TABLE t; --") == (
         "f('x''); DROP TABLE t; --')"
     )
 
 
-def test_with_channel_leaves_text_without_placeholder_alone() -> None:
-    assert sql.with_channel("SELECT 1", "c") == "SELECT 1"
+def test_render_leaves_text_without_placeholder_alone() -> None:
+    assert sql.render("SELECT 1", channel="c") == "SELECT 1"
 
 
 def test_notify_triggers_take_the_channel() -> None:
     raw = sql.read("notify_triggers.sql")
     assert "@channel@" in raw
-    text = sql.with_channel(raw, "my_channel")
+    text = sql.render(raw, channel="my_channel")
     assert not re.search(r"@\w+(\.\w+)?(\(\w*\))?@", text), "a slot left unfilled"
     assert "job_changed_v1('my_channel')" in text
 
