@@ -138,6 +138,16 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument(
         "--http-addr", help="HOST:PORT of the page, or empty for none (127.0.0.1:9187)"
     )
+    demo.add_argument(
+        "--config",
+        metavar="FILE",
+        help="the mapping of the app's tables (as REACTOR_CONFIG, which it overrides)",
+    )
+    demo.add_argument(
+        "--schema",
+        metavar="FILE",
+        help="SQL that creates the app's tables first, e.g. pg_dump --schema-only of the app",
+    )
     return parser
 
 
@@ -478,6 +488,15 @@ async def cmd_demo(args: argparse.Namespace) -> int:
         raise ConfigError("--jobs must be within 1..100000 and --save-ratio within 0..1")
     if not 0 <= args.grace <= 60 or not 1 <= args.replicas <= 8:
         raise ConfigError("--grace must be within 0..60 seconds and --replicas within 1..8")
+    if args.config is not None:
+        mapping.use(mapping.load(args.config))
+    m, reference = mapping.in_force().in_public(), mapping.REFERENCE
+    own_tables = (m.jobs.table, m.runs.table) != (reference.jobs.table, reference.runs.table)
+    if own_tables and args.schema is None:
+        raise ConfigError(
+            f"the mapping names {m.jobs_shown} and {m.runs_shown}, which the demo's fresh cluster "
+            "lacks: give --schema FILE with the SQL that creates them (pg_dump --schema-only)"
+        )
     addr: tuple[str, int] | None = demo.DEMO_HTTP_ADDR
     if args.http_addr is not None:
         addr = Settings.from_env({}, {"http_addr": args.http_addr}).http_addr
@@ -489,6 +508,7 @@ async def cmd_demo(args: argparse.Namespace) -> int:
         as_json=args.json,
         hold=args.hold,
         http_addr=addr,
+        schema=args.schema,
     )
 
 

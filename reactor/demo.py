@@ -15,7 +15,6 @@ import random
 import signal
 import socket
 import time
-import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,9 +27,12 @@ from rich.table import Table
 from rich.text import Text
 
 from reactor import audit, db, http
+from reactor import mapping as mapping_module
 from reactor.config import Settings
 from reactor.dashboard import Dashboard
+from reactor.demo_app import App
 from reactor.embedded import EmbeddedPostgres
+from reactor.errors import ConfigError
 from reactor.metrics import Metrics
 from reactor.service import POOL_SIZE, Reactor
 
@@ -83,10 +85,14 @@ async def main(
     as_json: bool = False,
     hold: bool = False,
     http_addr: tuple[str, int] | None = DEMO_HTTP_ADDR,
+    schema: str | None = None,
 ) -> int:
     """Run the demo; exit code 0 when every invariant held. The operator's page is served on
     ``http_addr`` (another free port when that one is taken) while it runs; with ``hold``, the
-    cluster, a fresh fleet and the page stay up after the summary until SIGINT or SIGTERM."""
+    cluster, a fresh fleet and the page stay up after the summary until SIGINT or SIGTERM.
+
+    It runs on the mapping in force. ``schema`` is SQL that creates the app's tables on the
+    embedded cluster first; without it the reference tables are created."""
     console = Console(stderr=as_json)
     # The live view tells the story; per-run log lines would scroll it away.
     logging.getLogger("reactor").setLevel(logging.WARNING)
@@ -99,11 +105,15 @@ async def main(
     await anyio.to_thread.run_sync(pg.start)
     try:
         console.print(f"embedded PostgreSQL {pg.version} on 127.0.0.1:{pg.port}")
+        channel = mapping_module.in_force().default_channel
         async with await db.connect(pg.dsn, "demo") as conn:
-            await db.migrate(conn, Settings.channel, reference_schema=True)
+            if schema is not None:
+                await _create_tables(conn, schema)
+            await db.migrate(conn, channel, reference_schema=schema is None)
             await audit.install(conn)
+            app = await App.fit(conn)
         board = Scoreboard(jobs=jobs, replica_count=replicas)
-        settings = Settings(database_url=pg.dsn, grace=grace, http_addr=None)
+        settings = Settings(database_url=pg.dsn, grace=grace, http_addr=None, channel=channel)
         async with db.make_pool(pg.dsn, max_size=2) as pool:
             page = Dashboard(settings, pool, lambda: board.replicas[0] if board.replicas else None)
             async with http.serving_page(page, _free(http_addr)) as bound:
@@ -114,7 +124,7 @@ async def main(
                 ) as live:
                     async with anyio.create_task_group() as tg:
                         tg.start_soon(_refresh, live, board)
-                        await _play(settings, board, save_ratio)
+                        await _play(app, settings, board, save_ratio)
                         tg.cancel_scope.cancel()
                 async with await db.connect(pg.dsn, "demo") as conn:
                     verdict = await audit.verdict(conn, grace)
@@ -161,18 +171,12 @@ async def _refresh(live: Live, board: Scoreboard) -> None:
         await anyio.sleep(0.125)
 
 
-async def _play(settings: Settings, board: Scoreboard, save_ratio: float) -> None:
+async def _play(app: App, settings: Settings, board: Scoreboard, save_ratio: float) -> None:
     """Worker, tabs, an outage and a recovery; returns once nothing is left to record."""
     dsn = settings.require_database()
     rng = random.Random(7)
-    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as app:
-        job_ids = [uuid.uuid4() for _ in range(board.jobs)]
-        await app.execute(
-            "INSERT INTO analysis_jobs (id, run_id, status, doc_html) "
-            "SELECT id, gen_random_uuid(), 'running', repeat('<p>citation</p>', 200) "
-            "FROM unnest(%s::uuid[]) AS id",
-            (job_ids,),
-        )
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as worker:
+        job_ids = await app.create_jobs(worker, board.jobs)
         async with anyio.create_task_group() as tg:
             fleet = await _start_fleet(tg, settings, board)
             board.phase = "worker finishing jobs; tabs saving most of them"
@@ -186,20 +190,16 @@ async def _play(settings: Settings, board: Scoreboard, save_ratio: float) -> Non
                     fleet = await _start_fleet(tg, settings, board)
                     board.phase = "recovered: fresh replicas re-armed from the database"
                     board.note("started fresh replicas: startup scan + re-arm from the database")
-                results = {} if rng.random() < 0.03 else {"verdicts": rng.randint(1, 40)}
-                await app.execute(
-                    "UPDATE analysis_jobs SET status = %s, results = %s, updated_at = now() "
-                    "WHERE id = %s",
-                    (rng.choice(("complete",) * 9 + ("failed",)), json.dumps(results), job_id),
-                )
+                # A few jobs end with nothing to show, and need no run.
+                empty = rng.random() < 0.03
+                await app.finish_job(worker, job_id, failed=rng.random() < 0.1, empty=empty)
                 board.finished += 1
-                if results and rng.random() < save_ratio:
-                    tg.start_soon(
-                        _tab_save, dsn, job_id, rng.uniform(0.05, settings.grace * 0.6), board
-                    )
+                if not empty and rng.random() < save_ratio:
+                    delay = rng.uniform(0.05, settings.grace * 0.6)
+                    tg.start_soon(_tab_save, app, dsn, job_id, delay, board)
                 await anyio.sleep(1 / rate)
             board.phase = "waiting for the last grace windows"
-            await _wait_until_settled(app, settings.grace)
+            await _wait_until_settled(app, worker, settings.grace)
             board.note("nothing left to record")
             await fleet.stop()
 
@@ -253,34 +253,37 @@ async def _replica(
         done.set()
 
 
-async def _tab_save(dsn: str, job_id: uuid.UUID, delay: float, board: Scoreboard) -> None:
+async def _tab_save(app: App, dsn: str, job_id: Any, delay: float, board: Scoreboard) -> None:
     await anyio.sleep(delay)
     async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as tab:
-        await tab.execute(
-            """
-            INSERT INTO analysis_runs (id, job_id, doc_html, results, saved_by)
-            SELECT run_id, id, doc_html, results, 'client' FROM analysis_jobs WHERE id = %s
-            ON CONFLICT (id) DO UPDATE SET job_id = EXCLUDED.job_id,
-                doc_html = EXCLUDED.doc_html, results = EXCLUDED.results,
-                saved_by = 'client', updated_at = now()
-            """,
-            (job_id,),
-        )
+        await app.tab_save(tab, job_id)
     board.tab_saves += 1
 
 
-async def _wait_until_settled(app: psycopg.AsyncConnection[Any], grace: float) -> None:
+async def _wait_until_settled(app: App, conn: psycopg.AsyncConnection[Any], grace: float) -> None:
     # Settled: no job still needs a run, neither due nor inside its grace window.
     with anyio.fail_after(grace + 30):
+        # The database is the only witness, so it is asked again until it says so.
         while True:
-            cur = await app.execute(
-                "SELECT count(*) FROM analysis_jobs j LEFT JOIN analysis_runs r ON r.id = j.run_id"
-                " WHERE r.id IS NULL AND j.results <> '{}'::jsonb"
-            )
-            row = await cur.fetchone()
-            if row and row[0] == 0:
+            if not await app.unsettled(conn):
                 return
             await anyio.sleep(0.1)
+
+
+async def _create_tables(conn: db.AnyConnection, path: str) -> None:
+    """Run the SQL file at ``path`` (the app's CREATE statements) on the embedded cluster."""
+    try:
+        text = await anyio.Path(path).read_text(encoding="utf-8")
+    except OSError as error:
+        raise ConfigError(f"--schema {path}: {error.strerror}") from None
+    # pg_dump writes psql meta-commands (\restrict, \connect) that only psql understands.
+    statements = "\n".join(line for line in text.splitlines() if not line.startswith("\\"))
+    try:
+        await conn.execute(statements)
+    except psycopg.Error as error:
+        raise ConfigError(
+            f"--schema {path} failed on the demo's cluster: {db.first_line(error)}"
+        ) from None
 
 
 def _report(console: Console, v: audit.Verdict, elapsed: float, as_json: bool) -> None:

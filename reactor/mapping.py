@@ -191,11 +191,13 @@ class Mapping:
                 return ", ".join(_identifier(c) for c in written)
             case "run_values":
                 return ", ".join(expression for _, expression in runs.columns)
+            case "client":
+                return _literal(runs.client[0])
             case "run_updates":
+                # Every written column but saved_by, which each writer sets to its own value.
                 updated = (runs.job, *(c for c, _ in runs.columns))
-                sets = [f"{_identifier(c)} = EXCLUDED.{_identifier(c)}" for c in updated]
                 return ",\n           ".join(
-                    [*sets, f"{_identifier(runs.saved_by)} = {_literal(runs.worker)}"]
+                    f"{_identifier(c)} = EXCLUDED.{_identifier(c)}" for c in updated
                 )
         column = self._logical_column(name)
         if column is None:

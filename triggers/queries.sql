@@ -81,7 +81,8 @@ newest AS (
       FROM newest n JOIN @jobs@ j ON @j.id@ = n.id
      ORDER BY n.run_id
     ON CONFLICT (@key@) DO UPDATE
-       SET @run_updates@
+       SET @run_updates@,
+           @saved_by@ = @worker@
      WHERE @reactor@.outranks_v1(EXCLUDED.@job@, @r.job@, @r.saved_by@)
     RETURNING @r.key@ AS run_id, @r.job@ AS job_id
 ), hooked AS (

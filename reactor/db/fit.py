@@ -129,7 +129,7 @@ async def fit(
             raise ConfigError(
                 f"{jobs.shown}.{status.name} is {status.type}; the status must be text or an enum"
             )
-        labels = await _enum_labels(conn, jobs.oid, status.name)
+        labels = await enum_labels(conn, jobs.oid, status.name)
         missing = [value for value in jobs_map.terminal if value not in labels]
         if missing:
             raise ConfigError(
@@ -167,6 +167,23 @@ async def fit(
 async def _table(
     conn: AnyConnection, name: tuple[str, ...], section: str, where: str, missing_is_schema: bool
 ) -> Table:
+    found = await describe(conn, name)
+    if found is not None:
+        return found
+    shown = name[-1] if name[0] == "public" else ".".join(name)
+    if missing_is_schema:
+        raise SchemaMissing(
+            f"table {shown} not found; create the app's tables first, or run "
+            "`reactor migrate --reference-schema` for the reference ones"
+        )
+    raise ConfigError(
+        f"table {shown} not found ({section}.table in {where}); create it, or name the "
+        f"app's {section} table there"
+    )
+
+
+async def describe(conn: AnyConnection, name: tuple[str, ...]) -> Table | None:
+    """The table ``name`` and its columns as the catalog has them, or None when it is absent."""
     quoted = psycopg.sql.Identifier(*name).as_string(None)
     cur = await conn.execute(
         "SELECT c.oid, n.nspname, c.relname, c.relkind = 'p' AS partitioned"
@@ -176,23 +193,15 @@ async def _table(
     )
     found = await cur.fetchone()
     if found is None:
-        shown = name[-1] if name[0] == "public" else ".".join(name)
-        if missing_is_schema:
-            raise SchemaMissing(
-                f"table {shown} not found; create the app's tables first, or run "
-                "`reactor migrate --reference-schema` for the reference ones"
-            )
-        raise ConfigError(
-            f"table {shown} not found ({section}.table in {where}); create it, or name the "
-            f"app's {section} table there"
-        )
+        return None
     oid, schema, relname, partitioned = found
     cur = await conn.cursor(row_factory=dict_row).execute(
         "SELECT a.attname AS name, format_type(a.atttypid, a.atttypmod) AS type,"
         "       t.typtype = 'e' AS enum, a.attnotnull AS not_null,"
         "       a.atthasdef OR a.attidentity <> '' OR a.attgenerated <> '' AS filled"
         "  FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid"
-        " WHERE a.attrelid = %s AND a.attnum > 0 AND NOT a.attisdropped",
+        " WHERE a.attrelid = %s AND a.attnum > 0 AND NOT a.attisdropped"
+        " ORDER BY a.attnum",
         (oid,),
     )
     # Without a type's modifiers: timestamp(3) is a timestamp, varchar(200) a varchar.
@@ -214,7 +223,8 @@ async def _check_zone(conn: AnyConnection, zone: str) -> None:
         ) from None
 
 
-async def _enum_labels(conn: AnyConnection, table: int, column: str) -> list[str]:
+async def enum_labels(conn: AnyConnection, table: int, column: str) -> list[str]:
+    """The labels of the enum type of ``table``'s ``column`` in their order; [] for another type."""
     cur = await conn.execute(
         "SELECT e.enumlabel FROM pg_attribute a JOIN pg_enum e ON e.enumtypid = a.atttypid"
         " WHERE a.attrelid = %s AND a.attname = %s ORDER BY e.enumsortorder",
