@@ -18,7 +18,7 @@ import anyio
 import psycopg.errors
 from rich.console import Console
 
-from reactor import db, grants, hook_ops, http, logs, mapping, progress, sql, status, tracing
+from reactor import db, grants, hook_ops, logs, mapping, progress, sql, status, tracing
 from reactor.config import Settings
 from reactor.errors import (
     ConfigError,
@@ -248,6 +248,10 @@ async def _check_database(conn: db.AnyConnection) -> None:
 
 async def cmd_run(args: argparse.Namespace) -> int:
     """``reactor run``: serve until SIGTERM/SIGINT, then drain and exit 0."""
+    # The HTTP server (aiohttp, the page's templates) only here: the other commands start
+    # in half the time without it, which a script calling `reactor status` notices.
+    from reactor import http
+
     settings = _settings(args)
     tracing.configure()
     pool = db.make_pool(settings.require_database(), max_size=POOL_SIZE)

@@ -4,18 +4,13 @@
 
 -- name: status_replicas
 -- Every replica's heartbeat row: when it started, how long ago it last checked in, and whether
--- it counts as live, by the rule of the health check's live set (a heartbeat within
--- %(liveness)s seconds, and its LISTEN session still there when it named one). Rows of replicas
--- gone for an hour are deleted by the health check, so this stays a handful of rows.
+-- it counts as live, by the rule of the health check's live set. Rows of replicas gone for an
+-- hour are deleted by the health check, so this stays a handful of rows.
 SELECT r.id,
        r.started_at,
        extract(epoch FROM now() - r.heartbeat_at)::float8 AS heartbeat_age,
        r.session_pid IS NOT NULL AS listens,
-       r.heartbeat_at > now() - make_interval(secs => %(liveness)s)
-       AND (r.session_pid IS NULL
-            OR EXISTS (SELECT 1 FROM pg_stat_activity a
-                        WHERE a.pid = r.session_pid
-                          AND a.application_name = 'reactor-listener')) AS live
+       {{replica_live}} AS live
   FROM @reactor@.replicas r
  ORDER BY r.started_at, r.id
 

@@ -55,6 +55,17 @@ EXISTS (SELECT 1 FROM @reactor@.set_aside s
  AND NOT EXISTS (SELECT 1 FROM @runs@ r
                   WHERE @r.key@ = @j.run@ AND NOT {{outranked_in_snapshot}}))
 
+-- fragment: replica_live
+-- True while replica r counts as live: its heartbeat is within %(liveness)s seconds and, when it
+-- named its LISTEN session, that session is still there (pid and application_name are columns
+-- of pg_stat_activity every role can read). A killed replica leaves the live set at the next
+-- check, a frozen one once its heartbeat ages out.
+(r.heartbeat_at > now() - make_interval(secs => %(liveness)s)
+ AND (r.session_pid IS NULL
+      OR EXISTS (SELECT 1 FROM pg_stat_activity a
+                  WHERE a.pid = r.session_pid
+                    AND a.application_name = 'reactor-listener')))
+
 -- fragment: job_trigger
 -- The job trigger as installed: the channel it notifies (its argument; '' when it was installed
 -- not to notify) and whether it fires for the app's sessions. No row when it is missing.
@@ -500,12 +511,7 @@ SELECT pg_notification_queue_usage()::float8 AS queue_usage,
        coalesce((SELECT requested_at IS NOT NULL FROM @reactor@.reconcile), false)
            AS reconcile_requested,
        array(SELECT r.id FROM @reactor@.replicas r
-              WHERE r.heartbeat_at > now() - make_interval(secs => %(liveness)s)
-                AND r.id <> %(replica)s
-                AND (r.session_pid IS NULL
-                     OR EXISTS (SELECT 1 FROM pg_stat_activity a
-                                 WHERE a.pid = r.session_pid
-                                   AND a.application_name = 'reactor-listener'))
+              WHERE r.id <> %(replica)s AND {{replica_live}}
              UNION ALL SELECT %(replica)s
              ORDER BY 1) AS live_replicas,
        (SELECT t.channel FROM ({{job_trigger}}) AS t WHERE t.enabled) AS trigger_channel,

@@ -5,7 +5,6 @@ from __future__ import annotations
 import itertools
 import math
 import random
-import time
 import uuid
 from collections.abc import Hashable
 from typing import Any
@@ -435,12 +434,12 @@ def test_after_a_far_deadline_goes_the_fifo_takes_in_order_ones_again() -> None:
 # -- scale ---------------------------------------------------------------------------------------
 
 
-def test_a_million_entries_in_random_order() -> None:
-    n = 1_000_000
+def test_200k_entries_in_random_order() -> None:
+    # Order and count at scale; the speed at a million is bench/deadlines.py's figure.
+    n = 200_000
     rng = random.Random(1)
     d: Deadlines[int] = Deadlines()
     times = [rng.random() * 1e6 for _ in range(n)]
-    started = time.perf_counter()
     for key, when in enumerate(times):
         d.schedule(key, when)
     assert len(d) == n
@@ -449,7 +448,6 @@ def test_a_million_entries_in_random_order() -> None:
     # Half of them by a mid-point clock, then the rest: order and count must hold across the two.
     first = d.pop_due(5e5)
     rest = d.pop_due(math.inf)
-    elapsed = time.perf_counter() - started
     out = first + rest
     assert len(out) == n
     assert len(set(out)) == n
@@ -458,20 +456,16 @@ def test_a_million_entries_in_random_order() -> None:
     assert all(times[a] <= times[b] for a, b in itertools.pairwise(out))
     assert len(d) == 0
     assert d.next_deadline() is None
-    # CPython's own heapq.heappop costs ~5 s per million on a small VM, so this only catches a
-    # complexity regression (quadratic would never finish), not a slow machine.
-    assert elapsed < 120, f"1M schedule+pop took {elapsed:.1f}s"
 
 
-def test_a_million_jobs_as_the_service_arms_them() -> None:
+def test_200k_jobs_as_the_service_arms_them() -> None:
     """Receipt + grace on a fake clock, a few re-arms to earlier retries, pops in batches."""
-    n = 1_000_000
+    n = 200_000
     rng = random.Random(2)
     d: Deadlines[int] = Deadlines()
     expected: dict[int, float] = {}
     now = 0.0
     out: list[tuple[float, int]] = []
-    started = time.perf_counter()
     for key in range(n):
         now += 1e-4
         when = now + GRACE
@@ -487,14 +481,12 @@ def test_a_million_jobs_as_the_service_arms_them() -> None:
     assert len(d._heap) < n // 50  # nearly every entry took the FIFO
     while popped := d.pop_due(math.inf, limit=500):
         out += [(math.inf, k) for k in popped]
-    elapsed = time.perf_counter() - started
     keys = [k for _, k in out]
     assert len(keys) == n
     assert set(keys) == set(range(n))
     assert all(expected[k] <= clock for clock, k in out)
     assert all(expected[a] <= expected[b] for a, b in itertools.pairwise(keys))
     assert len(d) == 0
-    assert elapsed < 120, f"1M arm+pop took {elapsed:.1f}s"
 
 
 # -- against a model -----------------------------------------------------------------------------
