@@ -512,7 +512,7 @@ async def cmd_demo(args: argparse.Namespace) -> int:
         as_json=args.json,
         hold=args.hold,
         http_addr=addr,
-        schema=args.schema,
+        schema=None if args.schema is None else demo.AppSchema.read(args.schema),
     )
 
 

@@ -43,6 +43,22 @@ DEMO_HTTP_ADDR = ("127.0.0.1", 9187)
 _SWEEP_TICK = 30.0
 
 
+@dataclass(frozen=True)
+class AppSchema:
+    """The SQL file of the app's CREATE statements (``--schema``), read before anything starts."""
+
+    path: str
+    text: str
+
+    @classmethod
+    def read(cls, path: str) -> AppSchema:
+        try:
+            with open(path, encoding="utf-8") as file:
+                return cls(path, file.read())
+        except OSError as error:
+            raise ConfigError(f"--schema {path}: {error.strerror}") from None
+
+
 @dataclass
 class Scoreboard:
     """What the live view shows."""
@@ -85,14 +101,14 @@ async def main(
     as_json: bool = False,
     hold: bool = False,
     http_addr: tuple[str, int] | None = DEMO_HTTP_ADDR,
-    schema: str | None = None,
+    schema: AppSchema | None = None,
 ) -> int:
     """Run the demo; exit code 0 when every invariant held. The operator's page is served on
     ``http_addr`` (another free port when that one is taken) while it runs; with ``hold``, the
     cluster, a fresh fleet and the page stay up after the summary until SIGINT or SIGTERM.
 
-    It runs on the mapping in force. ``schema`` is SQL that creates the app's tables on the
-    embedded cluster first; without it the reference tables are created."""
+    It runs on the mapping in force. ``schema`` creates the app's tables on the embedded
+    cluster first; without it the reference tables are created."""
     console = Console(stderr=as_json)
     # The live view tells the story; per-run log lines would scroll it away.
     logging.getLogger("reactor").setLevel(logging.WARNING)
@@ -270,19 +286,15 @@ async def _wait_until_settled(app: App, conn: psycopg.AsyncConnection[Any], grac
             await anyio.sleep(0.1)
 
 
-async def _create_tables(conn: db.AnyConnection, path: str) -> None:
-    """Run the SQL file at ``path`` (the app's CREATE statements) on the embedded cluster."""
-    try:
-        text = await anyio.Path(path).read_text(encoding="utf-8")
-    except OSError as error:
-        raise ConfigError(f"--schema {path}: {error.strerror}") from None
+async def _create_tables(conn: db.AnyConnection, schema: AppSchema) -> None:
+    """Run the app's CREATE statements on the embedded cluster."""
     # pg_dump writes psql meta-commands (\restrict, \connect) that only psql understands.
-    statements = "\n".join(line for line in text.splitlines() if not line.startswith("\\"))
+    text = "\n".join(line for line in schema.text.splitlines() if not line.startswith("\\"))
     try:
-        await conn.execute(statements)
+        await conn.execute(text)
     except psycopg.Error as error:
         raise ConfigError(
-            f"--schema {path} failed on the demo's cluster: {db.first_line(error)}"
+            f"--schema {schema.path} failed on the demo's cluster: {db.first_line(error)}"
         ) from None
 
 
