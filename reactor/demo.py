@@ -121,7 +121,13 @@ async def main(
     await anyio.to_thread.run_sync(pg.start)
     try:
         console.print(f"embedded PostgreSQL {pg.version} on 127.0.0.1:{pg.port}")
-        channel = mapping_module.in_force().default_channel
+        shape = mapping_module.in_force()
+        if shape.source is not None:
+            console.print(
+                f"the app's tables: {shape.jobs_shown} -> {shape.runs_shown}, "
+                f"mapped by {shape.source}"
+            )
+        channel = shape.default_channel
         async with await db.connect(pg.dsn, "demo") as conn:
             if schema is not None:
                 await _create_tables(conn, schema)
