@@ -199,8 +199,9 @@ _WEBHOOK_SECRETS = config.WEBHOOK_SECRET_PREFIX + "<HOOK>"
 # around the table link the topics).
 MEANINGS: dict[str, Meaning] = {
     "DATABASE_URL": Meaning(
-        "libpq connection string or URL; every command needs it but `demo`, and `migrate "
-        "--print` and `--print-grants`, which check the mapping against it when it is set",
+        "libpq connection string or URL; every command needs it except `demo` and `migrate "
+        "--print` or `--print-grants`, which use it when set to check the mapping against the "
+        "catalog",
         unset="required",
     ),
     "REACTOR_LISTEN_DATABASE_URL": Meaning(
