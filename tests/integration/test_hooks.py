@@ -243,7 +243,8 @@ async def receiver() -> AsyncIterator[Receiver]:
 
 
 def signed(secret: str, header: str, body: bytes) -> int:
-    """The signature check written from README alone: returns t, fails the test on a mismatch."""
+    """The signature check written from docs/hooks.md alone: returns t, fails the test on a
+    mismatch."""
     match = re.fullmatch(r"t=(\d+),v1=([0-9a-f]{64})", header)
     assert match, header
     t = match.group(1)

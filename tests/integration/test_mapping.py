@@ -20,6 +20,7 @@ import psycopg
 import psycopg.conninfo
 import pytest
 
+from docs import generate
 from reactor import db, grants, mapping, sql, status
 from reactor.config import Settings
 from reactor.listener import parse_hint
@@ -123,6 +124,18 @@ async def test_migrate_types_the_reactor_tables_by_the_app_columns(
             "SELECT count(*) FROM pg_indexes WHERE schemaname = 'app' AND tablename = 'Job'"
             " AND indexname = 'Job_reactor_finished_idx'"
         ).fetchone() == (1,)
+
+
+def test_migrate_print_against_the_catalog_is_what_the_docs_show(second_url: str) -> None:
+    # docs/mapping.md shows the SQL docs/generate.py renders with the types it says the catalog
+    # gives second.sql's columns: the command itself, on that catalog, prints exactly that.
+    printed = run_reactor(
+        "migrate",
+        "--print",
+        env=reactor_env(second_url, REACTOR_CONFIG=str(SECOND_TOML)),
+    )
+    assert printed.returncode == 0, printed.stderr
+    assert printed.stdout == generate.second_script()
 
 
 async def test_due_jobs_are_recorded_from_utc_wall_clock_times(

@@ -1,4 +1,4 @@
-"""README's "Next to a Bun worker" shows code from examples/bun, never a paraphrase of it."""
+"""docs/bun.md, the Bun side, shows code from examples/bun, never a paraphrase of it."""
 
 from __future__ import annotations
 
@@ -11,10 +11,9 @@ def normalized(text: str) -> str:
     return " ".join(text.split())
 
 
-def test_readme_snippets_are_the_example_code() -> None:
-    readme = (tools.ROOT / "README.md").read_text(encoding="utf-8")
-    section = readme.split("\n## Next to a Bun worker\n")[1].split("\n## ")[0]
-    snippets = re.findall(r"```ts\n(.*?)```", section, flags=re.DOTALL)
+def test_the_bun_pages_snippets_are_the_example_code() -> None:
+    page = (tools.ROOT / "docs" / "bun.md").read_text(encoding="utf-8")
+    snippets = re.findall(r"```ts\n(.*?)```", page, flags=re.DOTALL)
     assert len(snippets) == 2
     sources = [
         normalized(path.read_text(encoding="utf-8")) for path in tools.BUN_EXAMPLE.glob("*.ts")

@@ -279,7 +279,7 @@ def test_the_default_schedule_outlasts_a_day() -> None:
     span = retry_span(attempts=s.hook_max_attempts, base=s.hook_backoff, cap=s.hook_max_backoff)
     # At least 24 hours between the first try and the last, even with no jitter at all...
     assert span >= 24 * 3600
-    assert span == pytest.approx(4095 + 27 * 3600)  # 28.1 h, as README says
+    assert span == pytest.approx(4095 + 27 * 3600)  # 28.1 h, as docs/hooks.md says
     # ...and the early retries are quick: a blip costs seconds, not an hour.
     assert retry_span(attempts=6, base=s.hook_backoff, cap=s.hook_max_backoff) == 31.0
 

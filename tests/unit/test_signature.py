@@ -1,5 +1,5 @@
 """Webhook signatures: the header format, checked against an independent implementation (here,
-and README's TypeScript run by node when it is installed), and replay protection."""
+and the TypeScript of docs/hooks.md run by node when it is installed), and replay protection."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from reactor.signature import SignatureError, check_signature, sign, verify_sign
 SECRET = "whsec_test_Zq8"
 BODY = b'{"run_id":"r","job_id":"j","hook":"judge","attempt":1,"idempotency_key":"r:j:judge"}'
 T = 1_700_000_000
-README = Path(__file__).resolve().parents[2] / "README.md"
+HOOKS_PAGE = Path(__file__).resolve().parents[2] / "docs" / "hooks.md"
 
 
 def independent(secret: str, header: str, body: bytes) -> tuple[int, bool]:
@@ -76,23 +76,23 @@ def test_several_signatures_one_matching_is_enough() -> None:
     assert verify_signature(SECRET, header, BODY, now=T)
 
 
-def _typescript_from_readme() -> str:
-    text = README.read_text(encoding="utf-8")
+def _typescript_from_the_docs() -> str:
+    text = HOOKS_PAGE.read_text(encoding="utf-8")
     match = re.search(r"```ts\n(.*?)```", text, re.DOTALL)
-    assert match, "README has no ```ts block"
+    assert match, "docs/hooks.md has no ```ts block"
     return match.group(1)
 
 
-def test_readme_typescript_verifies_what_the_reactor_signs(tmp_path: Path) -> None:
+def test_the_documented_typescript_verifies_what_the_reactor_signs(tmp_path: Path) -> None:
     node = shutil.which("node")
     if node is None:
         pytest.skip("node is not installed")
-    # Node runs JavaScript: drop the type annotations the README's snippet uses.
+    # Node runs JavaScript: drop the type annotations the page's snippet uses.
     code = re.sub(
         r":\s*(?:string|number|boolean|Buffer)(?:\[\])?(?:\s*\|\s*(?:undefined|null))?"
         r"(?=\s*[,)=;{])",
         "",
-        _typescript_from_readme(),
+        _typescript_from_the_docs(),
     )
     header = sign(SECRET, BODY, timestamp=T)
     cases = {
