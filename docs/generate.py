@@ -497,7 +497,7 @@ def second_script() -> str:
 
 
 def printed_without_database() -> str:
-    """What `REACTOR_CONFIG=tests/mappings/second.toml reactor migrate --print` prints when
+    """What `REACTOR_CONFIG=tests/mappings/second.toml reactor migrate --print` says when
     DATABASE_URL is unset: the command itself, run in a clean environment."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("REACTOR_")}
     env.pop("DATABASE_URL", None)
@@ -511,9 +511,9 @@ def printed_without_database() -> str:
         check=False,
         timeout=120,
     )
-    if done.returncode != 0:
-        raise SystemExit(f"docs/generate.py: reactor migrate --print failed: {done.stderr}")
-    return done.stdout
+    if done.returncode != 2 or done.stdout:
+        raise SystemExit(f"docs/generate.py: reactor migrate --print did not refuse: {done}")
+    return done.stderr
 
 
 def _excerpt(text: str, *parts: tuple[str, int]) -> str:
@@ -544,9 +544,10 @@ def second_job_trigger() -> str:
     return _sql(_job_trigger_lines(second_script()))
 
 
-def second_untyped_job_trigger() -> str:
-    """The same lines as `migrate --print` prints them without DATABASE_URL."""
-    return _sql(_job_trigger_lines(printed_without_database()))
+def second_print_without_database() -> str:
+    """The one line `migrate --print` gives for a mapping file without DATABASE_URL."""
+    command = f"$ REACTOR_CONFIG={SECOND_TOML} reactor migrate --print"
+    return f"```\n{command}\n{printed_without_database().strip()}\n```"
 
 
 def second_record_write() -> str:
@@ -594,7 +595,7 @@ REGIONS: dict[str, Callable[[], str]] = {
     "metrics": metrics_reference,
     "exit-codes": exit_codes,
     "second-job-trigger": second_job_trigger,
-    "second-untyped-job-trigger": second_untyped_job_trigger,
+    "second-print-without-database": second_print_without_database,
     "second-record-write": second_record_write,
     "second-script": second_full_script,
     "diagram": diagram,

@@ -343,12 +343,21 @@ async def cmd_migrate(args: argparse.Namespace) -> int:
 
 async def _fit_for_print(settings: Settings) -> None:
     """The mapping `migrate --print` renders: checked against the database when DATABASE_URL
-    names one; otherwise as the file says, unqualified tables taken to be in public."""
+    names one. Without it only the reference mapping, whose types are known, can be printed."""
     if settings.database_url:
         async with await _startup_connection(settings, "migrate") as conn:
             await db.fitted(conn, installing=True)
-    else:
-        mapping.use(mapping.in_force().in_public())
+        return
+    if mapping.in_force().source is not None:
+        # The SQL follows the columns' types (a jsonb document is compared with '{}', a naive
+        # timestamp read AT TIME ZONE), which only the catalog knows: a script guessed from
+        # names would break the app's own writes once applied.
+        raise ConfigError(
+            "printing the SQL for REACTOR_CONFIG needs DATABASE_URL: it takes the mapped "
+            "columns' types from the catalog; point it at any database with the app's tables "
+            "(a development copy will do)"
+        )
+    mapping.use(mapping.in_force().in_public())
 
 
 async def cmd_sweep(args: argparse.Namespace) -> int:

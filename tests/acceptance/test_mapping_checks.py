@@ -135,6 +135,20 @@ def test_a_missing_mapping_file_is_one_line(database_url: str) -> None:
     )
 
 
+@pytest.mark.parametrize("command", [("--print",), ("--print-grants", "reactor_runtime")])
+def test_printing_for_a_mapping_file_needs_the_catalog(command: tuple[str, ...]) -> None:
+    # Without DATABASE_URL the columns' types are unknown, and SQL guessed from the names (a
+    # jsonb document compared with '') would break the app's writes once applied.
+    second = Path(__file__).parent.parent / "mappings" / "second.toml"
+    result = run_reactor("migrate", *command, env=reactor_env(None, REACTOR_CONFIG=str(second)))
+    assert (result.returncode, result.stdout) == (2, "")
+    assert result.stderr.strip() == (
+        "reactor: printing the SQL for REACTOR_CONFIG needs DATABASE_URL: it takes the mapped "
+        "columns' types from the catalog; point it at any database with the app's tables "
+        "(a development copy will do)"
+    )
+
+
 def test_the_owner_column_filled_by_the_mapping_is_written(
     database_url: str, tmp_path: Path
 ) -> None:
