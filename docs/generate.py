@@ -199,9 +199,9 @@ _WEBHOOK_SECRETS = config.WEBHOOK_SECRET_PREFIX + "<HOOK>"
 # around the table link the topics).
 MEANINGS: dict[str, Meaning] = {
     "DATABASE_URL": Meaning(
-        "libpq connection string or URL; every command needs it except `demo` and `migrate "
-        "--print` or `--print-grants`, which use it when set to check the mapping against the "
-        "catalog",
+        "libpq connection string or URL; every command needs it except `demo`, and `migrate "
+        "--print` or `--print-grants` on the reference mapping (with `REACTOR_CONFIG` they "
+        "take the columns' types from it)",
         unset="required",
     ),
     "REACTOR_LISTEN_DATABASE_URL": Meaning(
