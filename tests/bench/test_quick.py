@@ -1,4 +1,7 @@
-"""The benchmarks' quick mode: every benchmark runs at toy scale and writes its result."""
+"""The benchmarks' quick mode: every benchmark runs at toy scale and writes its result.
+
+It takes minutes (every benchmark starts its own PostgreSQL and loads its data), so it runs with
+--long; CI runs it on every change (`uv run pytest --long tests/bench`)."""
 
 from __future__ import annotations
 
@@ -7,11 +10,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from bench.__main__ import BENCHMARKS
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(660)
 def test_quick_run_writes_every_result(tmp_path: Path) -> None:
     results = tmp_path / "results"
     done = subprocess.run(
@@ -19,7 +26,7 @@ def test_quick_run_writes_every_result(tmp_path: Path) -> None:
         cwd=ROOT,
         capture_output=True,
         text=True,
-        timeout=280,
+        timeout=600,
         check=False,
     )
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
