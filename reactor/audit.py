@@ -1,8 +1,9 @@
 """DESIGN.md's invariants, checked from the database rather than from what the reactor says.
 
-``install`` adds an audit trigger to analysis_runs; ``verdict`` counts lost, duplicate,
+``install`` adds an audit trigger to the runs table; ``verdict`` counts lost, duplicate,
 clobbering, early and wrong writes and the reactor's lateness from it. The demo, the tests and
-the benchmarks share it, so all three judge the reactor the same way.
+the benchmarks share it, so all three judge the reactor the same way. Both are rendered through
+the mapping in force, like the reactor's own statements.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from typing import Any
 
 from reactor import sql
 from reactor.db import AnyConnection
+from reactor.mapping import Mapping
 
 
 @dataclass(frozen=True)
@@ -43,9 +45,14 @@ class Verdict:
         return asdict(self)
 
 
+def ddl(mapping: Mapping | None = None) -> str:
+    """The audit table and trigger for ``mapping`` (the one in force when None), idempotent."""
+    return sql.render(sql.preamble("audit.sql"), mapping)
+
+
 async def install(conn: AnyConnection) -> None:
     """Create the audit table and trigger (idempotent)."""
-    await conn.execute(sql.preamble("audit.sql"))
+    await conn.execute(ddl())
 
 
 async def verdict(conn: AnyConnection, grace: float) -> Verdict:

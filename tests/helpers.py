@@ -8,11 +8,11 @@ from typing import Any
 
 import psycopg
 
-from reactor import sql
+from reactor import audit, mapping
 
 # Every write to analysis_runs, with who made it and when (by the database clock), so tests
 # check dup / clobbered / early from the database itself.
-AUDIT_SQL = sql.preamble("audit.sql")
+AUDIT_SQL = audit.ddl(mapping.REFERENCE)
 
 Conn = psycopg.Connection[Any]
 

@@ -1,34 +1,37 @@
--- An audit of every write to analysis_runs: who wrote (saved_by), for which job, and when by the
+-- An audit of every write to the runs table: who wrote (saved_by), for which job, and when by the
 -- database clock. Not part of the reactor's schema: `reactor demo`, the tests and the benchmarks
 -- install it to count lost, duplicate, clobbering and early writes from the database itself.
+-- Rendered through the mapping (reactor.audit.ddl), like every other statement: the ids take
+-- the types of the mapped columns.
 CREATE TABLE IF NOT EXISTS run_audit (
     seq        bigserial PRIMARY KEY,
     op         text NOT NULL,
-    run_id     uuid NOT NULL,
-    job_id     uuid NOT NULL,
+    run_id     @run_type@ NOT NULL,
+    job_id     @job_type@ NOT NULL,
     saved_by   text,
     at         timestamptz NOT NULL DEFAULT clock_timestamp()
 );
--- Deletions are recorded too (TRUNCATE as one row with nil ids): a run written again after the
--- app deleted it is a new write, not a duplicate, and lands on no client row.
+-- Deletions are recorded too (TRUNCATE as one row with the least ids of their types, which no
+-- write names): a run written again after the app deleted it is a new write, not a duplicate,
+-- and lands on no client row.
 CREATE INDEX IF NOT EXISTS run_audit_run_idx ON run_audit (run_id, seq);
 CREATE OR REPLACE FUNCTION run_audit_write() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     IF TG_OP = 'TRUNCATE' THEN
         INSERT INTO run_audit (op, run_id, job_id)
-        VALUES (TG_OP, '00000000-0000-0000-0000-000000000000', '00000000-0000-0000-0000-000000000000');
+        VALUES (TG_OP, @least_run@, @least_job@);
     ELSIF TG_OP = 'DELETE' THEN
         INSERT INTO run_audit (op, run_id, job_id, saved_by)
-        VALUES (TG_OP, OLD.id, OLD.job_id, OLD.saved_by);
+        VALUES (TG_OP, @OLD.key@, @OLD.job@, @OLD.saved_by@);
     ELSE
         INSERT INTO run_audit (op, run_id, job_id, saved_by)
-        VALUES (TG_OP, NEW.id, NEW.job_id, NEW.saved_by);
+        VALUES (TG_OP, @NEW.key@, @NEW.job@, @NEW.saved_by@);
     END IF;
     RETURN NULL;
 END $$;
-CREATE OR REPLACE TRIGGER run_audit AFTER INSERT OR UPDATE OR DELETE ON analysis_runs
+CREATE OR REPLACE TRIGGER run_audit AFTER INSERT OR UPDATE OR DELETE ON @runs@
     FOR EACH ROW EXECUTE FUNCTION run_audit_write();
-CREATE OR REPLACE TRIGGER run_audit_truncate AFTER TRUNCATE ON analysis_runs
+CREATE OR REPLACE TRIGGER run_audit_truncate AFTER TRUNCATE ON @runs@
     FOR EACH STATEMENT EXECUTE FUNCTION run_audit_write();
 -- Stretches of time a test or benchmark caused a fault in (the server down, the network cut): a
 -- worker write whose wait overlaps one, due before it ended and written after it began, is
@@ -38,23 +41,24 @@ CREATE TABLE IF NOT EXISTS run_audit_excused (
     until_at   timestamptz NOT NULL
 );
 -- The audit sees every write, even one made with the triggers bypassed (a restore, replication).
-ALTER TABLE analysis_runs ENABLE ALWAYS TRIGGER run_audit;
-ALTER TABLE analysis_runs ENABLE ALWAYS TRIGGER run_audit_truncate;
+ALTER TABLE @runs@ ENABLE ALWAYS TRIGGER run_audit;
+ALTER TABLE @runs@ ENABLE ALWAYS TRIGGER run_audit_truncate;
 
 -- name: verdict
 -- DESIGN.md's invariants, counted from the database, plus the reactor's lateness outside the
 -- excused stretches. Run it when
 -- the app has been quiet for longer than the grace window, or `lost` counts jobs in flight.
+-- A row saved by anything but the worker (a client, or NULL: a legacy row) is a client's.
 WITH worker AS (
-    SELECT a.*, j.updated_at + make_interval(secs => %(grace)s) AS due_at,
+    SELECT a.*, @j.updated_at@ + make_interval(secs => %(grace)s) AS due_at,
            -- What the run row was just before this write: the run's previous event.
-           (SELECT p.op || ':' || coalesce(p.saved_by, 'client')
+           (SELECT p.op || ':' || CASE WHEN p.saved_by = @worker@ THEN 'worker' ELSE 'client' END
               FROM run_audit p
              WHERE p.seq < a.seq
-               AND p.run_id IN (a.run_id, '00000000-0000-0000-0000-000000000000')
+               AND p.run_id IN (a.run_id, @least_run@)
              ORDER BY p.seq DESC LIMIT 1) AS before
-      FROM run_audit a JOIN analysis_jobs j ON j.id = a.job_id
-     WHERE a.saved_by = 'worker' AND a.op <> 'DELETE'
+      FROM run_audit a JOIN @jobs@ j ON @j.id@ = a.job_id
+     WHERE a.saved_by = @worker@ AND a.op <> 'DELETE'
 ), late AS (
     SELECT extract(epoch FROM w.at - w.due_at)::float8 AS s
       FROM worker w
@@ -62,12 +66,12 @@ WITH worker AS (
                         WHERE w.due_at < e.until_at AND w.at > e.from_at)
 )
 SELECT
-    (SELECT count(*) FROM analysis_jobs) AS jobs,
-    (SELECT count(*) FROM analysis_runs WHERE coalesce(saved_by, 'client') = 'client')
+    (SELECT count(*) FROM @jobs@) AS jobs,
+    (SELECT count(*) FROM @runs@ r WHERE @r.saved_by@ IS DISTINCT FROM @worker@)
         AS saved_by_client,
-    (SELECT count(*) FROM analysis_runs WHERE saved_by = 'worker') AS saved_by_worker,
-    (SELECT count(*) FROM analysis_jobs j
-      WHERE {{needs_run}} AND j.updated_at < now() - make_interval(secs => %(grace)s)) AS lost,
+    (SELECT count(*) FROM @runs@ r WHERE @r.saved_by@ = @worker@) AS saved_by_worker,
+    (SELECT count(*) FROM @jobs@ j
+      WHERE {{needs_run}} AND @j.updated_at@ < now() - make_interval(secs => %(grace)s)) AS lost,
     -- A second worker write of the same (run, job) while its row stood: no deletion between.
     (SELECT count(*) FROM worker w
       WHERE EXISTS (SELECT 1 FROM worker e
@@ -75,15 +79,15 @@ SELECT
                        AND NOT EXISTS (SELECT 1 FROM run_audit g
                                         WHERE g.seq > e.seq AND g.seq < w.seq
                                           AND g.op IN ('DELETE', 'TRUNCATE')
-                                          AND g.run_id IN (w.run_id,
-                                              '00000000-0000-0000-0000-000000000000'))))
+                                          AND g.run_id IN (w.run_id, @least_run@))))
         AS dup,
     (SELECT count(*) FROM worker w
       WHERE w.before IN ('INSERT:client', 'UPDATE:client')) AS clobbered,
     (SELECT count(*) FROM worker WHERE at < due_at) AS early,
-    (SELECT count(*) FROM worker w JOIN analysis_jobs j ON j.id = w.job_id
-      WHERE j.status NOT IN ('complete', 'failed') OR j.deleted_at IS NOT NULL
-         OR j.doc_html IS NULL OR j.results IS NULL OR j.results = '{}'::jsonb) AS wrong,
+    -- A worker write for a job that does not need a run: not terminal, deleted, or without
+    -- its documents.
+    (SELECT count(*) FROM worker w JOIN @jobs@ j ON @j.id@ = w.job_id
+      WHERE NOT {{eligible}}) AS wrong,
     (SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY s) FROM late)::float8 AS lateness_p50,
     (SELECT percentile_cont(0.99) WITHIN GROUP (ORDER BY s) FROM late)::float8 AS lateness_p99,
     (SELECT max(s) FROM late) AS lateness_max,
