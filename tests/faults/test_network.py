@@ -71,6 +71,7 @@ async def _silent_partition(
     assert judgement.verdict.lateness_max_overall < outage + 10
 
 
+@pytest.mark.second_mapping
 async def test_silent_partition_is_recovered(scenario: Scenario, proxy: FaultProxy) -> None:
     await _silent_partition(scenario, proxy, cycles=1, outage=3.0, name="net: silent partition")
 
@@ -241,9 +242,8 @@ async def _resets_mid_record(
     async with scenario.fleet(dsn, probe_interval=PROBE, probe_timeout=PROBE) as fleet:
         # RST right after a record statement reaches the server: before it runs, while it runs,
         # or after it committed but before the reply (the reactor cannot tell which).
-        proxy.reset_on(
-            b'INSERT INTO "public"."analysis_runs" AS r', times=resets, delay=(0.0, 0.01)
-        )
+        write = scenario.tables.render("INSERT INTO @runs@ AS r").encode()
+        proxy.reset_on(write, times=resets, delay=(0.0, 0.01))
         deadline = time.monotonic() + 20 + resets
         while proxy.resets_fired() < resets and time.monotonic() < deadline:
             await scenario.drive(app, 0.5)
@@ -260,6 +260,7 @@ async def _resets_mid_record(
     assert fired == resets
 
 
+@pytest.mark.second_mapping
 async def test_reset_in_the_middle_of_record_statements(
     scenario: Scenario, proxy: FaultProxy
 ) -> None:
