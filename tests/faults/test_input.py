@@ -60,7 +60,6 @@ async def recorded_fresh_job(tables: Tables, conn: Conn) -> None:
     await eventually(lambda: run_count(tables, conn, run), timeout=GRACE + 5)
 
 
-@pytest.mark.second_mapping
 async def test_garbage_and_a_flood_on_the_channel(
     database_url: str, tables: Tables, reactor_at: StartReactor, report: Report
 ) -> None:
@@ -238,6 +237,7 @@ def test_a_50_mb_document_never_travels_to_python(
     assert judgement.clean, str(judgement)
 
 
+@pytest.mark.second_mapping
 async def test_one_run_shared_by_twenty_jobs(
     database_url: str, tables: Tables, reactor_at: StartReactor, report: Report
 ) -> None:
@@ -285,6 +285,7 @@ async def test_one_run_shared_by_twenty_jobs(
     assert together_writes == [newest]
 
 
+@pytest.mark.second_mapping
 async def test_jobs_hard_deleted_while_their_deadline_is_pending(
     database_url: str,
     tables: Tables,

@@ -71,7 +71,6 @@ async def _silent_partition(
     assert judgement.verdict.lateness_max_overall < outage + 10
 
 
-@pytest.mark.second_mapping
 async def test_silent_partition_is_recovered(scenario: Scenario, proxy: FaultProxy) -> None:
     await _silent_partition(scenario, proxy, cycles=1, outage=3.0, name="net: silent partition")
 
