@@ -34,7 +34,7 @@ TEMPLATE = "reactor_test_template_" + os.environ.get("PYTEST_XDIST_WORKER", "mai
 # pytest-xdist controller (which loads this conftest, not the one of tests/faults).
 FAULT_ROW = "fault_scenario_row"
 _FAULT_HEAD = (
-    "| scenario | cycles | jobs | lost | dup | clobbered | early | wrong | stale "
+    "| scenario | cycles | jobs | lost | dup | clobbered | early | wrong | stale | unhooked "
     "| worst lateness outside faults (s) | p99 (s) | caught up in (s) | outcome | note |"
 )
 
@@ -60,7 +60,7 @@ class _FaultRows:
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         if not self.rows:
             return
-        table = "\n".join([_FAULT_HEAD, "|" + "---|" * 14, *self.rows]) + "\n"
+        table = "\n".join([_FAULT_HEAD, "|" + "---|" * 15, *self.rows]) + "\n"
         terminalreporter.section("fault scenarios")
         terminalreporter.write(table)
         path = os.environ.get("REACTOR_FAULTS_REPORT")

@@ -1,34 +1,117 @@
-"""Fixtures of the fault suite: in-process reactors at any DSN, the fault proxy, reactor
-processes, the app, and the results table.
+"""Fixtures of the fault suite: the app's tables on each mapping, in-process reactors at any
+DSN, the fault proxy, reactor processes, the app, and the results table.
 
-Every scenario adds a row with ``report(...)``; at the end of the session the table is printed
-and, when ``REACTOR_FAULTS_REPORT`` names a file, written there as Markdown.
+Every scenario runs on the tables of each mapping that ``REACTOR_FAULT_MAPPING`` names
+(:data:`MAPPINGS`), with that mapping in force. Every scenario adds a row with ``report(...)``;
+at the end of the session the table is printed and, when ``REACTOR_FAULTS_REPORT`` names a
+file, written there as Markdown.
 """
 
 from __future__ import annotations
 
+import os
+import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
 from typing import Any, Literal, cast
 
 import anyio
+import psycopg
 import pytest
 
-from reactor import db
+from reactor import db, mapping
 from reactor.config import Settings
 from reactor.embedded import EmbeddedPostgres
 from reactor.hooks import open_hooks
 from reactor.service import POOL_SIZE, Reactor
 from tests.conftest import FAULT_ROW, Server
+from tests.faults import tables as app_tables
 from tests.faults.proxy import FaultProxy
 from tests.faults.scenario import REPLICAS, Scenario
 from tests.faults.support import FaultWindows, Judgement, Replicas, Workload, host_port
+from tests.faults.tables import Tables
 
 StartReactor = Callable[..., AbstractAsyncContextManager[Reactor]]
 
+# The mappings whose tables each scenario runs on, from REACTOR_FAULT_MAPPING: "second" runs
+# the suite on tests/mappings/second, "reference,second" on both, one after the other. Unset,
+# the scenarios marked second_mapping run on both, the rest on the reference: the default
+# suite's sample of the second.
+_CHOSEN = os.environ.get("REACTOR_FAULT_MAPPING", "")
+MAPPINGS: tuple[str, ...] = tuple(n.strip() for n in _CHOSEN.split(",") if n.strip())
+for _name in MAPPINGS:
+    if _name not in app_tables.BY_NAME:
+        raise ValueError(
+            f"REACTOR_FAULT_MAPPING names {_name!r}; the mappings are "
+            + ", ".join(app_tables.BY_NAME)
+        )
 
-def _cells(scenario: str, cycles: int, judgement: Judgement, recovery: float | None) -> str:
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "tables" not in metafunc.fixturenames:
+        return
+    names = MAPPINGS or ("reference",)
+    if not MAPPINGS and metafunc.definition.get_closest_marker("second_mapping"):
+        names = ("reference", "second")
+    metafunc.parametrize("tables", names, indirect=True)
+
+
+class Templates:
+    """The template database of each app's tables on the test server, made on first use."""
+
+    def __init__(self, server: Server, reference: str) -> None:
+        self._server = server
+        self._made = {"reference": (reference, app_tables.REFERENCE)}
+
+    def __getitem__(self, name: str) -> tuple[str, Tables]:
+        """(template database, the tables with their mapping typed)."""
+        if name not in self._made:
+            worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+            template = f"reactor_test_{name}_{worker}"
+            with psycopg.connect(self._server.admin_dsn, autocommit=True) as conn:
+                conn.execute(f"DROP DATABASE IF EXISTS {template}")
+                conn.execute(f"CREATE DATABASE {template}")
+            installed = app_tables.BY_NAME[name].install(self._server.dsn_for(template))
+            self._made[name] = (template, installed)
+        return self._made[name]
+
+
+@pytest.fixture(scope="session")
+def templates(server: Server, template: str) -> Templates:
+    return Templates(server, template)
+
+
+@pytest.fixture
+def tables(request: pytest.FixtureRequest, templates: Templates) -> Iterator[Tables]:
+    """The app's tables of this run of the scenario, their mapping in force throughout."""
+    _, chosen = templates[request.param]
+    with mapping.using(chosen.mapping):
+        yield chosen
+
+
+@pytest.fixture
+def database_url(server: Server, templates: Templates, tables: Tables) -> Iterator[str]:
+    """A fresh database of the scenario's tables, cloned from their template; dropped after."""
+    template, _ = templates[tables.name]
+    name = f"t_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(server.admin_dsn, autocommit=True) as conn:
+        conn.execute(f"CREATE DATABASE {name} TEMPLATE {template}")
+    dsn = server.dsn_for(name)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        tables.adopt(conn)
+    yield dsn
+    with psycopg.connect(server.admin_dsn, autocommit=True) as conn:
+        conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+
+def _cells(
+    scenario: str,
+    cycles: int,
+    judgement: Judgement,
+    recovery: float | None,
+    unhooked: int | None,
+) -> str:
     v = judgement.verdict
 
     def sec(x: float | None) -> str:
@@ -36,16 +119,18 @@ def _cells(scenario: str, cycles: int, judgement: Judgement, recovery: float | N
 
     return (
         f"| {scenario} | {cycles} | {v.jobs} | {v.lost} | {v.dup} | {v.clobbered} "
-        f"| {v.early} | {v.wrong} | {judgement.stale} | {sec(v.lateness_max)} "
-        f"| {sec(v.lateness_p99)} | {sec(recovery)} |"
+        f"| {v.early} | {v.wrong} | {judgement.stale} | {'-' if unhooked is None else unhooked} "
+        f"| {sec(v.lateness_max)} | {sec(v.lateness_p99)} | {sec(recovery)} |"
     )
 
 
 class Report:
-    """Adds this test's rows to the session's table."""
+    """Adds this test's rows to the session's table; a scenario on another mapping than the
+    reference is named with it."""
 
-    def __init__(self, request: pytest.FixtureRequest) -> None:
+    def __init__(self, request: pytest.FixtureRequest, tables: Tables) -> None:
         self._properties = request.node.user_properties
+        self._tables = tables
 
     def __call__(
         self,
@@ -54,15 +139,18 @@ class Report:
         judgement: Judgement,
         *,
         recovery: float | None = None,
+        unhooked: int | None = None,
         note: str = "",
     ) -> None:
-        cells = _cells(scenario, cycles, judgement, recovery)
+        if self._tables.name != "reference":
+            scenario = f"{scenario} [{self._tables.name} mapping]"
+        cells = _cells(scenario, cycles, judgement, recovery, unhooked)
         self._properties.append((FAULT_ROW, (cells, note)))
 
 
 @pytest.fixture
-def report(request: pytest.FixtureRequest) -> Report:
-    return Report(request)
+def report(request: pytest.FixtureRequest, tables: Tables) -> Report:
+    return Report(request, tables)
 
 
 @pytest.fixture
@@ -125,12 +213,12 @@ def replicas(tmp_path: Path) -> Iterator[Replicas]:
 
 
 @pytest.fixture
-def workload(database_url: str) -> Iterator[Callable[..., Workload]]:
+def workload(database_url: str, tables: Tables) -> Iterator[Callable[..., Workload]]:
     """``workload(grace=1.0, seed=...)``: the app against the test database."""
     made: list[Workload] = []
 
     def make(**kwargs: Any) -> Workload:
-        app = Workload(database_url, **kwargs)
+        app = Workload(database_url, tables, **kwargs)
         made.append(app)
         return app
 
@@ -183,9 +271,10 @@ def reactor_at() -> StartReactor:
 def scenario(
     request: pytest.FixtureRequest,
     database_url: str,
+    tables: Tables,
     reactor_at: StartReactor,
     workload: Callable[..., Workload],
     report: Report,
 ) -> Scenario:
     """An in-process scenario's app, replicas and verdict; once per entry of ``REPLICAS``."""
-    return Scenario(database_url, reactor_at, workload, report, replicas=request.param)
+    return Scenario(database_url, tables, reactor_at, workload, report, replicas=request.param)

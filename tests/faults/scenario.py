@@ -20,6 +20,7 @@ import anyio
 from reactor.listener import Listener
 from reactor.service import Reactor
 from tests.faults.support import Judgement, Workload, settle
+from tests.faults.tables import Tables
 
 if TYPE_CHECKING:  # the fixtures module makes Scenarios, so it imports this one
     from tests.faults.conftest import Report, StartReactor
@@ -67,9 +68,10 @@ class Fleet:
 
 @dataclass(frozen=True)
 class Scenario:
-    """One scenario's app, replicas and verdict against the test database."""
+    """One scenario's app, replicas and verdict against the test database of ``tables``."""
 
     database_url: str
+    tables: Tables
     reactor_at: StartReactor
     workload: Callable[..., Workload]
     report: Report

@@ -20,7 +20,6 @@ import subprocess
 import sys
 import threading
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -31,8 +30,9 @@ import anyio
 import psycopg
 import psycopg.conninfo
 
-from reactor import audit
+from reactor import audit, mapping, sql
 from reactor.audit import Verdict
+from tests.faults.tables import JobId, RunKey, Tables
 
 ROOT = Path(__file__).resolve().parents[2]
 Conn = psycopg.Connection[Any]
@@ -40,15 +40,14 @@ Conn = psycopg.Connection[Any]
 # The re-analysed run must hold the newest eligible job's row, unless a client saved it.
 STALE_SQL = """
 WITH newest AS (
-    SELECT DISTINCT ON (j.run_id) j.run_id, j.id
-      FROM analysis_jobs j
-     WHERE j.status IN ('complete', 'failed') AND j.deleted_at IS NULL
-       AND j.doc_html IS NOT NULL AND j.results IS NOT NULL AND j.results <> '{}'::jsonb
-     ORDER BY j.run_id, j.created_at DESC, j.id DESC
+    SELECT DISTINCT ON (@j.run@) @j.run@ AS run, @j.id@ AS id
+      FROM @jobs@ j
+     WHERE @eligible(j)@
+     ORDER BY @j.run@, @j.created_at@ DESC, @j.id@ DESC
 )
 SELECT count(*)::int
-  FROM analysis_runs r JOIN newest n ON n.run_id = r.id
- WHERE r.saved_by = 'worker' AND r.job_id <> n.id
+  FROM @runs@ r JOIN newest n ON n.run = @r.key@
+ WHERE @r.saved_by@ = @worker@ AND @r.job@ <> n.id
 """
 
 
@@ -181,10 +180,11 @@ class Judgement:
 
 
 async def judge(dsn: str, grace: float) -> Judgement:
-    """Count lost, dup, clobbered, early, wrong (``audit.verdict``) and stale."""
+    """Count lost, dup, clobbered, early, wrong (``audit.verdict``) and stale, on the tables
+    of the mapping in force."""
     async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
         verdict = await audit.verdict(conn, grace)
-        cur = await conn.execute(STALE_SQL)
+        cur = await conn.execute(sql.render(STALE_SQL))
         row = await cur.fetchone()
         assert row is not None
         return Judgement(verdict, int(row[0]))
@@ -226,24 +226,26 @@ async def settle(
 
 @dataclass
 class Workload:
-    """The worker and the tabs, against ``dsn`` (directly, never through a fault).
+    """The worker and the tabs, against ``dsn`` (directly, never through a fault), writing
+    ``tables`` as the app does.
 
     Synchronous: async tests call it through ``anyio.to_thread.run_sync``.
     """
 
     dsn: str
+    tables: Tables
     grace: float
     seed: int = 0
     save_ratio: float = 0.7
     reanalyse_ratio: float = 0.1
     doc_bytes: int = 300
     rng: random.Random = field(init=False)
-    finished: list[uuid.UUID] = field(default_factory=list)
+    finished: list[JobId] = field(default_factory=list)
     saved: int = 0
     failed_writes: int = 0
     last_finish: float = 0.0
-    _runs: list[uuid.UUID] = field(default_factory=list)
-    _saves: list[tuple[float, uuid.UUID]] = field(default_factory=list)
+    _runs: list[RunKey] = field(default_factory=list)
+    _saves: list[tuple[float, JobId]] = field(default_factory=list)
     _conn: Conn | None = None
 
     def __post_init__(self) -> None:
@@ -258,37 +260,26 @@ class Workload:
         if self._conn is not None:
             self._conn.close()
 
-    def finish(self, count: int, *, save: bool = True) -> list[uuid.UUID]:
+    def finish(self, count: int, *, save: bool = True) -> list[JobId]:
         """Create ``count`` jobs and finish each in its own transaction; queue the tabs' saves.
 
         Returns the jobs that finished (none while the database is down).
         """
-        done: list[uuid.UUID] = []
+        done: list[JobId] = []
+        tables = self.tables
         try:
             conn = self._connection()
             for _ in range(count):
-                job_id = uuid.uuid4()
+                run: RunKey | None = None
                 if self._runs and self.rng.random() < self.reanalyse_ratio:
-                    run_id = self.rng.choice(self._runs)  # a re-analysis: a later job, same run
-                else:
-                    run_id = uuid.uuid4()
+                    run = self.rng.choice(self._runs)  # a re-analysis: a later job, same run
                 doc = "<p>" + "x" * self.doc_bytes + "</p>"
-                conn.execute(
-                    "INSERT INTO analysis_jobs (id, run_id, status, doc_html) "
-                    "VALUES (%s, %s, 'running', %s)",
-                    (job_id, run_id, doc),
-                )
-                conn.execute(
-                    "UPDATE analysis_jobs SET status = %s, results = %s, updated_at = now() "
-                    "WHERE id = %s",
-                    (
-                        self.rng.choice(("complete", "complete", "failed")),
-                        json.dumps({"verdicts": [self.rng.randrange(100)]}),
-                        job_id,
-                    ),
-                )
+                job_id, run = tables.add_job(conn, run=run, doc=doc)
+                failed = self.rng.choice((False, False, True))
+                results = json.dumps({"verdicts": [self.rng.randrange(100)]})
+                tables.finish(conn, job_id, failed=failed, results=results)
                 done.append(job_id)
-                self._runs.append(run_id)
+                self._runs.append(run)
                 self.last_finish = time.monotonic()
                 if save and self.rng.random() < self.save_ratio:
                     at = time.monotonic() + self.rng.uniform(0.05, 0.5) * self.grace
@@ -306,7 +297,7 @@ class Workload:
         while self._saves and self._saves[0][0] <= now:
             _, job_id = heapq.heappop(self._saves)
             try:
-                client_save(self._connection(), job_id)
+                self.tables.client_save(self._connection(), job_id)
                 count += 1
             except psycopg.OperationalError:
                 self.failed_writes += 1
@@ -360,26 +351,17 @@ class Workload:
         time.sleep(max(0.0, self.last_finish + self.grace + 0.05 - time.monotonic()))
 
 
-def client_save(conn: Conn, job_id: uuid.UUID) -> None:
-    """The browser tab: the upsert that always wins (as tests/helpers.py)."""
-    conn.execute(
-        """
-        INSERT INTO analysis_runs (id, job_id, doc_html, results, saved_by)
-        SELECT run_id, id, doc_html, results, 'client' FROM analysis_jobs WHERE id = %s
-        ON CONFLICT (id) DO UPDATE SET job_id = EXCLUDED.job_id, doc_html = EXCLUDED.doc_html,
-            results = EXCLUDED.results, saved_by = 'client', updated_at = now()
-        """,
-        (job_id,),
-    )
-
-
 # -- reactor processes -------------------------------------------------------------------------
 
 
 def replica_env(dsn: str, **variables: str) -> dict[str, str]:
-    """The environment of a ``reactor run`` subprocess: fast probes, short grace, no HTTP."""
+    """The environment of a ``reactor run`` subprocess: the mapping in force (its file as
+    REACTOR_CONFIG), fast probes, short grace, no HTTP."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("REACTOR_")}
     env.pop("DATABASE_URL", None)
+    config = mapping.in_force().source
+    if config:
+        env["REACTOR_CONFIG"] = config
     env.update(
         {
             "DATABASE_URL": dsn,

@@ -4,12 +4,11 @@ killed with -9 and PostgreSQL restarts. The reconcile must find every one of the
 
 from __future__ import annotations
 
-import json
-import uuid
 from collections.abc import Callable
 
 import anyio
 import psycopg
+import pytest
 
 from reactor.embedded import EmbeddedPostgres
 from tests.faults.conftest import Report
@@ -23,41 +22,43 @@ from tests.faults.support import (
     settle,
     wait_for,
 )
+from tests.faults.tables import RESULTS, JobId, Tables
 
 GRACE = 1.0
 
 
-def _bypass(dsn: str, count: int) -> list[uuid.UUID]:
+def _bypass(tables: Tables, dsn: str, count: int) -> list[JobId]:
     """Finish jobs and delete recorded runs as a restore or a replication apply worker does."""
-    jobs = [uuid.uuid4() for _ in range(count)]
     with connect(dsn) as conn, conn.transaction():
         conn.execute("SET LOCAL session_replication_role = replica")
-        for job in jobs:
-            conn.execute(
-                "INSERT INTO analysis_jobs (id, run_id, status, doc_html, results) "
-                "VALUES (%s, %s, 'complete', '<p>restored</p>', %s)",
-                (job, uuid.uuid4(), json.dumps({"verdicts": [1]})),
-            )
+        jobs = [
+            tables.add_job(conn, finished=True, doc="<p>restored</p>", results=RESULTS)[0]
+            for _ in range(count)
+        ]
         conn.execute(
-            "DELETE FROM analysis_runs WHERE id IN "
-            "(SELECT id FROM analysis_runs WHERE saved_by = 'worker' LIMIT %s)",
+            tables.render(
+                "DELETE FROM @runs@ WHERE @key@ IN "
+                "(SELECT @key@ FROM @runs@ WHERE @saved_by@ = @worker@ LIMIT %s)"
+            ),
             (count // 2,),
         )
     return jobs
 
 
-def _recorded_at(dsn: str, jobs: list[uuid.UUID]) -> bool:
+def _recorded_at(tables: Tables, dsn: str, jobs: list[JobId]) -> bool:
     """Every one of ``jobs`` has its run (False while the server is unreachable)."""
     try:
         with connect(dsn) as conn:
-            query = "SELECT count(*) = %s FROM analysis_runs WHERE job_id = ANY(%s)"
+            query = tables.render("SELECT count(*) = %s FROM @runs@ WHERE @job@ = ANY(%s)")
             return bool(scalar(conn, query, (len(jobs), jobs)))
     except psycopg.OperationalError:
         return False
 
 
+@pytest.mark.second_mapping
 def test_drift_with_kill_nine_and_a_postgres_restart(
     database_url: str,
+    tables: Tables,
     embedded: EmbeddedPostgres,
     replicas: Replicas,
     workload: Callable[..., Workload],
@@ -65,27 +66,28 @@ def test_drift_with_kill_nine_and_a_postgres_restart(
 ) -> None:
     app = workload(grace=GRACE, seed=33)
     env = replica_env(database_url, REACTOR_RECONCILE_INTERVAL_SECONDS="2")
-    drifted: list[uuid.UUID] = []
+    runs = tables.render("SELECT count(*) FROM @runs@")
+    drifted: list[JobId] = []
     with connect(database_url) as conn:
         first = replicas.start(env, "r0")
         replicas.start(env, "r1")
         wait_for(lambda: listeners(conn) >= 2, 30, "two replicas listening")
     with app.running(20.0):
         wait_for(
-            lambda: scalar_at(database_url, "SELECT count(*) FROM analysis_runs") > 20,
+            lambda: scalar_at(database_url, runs) > 20,
             30,
             "runs recorded before the faults",
         )
-        drifted += _bypass(database_url, 10)
+        drifted += _bypass(tables, database_url, 10)
         first.kill()
-        drifted += _bypass(database_url, 10)
+        drifted += _bypass(tables, database_url, 10)
         embedded.restart()
-        drifted += _bypass(database_url, 10)
+        drifted += _bypass(tables, database_url, 10)
         replicas.start(env, "r2")
     app.quiesce()
     # The last drifted jobs may be younger than the app's last finish: wait for the reconcile
     # to have recorded every one of them, then judge everything.
-    wait_for(lambda: _recorded_at(database_url, drifted), 30, "every drifted job recorded")
+    wait_for(lambda: _recorded_at(tables, database_url, drifted), 30, "every drifted job recorded")
     judgement, took = anyio.run(lambda: settle(database_url, GRACE, within=30), backend="asyncio")
     report(
         "drift + kill -9 + pg restart",

@@ -21,6 +21,7 @@ from pathlib import Path
 import anyio
 import pytest
 
+from reactor import audit
 from reactor.embedded import EmbeddedPostgres
 from tests.acceptance.conftest import reactor_env, run_reactor
 from tests.conftest import Server
@@ -39,7 +40,7 @@ from tests.faults.support import (
     wait_for,
     with_port,
 )
-from tests.helpers import AUDIT_SQL
+from tests.faults.tables import Tables
 from tests.integration.conftest import eventually
 from tests.standby import caught_up, embedded_of, multi_host, on, standby_of
 
@@ -111,7 +112,7 @@ def _bin_dir(server: Server) -> Path | None:
 
 
 def test_a_promoted_standby_takes_over_under_load_and_loses_nothing(
-    server: Server, replicas: Replicas, report: Report
+    server: Server, tables: Tables, replicas: Replicas, report: Report
 ) -> None:
     started = time.monotonic()
     with EmbeddedPostgres(bin_dir=_bin_dir(server)) as primary:
@@ -132,12 +133,16 @@ def test_a_promoted_standby_takes_over_under_load_and_loses_nothing(
                     "the standby streaming synchronously",
                 )
             both = multi_host(primary.dsn_for("app"), primary.port, standby.port)
-            migrated = run_reactor("migrate", "--reference-schema", env=reactor_env(both))
+            with connect(primary.dsn_for("app")) as conn:
+                conn.execute(tables.ddl)
+                tables.adopt(conn)
+            env = reactor_env(both, **tables.env)
+            migrated = run_reactor("migrate", env=env)
             assert migrated.returncode == 0, migrated.stderr
             with connect(primary.dsn_for("app")) as conn:
-                conn.execute(AUDIT_SQL)
+                conn.execute(audit.ddl())
             reactor = replicas.start(replica_env(both, REACTOR_GRACE_SECONDS=str(GRACE)))
-            app = Workload(both, grace=GRACE, seed=51)
+            app = Workload(both, tables, grace=GRACE, seed=51)
             try:
                 with connect(primary.dsn_for("app")) as conn:
                     wait_for(lambda: listeners(conn) == 1, 30, "the reactor listening")

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import time
-import uuid
 from collections.abc import Iterator
 
 import anyio
@@ -16,7 +15,8 @@ import pytest
 
 from reactor.embedded import EmbeddedPostgres
 from tests.faults.scenario import Scenario
-from tests.faults.support import Conn, client_save, connect, scalar
+from tests.faults.support import Conn, connect, scalar
+from tests.faults.tables import JobId, Tables
 from tests.integration.conftest import eventually
 
 pytestmark = pytest.mark.anyio
@@ -25,26 +25,28 @@ HELD = 3
 
 
 @contextlib.contextmanager
-def tabs_saving(dsn: str, jobs: list[uuid.UUID]) -> Iterator[list[Conn]]:
+def tabs_saving(tables: Tables, dsn: str, jobs: list[JobId]) -> Iterator[list[Conn]]:
     """A tab per job saving its run in a transaction left open until the block ends, which
     commits them (the tabs' saves win)."""
     with contextlib.ExitStack() as stack:
         tabs = [stack.enter_context(connect(dsn)) for _ in jobs]
         for tab, job in zip(tabs, jobs, strict=True):
             tab.execute("BEGIN")
-            client_save(tab, job)
+            tables.client_save(tab, job)
         yield tabs
         for tab in tabs:
             tab.execute("COMMIT")
 
 
-def _unsettled(dsn: str, jobs: list[uuid.UUID]) -> int:
+def _unsettled(tables: Tables, dsn: str, jobs: list[JobId]) -> int:
     with connect(dsn) as conn:
         return int(
             scalar(
                 conn,
-                "SELECT count(*) FROM analysis_jobs j WHERE j.id = ANY(%s) "
-                "AND NOT EXISTS (SELECT 1 FROM analysis_runs r WHERE r.id = j.run_id)",
+                tables.render(
+                    "SELECT count(*) FROM @jobs@ j WHERE @j.id@ = ANY(%s) "
+                    "AND NOT EXISTS (SELECT 1 FROM @runs@ r WHERE @r.key@ = @j.run@)"
+                ),
                 (jobs,),
             )
         )
@@ -64,11 +66,12 @@ async def test_rows_held_in_a_backlog_hold_up_only_themselves(
             await anyio.to_thread.run_sync(embedded.start)
         back = time.monotonic()
         held, rest = backlog[:HELD], backlog[HELD:]
-        with tabs_saving(scenario.database_url, held):
-            await eventually(lambda: not _unsettled(scenario.database_url, rest), timeout=30)
+        tables, dsn = scenario.tables, scenario.database_url
+        with tabs_saving(tables, dsn, held):
+            await eventually(lambda: not _unsettled(tables, dsn, rest), timeout=30)
             drained = time.monotonic() - back
             # The held rows are still the tabs' to write: nothing wrote them meanwhile.
-            assert _unsettled(scenario.database_url, held) == HELD
+            assert _unsettled(tables, dsn, held) == HELD
         await scenario.drive(app, 1.0)
         judgement, took = await scenario.verdict(app)
     scenario.conclude(

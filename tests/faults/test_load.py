@@ -3,10 +3,8 @@
 
 from __future__ import annotations
 
-import json
 import random
 import time
-import uuid
 from typing import Any
 
 import anyio
@@ -15,7 +13,8 @@ import pytest
 
 from tests.conftest import Server
 from tests.faults.conftest import Report
-from tests.faults.support import Conn, Replicas, connect, listeners, replica_env, settle, wait_for
+from tests.faults.support import Replicas, connect, listeners, replica_env, settle, wait_for
+from tests.faults.tables import JobId, Tables
 
 JOBS = 50_000
 SECONDS = 60.0
@@ -55,30 +54,14 @@ class Sampler:
         return sum(self.cpu[pid] - self.cpu_start[pid] for pid in self.cpu)
 
 
-def _save(conn: Conn, ids: list[uuid.UUID]) -> None:
-    conn.execute(
-        """
-        INSERT INTO analysis_runs (id, job_id, doc_html, results, saved_by)
-        SELECT run_id, id, doc_html, results, 'client' FROM analysis_jobs WHERE id = ANY(%s)
-        ON CONFLICT (id) DO UPDATE SET job_id = EXCLUDED.job_id, doc_html = EXCLUDED.doc_html,
-            results = EXCLUDED.results, saved_by = 'client', updated_at = now()
-        """,
-        (ids,),
-    )
-
-
 @pytest.mark.slow
 def test_fifty_thousand_jobs_in_a_minute(
-    database_url: str, server: Server, replicas: Replicas, report: Report
+    database_url: str, tables: Tables, server: Server, replicas: Replicas, report: Report
 ) -> None:
     rng = random.Random(41)
-    ids = [uuid.uuid4() for _ in range(JOBS)]
     with connect(database_url) as conn:
-        with conn.cursor().copy(
-            "COPY analysis_jobs (id, run_id, status, doc_html) FROM STDIN"
-        ) as copy:
-            for job_id in ids:
-                copy.write_row((job_id, uuid.uuid4(), "running", "<p>" + "x" * 300 + "</p>"))
+        with conn.transaction():
+            ids = [tables.add_job(conn, doc="<p>" + "x" * 300 + "</p>")[0] for _ in range(JOBS)]
         env = replica_env(database_url, REACTOR_GRACE_SECONDS=str(GRACE))
         started = [replicas.start(env, f"load{i}") for i in range(3)]
         wait_for(lambda: listeners(conn) >= 3, 30, "three replicas listening")
@@ -86,24 +69,20 @@ def test_fifty_thousand_jobs_in_a_minute(
         sampler = Sampler([r.pid for r in started], postmaster)
         sampler.sample()
         per_step = int(JOBS * STEP / SECONDS)
-        saves: list[tuple[float, list[uuid.UUID]]] = []
+        saves: list[tuple[float, list[JobId]]] = []
         begin = time.monotonic()
         for offset in range(0, JOBS, per_step):
             batch = ids[offset : offset + per_step]
-            conn.execute(
-                "UPDATE analysis_jobs SET status = 'complete', results = %s, updated_at = now() "
-                "WHERE id = ANY(%s)",
-                (json.dumps({"verdicts": [1]}), batch),
-            )
+            tables.finish(conn, *batch)
             saves.append((time.monotonic() + 0.3 * GRACE, [j for j in batch if rng.random() < 0.7]))
             while saves and saves[0][0] <= time.monotonic():
-                _save(conn, saves.pop(0)[1])
+                tables.client_save(conn, *saves.pop(0)[1])
             sampler.sample()
             time.sleep(max(0.0, begin + (offset // per_step + 1) * STEP - time.monotonic()))
         finished_in = time.monotonic() - begin
         for at, batch in saves:
             time.sleep(max(0.0, at - time.monotonic()))
-            _save(conn, batch)
+            tables.client_save(conn, *batch)
             sampler.sample()
         time.sleep(GRACE)
 

@@ -241,9 +241,8 @@ async def _resets_mid_record(
     async with scenario.fleet(dsn, probe_interval=PROBE, probe_timeout=PROBE) as fleet:
         # RST right after a record statement reaches the server: before it runs, while it runs,
         # or after it committed but before the reply (the reactor cannot tell which).
-        proxy.reset_on(
-            b'INSERT INTO "public"."analysis_runs" AS r', times=resets, delay=(0.0, 0.01)
-        )
+        write = scenario.tables.render("INSERT INTO @runs@ AS r").encode()
+        proxy.reset_on(write, times=resets, delay=(0.0, 0.01))
         deadline = time.monotonic() + 20 + resets
         while proxy.resets_fired() < resets and time.monotonic() < deadline:
             await scenario.drive(app, 0.5)
@@ -260,6 +259,7 @@ async def _resets_mid_record(
     assert fired == resets
 
 
+@pytest.mark.second_mapping
 async def test_reset_in_the_middle_of_record_statements(
     scenario: Scenario, proxy: FaultProxy
 ) -> None:

@@ -12,7 +12,6 @@ import os
 import random
 import signal
 import time
-import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -22,7 +21,7 @@ import pytest
 
 from reactor.embedded import EmbeddedPostgres
 from tests.faults.scenario import Scenario
-from tests.faults.support import Conn, connect, reactor_pids, scalar
+from tests.faults.support import connect, reactor_pids, scalar
 from tests.integration.conftest import eventually
 
 pytestmark = pytest.mark.anyio
@@ -214,6 +213,7 @@ async def test_frozen_listener_backend_holds_the_queue_and_is_replaced(
     assert seen > 0
 
 
+AGAIN = '{"verdicts": [9]}'
 GATE_SQL = """
 CREATE TABLE IF NOT EXISTS fault_gate (closed boolean NOT NULL);
 INSERT INTO fault_gate VALUES (true);
@@ -221,34 +221,26 @@ CREATE OR REPLACE FUNCTION fault_gate() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     -- While the gate is closed, a worker write waits for the test's advisory lock: the
     -- record statement sits there holding the row locks of the jobs it claimed.
-    IF NEW.saved_by = 'worker' AND (SELECT closed FROM fault_gate) THEN
+    IF @NEW.saved_by@ = @worker@ AND (SELECT closed FROM fault_gate) THEN
         PERFORM pg_advisory_xact_lock_shared(4242);
     END IF;
     RETURN NEW;
 END $$;
-CREATE TRIGGER fault_gate BEFORE INSERT ON analysis_runs
+CREATE TRIGGER fault_gate BEFORE INSERT ON @runs@
     FOR EACH ROW EXECUTE FUNCTION fault_gate();
 """
-
-
-def run_of(conn: Conn, run_id: object) -> tuple[object, ...] | None:
-    """(job_id, saved_by) of a run row, or None."""
-    row = conn.execute(
-        "SELECT job_id, saved_by FROM analysis_runs WHERE id = %s", (run_id,)
-    ).fetchone()
-    return None if row is None else tuple(row)
 
 
 async def _frozen_claim(scenario: Scenario, *, seconds: float, reanalyse: bool, name: str) -> None:
     """Two replicas or more; the backend of the one that claimed job J is frozen mid-statement."""
     app = scenario.app(seed=15, reanalyse_ratio=0.0)
-    database_url = scenario.database_url
+    database_url, tables = scenario.database_url, scenario.tables
     with connect(database_url) as gate, connect(database_url) as conn:
-        gate.execute(GATE_SQL)
+        gate.execute(tables.render(GATE_SQL))
         gate.execute("SELECT pg_advisory_lock(4242)")
         async with scenario.fleet(at_least=2) as fleet:
             [held] = await anyio.to_thread.run_sync(lambda: app.finish(1, save=False))
-            run_id = scalar(conn, "SELECT run_id FROM analysis_jobs WHERE id = %s", (held,))
+            run = tables.run_of(conn, held)
 
             def blocked() -> list[int]:
                 rows = conn.execute(
@@ -266,8 +258,12 @@ async def _frozen_claim(scenario: Scenario, *, seconds: float, reanalyse: bool, 
                 later = None
                 if reanalyse:
                     # A re-analysis of J's run finishes and is recorded while J's claim sleeps.
-                    later, _ = new_job_of(conn, run_id)
-                    await eventually(lambda: run_of(conn, run_id) == (later, "worker"), timeout=10)
+                    later, _ = tables.add_job(
+                        conn, run=run, finished=True, doc="<p>again</p>", results=AGAIN
+                    )
+                    await eventually(
+                        lambda: tables.run_row(conn, run) == (later, tables.worker), timeout=10
+                    )
                 await scenario.drive(app, seconds)
                 # Everything but the frozen claim is recorded, by whichever replica.
                 during, _ = await scenario.verdict(
@@ -275,7 +271,7 @@ async def _frozen_claim(scenario: Scenario, *, seconds: float, reanalyse: bool, 
                 )
             resumed = time.monotonic()
             judgement, _ = await scenario.verdict(app, within=4)
-            final = run_of(conn, run_id)
+            final = tables.run_row(conn, run)
     scenario.conclude(
         name,
         1,
@@ -285,18 +281,7 @@ async def _frozen_claim(scenario: Scenario, *, seconds: float, reanalyse: bool, 
         f"{seconds:g}s+" + ("; J's run re-analysed meanwhile" if reanalyse else ""),
     )
     assert during.verdict.lost == (0 if reanalyse else 1), str(during)
-    assert final == ((later, "worker") if reanalyse else (held, "worker"))
-
-
-def new_job_of(conn: Conn, run_id: object) -> tuple[object, object]:
-    """A later job of ``run_id``, finished at once."""
-    job_id = uuid.uuid4()
-    conn.execute(
-        "INSERT INTO analysis_jobs (id, run_id, status, doc_html, results) "
-        "VALUES (%s, %s, 'complete', '<p>again</p>', '{\"verdicts\": [9]}')",
-        (job_id, run_id),
-    )
-    return job_id, run_id
+    assert final == ((later, tables.worker) if reanalyse else (held, tables.worker))
 
 
 async def test_frozen_backend_holding_a_claim(

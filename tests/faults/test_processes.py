@@ -30,6 +30,7 @@ from tests.faults.support import (
     settle,
     wait_for,
 )
+from tests.faults.tables import Tables
 
 GRACE = 1.0
 
@@ -47,17 +48,18 @@ def start_listening(replicas: Replicas, conn: Conn, env: dict[str, str], name: s
     return replica
 
 
-def unhooked(conn: Conn, hook: str = "judge") -> int:
+UNHOOKED_SQL = """
+SELECT count(*) FROM @runs@ r
+ WHERE @r.saved_by@ = @worker@
+   AND NOT EXISTS (SELECT 1 FROM @reactor@.hook_outbox o
+                    WHERE o.run_id = @r.key@ AND o.job_id = @r.job@
+                      AND o.hook = %s AND o.status = 'done')
+"""
+
+
+def unhooked(tables: Tables, conn: Conn, hook: str = "judge") -> int:
     """Worker-recorded runs whose hook has not run to completion."""
-    return int(
-        scalar(
-            conn,
-            "SELECT count(*) FROM analysis_runs r WHERE r.saved_by = 'worker' "
-            "AND NOT EXISTS (SELECT 1 FROM reactor.hook_outbox o WHERE o.run_id = r.id "
-            "AND o.job_id = r.job_id AND o.hook = %s AND o.status = 'done')",
-            (hook,),
-        )
-    )
+    return int(scalar(conn, tables.render(UNHOOKED_SQL), (hook,)))
 
 
 # -- kill -9 -----------------------------------------------------------------------------------
@@ -65,6 +67,7 @@ def unhooked(conn: Conn, hook: str = "judge") -> int:
 
 def _kill_nine(
     database_url: str,
+    tables: Tables,
     replicas: Replicas,
     workload: Callable[..., Workload],
     report: Report,
@@ -96,14 +99,15 @@ def _kill_nine(
         app.quiesce()
         judgement, took = settled(database_url)
         with contextlib.suppress(AssertionError):  # judged below, after the report
-            wait_for(lambda: unhooked(conn) == 0, 20, "every recorded run hooked")
-        left = unhooked(conn)
+            wait_for(lambda: unhooked(tables, conn) == 0, 20, "every recorded run hooked")
+        left = unhooked(tables, conn)
     report(
         scenario,
         cycles,
         judgement,
         recovery=took,
-        note=f"3 replicas, 30 jobs/s, a hook with a 3 s lease; unhooked={left}",
+        unhooked=left,
+        note="3 replicas, 30 jobs/s, a hook with a 3 s lease",
     )
     assert judgement.clean, str(judgement)
     assert left == 0
@@ -113,19 +117,34 @@ def _kill_nine(
 
 
 def test_kill_nine_at_random_moments(
-    database_url: str, replicas: Replicas, workload: Callable[..., Workload], report: Report
+    database_url: str,
+    tables: Tables,
+    replicas: Replicas,
+    workload: Callable[..., Workload],
+    report: Report,
 ) -> None:
     _kill_nine(
-        database_url, replicas, workload, report, cycles=2, scenario="proc: kill -9 at random"
+        database_url,
+        tables,
+        replicas,
+        workload,
+        report,
+        cycles=2,
+        scenario="proc: kill -9 at random",
     )
 
 
 @pytest.mark.slow
 def test_kill_nine_at_random_moments_long(
-    database_url: str, replicas: Replicas, workload: Callable[..., Workload], report: Report
+    database_url: str,
+    tables: Tables,
+    replicas: Replicas,
+    workload: Callable[..., Workload],
+    report: Report,
 ) -> None:
     _kill_nine(
         database_url,
+        tables,
         replicas,
         workload,
         report,
@@ -188,21 +207,20 @@ def test_rolling_deploy_long(
 
 
 def test_sigterm_while_a_record_statement_outlasts_the_drain(
-    database_url: str, replicas: Replicas, workload: Callable[..., Workload], report: Report
+    database_url: str,
+    tables: Tables,
+    replicas: Replicas,
+    workload: Callable[..., Workload],
+    report: Report,
 ) -> None:
     app = workload(grace=GRACE, seed=23, save_ratio=0.0)
     env = replica_env(database_url, REACTOR_DRAIN_SECONDS="1")
     with connect(database_url) as conn, connect(database_url) as tab:
         first = start_listening(replicas, conn, env, "first")
         [job_id] = app.finish(1, save=False)
-        run_id = scalar(conn, "SELECT run_id FROM analysis_jobs WHERE id = %s", (job_id,))
         # A tab's save that never commits: the reactor's insert of the same run waits on it.
         tab.execute("BEGIN")
-        tab.execute(
-            "INSERT INTO analysis_runs (id, job_id, results, saved_by) "
-            "VALUES (%s, %s, '{}', 'client')",
-            (run_id, job_id),
-        )
+        tables.client_save(tab, job_id)
         wait_for(
             lambda: scalar(
                 conn,
@@ -235,6 +253,7 @@ def test_sigterm_while_a_record_statement_outlasts_the_drain(
 
 def test_sigterm_while_a_hook_outlasts_the_drain(
     database_url: str,
+    tables: Tables,
     replicas: Replicas,
     workload: Callable[..., Workload],
     report: Report,
@@ -259,12 +278,13 @@ def test_sigterm_while_a_hook_outlasts_the_drain(
         second = start_listening(replicas, conn, env, "second")
         release.touch()
 
-        wait_for(lambda: unhooked(conn) == 0, 20, "every recorded run judged")
+        wait_for(lambda: unhooked(tables, conn) == 0, 20, "every recorded run judged")
+        left = unhooked(tables, conn)
         done_by = {
             line.split()[-1] for line in hook_log.read_text().splitlines() if line[:4] == "done"
         }
         judgement, took = settled(database_url)
-    report("proc: SIGTERM, hook stuck past the drain", 1, judgement, recovery=took)
+    report("proc: SIGTERM, hook stuck past the drain", 1, judgement, recovery=took, unhooked=left)
     assert code == 0
     assert str(second.pid) in done_by
     assert judgement.clean, str(judgement)

@@ -8,7 +8,6 @@ A tiny pure model of the rules runs beside the real record statements (``record_
 from __future__ import annotations
 
 import json
-import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,11 +19,9 @@ from hypothesis import strategies as st
 from reactor import db, sql
 from reactor.audit import Verdict
 from tests.faults.support import Conn, connect
+from tests.faults.tables import JobId, RunKey, Tables
 
 JOBS = 3
-RUN = uuid.UUID(int=0xABC)
-# Ids in a known order: PostgreSQL compares uuids as bytes, Python as integers; they agree.
-IDS = [uuid.UUID(int=i + 1) for i in range(JOBS)]
 
 
 # -- the model ---------------------------------------------------------------------------------
@@ -132,14 +129,47 @@ def scenarios(draw: st.DrawFn) -> tuple[list[int], list[Op]]:
     return created, list(draw(st.permutations(steps)))
 
 
-def apply(op: Op, model: Model, conn: Conn, database: db.Database, portal: Any) -> None:
+@dataclass(frozen=True)
+class Database:
+    """The real side: the app's tables, and the reactor's record statements on a pool."""
+
+    tables: Tables
+    conn: Conn
+    reactor: db.Database
+    portal: Any
+
+    @property
+    def run(self) -> RunKey:
+        return self.tables.nth_run(0xABC)
+
+    def job(self, i: int) -> JobId:
+        """Job i's id: the ids are in the jobs' order, in Python and in PostgreSQL alike."""
+        return self.tables.nth_job(i + 1)
+
+    def row(self) -> tuple[int, str | None] | None:
+        """The run row as the model has it: (job index, "worker", "client" or None)."""
+        row = self.tables.run_row(self.conn, self.run)
+        if row is None:
+            return None
+        job, saved_by = row
+        said = {self.tables.worker: "worker", self.tables.client: "client"}
+        index = next(i for i in range(JOBS) if self.job(i) == job)
+        return index, None if saved_by is None else said[saved_by]
+
+
+def apply(op: Op, model: Model, real: Database) -> None:
     kind, *args = op
     if kind in ("finish", "unfinish", "softdelete", "delete", "client") and args[0] not in (
         model.jobs
     ):
         return  # the job was hard-deleted: nothing to do
+    if kind == "softdelete" and not real.tables.soft_deletes:
+        return  # an app that never soft-deletes
+    tables, conn = real.tables, real.conn
     model.clock += 1
     stamp = model.clock
+    # Updated an hour ago and a millisecond later at each step: long past any grace.
+    age = 3600 - stamp / 1000
     if kind == "finish":
         i, empty, failed = args
         job = model.jobs[i]
@@ -148,69 +178,46 @@ def apply(op: Op, model: Model, conn: Conn, database: db.Database, portal: Any) 
             {} if empty else {"v": stamp},
             stamp,
         )
-        conn.execute(
-            "UPDATE analysis_jobs SET status = %s, results = %s, "
-            "updated_at = now() - interval '1 hour' + make_interval(secs => %s) WHERE id = %s",
-            (job.status, json.dumps(job.results), stamp / 1000, IDS[i]),
-        )
+        tables.finish(conn, real.job(i), failed=failed, results=json.dumps(job.results), age=age)
     elif kind == "unfinish":
         i = args[0]
         model.jobs[i].status, model.jobs[i].updated = "running", stamp
-        conn.execute(
-            "UPDATE analysis_jobs SET status = 'running', "
-            "updated_at = now() - interval '1 hour' + make_interval(secs => %s) WHERE id = %s",
-            (stamp / 1000, IDS[i]),
-        )
+        tables.reopen(conn, real.job(i), age=age)
     elif kind == "softdelete":
         i = args[0]
         model.jobs[i].deleted = True
-        conn.execute("UPDATE analysis_jobs SET deleted_at = now() WHERE id = %s", (IDS[i],))
+        tables.soft_delete(conn, real.job(i))
     elif kind == "delete":
         i = args[0]
         del model.jobs[i]
-        conn.execute("DELETE FROM analysis_jobs WHERE id = %s", (IDS[i],))
+        tables.delete(conn, real.job(i))
     elif kind == "client":
         i, saved_by = args
         if model.jobs[i].results is None:
             return  # a tab only saves a job that has results
         model.row = (i, saved_by)
-        conn.execute(
-            """
-            INSERT INTO analysis_runs (id, job_id, doc_html, results, saved_by)
-            SELECT run_id, id, doc_html, results, %(by)s FROM analysis_jobs WHERE id = %(id)s
-            ON CONFLICT (id) DO UPDATE SET job_id = EXCLUDED.job_id,
-                doc_html = EXCLUDED.doc_html, results = EXCLUDED.results,
-                saved_by = EXCLUDED.saved_by, updated_at = now()
-            """,
-            {"by": saved_by, "id": IDS[i]},
-        )
+        tables.client_save(conn, real.job(i), legacy=saved_by is None)
     elif kind == "oldest":
         model.oldest(args[0])
-        portal.call(database.record_oldest, args[0])
+        real.portal.call(real.reactor.record_oldest, args[0])
     elif kind == "jobs":
         chosen = sorted(args[0])
         model.record([i for i in chosen if i in model.jobs])
-        portal.call(database.record_jobs, [str(IDS[i]) for i in chosen])
-
-
-def db_row(conn: Conn) -> tuple[int, str | None] | None:
-    row = conn.execute(
-        "SELECT job_id, saved_by FROM analysis_runs WHERE id = %s", (RUN,)
-    ).fetchone()
-    return None if row is None else (IDS.index(row[0]), row[1])
+        real.portal.call(real.reactor.record_jobs, [str(real.job(i)) for i in chosen])
 
 
 # The pool lives in the portal's thread, and its maintenance draws jitter from the global
 # random while Hypothesis draws an example here: Hypothesis takes that for the strategy's own.
 @pytest.mark.filterwarnings("ignore::hypothesis.errors.HypothesisDeprecationWarning")
-def test_precedence_matches_the_model(database_url: str) -> None:
+@pytest.mark.second_mapping
+def test_precedence_matches_the_model(database_url: str, tables: Tables) -> None:
     with (
         anyio.from_thread.start_blocking_portal("asyncio") as portal,
         connect(database_url) as conn,
     ):
         pool = db.make_pool(database_url, max_size=2)
         portal.call(pool.open)
-        database = db.Database(pool, grace=0.0)
+        real = Database(tables, conn, db.Database(pool, grace=0.0), portal)
         examples = 0
 
         @settings(
@@ -225,19 +232,23 @@ def test_precedence_matches_the_model(database_url: str) -> None:
             nonlocal examples
             created, steps = scenario
             examples += 1
-            conn.execute("TRUNCATE analysis_jobs, analysis_runs, run_audit, reactor.hook_outbox")
+            conn.execute(tables.render("TRUNCATE @jobs@, @runs@, run_audit, @reactor@.hook_outbox"))
             model = Model({i: Job(c) for i, c in enumerate(created)})
-            for i, c in enumerate(created):
-                conn.execute(
-                    "INSERT INTO analysis_jobs (id, run_id, status, doc_html, created_at, "
-                    "updated_at) VALUES (%s, %s, 'running', '<p>d</p>', "
-                    "'2020-01-01'::timestamptz + make_interval(secs => %s), "
-                    "now() - interval '2 hours')",
-                    (IDS[i], RUN, c),
-                )
+            # One transaction, one now(): created in the order of the ranks a day ago, ties
+            # left to the ids; updated 2 hours ago.
+            with conn.transaction():
+                for i, c in enumerate(created):
+                    tables.add_job(
+                        conn,
+                        job=real.job(i),
+                        run=real.run,
+                        doc="<p>d</p>",
+                        created_age=86_400 - c,
+                        updated_age=7200,
+                    )
             for step in [*steps, ("oldest", 10)]:
-                apply(step, model, conn, database, portal)
-                assert db_row(conn) == model.row, f"after {step}"
+                apply(step, model, real)
+                assert real.row() == model.row, f"after {step}"
             # At rest, by the database's own count: nothing still needs a run, and no worker
             # write landed on a client row.
             verdict = conn.execute(sql.query("verdict", "audit.sql"), {"grace": 0}).fetchone()
