@@ -279,6 +279,17 @@ $$;
 """
 
 
+async def stat_statements_problem(server: Server) -> str | None:
+    """None when pg_stat_statements works on ``server`` (loaded by its settings); else why not."""
+    try:
+        async with await connect(server.admin_dsn, "count") as conn:
+            await conn.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+            await scalar(conn, "SELECT count(*) FROM pg_stat_statements")
+    except psycopg.Error as error:
+        return f"pg_stat_statements is not available on this server: {error}".splitlines()[0]
+    return None
+
+
 # -- conditions ---------------------------------------------------------------------------------
 
 
