@@ -290,6 +290,19 @@ async def stat_statements_problem(server: Server) -> str | None:
     return None
 
 
+async def total_sizes(conn: Conn, names: Sequence[str]) -> dict[str, int]:
+    """Each relation's total size in bytes (indexes and TOAST included), by name."""
+    return {
+        name: int(await scalar(conn, "SELECT pg_total_relation_size(%s)", (name,)))
+        for name in names
+    }
+
+
+def size_text(n: int) -> str:
+    """Bytes as MiB or KiB for a note."""
+    return f"{n / 2**20:,.0f} MiB" if n >= 2**20 else f"{n / 1024:,.0f} KiB"
+
+
 # -- conditions ---------------------------------------------------------------------------------
 
 

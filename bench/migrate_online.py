@@ -54,21 +54,16 @@ SELECT count(*) FROM analysis_jobs j
    AND NOT EXISTS (SELECT 1 FROM reactor.pending p WHERE p.job_id = j.id)
 """
 
-# reference.sql's analysis_jobs partitioned by month of created_at: one partition for each of
-# the last 12 months, this one included; the oldest also takes anything before it, the newest
-# anything after. Its primary key must include the partition key.
+# reference.sql's analysis_jobs (run first) made partitioned by month of created_at: one
+# partition for each of the last 12 months, this one included; the oldest also takes anything
+# before it, the newest anything after. Its primary key must include the partition key.
 PARTITIONED_JOBS = f"""
-CREATE TABLE analysis_jobs (
-    id          uuid NOT NULL,
-    run_id      uuid NOT NULL,
-    status      text NOT NULL,
-    doc_html    text,
-    results     jsonb,
-    deleted_at  timestamptz,
-    created_at  timestamptz NOT NULL DEFAULT now(),
-    updated_at  timestamptz NOT NULL DEFAULT now(),
-    PRIMARY KEY (id, created_at)
-) PARTITION BY RANGE (created_at);
+ALTER TABLE analysis_jobs RENAME TO analysis_jobs_plain;
+ALTER TABLE analysis_jobs_plain RENAME CONSTRAINT analysis_jobs_pkey TO analysis_jobs_plain_pkey;
+CREATE TABLE analysis_jobs (LIKE analysis_jobs_plain INCLUDING DEFAULTS,
+                            PRIMARY KEY (id, created_at))
+    PARTITION BY RANGE (created_at);
+DROP TABLE analysis_jobs_plain;
 DO $$
 DECLARE
     this_month timestamptz := date_trunc('month', now());
@@ -219,13 +214,11 @@ def _p99(values: list[float]) -> float:
 
 async def _load(conn: Conn, total: int, window: int, *, partitioned: bool) -> float:
     started = time.monotonic()
+    await conn.execute(sql.read("reference.sql"))
     if not partitioned:
-        await conn.execute(sql.read("reference.sql"))
         await load_history(conn, total, window)
     else:
         await conn.execute(PARTITIONED_JOBS)
-        runs = sql.read("reference.sql").split("CREATE TABLE IF NOT EXISTS analysis_runs")[1]
-        await conn.execute("CREATE TABLE analysis_runs" + runs)
         span = float(await scalar(conn, HISTORY_SPAN))
         await load_history(conn, total, window, spacing=span / total, job_key="id, created_at")
     await conn.execute("VACUUM (FREEZE, ANALYZE) analysis_jobs")

@@ -49,7 +49,9 @@ from bench.common import (
     ratio,
     safe_div,
     scalar,
+    size_text,
     stat_statements_problem,
+    total_sizes,
 )
 from bench.history import load_history
 from bench.workload import bench_settings, replicas, wait_for_first_scan
@@ -71,6 +73,7 @@ REPORT_ROLE = "bench_report"
 PAGE_ROLE = "bench_page"
 ROLES = (STATUS_ROLE, REPORT_ROLE, PAGE_ROLE)
 TABS = 10
+SIZED = ("analysis_jobs", "analysis_runs", "reactor.hook_outbox")
 
 # The outbox, in one INSERT ... SELECT: the first rows parked as failed after their last
 # attempt, then the open ones (pending, due), then the settled ones; two hooks per run, times
@@ -156,7 +159,9 @@ async def run(ctx: Context) -> Result:
         dsn = await server.app_database("page", with_audit=False)
         async with await connect(dsn, "setup") as conn:
             load_s = await _load(conn, total, window, hook_rows, failed, pending)
-            sizes = await _sizes(conn)
+            sizes = await total_sizes(
+                conn, ("analysis_jobs", "analysis_runs", "reactor.hook_outbox")
+            )
             for role in ROLES:
                 await conn.execute(
                     f"DO $$ BEGIN CREATE ROLE {role} LOGIN SUPERUSER; "
@@ -202,48 +207,24 @@ async def run(ctx: Context) -> Result:
     )
     met = fast and cheap
     table = Table(["what", "server time, median", "round trip, median", "statements", "DB time"])
-    table.add(
-        "`reactor status --json` (the command: connect, checks, report, JSON)",
-        ms(medians["status command"]),
-        "",
-        f"{status_cost['calls']:.0f}",
-        ms(status_cost["db_s"]),
-    )
-    table.add(
-        "  its report alone (status.collect + as_json, one open connection)",
-        ms(medians["status collect"]),
-        "",
-        f"{report_cost['calls']:.0f}",
-        ms(report_cost["db_s"]),
-    )
-    table.add(
-        "page `/`, report collected in the request",
-        ms(medians["page cold, server"]),
-        ms(medians["page cold, client"]),
-        f"{page_cost['calls']:.0f}",
-        ms(page_cost["db_s"]),
-    )
-    table.add(
-        "`/api/status`, report collected in the request",
-        ms(medians["api cold, server"]),
-        ms(medians["api cold, client"]),
-        f"{page_cost['calls']:.0f}",
-        ms(page_cost["db_s"]),
-    )
-    table.add(
-        f"page `/` from the cached report (within {dashboard.REPORT_TTL:g} s)",
-        ms(medians["page warm, server"]),
-        ms(medians["page warm, client"]),
-        f"{tabs['warm_calls']}",
-        "-",
-    )
-    table.add(
-        "`/api/status` from the cached report",
-        ms(medians["api warm, server"]),
-        ms(medians["api warm, client"]),
-        f"{tabs['warm_calls']}",
-        "-",
-    )
+    for label, key, cost_of in (
+        ("`reactor status --json` (the command: connect, checks, report, JSON)",
+         "status command", status_cost),
+        ("  its report alone (status.collect + as_json, one open connection)",
+         "status collect", report_cost),
+        ("page `/`, report collected in the request", "page cold", page_cost),
+        ("`/api/status`, report collected in the request", "api cold", page_cost),
+        (f"page `/` from the cached report (within {dashboard.REPORT_TTL:g} s)", "page warm", None),
+        ("`/api/status` from the cached report", "api warm", None),
+    ):  # fmt: skip
+        server_key = key if key.startswith("status") else f"{key}, server"
+        table.add(
+            label,
+            ms(medians[server_key]),
+            ms(medians[f"{key}, client"]) if f"{key}, client" in medians else "",
+            f"{tabs['warm_calls']}" if cost_of is None else f"{cost_of['calls']:.0f}",
+            "-" if cost_of is None else ms(cost_of["db_s"]),
+        )
     table.add("render alone (render_page on the fetched report)", ms(render), "", "0", "-")
     table.add(
         f"{TABS} tabs at once on an expired report",
@@ -263,7 +244,7 @@ async def run(ctx: Context) -> Result:
         f"{total:,} finished jobs ({window:,} with doc_html), each with its run, loaded without "
         f"the triggers; {hook_rows:,} hook rows: {failed:,} failed, {pending:,} pending, "
         f"{hook_rows - failed - pending:,} done. Loading took {load_s:.0f} s. Sizes: "
-        + ", ".join(f"{k} {_size(v)}" for k, v in sizes.items())
+        + ", ".join(f"{k} {size_text(v)}" for k, v in sizes.items())
         + ". Before measuring, one replica (grace 1 s) recorded "
         f"{RECENT_OUTCOMES * 2} jobs that had just finished, so its chart and its "
         f"{RECENT_OUTCOMES} recent outcomes are on the page; nothing is due while it is timed.",
@@ -562,15 +543,3 @@ async def _drop_roles(admin_dsn: str) -> None:
     async with await connect(admin_dsn, "setup") as conn:
         for role in ROLES:
             await conn.execute(f"DROP ROLE IF EXISTS {role}")
-
-
-def _size(n: int) -> str:
-    return f"{n / 2**20:,.0f} MiB" if n >= 2**20 else f"{n / 1024:,.0f} KiB"
-
-
-async def _sizes(conn: Conn) -> dict[str, int]:
-    names = ("analysis_jobs", "analysis_runs", "reactor.hook_outbox")
-    return {
-        name: int(await scalar(conn, "SELECT pg_total_relation_size(%s)", (name,)))
-        for name in names
-    }
