@@ -159,9 +159,7 @@ async def run(ctx: Context) -> Result:
         dsn = await server.app_database("page", with_audit=False)
         async with await connect(dsn, "setup") as conn:
             load_s = await _load(conn, total, window, hook_rows, failed, pending)
-            sizes = await total_sizes(
-                conn, ("analysis_jobs", "analysis_runs", "reactor.hook_outbox")
-            )
+            sizes = await total_sizes(conn, SIZED)
             for role in ROLES:
                 await conn.execute(
                     f"DO $$ BEGIN CREATE ROLE {role} LOGIN SUPERUSER; "
@@ -191,7 +189,10 @@ async def run(ctx: Context) -> Result:
                 )
                 tabs = await _tabs(server.admin_dsn, dsn, page, session, base)
                 render = await _render(page, turns)
-                html_bytes = len(await _get(session, base + "/"))
+                html = await _get(session, base + "/")
+                if "sign out" not in html:
+                    raise RuntimeError("the page was not served signed in")
+                html_bytes = len(html)
         await _drop_roles(server.admin_dsn)
 
     times = turns_found["times"]
