@@ -52,6 +52,7 @@ BENCHMARKS: dict[str, str] = {
     "reconcile": "bench.reconcile",
     "migrate_online": "bench.migrate_online",
     "hook_outbox": "bench.hook_outbox",
+    "page_render": "bench.page_render",
     "deadlines": "bench.deadlines",
     "idle": "bench.idle",
     "pinning": "bench.pinning",

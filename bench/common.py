@@ -279,6 +279,30 @@ $$;
 """
 
 
+async def stat_statements_problem(server: Server) -> str | None:
+    """None when pg_stat_statements works on ``server`` (loaded by its settings); else why not."""
+    try:
+        async with await connect(server.admin_dsn, "count") as conn:
+            await conn.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+            await scalar(conn, "SELECT count(*) FROM pg_stat_statements")
+    except psycopg.Error as error:
+        return f"pg_stat_statements is not available on this server: {error}".splitlines()[0]
+    return None
+
+
+async def total_sizes(conn: Conn, names: Sequence[str]) -> dict[str, int]:
+    """Each relation's total size in bytes (indexes and TOAST included), by name."""
+    return {
+        name: int(await scalar(conn, "SELECT pg_total_relation_size(%s)", (name,)))
+        for name in names
+    }
+
+
+def size_text(n: int) -> str:
+    """Bytes as MiB or KiB for a note."""
+    return f"{n / 2**20:,.0f} MiB" if n >= 2**20 else f"{n / 1024:,.0f} KiB"
+
+
 # -- conditions ---------------------------------------------------------------------------------
 
 

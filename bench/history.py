@@ -18,7 +18,8 @@ SELECT md5('j' || g)::uuid, md5('r' || g)::uuid,
             THEN '<p class="citation">cited work ' || g || '</p>' END,
        '{"verdicts": 3}', t - interval '1 minute', t
   FROM generate_series(%(lo)s, %(hi)s) g,
-       LATERAL (SELECT %(newest)s::timestamptz - (%(total)s - g) * interval '250 ms' AS t) ts
+       LATERAL (SELECT %(newest)s::timestamptz - (%(total)s - g) * %(spacing)s
+                       * interval '1 second' AS t) ts
 """
 
 # Who saved the runs of the history: the tabs, or a mix with the reactor's worker rows.
@@ -26,11 +27,21 @@ ALL_CLIENT = "'client'"
 MOSTLY_CLIENT = "CASE WHEN random() < 0.7 THEN 'client' ELSE 'worker' END"
 
 
-async def load_history(conn: Conn, total: int, window: int, *, saved_by: str = ALL_CLIENT) -> None:
+async def load_history(
+    conn: Conn,
+    total: int,
+    window: int,
+    *,
+    saved_by: str = ALL_CLIENT,
+    spacing: float = 0.25,
+    job_key: str = "id",
+) -> None:
     """Add ``total`` finished jobs, the newest ``window`` with doc_html, each with its run.
 
     The app's tables must exist and be empty; triggers on them, if any, are the caller's to
     disable. ``saved_by`` is an SQL expression (:data:`ALL_CLIENT`, :data:`MOSTLY_CLIENT`).
+    Jobs finished ``spacing`` seconds apart, the newest two hours ago. ``job_key`` is the
+    job table's primary key (a partitioned table's includes its partition key).
     """
     await conn.execute("ALTER TABLE analysis_jobs DROP CONSTRAINT analysis_jobs_pkey")
     await conn.execute("ALTER TABLE analysis_runs DROP CONSTRAINT analysis_runs_pkey")
@@ -43,11 +54,12 @@ async def load_history(conn: Conn, total: int, window: int, *, saved_by: str = A
             "lo": lo,
             "hi": min(total, lo + chunk - 1),
             "newest": newest,
+            "spacing": spacing,
         }
         await conn.execute(LOAD_JOBS, params)
     await conn.execute(
         "INSERT INTO analysis_runs (id, job_id, results, saved_by) "
         f"SELECT run_id, id, results, {saved_by} FROM analysis_jobs"
     )
-    await conn.execute("ALTER TABLE analysis_jobs ADD PRIMARY KEY (id)")
+    await conn.execute(f"ALTER TABLE analysis_jobs ADD PRIMARY KEY ({job_key})")
     await conn.execute("ALTER TABLE analysis_runs ADD PRIMARY KEY (id)")

@@ -18,7 +18,6 @@ from contextlib import AsyncExitStack, contextmanager
 from typing import Any
 
 import anyio
-import psycopg
 from psycopg_pool import AsyncConnectionPool
 
 from bench import baseline
@@ -26,7 +25,6 @@ from bench.common import (
     Conn,
     Context,
     Result,
-    Server,
     Table,
     conditions,
     connect,
@@ -34,7 +32,7 @@ from bench.common import (
     open_server,
     ratio,
     safe_div,
-    scalar,
+    stat_statements_problem,
 )
 from bench.workload import bench_settings, replicas, wait_for_first_scan
 from reactor.config import Settings
@@ -96,7 +94,7 @@ async def run(ctx: Context) -> Result:
                 f"--quick: scan interval and sweep tick shortened to {interval:g} s and the "
                 f"window to {window:g} s; the probes and polls are not shortened"
             )
-        available = await _stat_statements(server)
+        available = await stat_statements_problem(server)
         if available is not None:
             return _unmeasured(cond, settings, available)
         databases = {
@@ -228,17 +226,6 @@ def _statements(counts: dict[str, dict[str, int]], minutes: float) -> str:
         listed = "; ".join(f"{calls / minutes:.2f} x `{_short(query)}`" for query, calls in top)
         parts.append(f"{who}: {listed or 'none'}")
     return " - ".join(parts)
-
-
-async def _stat_statements(server: Server) -> str | None:
-    """None when pg_stat_statements works here; else why not."""
-    try:
-        async with await connect(server.admin_dsn, "count") as conn:
-            await conn.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
-            await scalar(conn, "SELECT count(*) FROM pg_stat_statements")
-    except psycopg.Error as error:
-        return f"pg_stat_statements is not available on this server: {error}".splitlines()[0]
-    return None
 
 
 async def _by_query(conn: Conn, name: str) -> dict[str, int]:

@@ -29,6 +29,8 @@ from bench.common import (
     ratio,
     safe_div,
     scalar,
+    size_text,
+    total_sizes,
 )
 from bench.history import load_history
 from reactor import db, sql
@@ -74,7 +76,7 @@ async def run(ctx: Context) -> Result:
         dsn = server.dsn_for(await server.create_database("scan"))
         async with await connect(dsn, "setup") as conn:
             load_s = await _load(conn, total, windows[0])
-            sizes = await _sizes(conn)
+            sizes = await total_sizes(conn, ("analysis_jobs", "analysis_runs", "reactor.pending"))
             for window in windows:
                 if window != windows[0]:
                     await _trim(conn, total, window)
@@ -108,7 +110,7 @@ async def run(ctx: Context) -> Result:
     notes = [
         f"{total:,} finished jobs (every tenth failed), all with a run except {PENDING} inside "
         f"their grace; loading took {load_s:.0f} s. Sizes at the largest window: "
-        + ", ".join(f"{k} {_size(v)}" for k, v in sizes.items())
+        + ", ".join(f"{k} {size_text(v)}" for k, v in sizes.items())
         + ".",
         f"Medians of {reps} runs after a warm-up; a query slower than {SLOW:g} s is run at least 3 "
         "times, as long as 3 s allows. Times are client-side wall clock for the whole "
@@ -181,18 +183,6 @@ async def _trim(conn: Conn, total: int, window: int) -> None:
         (total - window + 1,),
     )
     await conn.execute("VACUUM ANALYZE analysis_jobs")
-
-
-def _size(n: int) -> str:
-    return f"{n / 2**20:,.0f} MiB" if n >= 2**20 else f"{n / 1024:,.0f} KiB"
-
-
-async def _sizes(conn: Conn) -> dict[str, int]:
-    names = ("analysis_jobs", "analysis_runs", "reactor.pending")
-    return {
-        name: int(await scalar(conn, "SELECT pg_total_relation_size(%s)", (name,)))
-        for name in names
-    }
 
 
 async def _measure(conn: Conn, window: int, reps: int) -> dict[str, Any]:
