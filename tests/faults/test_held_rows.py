@@ -2,6 +2,10 @@
 jobs come due, and as the database comes back three tabs begin saving three of the backlog's
 runs and keep their transactions open. Each held row costs only itself: the rest of the backlog
 is recorded while they stay open, and each held job is settled once its tab commits.
+
+The replicas reach the database through the fault proxy, which holds their connections back
+until the tabs have locked their rows: otherwise a replica that reconnects first may record a
+held job before its tab begins, and the scenario would test nothing.
 """
 
 from __future__ import annotations
@@ -14,8 +18,9 @@ import anyio
 import pytest
 
 from reactor.embedded import EmbeddedPostgres
+from tests.faults.proxy import FaultProxy
 from tests.faults.scenario import Scenario
-from tests.faults.support import Conn, connect, scalar
+from tests.faults.support import Conn, connect, scalar, with_port
 from tests.faults.tables import JobId, Tables
 from tests.integration.conftest import eventually
 
@@ -53,21 +58,24 @@ def _unsettled(tables: Tables, dsn: str, jobs: list[JobId]) -> int:
 
 
 async def test_rows_held_in_a_backlog_hold_up_only_themselves(
-    scenario: Scenario, embedded: EmbeddedPostgres
+    scenario: Scenario, embedded: EmbeddedPostgres, proxy: FaultProxy
 ) -> None:
     app = scenario.app(seed=23, reanalyse_ratio=0.0)
-    async with scenario.fleet():
+    async with scenario.fleet(with_port(scenario.database_url, proxy.port)):
         await scenario.drive(app, 1.0)
         backlog = await anyio.to_thread.run_sync(lambda: app.finish(40, save=False))
         await anyio.to_thread.run_sync(embedded.stop, "fast")
         try:
             await scenario.drive(app, 6.0)
         finally:
+            # No replica reaches the server until the tabs hold their rows.
+            proxy.partition()
             await anyio.to_thread.run_sync(embedded.start)
         back = time.monotonic()
         held, rest = backlog[:HELD], backlog[HELD:]
         tables, dsn = scenario.tables, scenario.database_url
         with tabs_saving(tables, dsn, held):
+            proxy.heal()
             await eventually(lambda: not _unsettled(tables, dsn, rest), timeout=30)
             drained = time.monotonic() - back
             # The held rows are still the tabs' to write: nothing wrote them meanwhile.
