@@ -25,8 +25,9 @@ from typing import Literal
 import anyio
 import anyio.abc
 
+from reactor.backoff import exponential
 from reactor.clock import Clock
-from reactor.recorder import DATABASE_ERRORS
+from reactor.db import DATABASE_ERRORS
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +39,7 @@ RetryPolicy = Callable[[int], float]
 
 def backoff(first: float, cap: float) -> RetryPolicy:
     """``first`` seconds after the first failure, doubling, at most ``cap``."""
-    return lambda failures: min(cap, first * 2.0 ** max(0, failures - 1))
+    return lambda failures: exponential(failures, first=first, cap=cap)
 
 
 @dataclass(slots=True)

@@ -48,6 +48,7 @@ import psycopg
 import psycopg.sql
 
 from reactor import db, mapping
+from reactor.backoff import exponential, jittered
 from reactor.cadence import Scheduler
 from reactor.clock import Clock
 from reactor.config import Settings
@@ -77,8 +78,8 @@ def backoff(failures: int, *, cap: float, base: float = BACKOFF_BASE, rand: floa
     Exponential from ``base``, at most ``cap``, and never below half of that (so a burst of
     replicas spreads out, but none retries in a tight loop).
     """
-    ceiling = min(cap, base * 2.0 ** max(0, failures - 1))
-    return ceiling * (0.5 + rand / 2)
+    delay = exponential(failures, first=base, cap=cap)
+    return jittered(delay, rand, low=0.5, high=1.0)
 
 
 _UUID = re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}")

@@ -24,7 +24,6 @@ import anyio
 from reactor import db, tracing
 from reactor.clock import Clock
 from reactor.metrics import Metrics
-from reactor.recorder import DATABASE_ERRORS
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +69,7 @@ class Reconciler:
             with tracing.span("reactor.reconcile") as traced:
                 step = await self.database.reconcile_step(owner=self.owner, interval=self.interval)
                 traced.set(outcome=step.outcome, examined=step.examined, found=len(step.found))
-        except DATABASE_ERRORS as error:
+        except db.DATABASE_ERRORS as error:
             log.warning("reconcile step failed, will retry", extra={"error": db.first_line(error)})
             raise
         self.steps += 1
@@ -113,5 +112,5 @@ class Reconciler:
         if not self._holding:
             return
         # Shielded: it runs during the drain. On failure the lease simply runs out.
-        with anyio.move_on_after(2, shield=True), contextlib.suppress(*DATABASE_ERRORS):
+        with anyio.move_on_after(2, shield=True), contextlib.suppress(*db.DATABASE_ERRORS):
             await self.database.reconcile_release(self.owner)

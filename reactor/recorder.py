@@ -32,16 +32,12 @@ from typing import TypeGuard, TypeVar
 import anyio
 import psycopg
 import psycopg.errors
-from psycopg_pool import PoolTimeout
 
 from reactor import tracing
-from reactor.db import Database, JobOutcome, first_line
+from reactor.db import DATABASE_ERRORS, Database, JobOutcome, first_line
 from reactor.metrics import Metrics
 
 log = logging.getLogger(__name__)
-
-# Errors that mean "the database is unwell right now": the work is retried, never dropped.
-DATABASE_ERRORS = (psycopg.Error, PoolTimeout, OSError, TimeoutError)
 
 # A statement that gave up on a row lock, or ran out of time: something in this batch is held
 # or heavy, the rest of the batch most likely is not.

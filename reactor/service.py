@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import uuid
 from collections.abc import Mapping
 from datetime import datetime, timedelta
@@ -40,7 +41,7 @@ from reactor.listener import Listener
 from reactor.metrics import Metrics
 from reactor.ownership import Membership, Roster
 from reactor.reconcile import MAX_ERROR_WAIT, Reconciler
-from reactor.recorder import DATABASE_ERRORS, Recorder
+from reactor.recorder import Recorder
 from reactor.vitals import Vitals
 
 log = logging.getLogger(__name__)
@@ -86,7 +87,11 @@ class Reactor:
         self.hook_runner: HookRunner | None = None
         if hooks:
             self.hook_runner = HookRunner(
-                settings, database, dict(hooks), self.metrics, is_stopping=lambda: self.stopping
+                settings,
+                database,
+                dict(hooks),
+                self.metrics,
+                wake=lambda: self.schedule.hasten("hooks"),
             )
         # Runs even without hooks configured: rows queued under an earlier configuration age too.
         self.hook_retention = HookRetention(settings, database, is_stopping=lambda: self.stopping)
@@ -170,6 +175,13 @@ class Reactor:
             cadence.add(
                 "reconcile", settings.reconcile_interval, retry=backoff(0.5, MAX_ERROR_WAIT)
             )
+        if self.hook_runner is not None:
+            # Brought forward whenever runs are recorded or a slot comes free; the scan interval
+            # is its ceiling, so rows other replicas queued are found too.
+            cadence.add("hooks", settings.scan_interval, retry=lambda _: settings.probe_interval)
+        # Only when the health check sees settled rows past their retention; a failed purge
+        # waits for the next check that sees them again.
+        cadence.add("retention", math.inf, retry=lambda _: math.inf, first_at=math.inf)
         return cadence
 
     def _duties(self) -> dict[str, Action]:
@@ -180,7 +192,19 @@ class Reactor:
         }
         if self.reconciler is not None:
             duties["reconcile"] = self.reconciler.step
+        if self.hook_runner is not None:
+            runner = self.hook_runner
+            duties["hooks"] = lambda: runner.claim(self._working())
+        duties["retention"] = self._purge
         return duties
+
+    def _working(self) -> anyio.abc.TaskGroup:
+        # The group the duties run in, where a claimed hook's attempt runs on after its claim.
+        assert self._work_group is not None, "duties run only while the reactor runs"
+        return self._work_group
+
+    async def _purge(self) -> None:
+        await self.hook_retention.purge()
 
     @property
     def membership(self) -> Membership:
@@ -233,9 +257,6 @@ class Reactor:
         if self._work_group is not None:
             # Hand this replica's jobs over now, not after the drain: its timers stop here.
             self._work_group.start_soon(self._leave)
-        if self.hook_runner is not None:
-            self.hook_runner.wake()
-        self.hook_retention.wake()
 
     async def run(
         self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
@@ -249,9 +270,6 @@ class Reactor:
                     self._work_group = work
                     work.start_soon(self.dispatcher.run, work)
                     work.start_soon(self.schedule.run, work)
-                    if self.hook_runner is not None:
-                        work.start_soon(self.hook_runner.run)
-                    work.start_soon(self.hook_retention.run)
                     if self.listener is not None:
                         intake.start_soon(self._listen)
                         await self._first_listen_attempt(self.listener)
@@ -268,7 +286,7 @@ class Reactor:
 
     async def _leave(self) -> None:
         # Rather than when its heartbeat goes stale: the others hear it at once.
-        with anyio.move_on_after(2, shield=True), contextlib.suppress(*DATABASE_ERRORS):
+        with anyio.move_on_after(2, shield=True), contextlib.suppress(*db.DATABASE_ERRORS):
             await self.database.leave(self.replica_id, self.settings.channel)
 
     def health(self) -> tuple[bool, bool, str]:
@@ -306,7 +324,7 @@ class Reactor:
         if health.reconcile_requested and self.reconciler is not None:
             self.schedule.hasten("reconcile")
         if health.hooks_expired:
-            self.hook_retention.wake()
+            self.schedule.hasten("retention")
         self._see_lost(self.roster.heartbeats(frozenset(health.live_replicas)))
         return health
 
@@ -319,6 +337,10 @@ class Reactor:
         elif name == "scan":
             self.metrics.record_errors.inc()
             log.warning("scan failed, will retry", extra={"error": db.first_line(error)})
+        elif name == "hooks":
+            log.warning("hook claim failed", extra={"error": db.first_line(error)})
+        elif name == "retention":
+            log.warning("hook retention failed", extra={"error": db.first_line(error)})
         elif name == "poll":
             # The check says so when the database is down; anything overdue meanwhile is the
             # scan's.

@@ -66,6 +66,7 @@ from reactor.db.rows import (
 )
 from reactor.db.session import (
     CALL_TIMEOUT,
+    DATABASE_ERRORS,
     PREPARE_THRESHOLD,
     AnyConnection,
     Connector,
@@ -93,6 +94,7 @@ from reactor.db.session import (
 __all__ = [
     "BATCH_BYTES",
     "CALL_TIMEOUT",
+    "DATABASE_ERRORS",
     "PREPARE_THRESHOLD",
     "PURGE_LOCK",
     "RECONCILE_CHUNK",

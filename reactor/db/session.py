@@ -39,7 +39,7 @@ import psycopg.sql
 import tenacity
 from psycopg.pq import TransactionStatus
 from psycopg.rows import AsyncRowFactory, TupleRow, tuple_row
-from psycopg_pool import AsyncConnectionPool
+from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from reactor.errors import ConfigError, DatabaseReadOnly, DatabaseUnreachable
 
@@ -49,6 +49,11 @@ log = logging.getLogger("reactor.db")
 R = TypeVar("R")
 
 AnyConnection = psycopg.AsyncConnection[Any]
+
+# Errors that mean "the database is unwell right now": the work is retried, never dropped. A
+# pool that cannot hand out a connection in time, a socket that fails and a call that gave up
+# on its bound are the same news as an error the server sent.
+DATABASE_ERRORS = (psycopg.Error, PoolTimeout, OSError, TimeoutError)
 
 # libpq settings that make a dead peer visible within seconds instead of the kernel's hours.
 _CLIENT_TCP = {

@@ -27,12 +27,12 @@ from reactor.hooks import (
     NotifyHook,
     PythonHook,
     WebhookHook,
-    _LoopGuard,
     parse_hooks,
     retry_delay,
     retry_span,
     webhook_verdict,
 )
+from reactor.hooks.guard import LoopGuard
 
 SECRET = "Zq9-pl4nted~S3cret"  # no character that splits a URL, and no identifier either
 
@@ -446,9 +446,9 @@ async def test_a_blocking_step_is_reported_and_awaits_are_not() -> None:
         time.sleep(BLOCK_LIMIT * 1.5)  # noqa: ASYNC251 -- the bug under test
         await anyio.lowlevel.checkpoint()
 
-    await _LoopGuard(polite(), reports.append)
+    await LoopGuard(polite(), reports.append)
     assert reports == []
-    await _LoopGuard(rude(), reports.append)
+    await LoopGuard(rude(), reports.append)
     assert len(reports) == 1
     assert reports[0] >= BLOCK_LIMIT * 1.5
 
@@ -460,7 +460,7 @@ async def test_the_guard_passes_errors_and_cancellation_through() -> None:
         raise ValueError("no")
 
     with pytest.raises(ValueError, match="no"):
-        await _LoopGuard(fails(), lambda _: None)
+        await LoopGuard(fails(), lambda _: None)
 
     cleaned = anyio.Event()
 
@@ -471,6 +471,6 @@ async def test_the_guard_passes_errors_and_cancellation_through() -> None:
             cleaned.set()
 
     with anyio.move_on_after(0.05) as scope:
-        await _LoopGuard(waits(), lambda _: None)
+        await LoopGuard(waits(), lambda _: None)
     assert scope.cancelled_caught
     assert cleaned.is_set()
