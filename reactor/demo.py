@@ -21,6 +21,7 @@ from typing import Any
 import anyio
 import anyio.abc
 import psycopg
+import psycopg.errors
 from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
@@ -28,9 +29,9 @@ from rich.text import Text
 
 from reactor import audit, db, http
 from reactor import mapping as mapping_module
+from reactor.app import App
 from reactor.config import Settings
 from reactor.dashboard import Dashboard
-from reactor.demo_app import App
 from reactor.embedded import EmbeddedPostgres
 from reactor.errors import ConfigError
 from reactor.metrics import Metrics
@@ -38,6 +39,10 @@ from reactor.service import POOL_SIZE, Reactor
 
 # Where the page is served while the demo runs: the reactor's own default.
 DEMO_HTTP_ADDR = ("127.0.0.1", 9187)
+
+# What the worker's jobs carry: a page of a document, and the verdicts they end with.
+_PAGE = "<p>citation</p>" * 200
+VERDICTS = '{"verdicts": [1, 2]}'
 
 # The sweep this replaces ran every 30 s, so a rescued run waited 15 s past its grace on average.
 _SWEEP_TICK = 30.0
@@ -133,7 +138,7 @@ async def main(
                 await _create_tables(conn, schema)
             await db.migrate(conn, channel, reference_schema=schema is None)
             await audit.install(conn)
-            app = await App.fit(conn)
+            app = await App.fit(conn, mapping_module.in_force())
         board = Scoreboard(jobs=jobs, replica_count=replicas)
         settings = Settings(database_url=pg.dsn, grace=grace, http_addr=None, channel=channel)
         async with db.make_pool(pg.dsn, max_size=2) as pool:
@@ -198,7 +203,7 @@ async def _play(app: App, settings: Settings, board: Scoreboard, save_ratio: flo
     dsn = settings.require_database()
     rng = random.Random(7)
     async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as worker:
-        job_ids = await app.create_jobs(worker, board.jobs)
+        job_ids = await _create_jobs(app, worker, board.jobs)
         async with anyio.create_task_group() as tg:
             fleet = await _start_fleet(tg, settings, board)
             board.phase = "worker finishing jobs; tabs saving most of them"
@@ -214,7 +219,10 @@ async def _play(app: App, settings: Settings, board: Scoreboard, save_ratio: flo
                     board.note("started fresh replicas: startup scan + re-arm from the database")
                 # A few jobs end with nothing to show, and need no run.
                 empty = rng.random() < 0.03
-                await app.finish_job(worker, job_id, failed=rng.random() < 0.1, empty=empty)
+                verdicts = app.empty(app.verdicts[0]) if empty else VERDICTS
+                await worker.execute(
+                    *app.finish(job_id, failed=rng.random() < 0.1, verdicts=verdicts)
+                )
                 board.finished += 1
                 if not empty and rng.random() < save_ratio:
                     delay = rng.uniform(0.05, settings.grace * 0.6)
@@ -275,10 +283,22 @@ async def _replica(
         done.set()
 
 
+async def _create_jobs(app: App, conn: psycopg.AsyncConnection[Any], count: int) -> list[Any]:
+    """``count`` running jobs, each with a page of a document; their ids, oldest first."""
+    try:
+        cur = await conn.execute(*app.create(count=count, document=_PAGE))
+    except psycopg.errors.IntegrityError as error:
+        raise ConfigError(
+            f"the demo cannot create a job in {app.mapping.jobs_shown}: {db.first_line(error)}; "
+            "give the column a default in the --schema file"
+        ) from None
+    return [job_id for job_id, _ in await cur.fetchall()]
+
+
 async def _tab_save(app: App, dsn: str, job_id: Any, delay: float, board: Scoreboard) -> None:
     await anyio.sleep(delay)
     async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as tab:
-        await app.tab_save(tab, job_id)
+        await tab.execute(*app.tab_save(job_id))
     board.tab_saves += 1
 
 
@@ -287,7 +307,9 @@ async def _wait_until_settled(app: App, conn: psycopg.AsyncConnection[Any], grac
     with anyio.fail_after(grace + 30):
         # The database is the only witness, so it is asked again until it says so.
         while True:
-            if not await app.unsettled(conn):
+            cur = await conn.execute(*app.unsettled())
+            row = await cur.fetchone()
+            if not (row and row[0]):
                 return
             await anyio.sleep(0.1)
 
