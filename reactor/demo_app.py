@@ -112,7 +112,7 @@ class App:
 
     async def unsettled(self, conn: AnyConnection) -> int:
         """Jobs that still need a run, due or inside their grace window."""
-        cur = await conn.execute(sql.query("unsettled", "demo.sql"))
+        cur = await conn.execute(sql.query("unsettled", "demo.sql"), {})
         row = await cur.fetchone()
         return int(row[0]) if row else 0
 

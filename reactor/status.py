@@ -335,7 +335,8 @@ def _shown(error: str | None) -> str | None:
 
 
 async def _one(conn: db.AnyConnection, name: str, params: Any = None) -> dict[str, Any]:
-    rows = await db.fetch_dicts(conn, sql.query(name, "status.sql"), params)
+    # With parameters always, {} when none: a named query's filled-in % are doubled for them.
+    rows = await db.fetch_dicts(conn, sql.query(name, "status.sql"), params or {})
     return rows[0]
 
 
