@@ -258,9 +258,13 @@ class EmbeddedPostgres:
         except BaseException:
             replica.cleanup()
             raise
-        # The copy carries this cluster's log; the standby's own starts empty.
+        # The copy carries this cluster's log; the standby's own starts empty. It carries the
+        # lock of this cluster's socket too, when the socket lives in the data directory: on
+        # the same port, it would name this running server and keep the standby from starting.
         with contextlib.suppress(FileNotFoundError):
             (replica._datadir / _LOG_NAME).write_bytes(b"")
+        for lock in replica._datadir.glob(".s.PGSQL.*.lock"):
+            lock.unlink()
         return replica
 
     def promote(self) -> None:

@@ -87,6 +87,21 @@ def test_by_default_only_the_socket_in_a_private_folder_listens() -> None:
             assert probe.connect_ex(("127.0.0.1", pg.port)) != 0
 
 
+def test_a_standby_of_a_socket_only_cluster_replicates_through_the_socket() -> None:
+    with EmbeddedPostgres() as primary:
+        with psycopg.connect(primary.dsn, autocommit=True) as conn:
+            conn.execute("CREATE TABLE copied AS SELECT 7 AS answer")
+        replica = primary.standby()
+        try:
+            replica.start()
+            assert not replica.listens_on_tcp
+            assert replica.socket_dir != primary.socket_dir
+            assert _scalar(replica.dsn, "SELECT pg_is_in_recovery()") is True
+            assert _scalar(replica.dsn, "SELECT answer FROM copied") == 7
+        finally:
+            replica.cleanup()
+
+
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root, to try as another user")
 def test_another_local_user_cannot_reach_the_socket() -> None:
     # The system's Python: the virtualenv's may live where nobody may not go.
