@@ -23,6 +23,7 @@ from reactor.config import Settings
 from reactor.errors import ConfigError
 from reactor.metrics import Metrics
 from reactor.recorder import Recorder
+from tests.acceptance.conftest import reactor_env, run_reactor
 
 pytestmark = pytest.mark.anyio
 
@@ -178,3 +179,26 @@ async def test_what_an_expression_tries_to_change_is_refused_and_undone(
     with psycopg.connect(second_url) as conn:
         assert conn.execute("SELECT count(*) FROM public.touched").fetchone() == (0,)
         assert conn.execute("SELECT is_called FROM public.ticks").fetchone() == (False,)
+
+
+def test_the_commands_record_and_print_percent_signs_as_written(
+    second_url: str, tmp_path: Path
+) -> None:
+    # End to end through the CLI: migrate, a sweep's record statement, and the printed script,
+    # which runs without parameters and so keeps each % single.
+    with psycopg.connect(second_url, autocommit=True) as conn:
+        conn.execute('ALTER TABLE app."Report" RENAME TO "Report 100%"')
+    second_with(tmp_path, "coalesce(j.title, '100%')", report="Report 100%")
+    env = reactor_env(
+        second_url, REACTOR_CONFIG=str(tmp_path / "second.toml"), REACTOR_GRACE_SECONDS="2"
+    )
+    migrated = run_reactor("migrate", env=env)
+    assert migrated.returncode == 0, migrated.stderr
+    add_job(second_url, "swept")
+    swept = run_reactor("sweep", "--once", env=env)
+    assert (swept.returncode, swept.stdout.strip()) == (0, "1"), swept.stderr
+    assert title_of(second_url, "swept", report="Report 100%") == "100%"
+    printed = run_reactor("migrate", "--print", env=env)
+    assert printed.returncode == 0, printed.stderr
+    assert '"app"."Report 100%"' in printed.stdout
+    assert "%%" not in printed.stdout
