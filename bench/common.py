@@ -211,7 +211,8 @@ async def open_server(settings: Mapping[str, str] | None = None) -> AsyncIterato
         finally:
             await server.close()
         return
-    pg = EmbeddedPostgres(settings={**SERVER_SETTINGS, **(settings or {})})
+    # Trusting 127.0.0.1, as the tests do: pgbench and the load generators connect over TCP.
+    pg = EmbeddedPostgres(settings={**SERVER_SETTINGS, **(settings or {})}, trust_localhost=True)
     await anyio.to_thread.run_sync(pg.start)
     try:
         server = Server(pg.dsn, pg)

@@ -344,9 +344,17 @@ async def cmd_migrate(args: argparse.Namespace) -> int:
 
 async def _fit_for_print(settings: Settings) -> None:
     """The mapping `migrate --print` renders: checked against the database when DATABASE_URL
-    names one. Without it only the reference mapping, whose types are known, can be printed."""
+    names one. Without it only the reference mapping, whose types are known, can be printed.
+
+    Printing only reads the catalog: everything it sends runs in one READ ONLY transaction that
+    is rolled back, so the database is left as it was, whatever the mapping's expressions do.
+    """
     if settings.database_url:
-        async with await _startup_connection(settings, "migrate") as conn:
+        async with (
+            await _startup_connection(settings, "migrate") as conn,
+            conn.transaction(force_rollback=True),
+        ):
+            await conn.execute("SET TRANSACTION READ ONLY")
             await db.fitted(conn, installing=True)
         return
     if mapping.in_force().source is not None:

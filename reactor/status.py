@@ -96,7 +96,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from reactor import db, mapping, redact, sql
+from reactor import db, grants, mapping, redact, sql
 from reactor.config import Settings
 from reactor.errors import PrivilegeMissing, SchemaMissing
 from reactor.service import LIVENESS_PROBES
@@ -335,7 +335,8 @@ def _shown(error: str | None) -> str | None:
 
 
 async def _one(conn: db.AnyConnection, name: str, params: Any = None) -> dict[str, Any]:
-    rows = await db.fetch_dicts(conn, sql.query(name, "status.sql"), params)
+    # With parameters always, {} when none: a named query's filled-in % are doubled for them.
+    rows = await db.fetch_dicts(conn, sql.query(name, "status.sql"), params or {})
     return rows[0]
 
 
@@ -609,8 +610,13 @@ def _trigger_text(status: Status) -> str:
     if status.trigger_channel is None:
         return "not installed (run `reactor migrate`)"
     if not status.trigger_enabled:
-        table = mapping.in_force().jobs_shown
-        return f"disabled (ALTER TABLE {table} ENABLE TRIGGER reactor_job_update)"
+        # The statement as it must be typed: the table's names quoted as needed (app.Job is
+        # app.job to PostgreSQL), and the trigger named after the reactor's schema.
+        m = mapping.in_force()
+        schema, name = m.jobs.table if len(m.jobs.table) == 2 else ("public", m.jobs.table[-1])
+        table = grants.quoted(name) if schema == "public" else grants.quoted(schema, name)
+        trigger = grants.quoted(f"{m.reactor_schema}_job_update")
+        return f"disabled (ALTER TABLE {table} ENABLE TRIGGER {trigger})"
     if not status.trigger_channel:
         return "queues without notifying: the reactors poll the queue"
     return f"notifies channel {status.trigger_channel}"

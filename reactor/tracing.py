@@ -159,10 +159,21 @@ def jobs(job_ids: Collection[str]) -> dict[str, Attribute]:
 
 
 def inject_traceparent(headers: MutableMapping[str, str]) -> None:
-    """Add the current span's W3C ``traceparent`` (through the configured propagators, which
-    default to trace context and baggage) to ``headers``; nothing while tracing is off."""
-    if _tracer is not None:
-        _module("opentelemetry.propagate").inject(headers)
+    """Add the current span's W3C ``traceparent`` to ``headers``, and nothing else; nothing at
+    all while tracing is off.
+
+    Not through the configured propagators: they default to baggage too, and an embedding app
+    may add its own, which would hand a third-party receiver whatever the app's context
+    carries (user ids in baggage, vendor state in tracestate). The trace context propagator
+    writes the W3C headers, of which only traceparent is kept.
+    """
+    if _tracer is None:
+        return
+    propagator = _module("opentelemetry.trace.propagation.tracecontext")
+    written: dict[str, str] = {}
+    propagator.TraceContextTextMapPropagator().inject(written)
+    if "traceparent" in written:
+        headers["traceparent"] = written["traceparent"]
 
 
 def enabled() -> bool:

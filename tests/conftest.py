@@ -125,7 +125,9 @@ def server() -> Iterator[Server]:
             yield Server(container.get_connection_url(), None)
         return
     bin_dir = os.environ.get("REACTOR_TEST_PG_BIN")
-    pg = EmbeddedPostgres(bin_dir=Path(bin_dir) if bin_dir else None)
+    # Trusting 127.0.0.1: tests log in as roles they create, without passwords, and point
+    # proxies, poolers and standbys at the port. A throwaway cluster of the test run only.
+    pg = EmbeddedPostgres(bin_dir=Path(bin_dir) if bin_dir else None, trust_localhost=True)
     pg.start()
     try:
         yield Server(pg.dsn, pg)

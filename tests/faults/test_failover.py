@@ -115,7 +115,7 @@ def test_a_promoted_standby_takes_over_under_load_and_loses_nothing(
     server: Server, tables: Tables, replicas: Replicas, report: Report
 ) -> None:
     started = time.monotonic()
-    with EmbeddedPostgres(bin_dir=_bin_dir(server)) as primary:
+    with EmbeddedPostgres(bin_dir=_bin_dir(server), trust_localhost=True) as primary:
         with connect(primary.dsn) as admin:
             admin.execute("CREATE DATABASE app")
         with standby_of(primary) as standby:

@@ -38,6 +38,7 @@ def small_queue_server() -> Iterator[EmbeddedPostgres]:
     pg = EmbeddedPostgres(
         bin_dir=Path(bin_dir) if bin_dir else None,
         settings={"max_notify_queue_pages": "64"},
+        trust_localhost=True,
     )
     if int(pg.version.split(".")[0]) < 17:
         pytest.skip("the NOTIFY queue size is settable from PostgreSQL 17 on")

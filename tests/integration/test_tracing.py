@@ -19,6 +19,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+import aiohttp
 import psycopg
 import pytest
 from aiohttp import web
@@ -29,7 +30,7 @@ from opentelemetry.trace import StatusCode
 
 from reactor import db, tracing
 from reactor.config import Settings
-from reactor.hooks import HookCall
+from reactor.hooks import HookCall, WebhookHook
 from reactor.service import POOL_SIZE, Reactor
 from reactor.signature import SIGNATURE_HEADER, verify_signature
 from tests import hookmods
@@ -308,6 +309,31 @@ async def test_a_webhook_carries_its_attempts_traceparent_and_stays_signed(
     assert attempts[0].status.status_code is StatusCode.ERROR
     assert attempts[0].status.description == f"RuntimeError: HTTP 503 from {receiver.base}/judge"
     assert attempts[1].status.status_code is StatusCode.UNSET
+
+
+async def test_a_webhook_sends_the_receiver_no_baggage_of_the_embedding_app(
+    spans: InMemorySpanExporter, receiver: Receiver
+) -> None:
+    # The app embedding the reactor runs it inside its own context, baggage and all; the
+    # default propagators would send that baggage (here an e-mail address) to the receiver.
+    from opentelemetry import baggage, context
+
+    token = context.attach(baggage.set_baggage("user.email", "alice@example.com"))
+    try:
+        async with aiohttp.ClientSession() as session:
+            hook = WebhookHook(
+                "judge", "webhook:x", f"{receiver.base}/judge", None, lambda: session
+            )
+            call = HookCall(run_id="r", job_id="j", hook="judge", attempt=1, idempotency_key="k")
+            with tracing.span("reactor.hook"):
+                await hook(call)
+    finally:
+        context.detach(token)
+    ((_, headers, _, _),) = receiver.received
+    sent = {name.lower() for name in headers}
+    assert "traceparent" in sent
+    assert "baggage" not in sent
+    assert "alice@example.com" not in json.dumps(headers)
 
 
 async def test_a_webhook_sends_no_traceparent_while_tracing_is_off(

@@ -222,3 +222,37 @@ def test_migrations_and_schema_have_no_unfilled_includes() -> None:
     for m in sql.migrations():
         assert "{{" not in m.text
     assert "{{" not in sql.render(sql.read("schema.sql"))
+
+
+# -- a % the mapping fills in ---------------------------------------------------------------------
+
+PERCENT = mapping.parse(
+    {
+        "jobs": {"table": "jobs 100%", "not_null": ["doc%"]},
+        "runs": {"table": "runs 100%", "columns": {"title": "coalesce(j.title, '100%(hooks)s')"}},
+    }
+).in_public()
+
+
+def test_a_named_query_doubles_each_percent_it_fills_in() -> None:
+    # Named queries run with parameters: psycopg reads %% as one %, a lone % as a placeholder.
+    record = sql.queries("queries.sql", PERCENT)["record_jobs"]
+    assert '"public"."runs 100%%"' in record
+    assert "(coalesce(j.title, '100%%(hooks)s'))" in record
+    assert 'j."doc%%" IS NOT NULL' in record
+    assert "%(ids)s" in record  # the template's own placeholders stay single
+
+
+@pytest.mark.parametrize("filename", ["queries.sql", "status.sql", "hooks.sql", "dashboard.sql"])
+def test_every_named_query_keeps_percent_signs_for_placeholders(filename: str) -> None:
+    for name, text in sql.queries(filename, PERCENT).items():
+        assert "%" not in re.sub(r"%\(\w+\)s|%%", "", text), name
+
+
+def test_sql_run_without_parameters_keeps_one_percent() -> None:
+    # Migrations and the printed script go to the server as they are.
+    text = sql.render("SELECT @run_values@ FROM @jobs@ j", PERCENT)
+    assert text == """SELECT (coalesce(j.title, '100%(hooks)s')) FROM "public"."jobs 100%" j"""
+    assert sql.render("SELECT @x@", PERCENT, values={"x": "'%'"}, parameters=True) == (
+        "SELECT '%%'"
+    )

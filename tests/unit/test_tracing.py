@@ -87,6 +87,39 @@ def test_off_the_facade_does_nothing() -> None:
     assert not tracing.enabled()
 
 
+@pytest.mark.usefixtures("_fresh")
+def test_only_the_traceparent_leaves_whatever_the_apps_context_carries() -> None:
+    # An embedding app's context: baggage (the default propagators send it) and a tracestate.
+    from opentelemetry import baggage, context, trace
+    from opentelemetry.sdk.trace import TracerProvider
+
+    provider = TracerProvider()
+    tracing.use(provider)
+    parent = trace.SpanContext(
+        trace_id=0x1234,
+        span_id=0x5678,
+        is_remote=True,
+        trace_flags=trace.TraceFlags(1),
+        trace_state=trace.TraceState([("vendor", "account-42")]),
+    )
+    carried = baggage.set_baggage("user.email", "alice@example.com")
+    carried = trace.set_span_in_context(trace.NonRecordingSpan(parent), carried)
+    token = context.attach(carried)
+    try:
+        headers: dict[str, str] = {"Content-Type": "application/json"}
+        with tracing.span("reactor.hook"):
+            tracing.inject_traceparent(headers)
+            own = trace.get_current_span().get_span_context()
+    finally:
+        context.detach(token)
+        provider.shutdown()
+    assert headers == {
+        "Content-Type": "application/json",
+        "traceparent": f"00-{own.trace_id:032x}-{own.span_id:016x}-01",
+    }
+    assert own.trace_id == 0x1234  # the app's trace goes on
+
+
 def test_job_ids_are_listed_up_to_ten_then_only_counted() -> None:
     ten = [str(n) for n in range(10)]
     assert tracing.jobs(ten) == {"reactor.jobs.count": 10, "reactor.job_ids": ten}

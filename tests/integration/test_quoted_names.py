@@ -1,0 +1,128 @@
+"""SQL the reactor prints for a person to run names the app's objects as the catalog does.
+
+PostgreSQL folds an unquoted name to lower case: a GRANT on SCHEMA MyApp grants on myapp. The
+app here keeps the reference tables in a schema "MyApp", under a reactor schema of its own.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import psycopg.conninfo
+import pytest
+
+from reactor import db, grants, mapping, sql, status
+from reactor.config import Settings
+from reactor.metrics import Metrics
+from reactor.recorder import Recorder
+from tests.conftest import Server
+
+pytestmark = pytest.mark.anyio
+
+TOML = """\
+reactor_schema = "my_reactor"
+
+[jobs]
+table = "MyApp.Jobs"
+deleted_at = "deleted_at"
+not_null = ["doc_html", "results"]
+not_empty = ["results"]
+
+[runs]
+table = "MyApp.Runs"
+"""
+
+
+@pytest.fixture
+def my_app(empty_database_url: str, tmp_path: Path) -> Iterator[tuple[str, mapping.Mapping]]:
+    """The reference tables as "MyApp"."Jobs" and "MyApp"."Runs", mapped and in force."""
+    with psycopg.connect(empty_database_url, autocommit=True) as conn:
+        conn.execute('CREATE SCHEMA "MyApp"; SET search_path = "MyApp"')
+        conn.execute(sql.read("reference.sql"))
+        conn.execute('ALTER TABLE analysis_jobs RENAME TO "Jobs"')
+        conn.execute('ALTER TABLE analysis_runs RENAME TO "Runs"')
+    path = tmp_path / "reactor.toml"
+    path.write_text(TOML)
+    with mapping.using(mapping.load(str(path))):
+        yield empty_database_url, mapping.in_force()
+
+
+async def install(url: str) -> None:
+    async with await db.connect(url, "test") as conn:
+        await db.migrate(conn, "my_reactor_jobs_terminal", reference_schema=False)
+
+
+def add_finished_job(url: str) -> None:
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(
+            'INSERT INTO "MyApp"."Jobs" (id, run_id, status, doc_html, results, updated_at)'
+            " VALUES (%s, %s, 'complete', '<p/>', %s, now() - interval '1 hour')",
+            (uuid.uuid4(), uuid.uuid4(), json.dumps({"a": 1})),
+        )
+
+
+def test_the_quoting_of_a_printed_name() -> None:
+    assert grants.quoted("app") == "app"
+    assert grants.quoted("MyApp") == '"MyApp"'
+    assert grants.quoted("MyApp", "Jobs") == '"MyApp"."Jobs"'
+    assert grants.quoted("my_reactor", "outranks_v1") == "my_reactor.outranks_v1"
+
+
+async def test_the_printed_grants_name_a_mixed_case_schema_as_it_is(
+    server: Server, my_app: tuple[str, mapping.Mapping]
+) -> None:
+    if server.embedded is None:
+        pytest.skip("needs a server whose authentication we control (trust for a new role)")
+    url, _ = my_app
+    await install(url)
+    role = f"reactor_rt_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(url, autocommit=True) as admin:
+        admin.execute(f'CREATE ROLE "{role}" LOGIN')
+        try:
+            async with await db.connect(url, "test") as conn:
+                await db.fitted(conn)  # typed from the catalog, as --print-grants does
+                script = grants.grant_script(role)
+            assert 'GRANT USAGE ON SCHEMA "MyApp" TO' in script
+            assert "ON FUNCTION my_reactor.outranks_v1(uuid, uuid, text) TO" in script
+            admin.execute(script.encode())
+            add_finished_job(url)
+            as_role = psycopg.conninfo.make_conninfo(url, user=role)
+            async with await db.connect(as_role, "test", configure_session=False) as conn:
+                await db.require_privileges(conn)
+            async with db.make_pool(as_role, max_size=2) as pool:
+                recorded = await Recorder(db.Database(pool, grace=0.0), Metrics()).drain(10)
+            assert recorded == 1
+        finally:
+            admin.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = %s",
+                (role,),
+            )
+            admin.execute(f'DROP OWNED BY "{role}"')
+            admin.execute(f'DROP ROLE "{role}"')
+
+
+async def test_status_names_the_statement_that_enables_the_trigger_again(
+    my_app: tuple[str, mapping.Mapping],
+) -> None:
+    url, _ = my_app
+    await install(url)
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute('ALTER TABLE "MyApp"."Jobs" DISABLE TRIGGER my_reactor_job_update')
+    settings = Settings(database_url=url, grace=1.0)
+    async with await db.connect(url, "status", configure_session=False) as conn:
+        await db.fitted(conn)
+        report = await status.collect(conn, settings)
+    text = status._trigger_text(report)
+    found = re.fullmatch(r"disabled \((ALTER TABLE .*)\)", text)
+    assert found is not None, text
+    assert found.group(1) == 'ALTER TABLE "MyApp"."Jobs" ENABLE TRIGGER my_reactor_job_update'
+    # What it says to run is what enables it.
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(found.group(1).encode())
+    async with await db.connect(url, "status", configure_session=False) as conn:
+        assert await db.job_trigger(conn) == ("my_reactor_jobs_terminal", True)
