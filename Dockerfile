@@ -26,9 +26,14 @@ RUN uv sync --locked --no-dev --no-default-groups --no-editable
 RUN useradd --system --uid 10001 --no-create-home --shell /usr/sbin/nologin reactor
 USER 10001
 
-# Inside a container, health and metrics must be reachable from outside it.
+# Inside a container, health and metrics must be reachable from outside it: the probes bind to
+# every interface. The operator's page stays on the container's loopback, out of reach of
+# every other pod: reach it with `kubectl port-forward POD 9188`, or give it an address of its
+# own behind an authenticating proxy (REACTOR_DASHBOARD_ADDR and REACTOR_DASHBOARD_URL; see
+# docs/security.md, "Addresses: what each serves").
 ENV PATH="/app/.venv/bin:$PATH" \
     REACTOR_HTTP_ADDR=0.0.0.0:9187 \
+    REACTOR_DASHBOARD_ADDR=127.0.0.1:9188 \
     REACTOR_LOG_FORMAT=json
 EXPOSE 9187
 

@@ -148,6 +148,7 @@ class Fleet:
                 "DATABASE_URL": self.dsn,
                 "REACTOR_GRACE_SECONDS": str(GRACE),
                 "REACTOR_HTTP_ADDR": f"127.0.0.1:{port}",
+                "REACTOR_DASHBOARD_ADDR": "",
                 "REACTOR_LOG_FORMAT": "json",
                 "REACTOR_LOG_LEVEL": self.level,
                 "REACTOR_PROBE_INTERVAL_SECONDS": str(self.probe),

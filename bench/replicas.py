@@ -209,6 +209,7 @@ async def _kill(dsn: str, seconds: float, probe: float) -> dict[str, Any]:
             "DATABASE_URL": dsn,
             "REACTOR_GRACE_SECONDS": str(GRACE),
             "REACTOR_HTTP_ADDR": "",
+            "REACTOR_DASHBOARD_ADDR": "",
             "REACTOR_LOG_FORMAT": "json",
             "REACTOR_LOG_LEVEL": "WARNING",
             "REACTOR_PROBE_INTERVAL_SECONDS": str(probe),

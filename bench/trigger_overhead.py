@@ -405,6 +405,7 @@ async def _second_replica(dsn: str, within: float = 30.0) -> AsyncIterator[None]
         REACTOR_GRACE_SECONDS="3600",
         REACTOR_SCAN_INTERVAL_SECONDS="3600",
         REACTOR_HTTP_ADDR="",
+        REACTOR_DASHBOARD_ADDR="",
         REACTOR_LOG_LEVEL="WARNING",
     )
     with tempfile.TemporaryFile() as log:

@@ -218,8 +218,8 @@ MEANINGS: dict[str, Meaning] = {
     "REACTOR_MODE": Meaning("`listen`, or `poll` (no LISTEN: timers come from polling the queue)"),
     "REACTOR_DRAIN_SECONDS": Meaning("how long SIGTERM waits for in-flight work"),
     "REACTOR_HTTP_ADDR": Meaning(
-        "health, metrics and the operator's page; empty disables; a port that is taken stops "
-        "startup with exit 2"
+        "health and metrics (`/healthz`, `/readyz`, `/metrics`); empty disables; a port that is "
+        "taken stops startup with exit 2"
     ),
     "REACTOR_HOOKS": Meaning("follow-up hooks, `name=spec,...`"),
     "REACTOR_WEBHOOK_SECRET": Meaning(
@@ -270,6 +270,17 @@ MEANINGS: dict[str, Meaning] = {
     "REACTOR_DASHBOARD_TOKEN": Meaning(
         f"enables the operator's page's actions; at least {config.MIN_TOKEN} printable ASCII "
         "characters (`openssl rand -hex 32`); unset or empty, the page is read-only",
+        unset="none",
+    ),
+    "REACTOR_DASHBOARD_ADDR": Meaning(
+        "the operator's page (`/`, `/api/status`, `/login`, the actions), apart from the "
+        "probes; keep it on loopback unless a proxy in front of it authenticates; empty "
+        "disables; a port that is taken stops startup with exit 2"
+    ),
+    "REACTOR_DASHBOARD_URL": Meaning(
+        "the address operators open the page at through a reverse proxy, `https://HOST[:PORT]/` "
+        "with no path: the page then also answers to that Host, and `https` makes its session "
+        "cookie Secure",
         unset="none",
     ),
     mapping.CONFIG_VARIABLE: Meaning(

@@ -7,10 +7,12 @@ as one line on stderr with the error's exit code; nothing here prints a tracebac
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import json
 import logging
 import os
+import resource
 import signal
 import sys
 from collections.abc import Awaitable, Callable, Sequence
@@ -137,7 +139,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="after the summary, keep the cluster and the page up until Ctrl-C",
     )
     demo.add_argument(
-        "--http-addr", help="HOST:PORT of the page, or empty for none (127.0.0.1:9187)"
+        "--http-addr", help="HOST:PORT of the page, or empty for none (127.0.0.1:9188)"
     )
     demo.add_argument(
         "--config",
@@ -254,16 +256,17 @@ async def cmd_run(args: argparse.Namespace) -> int:
     from reactor import http
 
     settings = _settings(args)
+    _raise_open_files_limit()
     tracing.configure()
     pool = db.make_pool(settings.require_database(), max_size=POOL_SIZE)
     # Everything that can fail without the database fails first, in milliseconds: hooks are
-    # parsed (their modules imported) and the HTTP port is bound before anything connects.
+    # parsed (their modules imported) and the HTTP ports are bound before anything connects.
     # Probes answer from then on: /readyz says "starting" until LISTEN is proven, and "stopping"
-    # during the drain; the server closes after it.
+    # during the drain; the servers close after it.
     async with open_hooks(settings, pool) as hooks:
         database = db.Database(pool, grace=settings.grace, hooks=list(hooks))
         reactor = Reactor(settings, database, hooks=hooks)
-        async with http.serving(reactor, settings.http_addr):
+        async with http.serving_reactor(reactor):
             async with await _startup_connection(settings, "startup", standby="retry") as conn:
                 await _check_database(conn)
             log.info(
@@ -281,6 +284,19 @@ async def cmd_run(args: argparse.Namespace) -> int:
                 await reactor.run()
                 tg.cancel_scope.cancel()
     return 0
+
+
+def _raise_open_files_limit() -> None:
+    """Raise the soft limit of open files to the hard one: the connections the HTTP servers
+    hold, the pool's and the hooks' all come out of it, and a container's soft limit (often
+    1024) is no choice of the operator's, while the hard limit is."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        # An unlimited hard limit is more than the kernel grants (fs.nr_open): the soft stays.
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    now, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    log.debug("open files limit", extra={"soft": now, "hard": hard, "was": soft})
 
 
 async def _stop_on_signals(reactor: Reactor, scope: anyio.CancelScope) -> None:

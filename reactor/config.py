@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import re
+import urllib.parse
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any, Literal
@@ -92,6 +93,13 @@ class Settings:
     # What an operator presents to the HTTP page to retry or cancel hooks and release jobs set
     # aside; None: the page is read-only.
     dashboard_token: str | None = field(default=None, repr=False)
+    # Where the operator's page listens: apart from the probes, on loopback unless the operator
+    # chooses otherwise, since it shows job ids, errors and the topology; None: no page.
+    dashboard_addr: tuple[str, int] | None = ("127.0.0.1", 9188)
+    # The address operators open the page at through a reverse proxy (see _dashboard_url): its
+    # host is accepted in the Host header, and https makes the session cookie Secure, since
+    # the proxy ends TLS and the request the reactor sees is plain HTTP.
+    dashboard_url: str | None = None
 
     @classmethod
     def from_env(
@@ -128,6 +136,11 @@ class Settings:
             raise ConfigError(
                 "REACTOR_PROBE_TIMEOUT_SECONDS must not exceed 4x REACTOR_PROBE_INTERVAL_SECONDS"
             )
+        if self.dashboard_url is not None and self.dashboard_addr is None:
+            raise ConfigError(
+                "REACTOR_DASHBOARD_URL is set but REACTOR_DASHBOARD_ADDR is empty, which turns "
+                "the page off; give the page an address, or unset REACTOR_DASHBOARD_URL"
+            )
 
     def require_database(self) -> str:
         """The DSN, or a ConfigError saying how to give one."""
@@ -146,6 +159,18 @@ class Settings:
     def hook_lease(self) -> float:
         """How long a claimed hook is ours before another replica may take it over."""
         return self.hook_lease_seconds or self.hook_timeout + 30.0
+
+    @property
+    def dashboard_host(self) -> str | None:
+        """The host name of REACTOR_DASHBOARD_URL, lower-cased (None when it is unset)."""
+        if self.dashboard_url is None:
+            return None
+        return urllib.parse.urlsplit(self.dashboard_url).hostname
+
+    @property
+    def dashboard_https(self) -> bool:
+        """True when operators reach the page over HTTPS (REACTOR_DASHBOARD_URL says so)."""
+        return self.dashboard_url is not None and self.dashboard_url.startswith("https://")
 
     @property
     def safe_database_url(self) -> str:
@@ -185,6 +210,8 @@ ENVIRONMENT: dict[str, str] = {
     "poll_interval": "REACTOR_POLL_INTERVAL_SECONDS",
     "max_pending": "REACTOR_MAX_PENDING",
     "dashboard_token": "REACTOR_DASHBOARD_TOKEN",
+    "dashboard_addr": "REACTOR_DASHBOARD_ADDR",
+    "dashboard_url": "REACTOR_DASHBOARD_URL",
 }
 
 
@@ -275,13 +302,44 @@ def _mode(source: str, text: str) -> str:
     return text
 
 
-def _http_addr(source: str, text: str) -> tuple[str, int] | None:
+def _address(example: str) -> Any:
+    def parse(source: str, text: str) -> tuple[str, int] | None:
+        if not text:
+            return None
+        host, sep, port = text.rpartition(":")
+        if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+            raise ConfigError(f"{source}={text!r} must be HOST:PORT, e.g. {example}, or empty")
+        return host.strip("[]") or "0.0.0.0", int(port)
+
+    return parse
+
+
+def _dashboard_url(source: str, text: str) -> str | None:
     if not text:
         return None
-    host, sep, port = text.rpartition(":")
-    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise ConfigError(f"{source}={text!r} must be HOST:PORT, e.g. 127.0.0.1:9187, or empty")
-    return host.strip("[]") or "0.0.0.0", int(port)
+    # A value with user info is not quoted: it may hold a password.
+    shown = source if "@" in text else f"{source}={text!r}"
+    usage = (
+        f"{shown} must be the page's address through your proxy, "
+        "https://HOST[:PORT]/ (or http://), with no path, user, query or fragment"
+    )
+    try:
+        parts = urllib.parse.urlsplit(text)
+        parts.port  # noqa: B018 -- raises ValueError for a port that is not a number
+    except ValueError:
+        raise ConfigError(usage) from None
+    # The page's links and redirects are absolute paths (/login, /actions/...): served under a
+    # prefix, they would leave it, so a proxy must map the page's root to the reactor's.
+    if (
+        parts.scheme not in ("http", "https")
+        or not parts.hostname
+        or parts.username is not None
+        or parts.path not in ("", "/")
+        or parts.query
+        or parts.fragment
+    ):
+        raise ConfigError(usage)
+    return text
 
 
 _PARSERS: dict[str, Any] = {
@@ -293,7 +351,7 @@ _PARSERS: dict[str, Any] = {
     "channel": _channel,
     "mode": _mode,
     "drain": _seconds(0.0),
-    "http_addr": _http_addr,
+    "http_addr": _address("127.0.0.1:9187"),
     "webhook_secret": _optional,
     "hook_timeout": _seconds(0.0, inclusive=False),
     "hook_concurrency": _count(1, 1000),
@@ -309,6 +367,8 @@ _PARSERS: dict[str, Any] = {
     "poll_interval": _seconds(0.01),
     "max_pending": _count(1, 100_000_000),
     "dashboard_token": _token,
+    "dashboard_addr": _address("127.0.0.1:9188"),
+    "dashboard_url": _dashboard_url,
 }
 
 

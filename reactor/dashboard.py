@@ -21,19 +21,20 @@ from __future__ import annotations
 import hashlib
 import hmac
 import logging
+import math
 import secrets
 import time
 import urllib.parse
 import uuid
-from collections import OrderedDict
-from collections.abc import Callable, Mapping, Sequence
+from collections import OrderedDict, deque
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Literal
 
 import anyio
 import psycopg
-from aiohttp import web
+from aiohttp import hdrs, web
 from jinja2 import Environment, PackageLoader, StrictUndefined, select_autoescape
 from psycopg_pool import AsyncConnectionPool
 
@@ -43,6 +44,8 @@ from reactor.errors import ReactorError, UsageError
 from reactor.metrics import Metrics
 
 if TYPE_CHECKING:
+    from multidict import MultiDictProxy
+
     from reactor.service import Reactor
 
 log = logging.getLogger(__name__)
@@ -208,6 +211,10 @@ def replica_view(reactor: Reactor | None) -> dict[str, Any] | None:
 
 Who = Literal["bearer", "cookie"]
 
+# The most sessions held at once; past it the oldest is signed out. A person signs in a few
+# times a day, so only a script signing in in a loop gets near it.
+MAX_SESSIONS = 1024
+
 
 class Auth:
     """Who may act, for a process whose operator set ``token`` (None: nobody may).
@@ -216,15 +223,17 @@ class Auth:
       its own, so another site cannot make one send it: no CSRF token is needed.
     - A person posts the token once to ``/login`` and gets a session cookie: HttpOnly (no
       script reads it), SameSite=Strict (no other site's page sends it along), Secure when the
-      page came over HTTPS. Its value is a timestamp signed with a key made at random when the
-      process starts; the token itself is never stored in it, and a restart signs everyone out.
+      page is reached over HTTPS. Its value is a random id this process holds in memory with its
+      expiry: signing out deletes it, so a copy of the cookie is worthless from then on, and a
+      restart signs everyone out. The token itself is never stored in it.
     - A POST carried by that cookie must also carry a form token, an HMAC of the session under
-      the same key, which only this process's pages hold; and it must come from the page
-      itself: ``Sec-Fetch-Site`` same-origin when the browser sends it, and ``Origin``, when
-      present, naming the host the request was sent to.
+      a key made at random when the process starts, which only this process's pages hold; and
+      it must come from the page itself: ``Sec-Fetch-Site`` same-origin when the browser sends
+      it, and ``Origin``, when present, naming the host the request was sent to.
 
     Every comparison of a secret is in constant time (``hmac.compare_digest``), of digests of
-    equal length.
+    equal length; sessions are looked up by their digest, so the lookup's timing depends on
+    nothing a client chose.
     """
 
     def __init__(
@@ -232,12 +241,17 @@ class Auth:
         token: str | None,
         *,
         lifetime: float = SESSION_SECONDS,
-        clock: Callable[[], float] = time.time,
+        clock: Callable[[], float] = time.monotonic,
+        max_sessions: int = MAX_SESSIONS,
     ) -> None:
         self._token = None if token is None else _digest(token.encode())
         self._key = secrets.token_bytes(32)
         self.lifetime = lifetime
         self.clock = clock
+        self.max_sessions = max_sessions
+        # digest of the session id -> when it expires, oldest first (every session lives as
+        # long, so issue order is expiry order).
+        self._sessions: OrderedDict[bytes, float] = OrderedDict()
 
     @property
     def enabled(self) -> bool:
@@ -251,21 +265,31 @@ class Auth:
         return hmac.compare_digest(_digest(presented.encode()), self._token)
 
     def issue(self) -> str:
-        """A new session cookie's value."""
-        body = f"{int(self.clock())}.{secrets.token_hex(8)}"
-        return f"{body}.{self._mac('session', body)}"
+        """A new session's cookie value."""
+        now = self.clock()
+        self._forget_expired(now)
+        value = secrets.token_urlsafe(32)
+        self._sessions[_digest(value.encode())] = now + self.lifetime
+        while len(self._sessions) > self.max_sessions:
+            self._sessions.popitem(last=False)
+        return value
 
     def session_ok(self, value: str | None) -> bool:
-        """True for a cookie value :meth:`issue` made that has not expired."""
+        """True for a cookie value :meth:`issue` made that has neither expired nor ended."""
         if not self.enabled or not value:
             return False
-        body, _, mac = value.rpartition(".")
-        issued, _, _ = body.partition(".")
-        if not issued.isdigit() or not hmac.compare_digest(
-            mac.encode(), self._mac("session", body).encode()
-        ):
-            return False
-        return 0 <= self.clock() - int(issued) < self.lifetime
+        expires = self._sessions.get(_digest(value.encode()))
+        return expires is not None and self.clock() < expires
+
+    def end(self, value: str | None) -> None:
+        """Sign the session ``value`` out: its cookie is refused from now on."""
+        if value:
+            self._sessions.pop(_digest(value.encode()), None)
+
+    @property
+    def sessions(self) -> int:
+        """How many sessions are held (expired ones included until the next sign-in)."""
+        return len(self._sessions)
 
     def form_token(self, session: str) -> str:
         """The CSRF token the pages of ``session`` carry in their forms."""
@@ -278,9 +302,144 @@ class Auth:
     def _mac(self, purpose: str, text: str) -> str:
         return hmac.new(self._key, f"{purpose}:{text}".encode(), hashlib.sha256).hexdigest()
 
+    def _forget_expired(self, now: float) -> None:
+        while self._sessions:
+            expires = next(iter(self._sessions.values()))
+            if expires > now:
+                return
+            self._sessions.popitem(last=False)
+
 
 def _digest(data: bytes) -> bytes:
     return hashlib.sha256(data).digest()
+
+
+# A wrong token this many times within FAILURE_WINDOW from one address, and that address is
+# refused (429) until the oldest of those failures is FAILURE_WINDOW old.
+MAX_FAILURES = 5
+FAILURE_WINDOW = 60.0
+# The most addresses remembered; past it the one whose last failure is oldest is forgotten.
+MAX_CLIENTS = 4096
+
+
+class Throttle:
+    """Failed presentations of the token, per client address, within a sliding window; pure
+    (``now`` is passed in).
+
+    An address with ``limit`` failures inside ``window`` seconds is refused until the oldest of
+    them leaves the window. Each address is counted on its own: one client's success or
+    failure changes nobody else's count. Memory is bounded by ``max_clients`` addresses of
+    at most ``limit`` times each.
+    """
+
+    def __init__(
+        self,
+        *,
+        limit: int = MAX_FAILURES,
+        window: float = FAILURE_WINDOW,
+        max_clients: int = MAX_CLIENTS,
+    ) -> None:
+        self.limit = limit
+        self.window = window
+        self.max_clients = max_clients
+        # address -> the times of its recent failures, oldest first; the address whose last
+        # failure is oldest comes first.
+        self._failures: OrderedDict[str, deque[float]] = OrderedDict()
+
+    def wait(self, client: str, now: float) -> float | None:
+        """Seconds until ``client`` may try again, or None when it may now."""
+        times = self._recent(client, now)
+        if times is None or len(times) < self.limit:
+            return None
+        return times[0] + self.window - now
+
+    def failed(self, client: str, now: float) -> float | None:
+        """Count a failure of ``client``; returns :meth:`wait` after it."""
+        times = self._recent(client, now)
+        if times is None:
+            times = self._failures[client] = deque(maxlen=self.limit)
+        times.append(now)
+        self._failures.move_to_end(client)
+        while len(self._failures) > self.max_clients:
+            self._failures.popitem(last=False)
+        return self.wait(client, now)
+
+    def succeeded(self, client: str) -> None:
+        """``client`` presented the token: its failures are forgotten, nobody else's."""
+        self._failures.pop(client, None)
+
+    @property
+    def clients(self) -> int:
+        """How many addresses are remembered."""
+        return len(self._failures)
+
+    def _recent(self, client: str, now: float) -> deque[float] | None:
+        times = self._failures.get(client)
+        if times is None:
+            return None
+        while times and times[0] <= now - self.window:
+            times.popleft()
+        if not times:
+            del self._failures[client]
+            return None
+        return times
+
+
+# The names a browser on the reactor's own host uses for it; loopback cannot be pointed
+# elsewhere by a DNS answer.
+LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
+_WILDCARDS = frozenset({"", "0.0.0.0", "::"})
+
+
+class HostAllowlist:
+    """The Host headers the page answers: loopback names, the address it is configured on, and
+    the host of REACTOR_DASHBOARD_URL; pure.
+
+    This is what defeats DNS rebinding: a site the operator visits can point its own name at
+    127.0.0.1 and have the browser read the page through an ``ssh -L`` tunnel, but the request
+    then carries that site's name as its Host. Names are compared, not ports: a rebinding
+    changes the name, and proxies differ in whether they pass a port on.
+    """
+
+    def __init__(self, names: Iterable[str]) -> None:
+        self.names = frozenset(_host_name(name) for name in names)
+
+    @classmethod
+    def for_page(cls, addr_host: str | None, url_host: str | None) -> HostAllowlist:
+        """Loopback, plus the host the page is bound to (unless a wildcard) and the URL's."""
+        names = set(LOOPBACK_NAMES)
+        if addr_host is not None and addr_host not in _WILDCARDS:
+            names.add(addr_host)
+        if url_host is not None:
+            names.add(url_host)
+        return cls(names)
+
+    def allows(self, host_header: str | None) -> bool:
+        """True when a request whose Host header is ``host_header`` is for this page."""
+        if not host_header:
+            return False
+        name = split_host(host_header)
+        return name is not None and _host_name(name) in self.names
+
+
+def split_host(header: str) -> str | None:
+    """The name in a Host header (``name``, ``name:port``, ``[v6]`` or ``[v6]:port``), or None
+    when it is none of those."""
+    header = header.strip()
+    if header.startswith("["):
+        name, bracket, rest = header[1:].partition("]")
+        if not bracket or (rest and not (rest.startswith(":") and rest[1:].isdigit())):
+            return None
+        return name
+    name, colon, port = header.partition(":")
+    if colon and not port.isdigit():
+        return None
+    return name
+
+
+def _host_name(name: str) -> str:
+    # A trailing dot names the same host (an absolute name).
+    return name.strip("[]").lower().removesuffix(".")
 
 
 def cross_site(headers: Mapping[str, str], host: str) -> str | None:
@@ -418,9 +577,11 @@ def render_page(
     )
 
 
-def render_login(*, refused: bool, enabled: bool) -> str:
-    """The sign-in page."""
-    return _ENV.get_template("login.html").render(refused=refused, enabled=enabled)
+def render_login(*, refused: bool, enabled: bool, wait: float | None = None) -> str:
+    """The sign-in page; ``wait``: seconds until this client may try again."""
+    return _ENV.get_template("login.html").render(
+        refused=refused, enabled=enabled, wait=None if wait is None else math.ceil(wait)
+    )
 
 
 # -- the handlers ------------------------------------------------------------------------------
@@ -441,7 +602,7 @@ _HEADERS = {
 
 
 class Dashboard:
-    """The page's state in one process: the report, the sign-in key and the notes.
+    """The page's state in one process: the report, the sessions, the throttle and the notes.
 
     ``replica`` gives the reactor whose memory the page shows (None while none runs: the
     demo's outage); the report comes through ``pool``.
@@ -452,12 +613,16 @@ class Dashboard:
         settings: Settings,
         pool: AsyncConnectionPool[db.AnyConnection],
         replica: Callable[[], Reactor | None],
+        *,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.settings = settings
         self.pool = pool
         self.replica = replica
+        self.clock = clock
         self.source = StatusSource(settings, pool)
-        self.auth = Auth(settings.dashboard_token)
+        self.auth = Auth(settings.dashboard_token, clock=clock)
+        self.throttle = Throttle()
         self._token = settings.dashboard_token
         self._notes: OrderedDict[str, tuple[str, bool]] = OrderedDict()
 
@@ -515,13 +680,18 @@ class Dashboard:
     async def login(self, request: web.Request) -> web.Response:
         """``POST /login``: the token in, a session cookie out."""
         self._same_site(request)
+        client = _client(request)
+        wait = self.throttle.wait(client, self.clock())
+        if wait is not None:
+            return self._login_page(429, wait=wait)
+        # The one body read before anyone is known; the application bounds its size.
         form = await request.post()
         presented = form.get("token")
         if not isinstance(presented, str) or not self.auth.token_ok(presented):
-            log.warning("dashboard sign-in refused", extra={"client": request.remote})
-            html = render_login(refused=True, enabled=self.auth.enabled)
-            return web.Response(text=html, status=403, content_type="text/html", headers=_HEADERS)
-        log.info("dashboard sign-in", extra={"client": request.remote})
+            self._wrong_token(request, client, "sign-in")
+            return self._login_page(403)
+        self.throttle.succeeded(client)
+        log.info("dashboard sign-in", extra={"client": client})
         response = web.HTTPSeeOther("/", headers=_HEADERS)
         response.set_cookie(
             COOKIE,
@@ -530,21 +700,25 @@ class Dashboard:
             path="/",
             httponly=True,
             samesite="Strict",
-            secure=request.secure,
+            # Behind a proxy that ends TLS the request here is plain HTTP: REACTOR_DASHBOARD_URL
+            # says the browser's side is HTTPS.
+            secure=request.secure or self.settings.dashboard_https,
         )
         raise response
 
     async def logout(self, request: web.Request) -> web.Response:
-        """``POST /logout``: forget the cookie."""
-        self._authorize(request, await request.post())
+        """``POST /logout``: end the session, here and in the browser."""
+        who = self._admit(request)
+        await self._form(request, who)
+        self.auth.end(request.cookies.get(COOKIE))
         response = web.HTTPSeeOther("/", headers=_HEADERS)
         response.del_cookie(COOKIE, path="/")
         raise response
 
     async def retry_hooks(self, request: web.Request) -> web.Response:
         """``POST /actions/hooks/retry`` with ``id`` fields: ``reactor hooks retry ID...``."""
-        form = await request.post()
-        who = self._authorize(request, form)
+        who = self._admit(request)
+        form = await self._form(request, who)
         ids = hook_ops.parse_ids([str(v) for v in form.getall("id", [])])
         changes = await db.retry_hooks(db.Pooled(self.pool), ids)
         message = hook_ops.judge_changes(
@@ -557,8 +731,8 @@ class Dashboard:
 
     async def cancel_hooks(self, request: web.Request) -> web.Response:
         """``POST /actions/hooks/cancel`` with ``id`` fields: ``reactor hooks cancel ID...``."""
-        form = await request.post()
-        who = self._authorize(request, form)
+        who = self._admit(request)
+        form = await self._form(request, who)
         ids = hook_ops.parse_ids([str(v) for v in form.getall("id", [])])
         changes = await db.cancel_hooks(db.Pooled(self.pool), ids)
         message = hook_ops.judge_changes(
@@ -568,8 +742,8 @@ class Dashboard:
 
     async def release_set_aside(self, request: web.Request) -> web.Response:
         """``POST /actions/set-aside/release`` with ``job_id``: try that job again now."""
-        form = await request.post()
-        who = self._authorize(request, form)
+        who = self._admit(request)
+        form = await self._form(request, who)
         job_id = str(form.get("job_id", ""))
         try:
             job = str(uuid.UUID(job_id))
@@ -595,20 +769,64 @@ class Dashboard:
             )
             raise _forbidden(f"refused: {problem}")
 
-    def _authorize(self, request: web.Request, form: Mapping[str, Any]) -> Who:
+    def _admit(self, request: web.Request) -> Who:
+        """Who sent ``request``, from its headers alone: nothing of the body is read before the
+        sender is known, so a stranger cannot make the process read or parse one."""
         self._same_site(request)
         scheme, _, presented = request.headers.get("Authorization", "").partition(" ")
         if scheme.lower() == "bearer":
+            client = _client(request)
+            wait = self.throttle.wait(client, self.clock())
+            if wait is not None:
+                raise _too_many(wait)
             if self.auth.token_ok(presented.strip()):
+                self.throttle.succeeded(client)
                 return "bearer"
+            self._wrong_token(request, client, "bearer")
             raise _forbidden("refused: wrong token")
-        session = request.cookies.get(COOKIE)
-        if not session or not self.auth.session_ok(session):
+        if not self.auth.session_ok(request.cookies.get(COOKIE)):
             raise _forbidden("refused: sign in at /login first")
-        csrf = form.get("csrf")
-        if not isinstance(csrf, str) or not self.auth.form_ok(session, csrf):
-            raise _forbidden("refused: the form is stale or not from this page; reload it")
         return "cookie"
+
+    async def _form(
+        self, request: web.Request, who: Who
+    ) -> MultiDictProxy[str | bytes | bytearray | web.FileField]:
+        """The body of an admitted POST (at most the application's client_max_size; 413
+        beyond it), with its form token checked when a session cookie carried it."""
+        form = await request.post()
+        if who == "cookie":
+            session = request.cookies.get(COOKIE, "")
+            csrf = form.get("csrf")
+            if not isinstance(csrf, str) or not self.auth.form_ok(session, csrf):
+                raise _forbidden("refused: the form is stale or not from this page; reload it")
+        return form
+
+    def _wrong_token(self, request: web.Request, client: str, via: str) -> None:
+        """Log and count a wrong token from ``client``; never the token."""
+        wait = self.throttle.failed(client, self.clock())
+        log.warning(
+            "dashboard token refused",
+            extra={"client": client, "path": request.path, "via": via},
+        )
+        if wait is not None:
+            # Once per lockout: the attempts it refuses are not logged, so a client that keeps
+            # guessing cannot fill the log either.
+            log.warning(
+                "dashboard sign-in throttled",
+                extra={
+                    "client": client,
+                    "failures": self.throttle.limit,
+                    "window_s": self.throttle.window,
+                    "retry_after_s": math.ceil(wait),
+                },
+            )
+
+    def _login_page(self, status: int, *, wait: float | None = None) -> web.Response:
+        html = render_login(refused=status == 403, enabled=self.auth.enabled, wait=wait)
+        headers = dict(_HEADERS)
+        if wait is not None:
+            headers["Retry-After"] = str(math.ceil(wait))
+        return web.Response(text=html, status=status, content_type="text/html", headers=headers)
 
     def _done(
         self, request: web.Request, who: Who, action: str, touched: dict[str, Any], message: str
@@ -651,6 +869,19 @@ class Dashboard:
         return response
 
 
+def _client(request: web.Request) -> str:
+    """The address a request came from: the peer of the connection. Behind a proxy that is
+    the proxy's, so its clients share one count: no header a client writes is believed."""
+    return request.remote or "unknown"
+
+
+def _too_many(wait: float) -> web.HTTPTooManyRequests:
+    return web.HTTPTooManyRequests(
+        text="refused: too many wrong tokens from this address; try again later\n",
+        headers={**_HEADERS, "Retry-After": str(math.ceil(wait))},
+    )
+
+
 def _forbidden(reason: str) -> web.HTTPForbidden:
     return web.HTTPForbidden(text=reason + "\n", headers=_HEADERS)
 
@@ -669,11 +900,29 @@ async def usage_errors(
 
 
 DASHBOARD = web.AppKey("dashboard", Dashboard)
+HOSTS = web.AppKey("hosts", HostAllowlist)
 
 
-def install(app: web.Application, dashboard: Dashboard) -> None:
-    """Put ``dashboard``'s routes and error handling on ``app``."""
+@web.middleware
+async def right_host(
+    request: web.Request, handler: Callable[[web.Request], Any]
+) -> web.StreamResponse:
+    """421 for a request whose Host is not one the page answers to (DNS rebinding)."""
+    if not request.app[HOSTS].allows(request.headers.get(hdrs.HOST)):
+        raise web.HTTPMisdirectedRequest(
+            text="this page answers to localhost and its configured address only; to reach it "
+            "by another name, set REACTOR_DASHBOARD_URL to the address you open it at\n",
+            headers=_HEADERS,
+        )
+    response: web.StreamResponse = await handler(request)
+    return response
+
+
+def install(app: web.Application, dashboard: Dashboard, hosts: HostAllowlist) -> None:
+    """Put ``dashboard``'s routes, its Host check and its error handling on ``app``."""
     app[DASHBOARD] = dashboard
+    app[HOSTS] = hosts
+    app.middlewares.append(right_host)
     app.middlewares.append(usage_errors)
     dashboard.add_routes(app)
 
@@ -686,8 +935,10 @@ def for_reactor(reactor: Reactor) -> Dashboard:
 __all__ = [
     "Auth",
     "Dashboard",
+    "HostAllowlist",
     "Snapshot",
     "StatusSource",
+    "Throttle",
     "bars",
     "cross_site",
     "for_reactor",
@@ -696,4 +947,5 @@ __all__ = [
     "next_reconcile",
     "render_page",
     "replica_view",
+    "split_host",
 ]

@@ -37,8 +37,9 @@ from reactor.errors import ConfigError
 from reactor.metrics import Metrics
 from reactor.service import POOL_SIZE, Reactor
 
-# Where the page is served while the demo runs: the reactor's own default.
-DEMO_HTTP_ADDR = ("127.0.0.1", 9187)
+# Where the page is served while the demo runs: the reactor's own default for the page
+# (REACTOR_DASHBOARD_ADDR). The demo serves no probes: its replicas come and go.
+DEMO_HTTP_ADDR = ("127.0.0.1", 9188)
 
 # What the worker's jobs carry: a page of a document, and the verdicts they end with.
 _PAGE = "<p>citation</p>" * 200
@@ -145,7 +146,7 @@ async def main(
         settings = Settings(database_url=pg.dsn, grace=grace, http_addr=None, channel=channel)
         async with db.make_pool(pg.dsn, max_size=2) as pool:
             page = Dashboard(settings, pool, lambda: board.replicas[0] if board.replicas else None)
-            async with http.serving_page(page, _free(http_addr)) as bound:
+            async with http.serving_page(page, _free(http_addr), variable="--http-addr") as bound:
                 if bound is not None:
                     console.print(f"the operator's page: {http.page_url(*bound)}")
                 with Live(

@@ -1,30 +1,44 @@
-"""Health, metrics and the operator's page over HTTP, served by aiohttp: ``/healthz``,
-``/readyz``, ``/metrics``, and ``/`` with ``/api/status`` (:mod:`reactor.dashboard`).
+"""The reactor over HTTP, served by aiohttp on two addresses.
+
+- ``REACTOR_HTTP_ADDR``: the probes and the metrics, ``/healthz``, ``/readyz`` and ``/metrics``.
+  An orchestrator and a scraper reach them, so a container binds them to every interface.
+- ``REACTOR_DASHBOARD_ADDR``: the operator's page, ``/`` with ``/api/status``, ``/login`` and
+  the actions (:mod:`reactor.dashboard`). It shows job ids, errors and the topology, so it stays
+  on loopback unless the operator puts it elsewhere, and answers only to the Host names it
+  knows (:class:`reactor.dashboard.HostAllowlist`).
 
 The probes only read memory: :meth:`Reactor.health` (which the health checks keep current) and
 the metrics registry. None touches the database, so a slow or absent database can make
 ``/readyz`` say 503 but never makes a probe hang. The page reads the database through its own
-cache, one ``status`` every few seconds at most, on a bounded wait; a slow page holds up no
-probe, since aiohttp serves every request in a task of its own.
+cache, one ``status`` every few seconds at most, on a bounded wait.
 
-aiohttp's site runs on the event loop without a task of its own, and installs no signal
-handlers (``reactor run`` owns SIGTERM). :func:`serving` binds on entry, so a port that is taken
-fails at startup, and closes on exit, after the reactor has drained.
+Both servers run on the reactor's own event loop, so neither may let a client hold what the
+loop needs: a connection must send its first request head within :data:`HEAD_SECONDS`, an idle
+one is closed after :data:`KEEPALIVE_SECONDS`, at most :data:`MAX_CONNECTIONS` are open per
+server (more are closed at once, and counted), and a body is at most :data:`MAX_BODY` bytes.
+Together they bound the file descriptors a stranger can take, whatever they send.
+
+:func:`serving` and :func:`serving_page` bind on entry, so a port that is taken fails at
+startup, and close on exit, after the reactor has drained. Neither installs a signal handler
+(``reactor run`` owns SIGTERM).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import math
 import os
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
+from typing import Any, Literal
 
 import anyio
 import anyio.abc
 from aiohttp import web
 from prometheus_client.exposition import choose_encoder
 
-from reactor.dashboard import Dashboard, for_reactor, install
+from reactor.dashboard import Dashboard, HostAllowlist, for_reactor, install
 from reactor.errors import ConfigError
 from reactor.service import Reactor
 
@@ -32,17 +46,37 @@ log = logging.getLogger(__name__)
 
 # How long closing may wait for requests in flight; probes answer in microseconds.
 SHUTDOWN_SECONDS = 2.0
+# A connection that has not sent a complete request head by then is closed. A probe or a
+# browser sends its head at once; only a client that means to hold the connection is slower.
+HEAD_SECONDS = 5.0
+# An idle keep-alive connection is closed after this (aiohttp's own default is an hour).
+# Scrapers and probes reconnect at no cost worth counting.
+KEEPALIVE_SECONDS = 15.0
+# Open connections per server. Probes, a scraper and a few browsers need a handful; a
+# connection past this is closed as soon as it is accepted.
+MAX_CONNECTIONS = 64
+# Connections the kernel queues before they are accepted; asyncio also accepts at most this
+# many per turn of the loop, which bounds the descriptors a burst takes before the cap closes
+# them.
+BACKLOG = 32
+# The largest request body: the page's forms carry a few ids and a token.
+MAX_BODY = 64 * 1024
+# Repeats of a flood of one error (accept() failing, connections over the cap) are counted and
+# logged at most this often.
+FLOOD_LOG_SECONDS = 10.0
 
 _NO_CACHE = {"Cache-Control": "no-store"}
 
+# Why a connection was closed before a request: over the cap, or no request head in time.
+# (reactor.metrics.HTTP_DROP_REASONS: the label values of the counter they are counted in.)
+DropReason = Literal["limit", "head_timeout"]
 
-def make_app(reactor: Reactor) -> web.Application:
-    """The aiohttp application serving ``reactor``'s health, metrics and page."""
-    return page_app(for_reactor(reactor))
+
+# -- the applications --------------------------------------------------------------------------
 
 
-def page_app(page: Dashboard) -> web.Application:
-    """The application for ``page``; the probes answer for whichever replica it shows (503
+def probes_app(replica: Callable[[], Reactor | None]) -> web.Application:
+    """``/healthz``, ``/readyz`` and ``/metrics`` for whichever replica ``replica`` gives (503
     while there is none)."""
 
     def absent() -> web.Response:
@@ -53,7 +87,7 @@ def page_app(page: Dashboard) -> web.Application:
         )
 
     async def healthz(request: web.Request) -> web.Response:
-        reactor = page.replica()
+        reactor = replica()
         if reactor is None:
             return absent()
         alive, _, reason = reactor.health()
@@ -64,7 +98,7 @@ def page_app(page: Dashboard) -> web.Application:
         )
 
     async def readyz(request: web.Request) -> web.Response:
-        reactor = page.replica()
+        reactor = replica()
         if reactor is None:
             return absent()
         _, ready, reason = reactor.health()
@@ -73,7 +107,7 @@ def page_app(page: Dashboard) -> web.Application:
         )
 
     async def metrics(request: web.Request) -> web.Response:
-        reactor = page.replica()
+        reactor = replica()
         if reactor is None:
             return absent()
         # Prometheus text by default; OpenMetrics when the scraper asks for it.
@@ -83,63 +117,377 @@ def page_app(page: Dashboard) -> web.Application:
             headers={"Content-Type": content_type, **_NO_CACHE},
         )
 
-    app = web.Application()
+    app = web.Application(client_max_size=MAX_BODY)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", metrics)
-    install(app, page)
     return app
+
+
+def page_app(page: Dashboard, hosts: HostAllowlist) -> web.Application:
+    """The operator's page, answering to the Host names of ``hosts`` only."""
+    app = web.Application(client_max_size=MAX_BODY)
+    install(app, page, hosts)
+    return app
+
+
+# -- holding connections to account ------------------------------------------------------------
+
+
+class HeadEnd:
+    """Finds the end of a connection's first request head in the bytes as they arrive: the
+    blank line after it. Pure.
+
+    aiohttp's request parser (llhttp, strict for requests) ends lines with CRLF only, so the
+    head ends at the first CRLF CRLF after the request line; empty lines before the request
+    line are skipped, so that they cannot end it early.
+    """
+
+    def __init__(self) -> None:
+        self._started = False
+        self._tail = b""  # the last bytes seen, for a CRLF CRLF split across two reads
+
+    def feed(self, data: bytes) -> bool:
+        """True once the head is complete."""
+        if not self._started:
+            data = data.lstrip(b"\r\n")
+            if not data:
+                return False
+            self._started = True
+        window = self._tail + data
+        if b"\r\n\r\n" in window:
+            return True
+        self._tail = window[-3:]
+        return False
+
+
+class Door:
+    """The connections one server holds: at most ``limit`` at once, each given ``head_seconds``
+    to send its first request head. ``dropped`` hears of each connection closed before a
+    request, with the reason."""
+
+    def __init__(
+        self,
+        server: str,
+        *,
+        limit: int = MAX_CONNECTIONS,
+        head_seconds: float = HEAD_SECONDS,
+        dropped: Callable[[DropReason], None] = lambda reason: None,
+    ) -> None:
+        self.server = server
+        self.limit = limit
+        self.head_seconds = head_seconds
+        self.dropped = dropped
+        self.open = 0
+
+    def admit(self) -> bool:
+        """Take one more connection, or say no (and count it) when ``limit`` are open."""
+        if self.open >= self.limit:
+            self.dropped("limit")
+            return False
+        self.open += 1
+        return True
+
+    def release(self) -> None:
+        """A connection :meth:`admit` took has closed."""
+        self.open -= 1
+
+
+class GuardedConnection(asyncio.Protocol):
+    """One accepted connection: admitted by its :class:`Door`, then handed to aiohttp's
+    request handler, and closed if its first request head is not complete in time.
+
+    aiohttp has no deadline for a request head: its keep-alive timer (an hour by default) is
+    the only bound on a connection that never finishes one. Rather than subclass its
+    ``RequestHandler`` (whose constructor and internals change between releases), this wraps
+    it from outside, through interfaces that are documented and stable: ``web.Server`` is a
+    protocol factory for ``loop.create_server`` (aiohttp's low-level server), and the wrapper
+    passes on the six methods of ``asyncio.Protocol`` unchanged. Connections past the cap never
+    get a handler, so they cost a descriptor for one turn of the loop and no more.
+    """
+
+    def __init__(self, door: Door, handler: Callable[[], asyncio.Protocol]) -> None:
+        self._door = door
+        self._make_handler = handler
+        self._inner: asyncio.Protocol | None = None
+        self._deadline: asyncio.TimerHandle | None = None
+        self._head = HeadEnd()
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        """Admit the connection and start its deadline, or close it at once."""
+        if not self._door.admit():
+            assert isinstance(transport, asyncio.Transport)
+            transport.abort()
+            return
+        self._inner = self._make_handler()
+        loop = asyncio.get_running_loop()
+        self._deadline = loop.call_later(self._door.head_seconds, self._too_slow, transport)
+        self._inner.connection_made(transport)
+
+    def data_received(self, data: bytes) -> None:
+        """Pass the bytes on; the deadline ends with the first request head."""
+        if self._inner is None:
+            return
+        if self._deadline is not None and self._head.feed(data):
+            self._deadline.cancel()
+            self._deadline = None
+        self._inner.data_received(data)
+
+    def eof_received(self) -> bool | None:
+        """Pass it on."""
+        return None if self._inner is None else self._inner.eof_received()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        """Release the connection's place, and tell the handler."""
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
+        inner, self._inner = self._inner, None
+        if inner is not None:
+            self._door.release()
+            inner.connection_lost(exc)
+
+    def pause_writing(self) -> None:
+        """Pass it on: aiohttp's flow control."""
+        if self._inner is not None:
+            self._inner.pause_writing()
+
+    def resume_writing(self) -> None:
+        """Pass it on: aiohttp's flow control."""
+        if self._inner is not None:
+            self._inner.resume_writing()
+
+    def _too_slow(self, transport: asyncio.BaseTransport) -> None:
+        self._deadline = None
+        if self._inner is not None and not transport.is_closing():
+            self._door.dropped("head_timeout")
+            transport.close()
+
+
+# -- floods of one message, counted --------------------------------------------------------------
+
+
+class Tally:
+    """Occurrences of one event, reported at most once per ``interval``; pure (``now`` is
+    passed in). The first is reported at once, those within the next ``interval`` are held
+    back and reported together at its end."""
+
+    def __init__(self, interval: float) -> None:
+        self.interval = interval
+        self.held = 0
+        self.quiet_until = -math.inf
+
+    def add(self, now: float) -> int:
+        """Count one; returns how many to report now (0: held back until :meth:`take`)."""
+        self.held += 1
+        if now < self.quiet_until:
+            return 0
+        return self.take(now)
+
+    def take(self, now: float) -> int:
+        """Those held back, to be reported at the end of the quiet spell; starts another."""
+        count, self.held = self.held, 0
+        if count:
+            self.quiet_until = now + self.interval
+        return count
+
+
+class FloodLog:
+    """Logs an event that may come thousands of times a second once per ``interval`` at most,
+    with the count, on the running loop's clock."""
+
+    def __init__(
+        self,
+        report: Callable[[int], None],
+        *,
+        interval: float = FLOOD_LOG_SECONDS,
+        loop: asyncio.AbstractEventLoop | None = None,
+    ) -> None:
+        self._report = report
+        self._tally = Tally(interval)
+        self._loop = loop
+        self._flush: asyncio.TimerHandle | None = None
+
+    def seen(self) -> None:
+        """One more occurrence."""
+        loop = self._loop or asyncio.get_running_loop()
+        count = self._tally.add(loop.time())
+        if count:
+            self._report(count)
+        elif self._flush is None:
+            self._flush = loop.call_at(self._tally.quiet_until, self._end_of_quiet)
+
+    def _end_of_quiet(self) -> None:
+        self._flush = None
+        loop = self._loop or asyncio.get_running_loop()
+        count = self._tally.take(loop.time())
+        if count:
+            self._report(count)
+
+    def close(self) -> None:
+        """Report what is held back now."""
+        if self._flush is not None:
+            self._flush.cancel()
+            self._end_of_quiet()
+
+
+# asyncio's message when accept() fails for want of descriptors or memory (EMFILE, ENFILE,
+# ENOBUFS, ENOMEM). It retries a second later, and logs every attempt, up to a backlog's worth
+# each time: with the descriptors gone, thousands of lines a second.
+ACCEPT_FAILED = "socket.accept() out of system resource"
+
+
+@contextmanager
+def accept_errors_counted(*, interval: float = FLOOD_LOG_SECONDS) -> Iterator[None]:
+    """While the block runs, the loop logs a flood of failed accept() calls once per
+    ``interval`` with their count; every other error goes to the handler that was there."""
+    loop = asyncio.get_running_loop()
+    previous = loop.get_exception_handler()
+    last_error: list[str] = ["?"]
+
+    def report(count: int) -> None:
+        log.error(
+            "cannot accept connections: out of system resources",
+            extra={"error": last_error[0], "times": count, "logged_every_s": interval},
+        )
+
+    flood = FloodLog(report, interval=interval, loop=loop)
+
+    def handle(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+        if context.get("message") == ACCEPT_FAILED:
+            error = context.get("exception")
+            last_error[0] = str(error) if error is not None else "?"
+            flood.seen()
+        elif previous is not None:
+            previous(loop, context)
+        else:
+            loop.default_exception_handler(context)
+
+    loop.set_exception_handler(handle)
+    try:
+        yield
+    finally:
+        loop.set_exception_handler(previous)
+        flood.close()
+
+
+# -- serving -----------------------------------------------------------------------------------
+
+
+@asynccontextmanager
+async def listening(
+    app: web.Application, addr: tuple[str, int], *, variable: str, door: Door
+) -> AsyncIterator[tuple[str, int]]:
+    """Serve ``app`` on ``addr`` through ``door`` while the block runs; yields the bound
+    (host, port). A port that cannot be bound raises ConfigError naming ``variable``."""
+    host, port = addr
+    # access_log=None: probes every few seconds would drown the reactor's own log lines.
+    runner = web.AppRunner(
+        app,
+        access_log=None,
+        shutdown_timeout=SHUTDOWN_SECONDS,
+        keepalive_timeout=KEEPALIVE_SECONDS,
+    )
+    await runner.setup()
+    server: asyncio.Server | None = None
+    try:
+        handler = runner.server
+        assert handler is not None  # set up above
+        loop = asyncio.get_running_loop()
+        try:
+            server = await loop.create_server(
+                lambda: GuardedConnection(door, handler), host, port, backlog=BACKLOG
+            )
+        except OSError as error:
+            # asyncio words it "error while attempting to bind on address ...: <reason>".
+            reason = os.strerror(error.errno) if error.errno else str(error)
+            raise ConfigError(
+                f"{variable}={_show(host, port)}: cannot listen: {reason}; "
+                "choose another address, or set it empty to disable"
+            ) from None
+        bound_host, bound_port = server.sockets[0].getsockname()[:2]
+        yield bound_host, bound_port
+    finally:
+        # Shielded: closing must finish even when the task group around us is being cancelled.
+        with anyio.move_on_after(SHUTDOWN_SECONDS + 1, shield=True):
+            if server is not None:
+                server.close()
+            await runner.cleanup()
+            if server is not None:
+                await server.wait_closed()
+
+
+def _door(server: str, replica: Callable[[], Reactor | None]) -> Door:
+    """A door whose drops are counted in the metrics of the replica shown, and a flood of
+    connections over the cap logged once in a while."""
+
+    def report(count: int) -> None:
+        log.warning(
+            "HTTP connections refused: too many open",
+            extra={"server": server, "limit": MAX_CONNECTIONS, "times": count},
+        )
+
+    over_cap = FloodLog(report)
+
+    def dropped(reason: DropReason) -> None:
+        reactor = replica()
+        if reactor is not None:
+            reactor.metrics.http_dropped.labels(server, reason).inc()
+        if reason == "limit":
+            over_cap.seen()
+
+    return Door(server, dropped=dropped)
 
 
 @asynccontextmanager
 async def serving(
     reactor: Reactor, addr: tuple[str, int] | None
 ) -> AsyncIterator[tuple[str, int] | None]:
-    """Serve ``reactor`` on ``addr`` (None: disabled) while the block runs; yields the bound
-    (host, port), which tells a caller that asked for port 0 where it landed.
+    """Serve ``reactor``'s probes and metrics on ``addr`` (None: disabled) while the block runs;
+    yields the bound (host, port), which tells a caller that asked for port 0 where it landed.
 
     A port that cannot be bound raises ConfigError naming REACTOR_HTTP_ADDR.
     """
-    async with serving_page(for_reactor(reactor), addr) as bound:
+    if addr is None:
+        yield None
+        return
+
+    def replica() -> Reactor:
+        return reactor
+
+    door = _door("probes", replica)
+    async with listening(
+        probes_app(replica), addr, variable="REACTOR_HTTP_ADDR", door=door
+    ) as bound:
+        log.info("serving /healthz, /readyz and /metrics", extra={"http_addr": _show(*bound)})
         yield bound
 
 
 @asynccontextmanager
 async def serving_page(
-    page: Dashboard, addr: tuple[str, int] | None
+    page: Dashboard, addr: tuple[str, int] | None, *, variable: str = "REACTOR_DASHBOARD_ADDR"
 ) -> AsyncIterator[tuple[str, int] | None]:
-    """:func:`serving` for a page whose replica may change (the demo's fleets)."""
+    """Serve the operator's page on ``addr`` (None: disabled) while the block runs; yields the
+    bound (host, port). A port that cannot be bound raises ConfigError naming ``variable``.
+
+    The page answers to loopback names, the host it is bound to, and the host of
+    REACTOR_DASHBOARD_URL; any other Host gets 421.
+    """
     if addr is None:
         yield None
         return
-    host, port = addr
-    # access_log=None: probes every few seconds would drown the reactor's own log lines.
-    runner = web.AppRunner(page_app(page), access_log=None, shutdown_timeout=SHUTDOWN_SECONDS)
-    await runner.setup()
-    try:
-        try:
-            await web.TCPSite(runner, host, port).start()
-        except OSError as error:
-            # asyncio words it "error while attempting to bind on address ...: <reason>".
-            reason = os.strerror(error.errno) if error.errno else str(error)
-            raise ConfigError(
-                f"REACTOR_HTTP_ADDR={_show(host, port)}: cannot listen: {reason}; "
-                "choose another address, or set it empty to disable"
-            ) from None
-        bound_host, bound_port = runner.addresses[0][:2]
+    hosts = HostAllowlist.for_page(addr[0], page.settings.dashboard_host)
+    door = _door("page", page.replica)
+    async with listening(page_app(page, hosts), addr, variable=variable, door=door) as bound:
         log.info(
-            "serving /healthz, /readyz and /metrics",
+            "serving the operator's page",
             extra={
-                "http_addr": _show(bound_host, bound_port),
-                "page": page_url(bound_host, bound_port),
+                "dashboard_addr": _show(*bound),
+                "page": page.settings.dashboard_url or page_url(*bound),
                 "page_actions": page.auth.enabled,
             },
         )
-        yield bound_host, bound_port
-    finally:
-        # Shielded: closing must finish even when the task group around us is being cancelled.
-        with anyio.move_on_after(SHUTDOWN_SECONDS + 1, shield=True):
-            await runner.cleanup()
+        yield bound
 
 
 async def serve_http(
@@ -156,6 +504,18 @@ async def serve_http(
     async with serving(reactor, addr) as bound:
         task_status.started(bound)
         await anyio.sleep_forever()
+
+
+@asynccontextmanager
+async def serving_reactor(reactor: Reactor) -> AsyncIterator[None]:
+    """What ``reactor run`` serves: the probes on REACTOR_HTTP_ADDR and the page on
+    REACTOR_DASHBOARD_ADDR, each when set."""
+    settings = reactor.settings
+    async with (
+        serving(reactor, settings.http_addr),
+        serving_page(for_reactor(reactor), settings.dashboard_addr),
+    ):
+        yield
 
 
 def page_url(host: str, port: int) -> str:

@@ -31,6 +31,9 @@ _LATENESS_BUCKETS = (
 
 # What reactor_job_trigger{state} distinguishes; see reactor.service.trigger_state.
 TRIGGER_STATES = ("notifies", "quiet", "elsewhere", "missing")
+# The label values of reactor_http_connections_dropped_total; see reactor.http.
+HTTP_SERVERS = ("probes", "page")
+HTTP_DROP_REASONS = ("limit", "head_timeout")
 
 
 class Metrics:
@@ -182,6 +185,13 @@ class Metrics:
             "Deadlines that fired here for a job another live replica owns; it claims them.",
             registry=r,
         )
+        self.http_dropped = Counter(
+            "reactor_http_connections_dropped",
+            "HTTP connections closed before a request: limit, over the cap of open connections; "
+            "head_timeout, no complete request head in time.",
+            ["server", "reason"],
+            registry=r,
+        )
         for result in ("accepted", "rejected", "probe", "left", "joined"):
             self.notifications.labels(result)
         for source in ("timer", "scan"):
@@ -190,3 +200,6 @@ class Metrics:
             self.mode.labels(mode)
         for state in TRIGGER_STATES:
             self.job_trigger.labels(state)
+        for server in HTTP_SERVERS:
+            for reason in HTTP_DROP_REASONS:
+                self.http_dropped.labels(server, reason)

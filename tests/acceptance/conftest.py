@@ -13,7 +13,15 @@ def reactor_env(database_url: str | None, **variables: str) -> dict[str, str]:
     env.pop("DATABASE_URL", None)
     if database_url is not None:
         env["DATABASE_URL"] = database_url
-    env.update({"REACTOR_HTTP_ADDR": "", "REACTOR_LOG_FORMAT": "json", **variables})
+    # No HTTP unless asked for: processes side by side would contend for the default ports.
+    env.update(
+        {
+            "REACTOR_HTTP_ADDR": "",
+            "REACTOR_DASHBOARD_ADDR": "",
+            "REACTOR_LOG_FORMAT": "json",
+            **variables,
+        }
+    )
     return env
 
 

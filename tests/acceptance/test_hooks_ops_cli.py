@@ -175,6 +175,8 @@ def test_no_secret_in_any_output(
     url = f"http://hookuser:{URL_PASSWORD}@127.0.0.1:{failing_receiver}/judge?token={URL_TOKEN}"
     with ThreadingHTTPServer(("127.0.0.1", 0), BaseHTTPRequestHandler) as probe:
         http_port = probe.server_address[1]  # a free port for /metrics
+    with ThreadingHTTPServer(("127.0.0.1", 0), BaseHTTPRequestHandler) as probe:
+        page_port = probe.server_address[1]  # and one for the page
     env = reactor_env(
         dsn,
         REACTOR_HOOKS=f"judge=webhook:{url}",
@@ -182,6 +184,7 @@ def test_no_secret_in_any_output(
         REACTOR_GRACE_SECONDS="0.2",
         REACTOR_HOOK_BACKOFF_SECONDS="0.05",
         REACTOR_HTTP_ADDR=f"127.0.0.1:{http_port}",
+        REACTOR_DASHBOARD_ADDR=f"127.0.0.1:{page_port}",
         REACTOR_LOG_LEVEL="DEBUG",
         REACTOR_DASHBOARD_TOKEN=DASHBOARD_TOKEN,
     )
@@ -202,7 +205,7 @@ def test_no_secret_in_any_output(
         for path in ("/", "/api/status"):
             for headers in ({}, {"Authorization": f"Bearer {DASHBOARD_TOKEN}"}):
                 request = urllib.request.Request(
-                    f"http://127.0.0.1:{http_port}{path}", headers=headers
+                    f"http://127.0.0.1:{page_port}{path}", headers=headers
                 )
                 with urllib.request.urlopen(request, timeout=10) as r:
                     outputs[f"GET {path} {sorted(headers)}"] = r.read().decode()

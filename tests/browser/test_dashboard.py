@@ -93,20 +93,23 @@ def incident(conn: Conn) -> tuple[list[uuid.UUID], uuid.UUID]:
 
 
 def start(spawn: Spawn, database_url: str, **variables: str) -> tuple[subprocess.Popen[str], str]:
-    port = free_port()
+    """A reactor with its probes and its page each on a free port; returns it and the page's
+    base URL, once the probes say it is ready."""
+    probes, page = free_port(), free_port()
     env = reactor_env(
         database_url,
-        REACTOR_HTTP_ADDR=f"127.0.0.1:{port}",
+        REACTOR_HTTP_ADDR=f"127.0.0.1:{probes}",
+        REACTOR_DASHBOARD_ADDR=f"127.0.0.1:{page}",
         REACTOR_GRACE_SECONDS="0.2",
         REACTOR_HOOKS="judge=python:tests.hookmods:always_fail",
         REACTOR_HOOK_MAX_ATTEMPTS="1",
         **variables,
     )
     proc = spawn("run", env=env)
-    base = f"http://127.0.0.1:{port}"
-    wait_for(lambda: http_status(f"{base}/readyz") == 200 or proc.poll() is not None, 60)
+    ready = f"http://127.0.0.1:{probes}/readyz"
+    wait_for(lambda: http_status(ready) == 200 or proc.poll() is not None, 60)
     assert proc.poll() is None, proc.communicate()[1]
-    return proc, base
+    return proc, f"http://127.0.0.1:{page}"
 
 
 def settle(conn: Conn, good: uuid.UUID, rejected: list[uuid.UUID]) -> int:
@@ -223,6 +226,22 @@ def test_an_operator_reads_the_page_signs_in_and_acts(
             headers={"Origin": "https://evil.example"},
         )
         assert forged.status == 403
+
+        # Signing out ends the session in the reactor too: the cookie, kept, opens nothing.
+        (kept,) = [c for c in page.context.cookies() if c["name"] == "reactor_dashboard"]
+        page.goto(base + "/")
+        csrf = page.locator("input[name=csrf]").first.get_attribute("value")
+        page.click("text=sign out")
+        page.wait_for_url(base + "/")
+        assert page.locator("#hooks button").count() == 0
+        assert "sign in to act" in page.content()
+        replayed = page.request.post(
+            base + "/actions/hooks/cancel",
+            form={"id": str(hook_id), "csrf": str(csrf)},
+            headers={"Cookie": f"reactor_dashboard={kept['value']}"},
+        )
+        assert replayed.status == 403
+        assert "sign in" in replayed.text()
         page.close()
         output = stop(proc)
     assert "dashboard action" in output

@@ -366,6 +366,7 @@ def replica_env(dsn: str, **variables: str) -> dict[str, str]:
         {
             "DATABASE_URL": dsn,
             "REACTOR_HTTP_ADDR": "",
+            "REACTOR_DASHBOARD_ADDR": "",
             "REACTOR_LOG_FORMAT": "json",
             "REACTOR_GRACE_SECONDS": "1",
             "REACTOR_SCAN_INTERVAL_SECONDS": "30",

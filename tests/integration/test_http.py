@@ -1,21 +1,27 @@
 """``/healthz``, ``/readyz`` and ``/metrics`` of a reactor running in-process, including readiness
-going to 503 while PostgreSQL is down and back to 200 when it returns, with nobody's help."""
+going to 503 while PostgreSQL is down and back to 200 when it returns, with nobody's help; and
+what the HTTP servers let a client hold: the request-head deadline, the cap on connections, the
+loop's handling of a flood of failed accept() calls."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
 import signal
 import socket
 import subprocess
 import sys
+import time
 import urllib.error
 import urllib.request
 from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
 from typing import Any
 
 import aiohttp
 import anyio
+import anyio.abc
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -66,6 +72,28 @@ async def get(session: aiohttp.ClientSession, url: str) -> tuple[int, Any]:
         return response.status, await response.text()
 
 
+def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+def dropped(reactor: Reactor, server: str, reason: str) -> float:
+    value: float = reactor.metrics.http_dropped.labels(server, reason)._value.get()
+    return value
+
+
+async def closed_by_server(stream: anyio.abc.SocketStream) -> None:
+    """Return once the server has closed ``stream`` (EOF or a reset); data is ignored."""
+    try:
+        while await stream.receive():
+            pass
+    except (anyio.EndOfStream, anyio.BrokenResourceError, ConnectionResetError):
+        return
+
+
 @pytest.mark.anyio
 async def test_health_ready_and_metrics(serve: Serve) -> None:
     async with serve() as (reactor, base, session):
@@ -83,23 +111,23 @@ async def test_health_ready_and_metrics(serve: Serve) -> None:
             assert response.status == 200
             assert response.headers["Content-Type"].startswith("text/plain")
             text = await response.text()
-        samples = {
-            (s.name, tuple(sorted(s.labels.items()))): s.value
-            for family in text_string_to_metric_families(text)
-            for s in family.samples
-        }
+        served = samples(text)
         # Counters start at zero, labelled ones for every label value.
         for source in ("timer", "scan"):
-            assert samples[("reactor_runs_recorded_total", (("source", source),))] == 0
+            assert served[("reactor_runs_recorded_total", (("source", source),))] == 0
         for result in ("accepted", "rejected"):
-            assert samples[("reactor_notifications_total", (("result", result),))] == 0
-        assert samples[("reactor_record_errors_total", ())] == 0
-        assert samples[("reactor_listener_up", ())] == 1
-        assert ("reactor_notification_queue_usage", ()) in samples
+            assert served[("reactor_notifications_total", (("result", result),))] == 0
+        assert served[("reactor_record_errors_total", ())] == 0
+        assert served[("reactor_listener_up", ())] == 1
+        assert ("reactor_notification_queue_usage", ()) in served
         # What the alert rules compare with (deploy/prometheus/alerts.yml).
-        assert samples[("reactor_trim_horizon_seconds", ())] == reactor.settings.trim_horizon
-        assert samples[("reactor_mode", (("mode", "listen"),))] == 1
-        assert samples[("reactor_mode", (("mode", "poll"),))] == 0
+        assert served[("reactor_trim_horizon_seconds", ())] == reactor.settings.trim_horizon
+        assert served[("reactor_mode", (("mode", "listen"),))] == 1
+        assert served[("reactor_mode", (("mode", "poll"),))] == 0
+        for server in ("probes", "page"):
+            for reason in ("limit", "head_timeout"):
+                labels = (("reason", reason), ("server", server))
+                assert served[("reactor_http_connections_dropped_total", labels)] == 0
 
         # OpenMetrics for a scraper that asks for it.
         headers = {"Accept": "application/openmetrics-text; version=1.0.0"}
@@ -107,8 +135,12 @@ async def test_health_ready_and_metrics(serve: Serve) -> None:
             assert response.headers["Content-Type"].startswith("application/openmetrics-text")
             assert (await response.text()).rstrip().endswith("# EOF")
 
-        status, _ = await get(session, f"{base}/nothing")
-        assert status == 404
+        # The page is on an address of its own: the probes' server has none of it.
+        for path in ("/nothing", "/", "/api/status", "/login"):
+            status, _ = await get(session, f"{base}{path}")
+            assert status == 404, path
+        async with session.post(f"{base}/actions/hooks/retry", data={"id": "1"}) as response:
+            assert response.status == 404
 
         reactor.stop()
         assert await get(session, f"{base}/readyz") == (503, {"ready": False, "reason": "stopping"})
@@ -188,6 +220,115 @@ async def test_serve_http_in_a_task_group(start_reactor: StartReactor) -> None:
         assert probe.connect_ex((host, port)) != 0  # closed with its task group
 
 
+async def read_response(stream: anyio.abc.SocketStream) -> tuple[int, bytes]:
+    """(status, body) of one HTTP/1.1 response read from ``stream``."""
+    buffer = b""
+    while b"\r\n\r\n" not in buffer:
+        buffer += await stream.receive()
+    head, _, body = buffer.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    fields = {name.strip().lower(): value.strip() for name, _, value in
+              (line.partition(":") for line in lines[1:])}  # fmt: skip
+    while len(body) < int(fields.get("content-length", "0")):
+        body += await stream.receive()
+    return int(lines[0].split()[1]), body
+
+
+HEALTHZ = b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+
+
+@pytest.mark.anyio
+async def test_a_connection_without_a_request_head_is_closed_at_the_deadline(
+    serve: Serve,
+) -> None:
+    async with serve() as (reactor, base, _):
+        host, port = base.removeprefix("http://").split(":")
+        started = time.monotonic()
+        async with (
+            await anyio.connect_tcp(host, int(port)) as silent,
+            await anyio.connect_tcp(host, int(port)) as partial,
+            await anyio.connect_tcp(host, int(port)) as prompt,
+        ):
+            await partial.send(b"GET /healthz HTTP/1.1\r\nHost: 127.0")
+            # A head in two parts, complete in time, is served, and the connection kept.
+            await prompt.send(b"\r\nGET /healthz HTTP/1.1\r\n")
+            await prompt.send(b"Host: 127.0.0.1\r\n\r\n")
+            assert (await read_response(prompt))[0] == 200
+            with anyio.fail_after(http.HEAD_SECONDS + 5):
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(closed_by_server, silent)
+                    tg.start_soon(closed_by_server, partial)
+            waited = time.monotonic() - started
+            assert http.HEAD_SECONDS - 0.5 <= waited < http.HEAD_SECONDS + 5
+            assert dropped(reactor, "probes", "head_timeout") == 2
+            # The one that sent its head in time is still open: the keep-alive governs it now.
+            await prompt.send(HEALTHZ)
+            assert (await read_response(prompt))[0] == 200
+        assert dropped(reactor, "probes", "limit") == 0
+
+
+@pytest.mark.anyio
+async def test_connections_past_the_cap_are_closed_at_once(serve: Serve) -> None:
+    async with serve() as (reactor, base, session), AsyncExitStack() as stack:
+        host, port = base.removeprefix("http://").split(":")
+        held = []
+        for _ in range(http.MAX_CONNECTIONS):
+            stream = await stack.enter_async_context(await anyio.connect_tcp(host, int(port)))
+            await stream.send(HEALTHZ)
+            assert (await read_response(stream))[0] == 200  # admitted, and kept alive
+            held.append(stream)
+        started = time.monotonic()
+        async with await anyio.connect_tcp(host, int(port)) as over:
+            with anyio.fail_after(http.HEAD_SECONDS / 2):
+                await closed_by_server(over)
+        assert time.monotonic() - started < http.HEAD_SECONDS / 2
+        assert dropped(reactor, "probes", "limit") == 1
+        # Those held are served as before.
+        await held[0].send(HEALTHZ)
+        assert (await read_response(held[0]))[0] == 200
+        # A place freed is a place taken.
+        await held.pop().aclose()
+
+        async def healthy() -> bool:
+            try:
+                return (await get(session, f"{base}/healthz"))[0] == 200
+            except aiohttp.ClientError:
+                return False
+
+        await until(healthy, 5)
+
+
+@pytest.mark.anyio
+async def test_a_flood_of_failed_accepts_is_logged_once_per_interval(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    loop = asyncio.get_running_loop()
+    passed_on: list[dict[str, Any]] = []
+
+    def before(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+        passed_on.append(context)
+
+    loop.set_exception_handler(before)
+    failed = {"message": http.ACCEPT_FAILED, "exception": OSError(24, "Too many open files")}
+    try:
+        with caplog.at_level(logging.INFO, logger="reactor.http"):
+            with http.accept_errors_counted(interval=3600):
+                for _ in range(10_000):
+                    loop.call_exception_handler(failed)
+                loop.call_exception_handler({"message": "something else"})
+                lines = [r for r in caplog.records if r.name == "reactor.http"]
+                assert [(r.levelname, getattr(r, "times", None)) for r in lines] == [("ERROR", 1)]
+                assert "Too many open files" in getattr(lines[0], "error", "")
+            # On the way out, what was held back is reported in one line.
+            lines = [r for r in caplog.records if r.name == "reactor.http"]
+            assert [getattr(r, "times", None) for r in lines] == [1, 9_999]
+        # Anything else goes where it went before, and the handler is put back.
+        assert passed_on == [{"message": "something else"}]
+        assert loop.get_exception_handler() is before
+    finally:
+        loop.set_exception_handler(None)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -208,8 +349,12 @@ def http_status(url: str) -> int | None:
 
 
 def test_reactor_run_serves_http(database_url: str) -> None:
-    port = free_port()
-    env = reactor_env(database_url, REACTOR_HTTP_ADDR=f"127.0.0.1:{port}")
+    port, page = free_port(), free_port()
+    env = reactor_env(
+        database_url,
+        REACTOR_HTTP_ADDR=f"127.0.0.1:{port}",
+        REACTOR_DASHBOARD_ADDR=f"127.0.0.1:{page}",
+    )
     proc = subprocess.Popen(
         [sys.executable, "-m", "reactor", "run"],
         env=env,
@@ -226,23 +371,34 @@ def test_reactor_run_serves_http(database_url: str) -> None:
         assert proc.poll() is None, proc.communicate()[1]
         assert http_status(f"http://127.0.0.1:{port}/healthz") == 200
         assert http_status(f"http://127.0.0.1:{port}/metrics") == 200
+        # Each address serves its own: the page on one, the probes on the other.
+        assert http_status(f"http://127.0.0.1:{port}/") == 404
+        assert http_status(f"http://127.0.0.1:{port}/api/status") == 404
+        assert http_status(f"http://127.0.0.1:{page}/") == 200
+        assert http_status(f"http://127.0.0.1:{page}/api/status") == 200
+        assert http_status(f"http://127.0.0.1:{page}/healthz") == 404
         proc.send_signal(signal.SIGTERM)
         _, stderr = proc.communicate(timeout=30)
         assert proc.returncode == 0, stderr
-        messages = [json.loads(line)["message"] for line in stderr.splitlines()]
-        assert "serving /healthz, /readyz and /metrics" in messages
-        assert http_status(f"http://127.0.0.1:{port}/healthz") is None  # closed on exit
+        records = {record["message"]: record for record in map(json.loads, stderr.splitlines())}
+        assert records["serving /healthz, /readyz and /metrics"]["http_addr"] == f"127.0.0.1:{port}"
+        shown = records["serving the operator's page"]
+        assert shown["page"] == f"http://127.0.0.1:{page}/"
+        assert shown["page_actions"] is False
+        for closed in (port, page):  # closed on exit
+            assert http_status(f"http://127.0.0.1:{closed}/") is None
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.communicate()
 
 
-def test_reactor_run_with_a_taken_port_is_one_line_exit_2(database_url: str) -> None:
+@pytest.mark.parametrize("variable", ["REACTOR_HTTP_ADDR", "REACTOR_DASHBOARD_ADDR"])
+def test_reactor_run_with_a_taken_port_is_one_line_exit_2(database_url: str, variable: str) -> None:
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        env = reactor_env(database_url, REACTOR_HTTP_ADDR=f"127.0.0.1:{port}")
+        env = reactor_env(database_url, **{variable: f"127.0.0.1:{port}"})
         line = assert_one_clean_line(run_reactor("run", env=env), 2)
-    assert f"REACTOR_HTTP_ADDR=127.0.0.1:{port}" in line
+    assert f"{variable}=127.0.0.1:{port}" in line

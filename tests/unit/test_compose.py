@@ -156,6 +156,16 @@ def test_dockerfile_health_entrypoint_and_address(dockerfile: list[str]) -> None
     env = " ".join(instruction(dockerfile, "ENV"))
     assert "REACTOR_HTTP_ADDR=0.0.0.0:9187" in env
     assert "9187" in instruction(dockerfile, "EXPOSE")
+    # The page stays on the container's loopback, and is not exposed.
+    assert "REACTOR_DASHBOARD_ADDR=127.0.0.1:9188" in env
+    assert "9188" not in " ".join(instruction(dockerfile, "EXPOSE"))
+
+
+def test_the_page_is_published_on_this_hosts_loopback_only(services: dict[str, Any]) -> None:
+    reactor = services["reactor"]
+    port = reactor["environment"]["REACTOR_DASHBOARD_ADDR"].rpartition(":")[2]
+    published = [p for p in reactor["ports"] if p.endswith(f":{port}")]
+    assert published == [f"127.0.0.1:{port}:{port}"]
 
 
 def test_dockerignore_keeps_the_build_context_small() -> None:

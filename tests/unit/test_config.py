@@ -289,6 +289,66 @@ def test_bad_http_addrs_are_rejected(value: str) -> None:
     rejects("REACTOR_HTTP_ADDR", value)
 
 
+def test_the_page_has_an_address_of_its_own() -> None:
+    assert Settings().dashboard_addr == ("127.0.0.1", 9188)
+    assert load(REACTOR_DASHBOARD_ADDR="").dashboard_addr is None
+    assert load(REACTOR_DASHBOARD_ADDR="[::1]:9300").dashboard_addr == ("::1", 9300)
+    # Probes to every interface leave the page where it was.
+    s = load(REACTOR_HTTP_ADDR="0.0.0.0:9187")
+    assert (s.http_addr, s.dashboard_addr) == (("0.0.0.0", 9187), ("127.0.0.1", 9188))
+
+
+@pytest.mark.parametrize("value", ["nohost", "host:", "host:99999", "host:http"])
+def test_bad_dashboard_addrs_are_rejected(value: str) -> None:
+    assert "127.0.0.1:9188" in str(rejects("REACTOR_DASHBOARD_ADDR", value))
+
+
+@pytest.mark.parametrize(
+    ("url", "host", "https"),
+    [
+        ("https://reactor.internal.example/", "reactor.internal.example", True),
+        ("https://Reactor.Internal.Example:8443", "reactor.internal.example", True),
+        ("http://10.0.0.5:9188/", "10.0.0.5", False),
+        ("https://[fd00::5]/", "fd00::5", True),
+    ],
+)
+def test_the_dashboard_url(url: str, host: str, https: bool) -> None:
+    s = load(REACTOR_DASHBOARD_URL=url)
+    assert (s.dashboard_url, s.dashboard_host, s.dashboard_https) == (url, host, https)
+
+
+def test_no_dashboard_url_by_default() -> None:
+    s = load(REACTOR_DASHBOARD_URL="")
+    assert (s.dashboard_url, s.dashboard_host, s.dashboard_https) == (None, None, False)
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        "reactor.internal.example",
+        "ftp://reactor.internal.example/",
+        "https://",
+        "https://reactor.internal.example/reactor/",
+        "https://reactor.internal.example/?x=1",
+        "https://reactor.internal.example/#top",
+        "https://user:pw@reactor.internal.example/",
+        "https://reactor.internal.example:port/",
+        "https://[::1/",
+    ],
+)
+def test_bad_dashboard_urls_are_rejected(value: str) -> None:
+    assert "pw" not in str(rejects("REACTOR_DASHBOARD_URL", value))
+
+
+def test_a_dashboard_url_needs_the_page() -> None:
+    with pytest.raises(ConfigError) as caught:
+        Settings.from_env(
+            {"REACTOR_DASHBOARD_URL": "https://r.example/", "REACTOR_DASHBOARD_ADDR": ""}
+        )
+    assert "REACTOR_DASHBOARD_URL" in str(caught.value)
+    assert "REACTOR_DASHBOARD_ADDR" in str(caught.value)
+
+
 def test_probe_timeout_far_beyond_the_interval_is_rejected() -> None:
     with pytest.raises(ConfigError) as caught:
         Settings.from_env(
