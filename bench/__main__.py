@@ -89,7 +89,8 @@ def freeze_product(names: Sequence[str]) -> dict[str, Benchmark]:
             read(entry.name)
     setattr(sql, "read", read)  # noqa: B010 - replace the module's reader for this process
     sql.migrations()
-    sql.queries()
+    for name in ("queries.sql", "status.sql", "hooks.sql", "dashboard.sql", "app.sql"):
+        sql.templates(name)
     product_version()
     return modules
 

@@ -163,14 +163,14 @@ async def run(ctx: Context) -> Result:
         ("without", "without the reactor's triggers and index"),
     ):
         values = of(config, "tps")
-        hot = safe_div(sum(of(config, "hot")), sum(of(config, "updates")))
+        hot_share = safe_div(sum(of(config, "hot")), sum(of(config, "updates")))
         table.add(
             label,
             len(values),
             f"{statistics.fmean(values):,.1f}",
             f"{min(values):,.1f}",
             f"{max(values):,.1f}",
-            f"{hot:.1%}",
+            f"{hot_share:.1%}",
             ratio(safe_div(statistics.fmean(values), statistics.fmean(of("without", "tps")))),
         )
     notes = [

@@ -27,7 +27,8 @@ from bench.common import (
     scalar,
 )
 from reactor import db
-from reactor.config import Settings
+from reactor.install import REFERENCE_INSTALL
+from reactor.mapping import REFERENCE
 from reactor.metrics import Metrics
 from reactor.recorder import Recorder
 
@@ -70,7 +71,7 @@ async def run(ctx: Context) -> Result:
         source = await server.create_database("catchup")
         dsn = server.dsn_for(source)
         async with await connect(dsn, "setup") as conn:
-            await db.migrate(conn, Settings.channel, reference_schema=True)
+            await db.migrate(conn, REFERENCE, reference_schema=True)
             await conn.execute(DOC_FUNCTION)
             load_started = time.monotonic()
             for count, size, distinct in ((small, small_bytes, 64), (big, big_bytes, 8)):
@@ -208,7 +209,7 @@ async def run(ctx: Context) -> Result:
 async def _drain(dsn: str, batch: int) -> float:
     """The scan's drain, as `reactor sweep --once` runs it: one connection, oldest first."""
     async with db.make_pool(dsn, max_size=1) as pool:
-        recorder = Recorder(db.Database(pool, grace=120.0), Metrics())
+        recorder = Recorder(db.Database.pooled(REFERENCE_INSTALL, pool, grace=120.0), Metrics())
         started = time.monotonic()
         await recorder.drain(batch)
         return time.monotonic() - started

@@ -29,8 +29,9 @@ import psycopg
 import psycopg.conninfo
 
 from reactor import audit, db
-from reactor.config import Settings
 from reactor.embedded import EmbeddedPostgres
+from reactor.install import REFERENCE_INSTALL
+from reactor.mapping import REFERENCE
 
 BENCH_DIR = Path(__file__).resolve().parent
 RESULTS_DIR = BENCH_DIR / "results"
@@ -174,9 +175,9 @@ class Server:
         with ``notify`` False, the job trigger is installed not to notify."""
         dsn = self.dsn_for(await self.create_database(label))
         async with await connect(dsn, "setup") as conn:
-            await db.migrate(conn, Settings.channel, reference_schema=True, notify=notify)
+            await db.migrate(conn, REFERENCE, reference_schema=True, notify=notify)
             if with_audit:
-                await audit.install(conn)
+                await audit.install(conn, REFERENCE_INSTALL.mapping)
             await conn.execute(DOC_FUNCTION)
         return dsn
 

@@ -191,7 +191,7 @@ async def _procrastinate(dsn: str, samples: int, rate: float) -> Samples:
         started.setdefault(k, time.monotonic())
 
     def keys(job: procrastinate.jobs.Job | None) -> list[int]:
-        return [] if job is None else [int(job.task_kwargs["k"])]
+        return [] if job is None else [int(str(job.task_kwargs["k"]))]
 
     _stamp_starts(app.job_manager, "fetch_job", keys, fetched)
     committed: dict[int, float] = {}

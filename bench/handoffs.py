@@ -60,6 +60,7 @@ from bench.loadgen import play_elsewhere
 from bench.workload import Play, insert_jobs, wait_until_recorded
 from reactor import audit
 from reactor.config import Settings
+from reactor.install import REFERENCE_INSTALL
 
 TITLE = "Handoffs: lateness through rolling deploys, a replica killed for good, and a fleet"
 GOAL = (
@@ -327,7 +328,7 @@ async def _outcome(
     async with await connect(dsn, "check") as conn:
         missing = await wait_until_recorded(conn, within=GRACE + 30)
         await fleet.close()
-        verdict = await audit.verdict(conn, GRACE)
+        verdict = await audit.verdict(conn, REFERENCE_INSTALL.mapping, GRACE)
         rows = await (await conn.execute(LATENESS, {"grace": GRACE})).fetchall()
         # The extension's view lives where it was created: the admin database.
         async with await connect(server.admin_dsn, "count") as admin:

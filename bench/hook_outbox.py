@@ -31,7 +31,8 @@ from bench.common import (
     safe_div,
     scalar,
 )
-from reactor import db, sql
+from reactor import db
+from reactor.install import REFERENCE_INSTALL
 
 TITLE = "Hook outbox: periodic queries with 5M settled rows against an empty outbox"
 GOAL = (
@@ -67,7 +68,7 @@ QUERIES: tuple[tuple[str, str, str], ...] = (
 )
 
 PARAMS: dict[str, Any] = {
-    **db.health_params(120.0, db.HealthCheck("bench", 15.0, RETENTION, "analysis_jobs_terminal")),
+    **db.health_params(REFERENCE_INSTALL, 120.0, db.HealthCheck("bench", 15.0, RETENTION)),
     "hooks": ["judge", "ops"],
     "limit": 4,
     "lease": 150.0,
@@ -204,7 +205,7 @@ async def _measure(
     empty: dict[str, dict[str, Any]] = {}
     full: dict[str, dict[str, Any]] = {}
     for label, filename, name in QUERIES:
-        query = sql.query(name, filename)
+        query = REFERENCE_INSTALL.query(name, filename)
         times: dict[int, list[float]] = {0: [], 1: []}
         conns = (empty_conn, full_conn)
         for i in range(reps + 1):
@@ -228,13 +229,13 @@ BEFORE = "health query as before migration 0009 (no parked-rows index)"
 
 async def _before_0009(empty_conn: Conn, full_conn: Conn, reps: int) -> dict[str, float]:
     """The health query without hook_outbox_failed_idx, dropped in a transaction rolled back."""
-    query = sql.query("health")
+    query = REFERENCE_INSTALL.query("health")
     found = {}
     for key, conn in (("empty_s", empty_conn), ("full_s", full_conn)):
         async with conn.transaction(force_rollback=True):
             await conn.execute("DROP INDEX reactor.hook_outbox_failed_idx")
             await _timed(conn, query)  # warm-up
-            times = []
+            times: list[float] = []
             while len(times) < reps and (len(times) < 3 or sum(times) < SLOW * 3):
                 times.append(await _timed(conn, query))
         found[key] = statistics.median(times)
@@ -282,7 +283,7 @@ async def _purge(conn: Conn, expired: int) -> dict[str, Any]:
         (expired,),
     )
     await conn.execute("VACUUM ANALYZE reactor.hook_outbox")
-    query = sql.query("purge_hooks", "hooks.sql")
+    query = REFERENCE_INSTALL.query("purge_hooks", "hooks.sql")
     batches: list[float] = []
     deleted_total = 0
     while True:

@@ -44,6 +44,7 @@ from bench.workload import (
 )
 from reactor import audit
 from reactor.config import Settings
+from reactor.install import REFERENCE_INSTALL
 
 TITLE = "Lateness of recorded runs past updated_at + grace (database clock)"
 GOAL = "p99 <= 10 ms; mean >= 1000x lower than the article's 30 s sweep"
@@ -91,7 +92,7 @@ async def _reactor_run(
         return ReactorRun(
             late=await _lateness(conn, grace),
             by_job=await _lateness_by_job(conn, grace),
-            verdict=await audit.verdict(conn, grace),
+            verdict=await audit.verdict(conn, REFERENCE_INSTALL.mapping, grace),
             missing=missing,
             play=played,
             stamps=stamps,
@@ -158,7 +159,7 @@ async def run(ctx: Context) -> Result:
                 b_missing = await wait_until_recorded(conn, within=2 * tick + grace + 60)
                 tg.cancel_scope.cancel()
             b_late = await _lateness(conn, grace)
-            b_verdict = await audit.verdict(conn, grace)
+            b_verdict = await audit.verdict(conn, REFERENCE_INSTALL.mapping, grace)
 
     main = runs["notify"]
     r, q, b = summarize(main.late), summarize(runs["quiet"].late), summarize(b_late)

@@ -31,9 +31,9 @@ from bench.common import (
     scalar,
 )
 from bench.history import load_history
-from bench.workload import FINISH, RESULTS, TAB_SAVE
+from bench.workload import APP, RESULTS
 from reactor import db, sql
-from reactor.config import Settings
+from reactor.mapping import REFERENCE
 
 TITLE = "reactor migrate on a big live database"
 GOAL = (
@@ -178,7 +178,7 @@ async def _case(
         await anyio.sleep(around)
         async with await db.connect(dsn, "migrate") as conn:
             started = time.monotonic()
-            await db.migrate(conn, Settings.channel, reference_schema=False)
+            await db.migrate(conn, REFERENCE, reference_schema=False)
             window_s = [started, time.monotonic()]
         await anyio.sleep(around)
         stop.set()
@@ -238,14 +238,10 @@ async def _worker(dsn: str, stalls: list[tuple[float, float]], stop: anyio.Event
 
         next_at = time.monotonic()
         while not stop.is_set():
-            job = str(uuid.uuid4())
-            await timed(
-                "INSERT INTO analysis_jobs (id, run_id, status, doc_html) "
-                "VALUES (%(id)s, gen_random_uuid(), 'running', '<p>live</p>')",
-                {"id": job},
-            )
-            await timed(FINISH, {"id": job, "results": RESULTS})
+            job = uuid.uuid4()
+            await timed(*APP.create(jobs=[job], document="<p>live</p>"))
+            await timed(*APP.finish(job, verdicts=RESULTS))
             if rng.random() < SAVE_RATIO:
-                await timed(TAB_SAVE, {"id": job})
+                await timed(*APP.tab_save(job))
             next_at += 1 / RATE
             await anyio.sleep(max(0.0, next_at - time.monotonic()))

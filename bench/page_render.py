@@ -57,6 +57,7 @@ from bench.history import load_history
 from bench.workload import bench_settings, replicas, wait_for_first_scan
 from reactor import cli, dashboard, db, http, status
 from reactor.config import Settings
+from reactor.install import REFERENCE_INSTALL
 from reactor.recorder import RECENT_OUTCOMES
 
 TITLE = "The operator's page with 1M finished jobs and 100k hook rows, beside `reactor status`"
@@ -176,7 +177,9 @@ async def run(ctx: Context) -> Result:
             await wait_for_first_scan(running)
             await _until_recorded(dsn)
             reactor = running[0].reactor
-            page = TimedDashboard(page_settings, pool, lambda: reactor)
+            page = TimedDashboard(
+                page_settings, db.Database.pooled(REFERENCE_INSTALL, pool), lambda: reactor
+            )
             signed_in = {"Cookie": f"{dashboard.COOKIE}={page.auth.issue()}"}
             async with (
                 http.serving_page(page, ("127.0.0.1", 0)) as bound,
@@ -333,7 +336,7 @@ async def _load(
     for table in ("analysis_jobs", "analysis_runs", "reactor.hook_outbox"):
         await conn.execute(f"VACUUM (FREEZE, ANALYZE) {table}")
     # The reconcile's first pass, as an install ends with: the page shows the last one.
-    await db.reconcile_pass(conn, owner="install")
+    await db.Database.dedicated(REFERENCE_INSTALL, conn).reconcile_pass("install")
     return time.monotonic() - started
 
 
@@ -408,13 +411,13 @@ async def _turns(
         await connect(admin_dsn, "count") as admin,
         await db.connect(report_dsn, "status", configure_session=False) as conn,
     ):
-        status.as_json(await status.collect(conn, page.settings))  # its warm-up
+        status.as_json(await status.collect(conn, REFERENCE_INSTALL, page.settings))  # its warm-up
         await admin.execute("SELECT pg_stat_statements_reset()")
         collections = page.source.collections
         for _ in range(turns):
             note("status command", await _status_command(status_dsn))
             started = time.perf_counter()
-            status.as_json(await status.collect(conn, page.settings))
+            status.as_json(await status.collect(conn, REFERENCE_INSTALL, page.settings))
             note("status collect", time.perf_counter() - started)
             for path, label in (("/", "page"), ("/api/status", "api")):
                 page.source.invalidate()

@@ -37,7 +37,8 @@ from bench.common import (
     safe_div,
     summarize,
 )
-from reactor import db, sql
+from reactor import db
+from reactor.install import REFERENCE_INSTALL
 
 TITLE = "Per-call cost of pinning isolation and timeouts in every transaction"
 GOAL = (
@@ -187,12 +188,15 @@ GRACE = 120.0
 def _cheap() -> dict[str, Statement]:
     return {
         "health": lambda i, v: (
-            sql.query("health"),
-            db.health_params(GRACE, db.HealthCheck("bench", 15.0, 86400.0, "bench")),
+            REFERENCE_INSTALL.query("health"),
+            db.health_params(REFERENCE_INSTALL, GRACE, db.HealthCheck("bench", 15.0, 86400.0)),
         ),
-        "upcoming": lambda i, v: (sql.query("upcoming"), {"grace": 3600.0, "limit": 1000}),
+        "upcoming": lambda i, v: (
+            REFERENCE_INSTALL.query("upcoming"),
+            {"grace": 3600.0, "limit": 1000},
+        ),
         "claim_hooks (none)": lambda i, v: (
-            sql.query("claim_hooks"),
+            REFERENCE_INSTALL.query("claim_hooks"),
             {"hooks": ["judge"], "limit": 10, "lease": 60.0, "max_attempts": 40},
         ),
     }
@@ -203,7 +207,7 @@ def _recording(due: list[str], variants: int) -> dict[str, Statement]:
     # a timed round.
     return {
         "record_jobs (1 due job)": lambda i, v: (
-            sql.query("record_jobs"),
+            REFERENCE_INSTALL.query("record_jobs"),
             {"grace": GRACE, "hooks": [], "ids": [due[i * variants + v] if i >= 0 else NONE]},
         ),
     }

@@ -29,6 +29,8 @@ from bench.common import (
 from bench.history import MOSTLY_CLIENT, load_history
 from reactor import db
 from reactor.config import Settings
+from reactor.install import REFERENCE_INSTALL
+from reactor.mapping import REFERENCE
 
 TITLE = "Reconcile pass over the job table, against the article's sweep"
 GOAL = (
@@ -126,7 +128,7 @@ async def run(ctx: Context) -> Result:
 async def _load(conn: Conn, total: int, window: int) -> float:
     """scan_scale's bulk load at one window, plus jobs that went around the triggers."""
     started = time.monotonic()
-    await db.migrate(conn, Settings.channel, reference_schema=True)
+    await db.migrate(conn, REFERENCE, reference_schema=True)
     await conn.execute("DROP INDEX analysis_jobs_reactor_finished_idx")
     await conn.execute("ALTER TABLE analysis_jobs DISABLE TRIGGER USER")
     await load_history(conn, total, window, saved_by=MOSTLY_CLIENT)
@@ -154,8 +156,8 @@ async def _walk(conn: Conn) -> dict[str, Any]:
     force = True
     while True:
         started = time.perf_counter()
-        step = await db.reconcile_step(
-            conn, owner="bench", interval=INTERVAL, grace=0.0, force=force
+        step = await db.Database.dedicated(REFERENCE_INSTALL, conn).reconcile_step(
+            owner="bench", interval=INTERVAL, force=force
         )
         times.append(time.perf_counter() - started)
         found += len(step.found)

@@ -44,7 +44,8 @@ from bench.workload import (
 )
 from reactor import audit
 from reactor.config import Settings
-from reactor.service import LIVENESS_PROBES
+from reactor.install import REFERENCE_INSTALL
+from reactor.ownership import LIVENESS_PROBES
 
 TITLE = "Replicas: record statements and database time per job, and a killed owner's takeover"
 GOAL = (
@@ -228,7 +229,7 @@ async def _kill(dsn: str, seconds: float, probe: float) -> dict[str, Any]:
     ]
     try:
         async with await connect(dsn, "setup") as conn:
-            await audit.install(conn)
+            await audit.install(conn, REFERENCE_INSTALL.mapping)
             ids = await insert_jobs(conn, int(seconds * RATE), doc_bytes=2000)
             with anyio.fail_after(60):
                 while int(await scalar(conn, "SELECT count(*) FROM reactor.replicas")) < 3:  # noqa: ASYNC110
@@ -242,7 +243,7 @@ async def _kill(dsn: str, seconds: float, probe: float) -> dict[str, Any]:
             procs[0].send_signal(signal.SIGKILL)
         async with await connect(dsn, "check") as conn:
             missing = await wait_until_recorded(conn, within=60)
-            verdict = await audit.verdict(conn, GRACE)
+            verdict = await audit.verdict(conn, REFERENCE_INSTALL.mapping, GRACE)
             # The jobs that fell due after the kill and were recorded late: the victim's share.
             late = await (
                 await conn.execute(

@@ -33,8 +33,9 @@ from bench.common import (
     total_sizes,
 )
 from bench.history import load_history
-from reactor import db, sql
-from reactor.config import Settings
+from reactor import db
+from reactor.install import REFERENCE_INSTALL
+from reactor.mapping import REFERENCE
 
 TITLE = "Fallback scan cost with many finished jobs, nothing due"
 GOAL = (
@@ -153,7 +154,7 @@ async def run(ctx: Context) -> Result:
 async def _load(conn: Conn, total: int, window: int) -> float:
     """Bulk-load without indexes or triggers, then index as the migrations do."""
     started = time.monotonic()
-    await db.migrate(conn, Settings.channel, reference_schema=True)
+    await db.migrate(conn, REFERENCE, reference_schema=True)
     # Bulk rows already have their runs: they never pass through the reactor's triggers.
     await conn.execute("ALTER TABLE analysis_jobs DISABLE TRIGGER USER")
     await load_history(conn, total, window)
@@ -187,7 +188,7 @@ async def _trim(conn: Conn, total: int, window: int) -> None:
 
 async def _measure(conn: Conn, window: int, reps: int) -> dict[str, Any]:
     params: dict[str, Any] = {
-        **db.health_params(GRACE, db.HealthCheck("bench", 15.0, 86400.0, "bench")),
+        **db.health_params(REFERENCE_INSTALL, GRACE, db.HealthCheck("bench", 15.0, 86400.0)),
         "limit": 500,
         "hooks": [],
         "ids": [],
@@ -197,9 +198,13 @@ async def _measure(conn: Conn, window: int, reps: int) -> dict[str, Any]:
     }
     found = int(await scalar(conn, "SELECT count(*) FROM analysis_jobs WHERE doc_html IS NOT NULL"))
     result: dict[str, Any] = {"window": window, "jobs_with_doc": found}
-    result["record_oldest"] = await _median(conn, sql.query("record_oldest"), params, reps)
-    result["health"] = await _median(conn, sql.query("health"), params, reps)
-    result["explain_record_oldest"] = await _explain(conn, sql.query("record_oldest"), params)
+    result["record_oldest"] = await _median(
+        conn, REFERENCE_INSTALL.query("record_oldest"), params, reps
+    )
+    result["health"] = await _median(conn, REFERENCE_INSTALL.query("health"), params, reps)
+    result["explain_record_oldest"] = await _explain(
+        conn, REFERENCE_INSTALL.query("record_oldest"), params
+    )
     article = {"grace": int(GRACE), "limit": 500}
     result["article_pk_only"] = await _median(conn, baseline.ARTICLE_QUERY, article, reps)
     await conn.execute(DUE_INDEX)
@@ -224,7 +229,7 @@ async def _median(conn: Conn, query: str, params: dict[str, Any], reps: int) -> 
         times.append(time.perf_counter() - started)
         if i == 0:
             # The health query always answers one row; a scan must find nothing due.
-            assert query == sql.query("health") or not rows, "due rows"
+            assert query == REFERENCE_INSTALL.query("health") or not rows, "due rows"
             if times[0] < SLOW:
                 times.clear()  # a warm-up, not a sample
         if len(times) >= 3 and sum(times) > SLOW * 3:

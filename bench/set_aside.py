@@ -39,6 +39,7 @@ from bench.common import (
     scalar,
 )
 from reactor import db
+from reactor.install import REFERENCE_INSTALL
 from reactor.metrics import Metrics
 from reactor.recorder import SPLIT, Recorder
 
@@ -68,42 +69,21 @@ RETURNING id::text
 """
 
 
+@dataclass(frozen=True)
 class CountingDatabase(db.Database):
-    """The reactor's Database, counting the statements the drain sends (bench only)."""
+    """The reactor's Database, counting the statements it sends by name (bench only); a
+    failed record_oldest is counted as record_oldest_failed too."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.calls: Counter[str] = Counter()
+    calls: Counter[str] = field(default_factory=Counter)
 
-    async def record_oldest(
-        self,
-        limit: int,
-        *,
-        only: Sequence[str] | None = None,
-        skip: Sequence[str] = (),
-        lock_timeout: float | None = None,
-    ) -> list[db.JobOutcome]:
-        """Count, then run the real statement; a failed one is counted too."""
-        self.calls["record_oldest"] += 1
+    async def run(self, name: str, params: Any, row_factory: Any, **options: Any) -> Any:
+        """Count, then run the real statement."""
+        self.calls[name] += 1
         try:
-            return await super().record_oldest(
-                limit, only=only, skip=skip, lock_timeout=lock_timeout
-            )
+            return await super().run(name, params, row_factory, **options)
         except psycopg.Error:
-            self.calls["record_oldest_failed"] += 1
+            self.calls[f"{name}_failed"] += 1
             raise
-
-    async def oldest_queued(self, limit: int, *, skip: Sequence[str] = ()) -> list[str]:
-        """Count, then run the real statement."""
-        self.calls["oldest_queued"] += 1
-        return await super().oldest_queued(limit, skip=skip)
-
-    async def set_aside(
-        self, job_id: str, error: psycopg.Error, *, first_retry: float, max_retry: float
-    ) -> tuple[int, float]:
-        """Count, then run the real statement."""
-        self.calls["set_aside"] += 1
-        return await super().set_aside(job_id, error, first_retry=first_retry, max_retry=max_retry)
 
 
 @dataclass
@@ -208,11 +188,11 @@ async def _drain(dsn: str, n: int, bad_ids: list[str], good: int, batch: int) ->
     """The scan's drain, as `reactor sweep --once` runs it: one connection, oldest first."""
     async with db.make_pool(dsn, max_size=1) as pool:
         await pool.wait()  # the connection is open and configured before the clock starts
-        database = CountingDatabase(pool, grace=GRACE)
+        database = CountingDatabase(REFERENCE_INSTALL, db.Pooled(pool), grace=GRACE)
         metrics = Metrics()
         recorder = Recorder(database, metrics)
         started = time.monotonic()
-        recorded = await recorder.drain(batch)
+        recorded = (await recorder.drain(batch)).recorded
         seconds = time.monotonic() - started
     drain = Drain(n, seconds, recorded, dict(database.calls))
     if recorded != good:

@@ -47,6 +47,7 @@ from bench.common import (
 )
 from bench.workload import bench_settings, replicas, wait_for_first_scan
 from reactor import db, mapping, sql
+from reactor.install import REFERENCE_INSTALL
 
 TITLE = "Notify trigger overhead on the worker's commit throughput"
 GOAL = (
@@ -380,7 +381,7 @@ class Triggers:
         elif config == "quiet":
             # What `reactor migrate --no-notify` installs: the same triggers, with no channel,
             # rendered for the mapping in force (the reference).
-            text = sql.render(sql.repeatable().in_transaction, channel="")
+            text = REFERENCE_INSTALL.render(sql.repeatable().text, channel="")
             await conn.execute(text)
 
 
@@ -389,8 +390,8 @@ async def _second_database(server: Server) -> str:
     dsn = server.dsn_for(await server.create_database("triggers_second"))
     async with await connect(dsn, "setup") as conn:
         await conn.execute((SECOND_DIR / "second.sql").read_text())
-        with mapping.using(mapping.load(str(SECOND_DIR / "second.toml"))):
-            await db.migrate(conn, SECOND_CHANNEL, reference_schema=False)
+        second = mapping.load(str(SECOND_DIR / "second.toml"))
+        await db.migrate(conn, second, channel=SECOND_CHANNEL)
     return dsn
 
 

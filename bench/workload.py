@@ -7,6 +7,7 @@ random delay inside the grace window; reactor replicas run in this process exact
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 import time
@@ -20,16 +21,13 @@ import anyio
 import anyio.abc
 from psycopg_pool import AsyncConnectionPool
 
-from bench.common import Conn, connect, scalar
+from bench.common import Conn, connect
 from reactor import db
+from reactor.app import App
 from reactor.config import Settings
-from reactor.service import POOL_SIZE, Reactor
-
-# The worker marking a job terminal; the notify trigger fires on this transition.
-FINISH = (
-    "UPDATE analysis_jobs SET status = 'complete', results = %(results)s, updated_at = now() "
-    "WHERE id = %(id)s"
-)
+from reactor.install import REFERENCE_INSTALL, Install
+from reactor.mapping import REFERENCE
+from reactor.service import Reactor, open_reactor
 
 # The worker of the eager design writes the run itself at finalize, in the same transaction;
 # it never overwrites a client row.
@@ -41,21 +39,8 @@ ON CONFLICT (id) DO UPDATE SET job_id = EXCLUDED.job_id, doc_html = EXCLUDED.doc
  WHERE coalesce(r.saved_by, 'client') = 'worker'
 """
 
-# The browser tab's save: the upsert that always wins (DESIGN.md).
-TAB_SAVE = """
-INSERT INTO analysis_runs (id, job_id, doc_html, results, saved_by)
-SELECT run_id, id, doc_html, results, 'client' FROM analysis_jobs WHERE id = %(id)s
-ON CONFLICT (id) DO UPDATE SET job_id = EXCLUDED.job_id, doc_html = EXCLUDED.doc_html,
-    results = EXCLUDED.results, saved_by = 'client', updated_at = now()
-"""
-
-# Jobs that need a run and have none yet, due or not (the benchmarks never delete or re-run).
-UNRECORDED = """
-SELECT count(*) FROM analysis_jobs j
- WHERE j.status IN ('complete', 'failed') AND j.results <> '{}'::jsonb
-   AND j.doc_html IS NOT NULL AND j.deleted_at IS NULL
-   AND NOT EXISTS (SELECT 1 FROM analysis_runs r WHERE r.id = j.run_id)
-"""
+# The app, as the worker and its tabs write the reference tables.
+APP = App(REFERENCE_INSTALL.mapping)
 
 RESULTS = json.dumps({"verdicts": [{"citation": 1, "verdict": "supported"}]})
 
@@ -63,33 +48,29 @@ RESULTS = json.dumps({"verdicts": [{"citation": 1, "verdict": "supported"}]})
 async def insert_jobs(
     conn: Conn, count: int, *, doc_bytes: int, distinct_docs: int = 32
 ) -> list[str]:
-    """``count`` running jobs with HTML-like documents; returns their ids in order.
-
-    Documents come from a pool of ``distinct_docs`` bodies, so making them costs little.
-    """
-    ids = [str(uuid.uuid4()) for _ in range(count)]
-    await conn.execute("DROP TABLE IF EXISTS bench_docs")
-    await conn.execute(
-        "CREATE TABLE bench_docs AS SELECT k, bench_doc(k, %s) AS doc "
-        "FROM generate_series(0, %s - 1) k",
-        (doc_bytes, distinct_docs),
+    """``count`` running jobs with HTML-like documents, created by the app; returns their ids
+    in order. Documents come from a pool of ``distinct_docs`` bodies, made once by the
+    database's bench_doc, one insert for the jobs of each."""
+    cur = await conn.execute(
+        "SELECT bench_doc(k, %s) FROM generate_series(0, %s - 1) k", (doc_bytes, distinct_docs)
     )
-    await conn.execute(
-        """
-        INSERT INTO analysis_jobs (id, run_id, status, doc_html, created_at, updated_at)
-        SELECT u.id, gen_random_uuid(), 'running', d.doc, now(), now()
-          FROM unnest(%s::uuid[]) WITH ORDINALITY AS u(id, n)
-          JOIN bench_docs d ON d.k = u.n %% %s
-        """,
-        (ids, distinct_docs),
-    )
+    documents = [doc for (doc,) in await cur.fetchall()]
+    ids = [uuid.uuid4() for _ in range(count)]
+    async with conn.transaction():
+        for k, document in enumerate(documents):
+            share = ids[k::distinct_docs]
+            if share:
+                runs = [APP.new_run() for _ in share]
+                await conn.execute(*APP.create(runs, jobs=list(share), document=document))
     await conn.execute("ANALYZE analysis_jobs")
-    return ids
+    return [str(job) for job in ids]
 
 
 async def unrecorded(conn: Conn) -> int:
     """How many jobs still need a run."""
-    return int(await scalar(conn, UNRECORDED))
+    cur = await conn.execute(*APP.unsettled())
+    row = await cur.fetchone()
+    return int(row[0]) if row else 0
 
 
 async def wait_until_recorded(conn: Conn, within: float) -> int:
@@ -130,7 +111,6 @@ async def play(
     """
     rng = random.Random(seed)
     stats = Play()
-    params = {"results": RESULTS}
     async with AsyncExitStack() as stack:
         worker = await stack.enter_async_context(await connect(dsn, "worker"))
         tabs: AsyncConnectionPool[Conn] | None = None
@@ -149,7 +129,7 @@ async def play(
             assert tabs is not None
             await anyio.sleep(delay)
             async with tabs.connection() as tab:
-                await tab.execute(TAB_SAVE, {"id": job_id})
+                await tab.execute(*APP.tab_save(job_id))
             stats.saved_by_tabs += 1
 
         async with anyio.create_task_group() as tg:
@@ -163,10 +143,10 @@ async def play(
                 sent = time.monotonic()
                 if eager:
                     async with worker.transaction():
-                        await worker.execute(FINISH, {**params, "id": job_id})
+                        await worker.execute(*APP.finish(job_id, verdicts=RESULTS))
                         await worker.execute(EAGER_WRITE, {"id": job_id})
                 else:
-                    await worker.execute(FINISH, {**params, "id": job_id})
+                    await worker.execute(*APP.finish(job_id, verdicts=RESULTS))
                 stats.committed_at[job_id] = time.monotonic()
                 stats.round_trip[job_id] = stats.committed_at[job_id] - sent
                 stats.finished += 1
@@ -175,39 +155,32 @@ async def play(
     return stats
 
 
-DatabaseFactory = Callable[[AsyncConnectionPool[db.AnyConnection], float], db.Database]
+Instrument = Callable[[db.Database], db.Database]
 
 
-def plain_database(pool: AsyncConnectionPool[db.AnyConnection], grace: float) -> db.Database:
-    """The reactor's own Database, unchanged."""
-    return db.Database(pool, grace=grace)
-
-
+@dataclass(frozen=True)
 class StampedDatabase(db.Database):
     """The reactor's Database, noting when its first claim of each job starts and, if asked,
     when that claim returned (monotonic clock), and counting its record statements. Behaviour
     is unchanged: it claims as usual.
     """
 
-    def __init__(
-        self,
-        pool: AsyncConnectionPool[db.AnyConnection],
-        *,
-        grace: float,
-        stamps: dict[str, float],
-        returns: dict[str, float] | None = None,
-    ) -> None:
-        super().__init__(pool, grace=grace)
-        self.stamps = stamps
-        self.returns = returns
-        self.record_calls = 0
+    stamps: dict[str, float] = field(default_factory=dict)
+    returns: dict[str, float] | None = None
+    # One counter shared by every copy (the listener's road makes one).
+    counted: list[int] = field(default_factory=lambda: [0])
+
+    @property
+    def record_calls(self) -> int:
+        """Record statements sent so far."""
+        return self.counted[0]
 
     async def record_jobs(
         self, job_ids: Sequence[str], *, lock_timeout: float | None = None
     ) -> list[db.JobOutcome]:
         """Stamp and count, then claim exactly as the reactor does."""
         now = time.monotonic()
-        self.record_calls += 1
+        self.counted[0] += 1
         for job_id in job_ids:
             self.stamps.setdefault(job_id, now)
         outcomes = await super().record_jobs(job_ids, lock_timeout=lock_timeout)
@@ -218,11 +191,13 @@ class StampedDatabase(db.Database):
         return outcomes
 
 
-def stamped(stamps: dict[str, float], returns: dict[str, float] | None = None) -> DatabaseFactory:
-    """A factory of StampedDatabase sharing ``stamps`` (and ``returns``), for :func:`replicas`."""
+def stamped(stamps: dict[str, float], returns: dict[str, float] | None = None) -> Instrument:
+    """An instrument making each replica's Database a StampedDatabase sharing ``stamps`` (and
+    ``returns``), for :func:`replicas`."""
 
-    def make(pool: AsyncConnectionPool[db.AnyConnection], grace: float) -> db.Database:
-        return StampedDatabase(pool, grace=grace, stamps=stamps, returns=returns)
+    def make(database: db.Database) -> db.Database:
+        fields = {f.name: getattr(database, f.name) for f in dataclasses.fields(database)}
+        return StampedDatabase(**fields, stamps=stamps, returns=returns)
 
     return make
 
@@ -237,23 +212,25 @@ class Replica:
 
 @asynccontextmanager
 async def replicas(
-    settings: Settings, count: int, *, database: DatabaseFactory = plain_database
+    settings: Settings, count: int, *, database: Instrument | None = None
 ) -> AsyncIterator[list[Replica]]:
-    """Run ``count`` reactor replicas (LISTEN up on entry); stop them with their drain on exit."""
-    dsn = settings.require_database()
+    """Run ``count`` reactor replicas on the reference tables (LISTEN up on entry); stop them
+    with their drain on exit. ``database`` instruments each replica's queries."""
+    install = Install.of(REFERENCE.in_public(), settings.channel)
     async with AsyncExitStack() as stack:
         running: list[Replica] = []
-        async with anyio.create_task_group() as tg:
-            try:
-                for _ in range(count):
-                    pool = await stack.enter_async_context(db.make_pool(dsn, max_size=POOL_SIZE))
-                    reactor = Reactor(settings, database(pool, settings.grace))
-                    await tg.start(reactor.run)
-                    running.append(Replica(reactor, pool))
-                yield running
-            finally:
-                for replica in running:
-                    replica.reactor.stop()
+        for _ in range(count):
+            reactor = await stack.enter_async_context(
+                open_reactor(settings, install, instrument=database)
+            )
+            await stack.enter_async_context(reactor.running())
+            running.append(Replica(reactor, reactor.database.pool))
+        try:
+            yield running
+        finally:
+            # All at once, as a fleet stops: each then drains on its way out.
+            for replica in running:
+                replica.reactor.stop()
 
 
 def bench_settings(dsn: str, **overrides: Any) -> Settings:

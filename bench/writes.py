@@ -39,6 +39,7 @@ from bench.workload import (
     wait_until_recorded,
 )
 from reactor import audit
+from reactor.install import REFERENCE_INSTALL
 
 TITLE = "Writes per job: WAL bytes and tuple writes on analysis_runs"
 GOAL = (
@@ -211,7 +212,7 @@ async def _phase(
     await anyio.sleep(0.5)  # closed sessions flush their table statistics on exit
     after = await _reading(dsn)
     async with await connect(dsn, "check") as conn:
-        verdict = await audit.verdict(conn, grace)
+        verdict = await audit.verdict(conn, REFERENCE_INSTALL.mapping, grace)
     return Phase(
         design=design,
         path=path,

@@ -33,6 +33,7 @@ from prometheus_client import Counter, Histogram
 from prometheus_client.metrics import MetricWrapperBase
 
 from reactor import cli, config, db, errors, mapping, metrics, sql
+from reactor.install import Install
 
 DOCS = Path(__file__).resolve().parent
 ROOT = DOCS.parent
@@ -213,7 +214,8 @@ MEANINGS: dict[str, Meaning] = {
     "REACTOR_BATCH_SIZE": Meaning("jobs per claim statement"),
     "REACTOR_CHANNEL": Meaning(
         "the NOTIFY channel (a plain identifier); `reactor migrate` points the trigger at it; "
-        "a mapping with its own `reactor_schema` defaults to `<schema>_jobs_terminal`"
+        "a mapping with its own `reactor_schema` defaults to `<schema>_jobs_terminal`",
+        unset="`analysis_jobs_terminal`",
     ),
     "REACTOR_MODE": Meaning("`listen`, or `poll` (no LISTEN: timers come from polling the queue)"),
     "REACTOR_DRAIN_SECONDS": Meaning("how long SIGTERM waits for in-flight work"),
@@ -502,9 +504,7 @@ def second_mapping() -> mapping.Mapping:
 def second_script() -> str:
     """`reactor migrate --print` for second.toml, with DATABASE_URL naming second.sql's
     database: a first install on the default channel."""
-    typed = second_mapping()
-    with mapping.using(typed):
-        return db.migration_script(typed.default_channel, reference_schema=False)
+    return db.migration_script(Install.of(second_mapping()), reference_schema=False)
 
 
 def printed_without_database() -> str:

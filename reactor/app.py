@@ -21,11 +21,12 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any, NamedTuple
 
-import psycopg.sql
+import psycopg
 
 from reactor import sql
 from reactor.errors import ConfigError
 from reactor.mapping import Mapping
+from reactor.quote import identifier, literal
 
 # What a job's documents hold by default: a document it starts with, and the verdicts it gets.
 DOCUMENT = "<p>doc</p>"
@@ -272,33 +273,45 @@ class App:
 
     # -- rendering -----------------------------------------------------------------------------
 
-    def render(self, text: str) -> str:
+    def render(self, text: str, *, parameters: bool = False) -> str:
         """``text`` with the app's slots (see ``triggers/app.sql``) and the mapping's filled:
-        for a test's own queries, in the app's names."""
-        return sql.render(_APP_SLOT.sub(lambda m: self._slot(m.group(1)), text), self.mapping)
+        for a test's own queries, in the app's names. ``parameters``: the text runs with
+        psycopg parameters, so every ``%`` filled in is doubled (see :func:`sql.render`)."""
+
+        def fill(match: re.Match[str]) -> str:
+            return self._slot(match.group(1), parameters=parameters)
+
+        return sql.render(_APP_SLOT.sub(fill, text), self.mapping, parameters=parameters)
 
     @cached_property
     def _statements(self) -> _Rendered:
         return _Rendered(self)
 
-    def _slot(self, name: str) -> str:
+    def _slot(self, name: str, *, parameters: bool) -> str:
+        # Names and values from the mapping have each % doubled for a statement that runs with
+        # parameters; the placeholders this class writes itself stay as they are.
+        def text(sql_text: str) -> str:
+            return sql_text.replace("%", "%%") if parameters else sql_text
+
         jobs = self.mapping.jobs
         match name:
             case "now":
-                return self._now(jobs.updated_at)
+                return text(self._now(jobs.updated_at))
             case "running":
-                return _literal(self.running)
+                return text(literal(self.running))
             case "doc":
-                return _identifier(self.documents[0])
+                return text(identifier(self.documents[0]))
             case "results":
-                return _identifier(self.verdicts[0])
+                return text(identifier(self.verdicts[0]))
             case "verdicts":
                 return ", ".join(
-                    f"{_identifier(c)} = %(verdicts)s::{jobs.type_of(c)}" for c in self.verdicts
+                    f"{text(identifier(c))} = %(verdicts)s::{text(jobs.type_of(c))}"
+                    for c in self.verdicts
                 )
             case "documents":
                 return ", ".join(
-                    f"{_identifier(c)} = %(document)s::{jobs.type_of(c)}" for c in self.documents
+                    f"{text(identifier(c))} = %(document)s::{text(jobs.type_of(c))}"
+                    for c in self.documents
                 )
             case "new_columns" | "new_values":
                 raise KeyError(f"@{name}@ belongs to the create statement alone")
@@ -309,8 +322,12 @@ class App:
         # without it where the database assigns it.
         new = list(self._new_job(with_id=with_id))
         text = sql.templates("app.sql")["create"]
-        text = text.replace("@new_columns@", ", ".join(_identifier(c) for c, _ in new))
-        return self.render(text.replace("@new_values@", ", ".join(v for _, v in new)))
+        columns = ", ".join(identifier(c) for c, _ in new).replace("%", "%%")
+        text = text.replace("@new_columns@", columns)
+        # The values are this class's own SQL and placeholders: their % are meant.
+        return self.render(
+            text.replace("@new_values@", ", ".join(v for _, v in new)), parameters=True
+        )
 
     def _new_job(self, *, with_id: bool) -> Iterator[tuple[str, str]]:
         jobs = self.mapping.jobs
@@ -324,12 +341,13 @@ class App:
             yield column, f"%(verdicts)s::{jobs.type_of(column)}"
         for column, age in ((jobs.created_at, "created"), (jobs.updated_at, "updated")):
             yield column, f"{self._now(column)} - make_interval(secs => %({age})s)"
-        yield from self.own_columns
+        # The app's own columns' SQL, written for a statement that runs with parameters.
+        yield from ((column, value.replace("%", "%%")) for column, value in self.own_columns)
 
     def _now(self, column: str) -> str:
         jobs = self.mapping.jobs
         if jobs.naive(column):
-            return f"(now() AT TIME ZONE {_literal(jobs.time_zone or 'UTC')})"
+            return f"(now() AT TIME ZONE {literal(jobs.time_zone or 'UTC')})"
         return "now()"
 
 
@@ -354,13 +372,5 @@ class _Rendered(dict[str, str]):
         if name in ("create", "create_assigned"):
             self[name] = self._app._create(with_id=name == "create")
         else:
-            self[name] = self._app.render(sql.templates("app.sql")[name])
+            self[name] = self._app.render(sql.templates("app.sql")[name], parameters=True)
         return self[name]
-
-
-def _identifier(name: str) -> str:
-    return psycopg.sql.Identifier(name).as_string(None)
-
-
-def _literal(value: str) -> str:
-    return psycopg.sql.Literal(value).as_string(None)

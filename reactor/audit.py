@@ -2,8 +2,8 @@
 
 ``install`` adds an audit trigger to the runs table; ``verdict`` counts lost, duplicate,
 clobbering, early and wrong writes and the reactor's lateness from it. The demo, the tests and
-the benchmarks share it, so all three judge the reactor the same way. Both are rendered through
-the mapping in force, like the reactor's own statements.
+the benchmarks share it, so all three judge the reactor the same way. Both are rendered for the
+mapping they are given, like the reactor's own statements.
 """
 
 from __future__ import annotations
@@ -45,19 +45,19 @@ class Verdict:
         return asdict(self)
 
 
-def ddl(mapping: Mapping | None = None) -> str:
-    """The audit table and trigger for ``mapping`` (the one in force when None), idempotent."""
+def ddl(mapping: Mapping) -> str:
+    """The audit table and trigger for ``mapping``'s tables, idempotent."""
     return sql.render(sql.preamble("audit.sql"), mapping)
 
 
-async def install(conn: AnyConnection) -> None:
+async def install(conn: AnyConnection, mapping: Mapping) -> None:
     """Create the audit table and trigger (idempotent)."""
-    await conn.execute(ddl())
+    await conn.execute(ddl(mapping))
 
 
-async def verdict(conn: AnyConnection, grace: float) -> Verdict:
+async def verdict(conn: AnyConnection, mapping: Mapping, grace: float) -> Verdict:
     """Count every invariant violation and measure lateness, by the database clock."""
-    cur = await conn.execute(sql.query("verdict", "audit.sql"), {"grace": grace})
+    cur = await conn.execute(sql.queries("audit.sql", mapping)["verdict"], {"grace": grace})
     row = await cur.fetchone()
     assert row is not None
     return Verdict(*row)

@@ -31,10 +31,12 @@ from reactor.errors import (
     SchemaMissing,
     UsageError,
 )
-from reactor.hooks import open_hooks
+from reactor.hooks import check_hooks, open_hooks
+from reactor.install import Install
+from reactor.mapping import Mapping
 from reactor.metrics import Metrics
 from reactor.recorder import Recorder
-from reactor.service import POOL_SIZE, Reactor
+from reactor.service import Reactor, open_reactor
 
 log = logging.getLogger("reactor")
 
@@ -160,9 +162,6 @@ def main(argv: Sequence[str] | None = None) -> None:
     command: Callable[[argparse.Namespace], Awaitable[int]] = _COMMANDS[args.command]
     try:
         logs.setup(*_log_settings(args))
-        # Every command runs on the mapping REACTOR_CONFIG names; the startup checks then
-        # match it against the catalog and fill in the column types.
-        mapping.use(mapping.from_env(os.environ))
         code = anyio.run(command, args, backend="asyncio")
     except KeyboardInterrupt:
         sys.exit(130)
@@ -214,10 +213,12 @@ def _log_settings(args: argparse.Namespace) -> tuple[str, str | None]:
 
 def _settings(args: argparse.Namespace) -> Settings:
     overrides = {name: getattr(args, name, None) for name in _OVERRIDES}
-    overrides.setdefault("channel", None)
-    if overrides["channel"] is None and not os.environ.get("REACTOR_CHANNEL"):
-        overrides["channel"] = mapping.in_force().default_channel
     return Settings.from_env(os.environ, overrides)
+
+
+def _mapping() -> Mapping:
+    """The mapping every command runs on: the file REACTOR_CONFIG names, or the reference."""
+    return mapping.from_env(os.environ)
 
 
 async def _startup_connection(
@@ -237,16 +238,21 @@ async def _startup_connection(
     )
 
 
-async def _check_database(conn: db.AnyConnection) -> None:
+async def _resolve(conn: db.AnyConnection, settings: Settings) -> Install:
+    """The install this command runs on: the mapping checked against the catalog and typed
+    by it, the reactor's schema current, the role holding every grant it needs."""
+    queries = db.Database.dedicated(Install.of(_mapping(), settings.channel), conn)
     try:
-        await db.fitted(conn)
-        await db.require_schema(conn)
+        install = Install.of(await db.fit(conn, queries.install.mapping), settings.channel)
+        queries = db.Database.dedicated(install, conn)
+        await db.require_schema(conn, install.schema)
     except psycopg.errors.InsufficientPrivilege:
         # Even looking for the reactor's schema needs USAGE on it: let the privilege check
         # name the grant that is missing (it skips objects it cannot find or may not use).
-        await db.require_privileges(conn)
+        await queries.require_privileges()
         raise
-    await db.require_privileges(conn)
+    await queries.require_privileges()
+    return install
 
 
 async def cmd_run(args: argparse.Namespace) -> int:
@@ -258,28 +264,29 @@ async def cmd_run(args: argparse.Namespace) -> int:
     settings = _settings(args)
     _raise_open_files_limit()
     tracing.configure()
-    pool = db.make_pool(settings.require_database(), max_size=POOL_SIZE)
     # Everything that can fail without the database fails first, in milliseconds: hooks are
     # parsed (their modules imported) and the HTTP ports are bound before anything connects.
-    # Probes answer from then on: /readyz says "starting" until LISTEN is proven, and "stopping"
-    # during the drain; the servers close after it.
-    async with open_hooks(settings, pool) as hooks:
-        database = db.Database(pool, grace=settings.grace, hooks=list(hooks))
-        reactor = Reactor(settings, database, hooks=hooks)
-        async with http.serving_reactor(reactor):
-            async with await _startup_connection(settings, "startup", standby="retry") as conn:
-                await _check_database(conn)
+    # Probes answer from then on: /healthz says "starting" while the database is checked,
+    # /readyz waits until LISTEN is proven, and says "stopping" during the drain; the servers
+    # close after it.
+    check_hooks(settings)
+    running: list[Reactor] = []
+    async with http.serving_replica(settings, lambda: running[0] if running else None):
+        async with await _startup_connection(settings, "startup", standby="retry") as conn:
+            install = await _resolve(conn, settings)
+        async with open_reactor(settings, install) as reactor:
+            running.append(reactor)
             log.info(
                 "starting",
                 extra={
                     "database": settings.safe_database_url,
                     "mode": settings.mode,
                     "grace_s": settings.grace,
-                    "channel": settings.channel,
-                    "hooks": ",".join(hooks) or None,
+                    "channel": install.channel,
+                    "hooks": ",".join(reactor.database.hooks) or None,
                 },
             )
-            async with pool, anyio.create_task_group() as tg:
+            async with anyio.create_task_group() as tg:
                 tg.start_soon(_stop_on_signals, reactor, tg.cancel_scope)
                 await reactor.run()
                 tg.cancel_scope.cancel()
@@ -316,23 +323,21 @@ async def cmd_migrate(args: argparse.Namespace) -> int:
         # Text for the mapping: checked against the database when DATABASE_URL names one
         # (a custom mapping's id type comes from the catalog); else as the file says.
         grants.check_role(args.print_grants)
+        shape = _mapping()
         if os.environ.get("REACTOR_CONFIG", "").strip():
-            await _fit_for_print(Settings.from_env(os.environ))
-        sys.stdout.write(grants.grant_script(args.print_grants))
+            shape = await _fit_for_print(Settings.from_env(os.environ), shape)
+        sys.stdout.write(grants.grant_script(args.print_grants, shape))
         return 0
-    channel = (
-        args.channel or os.environ.get("REACTOR_CHANNEL") or mapping.in_force().default_channel
-    )
-    settings = Settings.from_env(os.environ, {"channel": channel})
+    settings = Settings.from_env(os.environ, {"channel": args.channel})
     if args.from_version and not args.print:
         raise ConfigError("--from goes with --print; `reactor migrate` finds the version itself")
     if not 0 <= args.from_version <= sql.latest_version():
         raise ConfigError(f"--from must be a schema version within 0..{sql.latest_version()}")
     if args.print:
-        await _fit_for_print(settings)
+        install = Install.of(await _fit_for_print(settings, _mapping()), settings.channel)
         sys.stdout.write(
             db.migration_script(
-                settings.channel,
+                install,
                 reference_schema=args.reference_schema,
                 applied=args.from_version,
                 notify=args.notify is not False,
@@ -341,13 +346,15 @@ async def cmd_migrate(args: argparse.Namespace) -> int:
         return 0
     async with await _startup_connection(settings, "migrate") as conn:
         with progress.counting("migrate: reconcile pass", "jobs") as update:
-            applied = await db.migrate(
+            migrated = await db.migrate(
                 conn,
-                settings.channel,
+                _mapping(),
+                channel=settings.channel,
                 reference_schema=args.reference_schema,
                 notify=args.notify,
                 on_progress=update,
             )
+    applied = migrated.applied
     if applied:
         print(
             f"applied migrations {', '.join(map(str, applied))}; schema is at version "
@@ -358,7 +365,7 @@ async def cmd_migrate(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _fit_for_print(settings: Settings) -> None:
+async def _fit_for_print(settings: Settings, shape: Mapping) -> Mapping:
     """The mapping `migrate --print` renders: checked against the database when DATABASE_URL
     names one. Without it only the reference mapping, whose types are known, can be printed.
 
@@ -371,9 +378,8 @@ async def _fit_for_print(settings: Settings) -> None:
             conn.transaction(force_rollback=True),
         ):
             await conn.execute("SET TRANSACTION READ ONLY")
-            await db.fitted(conn, installing=True)
-        return
-    if mapping.in_force().source is not None:
+            return await db.fit(conn, shape, installing=True)
+    if shape.source is not None:
         # The SQL follows the columns' types (a jsonb document is compared with '{}', a naive
         # timestamp read AT TIME ZONE), which only the catalog knows: a script guessed from
         # names would break the app's own writes once applied.
@@ -382,7 +388,7 @@ async def _fit_for_print(settings: Settings) -> None:
             "columns' types from the catalog; point it at any database with the app's tables "
             "(a development copy will do)"
         )
-    mapping.use(mapping.in_force().in_public())
+    return shape.in_public()
 
 
 async def cmd_sweep(args: argparse.Namespace) -> int:
@@ -397,15 +403,15 @@ async def cmd_sweep(args: argparse.Namespace) -> int:
     # The runs a sweep writes get their hook rows like any other (a running replica runs them).
     async with open_hooks(settings, pool) as hooks:
         async with await _startup_connection(settings, "startup") as conn:
-            await _check_database(conn)
+            install = await _resolve(conn, settings)
         async with pool:
-            database = db.Database(pool, grace=settings.grace, hooks=list(hooks))
+            database = db.Database.pooled(install, pool, grace=settings.grace, hooks=list(hooks))
             with progress.counting("sweep: reconcile pass", "jobs") as update:
                 found = await database.reconcile_pass("sweep", on_progress=update)
             # A sweep is the operator's "everything, now": jobs set aside are tried again too.
             await database.release_set_aside()
             recorder = Recorder(database, Metrics())
-            recorded = await recorder.drain(settings.batch_size)
+            recorded = (await recorder.drain(settings.batch_size)).recorded
     example = f" (e.g. job {found.example})" if found.found else ""
     print(
         f"reactor: reconcile walked {found.examined} finished job(s) in "
@@ -442,8 +448,8 @@ async def cmd_status(args: argparse.Namespace) -> int:
         if standby is not None and not args.json:
             raise DatabaseReadOnly(standby)
         try:
-            await db.fitted(conn)
-            report = await status.collect(conn, settings)
+            install = Install.of(await db.fit(conn, _mapping()), settings.channel)
+            report = await status.collect(conn, install, settings)
         except SchemaMissing:
             if standby is not None:  # the primary is the one to look at, and it may have it
                 raise DatabaseReadOnly(standby) from None
@@ -477,23 +483,24 @@ async def cmd_hooks(args: argparse.Namespace) -> int:
         standby="refuse",
     ) as conn:
         try:
-            await db.fitted(conn)
-            await db.require_schema(conn)
+            install = Install.of(await db.fit(conn, _mapping()), settings.channel)
+            await db.require_schema(conn, install.schema)
+            queries = db.Database.dedicated(install, conn)
             if action == "list":
                 return await _hooks_list(
-                    conn, failed_only=args.failed, as_json=args.json, limit=int(args.limit)
+                    queries, failed_only=args.failed, as_json=args.json, limit=int(args.limit)
                 )
             if action == "retry" and args.failed:
-                retried = await db.retry_failed(conn)
+                retried = await queries.retry_failed()
                 print(f"re-queued {len(retried)} failed hook call(s)")
                 return 0
             if action == "retry":
-                changes = await db.retry_hooks(conn, ids)
+                changes = await queries.retry_hooks(ids)
                 message = hook_ops.judge_changes(
                     changes, verb="re-queued", allowed=hook_ops.RETRYABLE, result="pending"
                 )
             else:
-                changes = await db.cancel_hooks(conn, ids)
+                changes = await queries.cancel_hooks(ids)
                 message = hook_ops.judge_changes(
                     changes, verb="cancelled", allowed=hook_ops.CANCELLABLE, result="cancelled"
                 )
@@ -506,10 +513,8 @@ async def cmd_hooks(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _hooks_list(
-    conn: db.AnyConnection, *, failed_only: bool, as_json: bool, limit: int
-) -> int:
-    rows, total, failed = await db.list_hooks(conn, failed_only=failed_only, limit=limit)
+async def _hooks_list(queries: db.Database, *, failed_only: bool, as_json: bool, limit: int) -> int:
+    rows, total, failed = await queries.list_hooks(failed_only=failed_only, limit=limit)
     if as_json:
         print(json.dumps(hook_ops.as_json(rows, total, failed), indent=2))
     else:
@@ -531,9 +536,8 @@ async def cmd_demo(args: argparse.Namespace) -> int:
         raise ConfigError("--jobs must be within 1..100000 and --save-ratio within 0..1")
     if not 0 <= args.grace <= 60 or not 1 <= args.replicas <= 8:
         raise ConfigError("--grace must be within 0..60 seconds and --replicas within 1..8")
-    if args.config is not None:
-        mapping.use(mapping.load(args.config))
-    m, reference = mapping.in_force().in_public(), mapping.REFERENCE
+    shape = mapping.load(args.config) if args.config is not None else _mapping()
+    m, reference = shape.in_public(), mapping.REFERENCE
     own_tables = (m.jobs.table, m.runs.table) != (reference.jobs.table, reference.runs.table)
     if own_tables and args.schema is None:
         raise ConfigError(
@@ -544,6 +548,7 @@ async def cmd_demo(args: argparse.Namespace) -> int:
     if args.http_addr is not None:
         addr = Settings.from_env({}, {"http_addr": args.http_addr}).http_addr
     return await demo.main(
+        shape,
         jobs=args.jobs,
         grace=args.grace,
         save_ratio=args.save_ratio,

@@ -58,7 +58,8 @@ class Settings:
     grace: float = 120.0
     scan_interval: float = 30.0
     batch_size: int = 500
-    channel: str = "analysis_jobs_terminal"
+    # REACTOR_CHANNEL; None: the mapping's own (analysis_jobs_terminal for the reference).
+    channel: str | None = None
     mode: Mode = "listen"
     drain: float = 20.0
     http_addr: tuple[str, int] | None = ("127.0.0.1", 9187)

@@ -25,7 +25,6 @@ import math
 import secrets
 import time
 import urllib.parse
-import uuid
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -36,11 +35,11 @@ import anyio
 import psycopg
 from aiohttp import hdrs, web
 from jinja2 import Environment, PackageLoader, StrictUndefined, select_autoescape
-from psycopg_pool import AsyncConnectionPool
 
 from reactor import db, hook_ops, redact, status
 from reactor.config import Settings
 from reactor.errors import ReactorError, UsageError
+from reactor.listener import parse_payload
 from reactor.metrics import Metrics
 
 if TYPE_CHECKING:
@@ -84,14 +83,15 @@ class StatusSource:
     def __init__(
         self,
         settings: Settings,
-        pool: AsyncConnectionPool[db.AnyConnection],
+        queries: Callable[[], db.Database | None],
         *,
         ttl: float = REPORT_TTL,
         timeout: float = REPORT_TIMEOUT,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.settings = settings
-        self.pool = pool
+        # Where the report is read: the pooled queries of the install shown (None: not yet).
+        self.queries = queries
         self.ttl = ttl
         self.timeout = timeout
         self.clock = clock
@@ -121,10 +121,13 @@ class StatusSource:
     async def _collect(self) -> Snapshot:
         self.collections += 1
         started = self.clock()
+        database = self.queries()
+        if database is None:
+            return self._failed("no replica runs yet: the database is being checked")
         try:
             with anyio.fail_after(self.timeout):
-                async with self.pool.connection(timeout=self.timeout) as conn:
-                    report = await status.collect(conn, self.settings)
+                async with database.pool.connection(timeout=self.timeout) as conn:
+                    report = await status.collect(conn, database.install, self.settings)
         except TimeoutError:
             return self._failed(f"the database did not answer within {self.timeout:g} s")
         except (ReactorError, psycopg.Error, OSError) as error:
@@ -605,26 +608,41 @@ class Dashboard:
     """The page's state in one process: the report, the sessions, the throttle and the notes.
 
     ``replica`` gives the reactor whose memory the page shows (None while none runs: the
-    demo's outage); the report comes through ``pool``.
+    demo's outage, or ``reactor run`` checking the database); the report and the actions go
+    through ``database``, or the replica's own when that is None.
     """
 
     def __init__(
         self,
         settings: Settings,
-        pool: AsyncConnectionPool[db.AnyConnection],
+        database: db.Database | None,
         replica: Callable[[], Reactor | None],
         *,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.settings = settings
-        self.pool = pool
+        self.database = database
         self.replica = replica
         self.clock = clock
-        self.source = StatusSource(settings, pool)
+        self.source = StatusSource(settings, self.queries)
         self.auth = Auth(settings.dashboard_token, clock=clock)
         self.throttle = Throttle()
         self._token = settings.dashboard_token
         self._notes: OrderedDict[str, tuple[str, bool]] = OrderedDict()
+
+    def queries(self) -> db.Database | None:
+        """Where the page reads and acts: its own database, else the replica's; None while
+        neither exists."""
+        if self.database is not None:
+            return self.database
+        reactor = self.replica()
+        return None if reactor is None else reactor.database
+
+    def _acting(self) -> db.Database:
+        database = self.queries()
+        if database is None:
+            raise UsageError("no replica runs yet: the database is being checked; try again")
+        return database
 
     def add_routes(self, app: web.Application) -> None:
         """Serve the page, the document and the actions on ``app``."""
@@ -720,7 +738,7 @@ class Dashboard:
         who = self._admit(request)
         form = await self._form(request, who)
         ids = hook_ops.parse_ids([str(v) for v in form.getall("id", [])])
-        changes = await db.retry_hooks(db.Pooled(self.pool), ids)
+        changes = await self._acting().retry_hooks(ids)
         message = hook_ops.judge_changes(
             changes, verb="re-queued", allowed=hook_ops.RETRYABLE, result="pending"
         )
@@ -734,7 +752,7 @@ class Dashboard:
         who = self._admit(request)
         form = await self._form(request, who)
         ids = hook_ops.parse_ids([str(v) for v in form.getall("id", [])])
-        changes = await db.cancel_hooks(db.Pooled(self.pool), ids)
+        changes = await self._acting().cancel_hooks(ids)
         message = hook_ops.judge_changes(
             changes, verb="cancelled", allowed=hook_ops.CANCELLABLE, result="cancelled"
         )
@@ -745,11 +763,12 @@ class Dashboard:
         who = self._admit(request)
         form = await self._form(request, who)
         job_id = str(form.get("job_id", ""))
-        try:
-            job = str(uuid.UUID(job_id))
-        except ValueError:
+        database = self._acting()
+        # A job id of the install's type, in its canonical form, as a notification's is read.
+        job = parse_payload(job_id, database.install.id_type)
+        if job is None:
             raise UsageError(f"{job_id[:64]!r} is not a job id") from None
-        released = await db.release_set_aside_job(db.Pooled(self.pool), job)
+        released = await database.release_set_aside_job(job)
         if not released:
             raise UsageError(f"job {job} is not set aside; nothing was released")
         reactor = self.replica()
@@ -929,7 +948,7 @@ def install(app: web.Application, dashboard: Dashboard, hosts: HostAllowlist) ->
 
 def for_reactor(reactor: Reactor) -> Dashboard:
     """The page of one running replica, read through its own pool."""
-    return Dashboard(reactor.settings, reactor.database.pool, lambda: reactor)
+    return Dashboard(reactor.settings, reactor.database, lambda: reactor)
 
 
 __all__ = [

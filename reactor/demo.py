@@ -28,14 +28,15 @@ from rich.table import Table
 from rich.text import Text
 
 from reactor import audit, db, http
-from reactor import mapping as mapping_module
 from reactor.app import App
 from reactor.config import Settings
 from reactor.dashboard import Dashboard
 from reactor.embedded import EmbeddedPostgres
 from reactor.errors import ConfigError
+from reactor.install import Install
+from reactor.mapping import REFERENCE, Mapping
 from reactor.metrics import Metrics
-from reactor.service import POOL_SIZE, Reactor
+from reactor.service import Reactor, open_reactor
 
 # Where the page is served while the demo runs: the reactor's own default for the page
 # (REACTOR_DASHBOARD_ADDR). The demo serves no probes: its replicas come and go.
@@ -99,6 +100,7 @@ class Scoreboard:
 
 
 async def main(
+    shape: Mapping = REFERENCE,
     *,
     jobs: int,
     grace: float,
@@ -113,7 +115,7 @@ async def main(
     ``http_addr`` (another free port when that one is taken) while it runs; with ``hold``, the
     cluster, a fresh fleet and the page stay up after the summary until SIGINT or SIGTERM.
 
-    It runs on the mapping in force. ``schema`` creates the app's tables on the embedded
+    It runs on the app's tables ``shape`` maps. ``schema`` creates them on the embedded
     cluster first; without it the reference tables are created."""
     console = Console(stderr=as_json)
     # The live view tells the story; per-run log lines would scroll it away.
@@ -129,23 +131,27 @@ async def main(
     await anyio.to_thread.run_sync(pg.start)
     try:
         console.print(f"embedded PostgreSQL {pg.version}, on a Unix socket only you can reach")
-        shape = mapping_module.in_force()
         if shape.source is not None:
             console.print(
                 f"the app's tables: {shape.jobs_shown} -> {shape.runs_shown}, "
                 f"mapped by {shape.source}"
             )
-        channel = shape.default_channel
         async with await db.connect(pg.dsn, "demo") as conn:
             if schema is not None:
                 await _create_tables(conn, schema)
-            await db.migrate(conn, channel, reference_schema=schema is None)
-            await audit.install(conn)
-            app = await App.fit(conn, mapping_module.in_force())
+            install = (await db.migrate(conn, shape, reference_schema=schema is None)).install
+            await audit.install(conn, install.mapping)
+            app = await App.fit(conn, install.mapping)
         board = Scoreboard(jobs=jobs, replica_count=replicas)
-        settings = Settings(database_url=pg.dsn, grace=grace, http_addr=None, channel=channel)
+        settings = Settings(database_url=pg.dsn, grace=grace, http_addr=None)
         async with db.make_pool(pg.dsn, max_size=2) as pool:
-            page = Dashboard(settings, pool, lambda: board.replicas[0] if board.replicas else None)
+            # The page reads through a pool of its own: it shows the backlog growing while no
+            # replica runs.
+            page = Dashboard(
+                settings,
+                db.Database.pooled(install, pool, grace=grace),
+                lambda: board.replicas[0] if board.replicas else None,
+            )
             async with http.serving_page(page, _free(http_addr), variable="--http-addr") as bound:
                 if bound is not None:
                     console.print(f"the operator's page: {http.page_url(*bound)}")
@@ -154,13 +160,13 @@ async def main(
                 ) as live:
                     async with anyio.create_task_group() as tg:
                         tg.start_soon(_refresh, live, board)
-                        await _play(app, settings, board, save_ratio)
+                        await _play(app, settings, install, board, save_ratio)
                         tg.cancel_scope.cancel()
                 async with await db.connect(pg.dsn, "demo") as conn:
-                    verdict = await audit.verdict(conn, grace)
+                    verdict = await audit.verdict(conn, install.mapping, grace)
                 _report(console, verdict, time.monotonic() - started, as_json)
                 if hold:
-                    await _hold(console, pg, settings, board, bound)
+                    await _hold(console, pg, settings, install, board, bound)
     finally:
         await anyio.to_thread.run_sync(pg.cleanup)
     return 0 if verdict.clean else 1
@@ -182,6 +188,7 @@ async def _hold(
     console: Console,
     pg: EmbeddedPostgres,
     settings: Settings,
+    install: Install,
     board: Scoreboard,
     bound: tuple[str, int] | None,
 ) -> None:
@@ -190,7 +197,7 @@ async def _hold(
     # Said once it holds: the fleet is up and Ctrl-C is ours to handle.
     with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async with anyio.create_task_group() as tg:
-            fleet = await _start_fleet(tg, settings, board)
+            fleet = await _start_fleet(tg, settings, install, board)
             # The socket's folder lets in this user (and root) alone, which is what makes a
             # superuser without a password safe to hold up; the command says how to get in.
             console.print(f"holding: PostgreSQL{where} stay up; Ctrl-C ends it")
@@ -211,14 +218,16 @@ async def _refresh(live: Live, board: Scoreboard) -> None:
         await anyio.sleep(0.125)
 
 
-async def _play(app: App, settings: Settings, board: Scoreboard, save_ratio: float) -> None:
+async def _play(
+    app: App, settings: Settings, install: Install, board: Scoreboard, save_ratio: float
+) -> None:
     """Worker, tabs, an outage and a recovery; returns once nothing is left to record."""
     dsn = settings.require_database()
     rng = random.Random(7)
     async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as worker:
         job_ids = await _create_jobs(app, worker, board.jobs)
         async with anyio.create_task_group() as tg:
-            fleet = await _start_fleet(tg, settings, board)
+            fleet = await _start_fleet(tg, settings, install, board)
             board.phase = "worker finishing jobs; tabs saving most of them"
             rate = max(board.jobs / 4.0, 1.0)  # jobs per second: the worker takes about 4 s
             for i, job_id in enumerate(job_ids):
@@ -227,7 +236,7 @@ async def _play(app: App, settings: Settings, board: Scoreboard, save_ratio: flo
                     board.replicas, board.phase = [], "OUTAGE: no reactor replica running"
                     board.note("stopped every reactor replica: the timers they held are gone")
                 if i == board.jobs * 7 // 10:
-                    fleet = await _start_fleet(tg, settings, board)
+                    fleet = await _start_fleet(tg, settings, install, board)
                     board.phase = "recovered: fresh replicas re-armed from the database"
                     board.note("started fresh replicas: startup scan + re-arm from the database")
                 # A few jobs end with nothing to show, and need no run.
@@ -266,13 +275,15 @@ class Fleet:
             await done.wait()
 
 
-async def _start_fleet(tg: anyio.abc.TaskGroup, settings: Settings, board: Scoreboard) -> Fleet:
+async def _start_fleet(
+    tg: anyio.abc.TaskGroup, settings: Settings, install: Install, board: Scoreboard
+) -> Fleet:
     fleet = Fleet()
     for _ in range(board.replica_count):
         metrics = Metrics()
         board.metrics.append(metrics)
         done = anyio.Event()
-        reactor = await tg.start(_replica, settings, metrics, done)
+        reactor = await tg.start(_replica, settings, install, metrics, done)
         board.replicas.append(reactor)
         fleet.replicas.append((reactor, done))
     board.note(f"{board.replica_count} reactor replicas listening")
@@ -281,17 +292,19 @@ async def _start_fleet(tg: anyio.abc.TaskGroup, settings: Settings, board: Score
 
 async def _replica(
     settings: Settings,
+    install: Install,
     metrics: Metrics,
     done: anyio.Event,
     *,
     task_status: anyio.abc.TaskStatus[Reactor],
 ) -> None:
     try:
-        async with db.make_pool(settings.require_database(), max_size=POOL_SIZE) as pool:
-            reactor = Reactor(settings, db.Database(pool, grace=settings.grace), metrics=metrics)
-            async with anyio.create_task_group() as inner:
-                await inner.start(reactor.run)
-                task_status.started(reactor)
+        async with (
+            open_reactor(settings, install, metrics=metrics) as reactor,
+            anyio.create_task_group() as inner,
+        ):
+            await inner.start(reactor.run)
+            task_status.started(reactor)
     finally:
         done.set()
 

@@ -18,6 +18,10 @@ controller-runtime's workqueue with its delaying queue, for job ids:
   through every retry until a claim settles it.
 - **The last offer wins** for a job not in flight: every offer comes from a read of the row or a
   fresh notification, and a deadline that moved later (the job was touched) must move later here.
+- **A job held behind another transaction's row lock is stuck** (a tab's save left open): it is
+  claimed alone from then on, by a statement that waits for the lock, so it holds up no batch,
+  and the scan leaves it out (:attr:`WorkQueue.claimed`). A claim that settles it ends that.
+  The queue is the one place that says what state a job's claim is in.
 
 :class:`WorkQueue` is pure: no I/O, no clock; every method that needs the time takes ``now``.
 :class:`Dispatcher` is its async shell: one loop that sleeps until the next deadline (or an
@@ -62,6 +66,7 @@ class WorkQueue:
         self._deadlines: Deadlines[str] = Deadlines()
         self._adopted: set[str] = set()
         self._in_flight: set[str] = set()
+        self._stuck: set[str] = set()
         self._meanwhile: dict[str, _Meanwhile] = {}
         # Counters for the metrics: offers refused at capacity, due jobs left to their owner.
         self.refused = 0
@@ -84,6 +89,20 @@ class WorkQueue:
         """The jobs whose claim runs now."""
         return frozenset(self._in_flight)
 
+    @property
+    def stuck(self) -> frozenset[str]:
+        """The jobs held behind another transaction's row lock: each is claimed alone."""
+        return frozenset(self._stuck)
+
+    @property
+    def claimed(self) -> frozenset[str]:
+        """The jobs the scan must leave out: their claim runs here, or is this queue's alone."""
+        return frozenset(self._in_flight | self._stuck)
+
+    def is_stuck(self, job: str) -> bool:
+        """True when ``job`` waits behind another transaction's row lock."""
+        return job in self._stuck
+
     def adopted(self, job: str) -> bool:
         """True when this replica claims ``job`` whoever owns it."""
         return job in self._adopted
@@ -92,10 +111,21 @@ class WorkQueue:
         """When ``job`` is due, or None when it is not waiting (in flight or unknown)."""
         return self._deadlines.when(job)
 
-    def offer(self, job: str, at: float, *, adopted: bool = False, notified: bool = False) -> bool:
+    def offer(
+        self,
+        job: str,
+        at: float,
+        *,
+        adopted: bool = False,
+        notified: bool = False,
+        stuck: bool = False,
+    ) -> bool:
         """``job`` is due at ``at``; ``adopted``: claim it whoever owns it; ``notified``: the
-        offer comes from a notification. Returns True when this is now the earliest deadline
-        (a sleeping dispatcher must wake)."""
+        offer comes from a notification; ``stuck``: it waits behind another transaction's row
+        lock (the scan found it so), and is claimed alone. Returns True when this is now the
+        earliest deadline (a sleeping dispatcher must wake)."""
+        if stuck:
+            self._stuck.add(job)
         if job in self._in_flight:
             seen = self._meanwhile.get(job)
             if seen is None:
@@ -119,6 +149,7 @@ class WorkQueue:
             if job not in self._in_flight:
                 self._deadlines.cancel(job)
                 self._adopted.discard(job)
+                self._stuck.discard(job)
 
     def next_at(self) -> float | None:
         """The earliest deadline, or None when nothing waits."""
@@ -140,12 +171,18 @@ class WorkQueue:
         self._in_flight.update(taken)
         return taken
 
-    def done(self, jobs: Sequence[str], retry: Mapping[str, float]) -> bool:
+    def done(
+        self, jobs: Sequence[str], retry: Mapping[str, float], stuck: Iterable[str] = ()
+    ) -> bool:
         """Settle the claim of ``jobs``: those in ``retry`` are due again at its time, the rest
-        are settled. Returns True when a deadline became the earliest."""
+        are settled; those in ``stuck`` were found behind another transaction's row lock.
+        Returns True when a deadline became the earliest."""
+        self._stuck.update(stuck)
         wake = False
         for job in jobs:
             self._in_flight.discard(job)
+            if job not in retry:
+                self._stuck.discard(job)
             meanwhile = self._meanwhile.pop(job, None)
             adopted = job in self._adopted or (meanwhile is not None and meanwhile.adopted)
             self._adopted.discard(job)
@@ -161,8 +198,17 @@ class WorkQueue:
         self.membership = membership
 
 
-# Claims the jobs (the recorder): returns the ones to try again, with the delay until then.
-Claim = Callable[[list[str]], Awaitable[list[tuple[str, float]]]]
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """What a claim says of its jobs: those to try again, each with the seconds until then (the
+    rest are settled), and those it found behind another transaction's row lock."""
+
+    retry: list[tuple[str, float]]
+    stuck: frozenset[str] = frozenset()
+
+
+# Claims the jobs (the recorder); ``alone``: one stuck job, whose statement waits for its lock.
+Claim = Callable[[list[str], bool], Awaitable[Answer]]
 
 
 class Dispatcher:
@@ -193,11 +239,17 @@ class Dispatcher:
         self._left = 0
 
     def offer(
-        self, job: str, delay: float, *, adopted: bool = False, notified: bool = False
+        self,
+        job: str,
+        delay: float,
+        *,
+        adopted: bool = False,
+        notified: bool = False,
+        stuck: bool = False,
     ) -> None:
         """``job`` is due in ``delay`` seconds (now, if not positive): :meth:`WorkQueue.offer`."""
         at = self.clock.now() + max(0.0, delay)
-        if self.queue.offer(job, at, adopted=adopted, notified=notified):
+        if self.queue.offer(job, at, adopted=adopted, notified=notified, stuck=stuck):
             self._wake.set()
         self._count()
 
@@ -224,21 +276,31 @@ class Dispatcher:
 
     async def _claim(self, jobs: list[str]) -> None:
         # Until the claim answers, every job is a retry: a claim cut short (the drain's
-        # deadline) or one that raised settles nothing.
+        # deadline) or one that raised settles nothing. A stuck job goes alone, so its wait
+        # for the lock holds up nobody else.
         retry = dict.fromkeys(jobs, self.clock.now() + self.error_retry)
+        stuck: set[str] = set()
+        fresh = [job for job in jobs if not self.queue.is_stuck(job)]
+        groups = [(fresh, False)] if fresh else []
+        groups += [([job], True) for job in jobs if self.queue.is_stuck(job)]
         try:
-            answer = await self.claim(jobs)
-            now = self.clock.now()
-            retry = {job: now + max(0.0, delay) for job, delay in answer}
+            for group, alone in groups:
+                answer = await self.claim(group, alone)
+                now = self.clock.now()
+                for job in group:
+                    del retry[job]
+                retry.update((job, now + max(0.0, delay)) for job, delay in answer.retry)
+                stuck |= answer.stuck
         finally:
             self._slots.release()
-            if self.queue.done(jobs, retry):
+            if self.queue.done(jobs, retry, stuck):
                 self._wake.set()
             self._count()
 
     def _count(self) -> None:
         queue, metrics = self.queue, self.metrics
         metrics.deadlines_pending.set(queue.waiting)
+        metrics.stuck_jobs.set(len(queue.stuck))
         if queue.refused != self._refused:
             metrics.deadlines_dropped.inc(queue.refused - self._refused)
             self._refused = queue.refused

@@ -15,17 +15,15 @@ import re
 from dataclasses import dataclass
 from typing import Any, Literal
 
-import psycopg.sql
-
 from reactor.errors import ConfigError
-from reactor.mapping import REFERENCE, Mapping, in_force
+from reactor.mapping import REFERENCE, Mapping
+from reactor.quote import readable
 
 Kind = Literal["schema", "table", "any_column", "function"]
 
 # What PostgreSQL accepts unquoted, minus nothing: the name is double-quoted on output anyway,
 # so mixed case survives, but anything fancier is more likely a typo than a role.
 _ROLE = re.compile(r"[A-Za-z_][A-Za-z0-9_$]{0,62}")
-_PLAIN = re.compile(r"[a-z_][a-z0-9_$]*")
 
 
 @dataclass(frozen=True)
@@ -46,27 +44,17 @@ class Privilege:
     def target(self) -> str:
         """The object as GRANT names it."""
         if self.kind == "schema":
-            return f"SCHEMA {quoted(self.name)}"
+            return f"SCHEMA {readable(self.name)}"
         if self.kind == "function":
             assert self.schema is not None
-            return f"FUNCTION {quoted(self.schema, self.name)}({self.args})"
-        return quoted(self.schema, self.name) if self.schema else quoted(self.name)
+            return f"FUNCTION {readable(self.schema, self.name)}({self.args})"
+        return readable(self.schema, self.name) if self.schema else readable(self.name)
 
     @property
     def grant(self) -> str:
         """``GRANT <privilege> ON <object>``, without the grantee: what the message names."""
-        column = f" ({quoted(self.column)})" if self.column else ""
+        column = f" ({readable(self.column)})" if self.column else ""
         return f"GRANT {self.privilege}{column} ON {self.target}"
-
-
-def quoted(*parts: str) -> str:
-    """A name, schema-qualified when given two parts, as SQL for a person to read and run:
-    each plain part as written, any other (camelCase, spaces) as the identifier it is, so
-    that PostgreSQL does not fold ``MyApp`` to ``myapp``."""
-    return ".".join(
-        part if _PLAIN.fullmatch(part) else psycopg.sql.Identifier(part).as_string(None)
-        for part in parts
-    )
 
 
 @dataclass(frozen=True)
@@ -81,9 +69,8 @@ def _table(schema: str | None, name: str, *privileges: str) -> tuple[Privilege, 
     return tuple(Privilege("table", p, schema, name) for p in privileges)
 
 
-def groups(mapping: Mapping | None = None) -> tuple[Group, ...]:
-    """What the runtime role needs on the tables ``mapping`` names (the one in force if None)."""
-    mapping = mapping or in_force()
+def groups(mapping: Mapping) -> tuple[Group, ...]:
+    """What the runtime role needs on the tables ``mapping`` names."""
     jobs_schema, jobs = _located(mapping.jobs.table)
     runs_schema, runs = _located(mapping.runs.table)
     id_type = mapping.jobs.id_type
@@ -201,7 +188,7 @@ def _groups(
     )
 
 
-def required(mapping: Mapping | None = None) -> tuple[Privilege, ...]:
+def required(mapping: Mapping) -> tuple[Privilege, ...]:
     """Every privilege of :func:`groups`, in order."""
     return tuple(p for group in groups(mapping) for p in group.privileges)
 
@@ -225,8 +212,9 @@ def check_role(role: str) -> str:
     return role
 
 
-def grant_script(role: str) -> str:
-    """The GRANT statements that give ``role`` exactly what the runtime needs, commented."""
+def grant_script(role: str, mapping: Mapping) -> str:
+    """The GRANT statements that give ``role`` exactly what the runtime needs on the tables
+    ``mapping`` names, commented."""
     grantee = '"' + check_role(role) + '"'
     lines = [
         f"-- The least privilege of the reactor's runtime role {grantee}: `reactor run`,",
@@ -234,21 +222,21 @@ def grant_script(role: str) -> str:
         "-- `reactor migrate` (which needs the owner too). `reactor run` checks exactly these",
         "-- at startup and exits 5 naming the first one missing.",
     ]
-    for group in groups():
+    for group in groups(mapping):
         lines.append("")
         lines.extend(f"-- {line}" for line in group.why.splitlines())
         first = group.privileges[0]
         privileges = ", ".join(
-            p.privilege + (f" ({quoted(p.column)})" if p.column else "") for p in group.privileges
+            p.privilege + (f" ({readable(p.column)})" if p.column else "") for p in group.privileges
         )
         lines.append(f"GRANT {privileges} ON {first.target} TO {grantee};")
     return "\n".join(lines) + "\n"
 
 
-def check_params() -> dict[str, Any]:
-    """The parameters of status.sql's ``missing_privileges`` query: :func:`required` (for the
-    mapping in force) as arrays."""
-    needed = required()
+def check_params(mapping: Mapping) -> dict[str, Any]:
+    """The parameters of status.sql's ``missing_privileges`` query: :func:`required` for
+    ``mapping``, as arrays."""
+    needed = required(mapping)
     return {
         "kinds": [p.kind for p in needed],
         "privileges": [p.privilege for p in needed],

@@ -38,7 +38,8 @@ import anyio.abc
 from aiohttp import web
 from prometheus_client.exposition import choose_encoder
 
-from reactor.dashboard import Dashboard, HostAllowlist, for_reactor, install
+from reactor.config import Settings
+from reactor.dashboard import Dashboard, HostAllowlist, install
 from reactor.errors import ConfigError
 from reactor.service import Reactor
 
@@ -75,19 +76,24 @@ DropReason = Literal["limit", "head_timeout"]
 # -- the applications --------------------------------------------------------------------------
 
 
-def probes_app(replica: Callable[[], Reactor | None]) -> web.Application:
+def probes_app(replica: Callable[[], Reactor | None], *, starting: bool = False) -> web.Application:
     """``/healthz``, ``/readyz`` and ``/metrics`` for whichever replica ``replica`` gives (503
-    while there is none)."""
+    while there is none). ``starting``: none yet means the process is still checking the
+    database, alive but not ready (``reactor run``'s first seconds); otherwise none runs (the
+    demo's outage)."""
+    reason = "starting: checking the database" if starting else "no replica running"
 
     def absent() -> web.Response:
         return web.json_response(
-            {"status": "unhealthy", "ready": False, "reason": "no replica running"},
+            {"status": "unhealthy", "ready": False, "reason": reason},
             status=503,
             headers=_NO_CACHE,
         )
 
     async def healthz(request: web.Request) -> web.Response:
         reactor = replica()
+        if reactor is None and starting:
+            return web.json_response({"status": "starting"}, headers=_NO_CACHE)
         if reactor is None:
             return absent()
         alive, _, reason = reactor.health()
@@ -448,17 +454,21 @@ async def serving(
 
     A port that cannot be bound raises ConfigError naming REACTOR_HTTP_ADDR.
     """
+    async with serving_probes(lambda: reactor, addr) as bound:
+        yield bound
+
+
+@asynccontextmanager
+async def serving_probes(
+    replica: Callable[[], Reactor | None], addr: tuple[str, int] | None, *, starting: bool = False
+) -> AsyncIterator[tuple[str, int] | None]:
+    """:func:`serving` for whichever replica ``replica`` gives (see :func:`probes_app`)."""
     if addr is None:
         yield None
         return
-
-    def replica() -> Reactor:
-        return reactor
-
     door = _door("probes", replica)
-    async with listening(
-        probes_app(replica), addr, variable="REACTOR_HTTP_ADDR", door=door
-    ) as bound:
+    app = probes_app(replica, starting=starting)
+    async with listening(app, addr, variable="REACTOR_HTTP_ADDR", door=door) as bound:
         log.info("serving /healthz, /readyz and /metrics", extra={"http_addr": _show(*bound)})
         yield bound
 
@@ -507,13 +517,15 @@ async def serve_http(
 
 
 @asynccontextmanager
-async def serving_reactor(reactor: Reactor) -> AsyncIterator[None]:
+async def serving_replica(
+    settings: Settings, replica: Callable[[], Reactor | None]
+) -> AsyncIterator[None]:
     """What ``reactor run`` serves: the probes on REACTOR_HTTP_ADDR and the page on
-    REACTOR_DASHBOARD_ADDR, each when set."""
-    settings = reactor.settings
+    REACTOR_DASHBOARD_ADDR, each when set, from before ``replica`` gives the replica (the
+    database is being checked: the probes say starting) until the block ends."""
     async with (
-        serving(reactor, settings.http_addr),
-        serving_page(for_reactor(reactor), settings.dashboard_addr),
+        serving_probes(replica, settings.http_addr, starting=True),
+        serving_page(Dashboard(settings, None, replica), settings.dashboard_addr),
     ):
         yield
 

@@ -47,7 +47,7 @@ import anyio
 import psycopg
 import psycopg.sql
 
-from reactor import db, mapping
+from reactor import db
 from reactor.backoff import exponential, jittered
 from reactor.cadence import Scheduler
 from reactor.clock import Clock
@@ -88,14 +88,13 @@ _BIGINT = re.compile(r"-?[0-9]{1,19}")
 _TEXT_ID_MAX = 512
 
 
-def parse_payload(payload: str) -> str | None:
-    """The job id a payload names, in the canonical text form of the mapping's id type (a
-    uuid's lower-case form), or None if it names none.
+def parse_payload(payload: str, id_type: str) -> str | None:
+    """The job id a payload names, in the canonical text form of ``id_type`` (uuid, bigint or
+    text; a uuid's lower-case form), or None if it names none.
 
     Only the trigger's exact form is accepted: uuid.UUID alone would also take braces, URNs
     and non-ASCII digits.
     """
-    id_type = mapping.in_force().jobs.id_type
     if id_type == "text":
         return payload if 0 < len(payload) <= _TEXT_ID_MAX else None
     if len(payload) > 64:  # a job id is at most 36 characters; don't even strip a flood
@@ -109,7 +108,7 @@ def parse_payload(payload: str) -> str | None:
 _EPOCH = re.compile(r"[0-9]{1,12}(?:\.[0-9]{1,9})?")
 
 
-def parse_hint(payload: str) -> tuple[str, float | None] | None:
+def parse_hint(payload: str, id_type: str) -> tuple[str, float | None] | None:
     """The job a payload names and, when it carries it, the job's updated_at as unix seconds.
 
     The trigger sends ``<job id>@<updated_at>``; a bare job id (an older trigger) is accepted
@@ -119,7 +118,7 @@ def parse_hint(payload: str) -> tuple[str, float | None] | None:
     job, sep, at = payload.rpartition("@")
     if not sep:
         job = payload
-    job_id = parse_payload(job)
+    job_id = parse_payload(job, id_type)
     if job_id is None:
         return None
     if not sep:
@@ -156,6 +155,9 @@ class Listener:
     ) -> None:
         self.settings = settings
         self.database = database
+        # Read once: every notification is parsed by them.
+        self.channel = database.install.channel
+        self.id_type = database.install.id_type
         self.metrics = metrics
         self.on_job = on_job
         self.on_listening = on_listening
@@ -215,7 +217,7 @@ class Listener:
                 # names the fix. A failover's promoted standby is found by a later attempt.
                 conn = await db.connect(
                     self.dsn,
-                    "listener",
+                    db.LISTENER_ROLE,
                     configure_session=False,
                     standby="refuse",
                     source=self._source,
@@ -242,14 +244,14 @@ class Listener:
         """LISTEN on ``conn`` until the connection fails (it raises)."""
         # Quoted: pg_notify() takes the name verbatim, LISTEN would fold its case.
         await conn.execute(
-            psycopg.sql.SQL("LISTEN {}").format(psycopg.sql.Identifier(self.settings.channel))
+            psycopg.sql.SQL("LISTEN {}").format(psycopg.sql.Identifier(self.channel))
         )
         identity = await db.session_identity(conn)
         self.connections += 1
         self._prove(False)
         if self.connections > 1:
             self.metrics.reconnects.inc()
-            log.info("listener reconnected", extra={"channel": self.settings.channel})
+            log.info("listener reconnected", extra={"channel": self.channel})
         self._set_state("listening")
         # Re-arm from the database: anything notified while we were away is found.
         self.on_listening()
@@ -345,7 +347,7 @@ class Listener:
 
     def _recovered(self) -> None:
         if self.problem is not None:
-            log.info("listener is back", extra={"channel": self.settings.channel})
+            log.info("listener is back", extra={"channel": self.channel})
         self.problem = None
         self.failures = 0
 
@@ -381,12 +383,12 @@ class Listener:
             self.metrics.notifications.labels("joined").inc()
             self.on_joined(payload[len(_JOINED) : len(_JOINED) + 64])
             return
-        hint = parse_hint(payload)
+        hint = parse_hint(payload, self.id_type)
         if hint is None:
             self.metrics.notifications.labels("rejected").inc()
             log.warning(
                 "ignored a notification that names no job",
-                extra={"channel": self.settings.channel, "payload": payload[:80]},
+                extra={"channel": self.channel, "payload": payload[:80]},
             )
             return
         self.metrics.notifications.labels("accepted").inc()
@@ -402,7 +404,7 @@ class Listener:
                     "transaction-mode pooler (PgBouncer, Supavisor, RDS Proxy) drops them; set "
                     "REACTOR_LISTEN_DATABASE_URL to a direct connection or REACTOR_MODE=poll; "
                     "polling meanwhile",
-                    extra={"channel": self.settings.channel},
+                    extra={"channel": self.channel},
                 )
             self._set_state("degraded")
 
@@ -412,7 +414,7 @@ class Listener:
         try:
             # Bounded: while the pool waits for a connection, this loop reads nothing.
             with anyio.CancelScope(shield=True), anyio.fail_after(self.settings.probe_timeout):
-                await self.database.notify(self.settings.channel, _PROBE + token)
+                await self.database.notify(_PROBE + token)
         except (psycopg.Error, OSError, TimeoutError) as error:
             log.warning("could not send the delivery probe", extra={"error": db.first_line(error)})
             return

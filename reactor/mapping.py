@@ -10,8 +10,8 @@ slots (``@jobs@``, ``@j.updated_at@``, ``@eligible(j)@``); :meth:`Mapping.slot` 
 and values are quoted by ``psycopg.sql``; the ``[runs.columns]`` expressions are the only SQL
 taken from the file, written by whoever runs ``reactor migrate``, which checks they compile.
 
-One mapping is in force per process (:func:`in_force`), as one database schema is: every
-command of one deployment reads the same file. Tests switch it with :func:`using`.
+A mapping is a value: a command resolves it once, with the catalog, into an install
+(:mod:`reactor.install`) that every room is given; nothing here is process state.
 """
 
 from __future__ import annotations
@@ -19,14 +19,11 @@ from __future__ import annotations
 import os
 import re
 import tomllib
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-import psycopg.sql
-
 from reactor.errors import ConfigError
+from reactor.quote import identifier, literal
 
 CONFIG_VARIABLE = "REACTOR_CONFIG"
 
@@ -162,47 +159,47 @@ class Mapping:
                 # Validated as a plain lower-case identifier: safe bare, readable in --print.
                 return self.reactor_schema
             case "jobs":
-                return _identifier(*jobs.table)
+                return identifier(*jobs.table)
             case "runs":
-                return _identifier(*runs.table)
+                return identifier(*runs.table)
             case "jobs_name":
-                return _literal(_identifier(*jobs.table))
+                return literal(identifier(*jobs.table))
             case "runs_name":
-                return _literal(_identifier(*runs.table))
+                return literal(identifier(*runs.table))
             case "job_type":
                 return jobs.id_type
             case "run_type":
                 return jobs.run_type
             case "least_job":
-                return f"{_literal(_LEAST[jobs.id_type])}::{jobs.id_type}"
+                return f"{literal(_LEAST[jobs.id_type])}::{jobs.id_type}"
             case "least_run":
-                return f"{_literal(_LEAST[jobs.run_type])}::{jobs.run_type}"
+                return f"{literal(_LEAST[jobs.run_type])}::{jobs.run_type}"
             case "walk_index":
-                return _identifier(f"{jobs.table[-1]}_reactor_finished_idx"[:63])
+                return identifier(f"{jobs.table[-1]}_reactor_finished_idx"[:63])
             case "terminal":
-                return "(" + ", ".join(_literal(value) for value in jobs.terminal) + ")"
+                return "(" + ", ".join(literal(value) for value in jobs.terminal) + ")"
             case "worker":
-                return _literal(runs.worker)
+                return literal(runs.worker)
             case "saved_by_values":
                 values = (*runs.client, runs.worker)
-                return "(" + ", ".join(_literal(value) for value in values) + ")"
+                return "(" + ", ".join(literal(value) for value in values) + ")"
             case "run_columns":
                 written = (runs.key, runs.job, runs.saved_by, *(c for c, _ in runs.columns))
-                return ", ".join(_identifier(c) for c in written)
+                return ", ".join(identifier(c) for c in written)
             case "run_values":
                 return ", ".join(value_of(expression) for _, expression in runs.columns)
             case "client":
-                return _literal(runs.client[0])
+                return literal(runs.client[0])
             case "run_updates":
                 # Every written column but saved_by, which each writer sets to its own value.
                 updated = (runs.job, *(c for c, _ in runs.columns))
                 return ",\n           ".join(
-                    f"{_identifier(c)} = EXCLUDED.{_identifier(c)}" for c in updated
+                    f"{identifier(c)} = EXCLUDED.{identifier(c)}" for c in updated
                 )
         column = self._logical_column(name)
         if column is None:
             raise KeyError(f"unknown slot @{name}@")
-        return _identifier(column)
+        return identifier(column)
 
     def _logical_column(self, name: str) -> str | None:
         jobs, runs = self.jobs, self.runs
@@ -228,10 +225,10 @@ class Mapping:
         column = self._logical_column(name)
         if column is None:
             raise KeyError(f"unknown slot @{alias}.{name}@")
-        qualified = f"{alias}.{_identifier(column)}"
+        qualified = f"{alias}.{identifier(column)}"
         if name in ("updated_at", "created_at", "deleted_at") and self.jobs.naive(column):
             # The app writes these as wall-clock time in time_zone; read as instants.
-            return f"({qualified} AT TIME ZONE {_literal(self.jobs.time_zone or 'UTC')})"
+            return f"({qualified} AT TIME ZONE {literal(self.jobs.time_zone or 'UTC')})"
         return qualified
 
     def _function(self, name: str, alias: str) -> str:
@@ -241,7 +238,7 @@ class Mapping:
             return self.walked(alias or None)
         if name == "bytes":
             sizes = [
-                _size(f"{alias}.{_identifier(c)}", self.jobs.type_of(c)) for c in self.jobs.not_null
+                _size(f"{alias}.{identifier(c)}", self.jobs.type_of(c)) for c in self.jobs.not_null
             ]
             return "(" + " + ".join(sizes or ["0"]) + ")"
         raise KeyError(f"unknown slot @{name}({alias})@")
@@ -263,7 +260,7 @@ class Mapping:
         jobs = self.jobs
 
         def col(name: str) -> str:
-            return f"{alias}.{_identifier(name)}" if alias else _identifier(name)
+            return f"{alias}.{identifier(name)}" if alias else identifier(name)
 
         parts = [f"{col(jobs.status)} IN {self._value('terminal')}"]
         if jobs.deleted_at:
@@ -277,30 +274,6 @@ class Mapping:
 
 
 REFERENCE = Mapping()
-
-_in_force = REFERENCE
-
-
-def in_force() -> Mapping:
-    """The mapping this process runs on."""
-    return _in_force
-
-
-def use(mapping: Mapping) -> None:
-    """Make ``mapping`` the one in force (at a command's start, once its types are known)."""
-    global _in_force
-    _in_force = mapping
-
-
-@contextmanager
-def using(mapping: Mapping) -> Iterator[Mapping]:
-    """``mapping`` in force for the block; the previous one after it."""
-    previous = in_force()
-    use(mapping)
-    try:
-        yield mapping
-    finally:
-        use(previous)
 
 
 def value_of(expression: str) -> str:
@@ -335,14 +308,6 @@ def _not_empty(column: str, type_name: str) -> str:
     if type_name.endswith("[]"):
         return f"cardinality({column}) > 0"
     return f"{column} <> ''"
-
-
-def _identifier(*parts: str) -> str:
-    return psycopg.sql.Identifier(*parts).as_string(None)
-
-
-def _literal(value: str) -> str:
-    return psycopg.sql.Literal(value).as_string(None)
 
 
 # ---- parsing ---------------------------------------------------------------------------------

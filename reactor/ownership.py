@@ -17,6 +17,11 @@ import hashlib
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+# A replica is live while its heartbeat (one per probe interval) is younger than this many probe
+# intervals: a slow check or two does not hand its jobs away. A killed one is known sooner: its
+# LISTEN session is gone at the others' next check.
+LIVENESS_PROBES = 3
+
 
 def weight(replica: str, job_id: str) -> int:
     """The rendezvous weight of ``job_id`` for ``replica``: 64 well-mixed bits."""

@@ -7,9 +7,10 @@ and decides from the row (controller-runtime's reconcile). What comes back is a 
 A stuck row costs only itself. A statement for many jobs waits at most ``batch_lock_timeout``
 for another transaction's row lock (a tab's save that is not committed yet); past it, or past
 the statement timeout, the batch is split into parts that are tried again, until the job behind
-the lock stands alone. That job is *stuck*: the scan leaves it out, and it is recorded by a
-statement of its own, which waits for the lock as long as the usual lock timeout allows, so it
-is written as soon as the lock goes.
+the lock stands alone. That job is *stuck*, which the answer says (:class:`Answer`, and the
+scan's :class:`Drained`): the work queue then claims it alone, by a statement that waits for
+the lock as long as the usual lock timeout allows, so it is written as soon as the lock goes,
+and the scan leaves it out. The recorder keeps no claim state of its own.
 
 A row that can never be written costs only itself too. When a statement fails on the data it
 writes (the app's CHECK, NOT NULL, foreign key or trigger rejects a run row), the batch is split
@@ -25,7 +26,7 @@ import contextlib
 import logging
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TypeGuard, TypeVar
 
@@ -35,6 +36,7 @@ import psycopg.errors
 
 from reactor import tracing
 from reactor.db import DATABASE_ERRORS, Database, JobOutcome, first_line
+from reactor.dispatch import Answer
 from reactor.metrics import Metrics
 
 log = logging.getLogger(__name__)
@@ -75,6 +77,18 @@ PART_CONCURRENCY = 3
 
 Rearm = list[tuple[str, float]]
 T = TypeVar("T")
+
+
+@dataclass
+class Drained:
+    """What one scan did: the runs it wrote, the jobs it settled (they need no claim any more:
+    recorded, superseded, no longer due a run, set aside) and the jobs it found behind another
+    transaction's row lock (to be claimed alone)."""
+
+    recorded: int = 0
+    settled: list[str] = field(default_factory=list)
+    stuck: list[str] = field(default_factory=list)
+
 
 # How many settled outcomes :attr:`Recorder.recent` keeps, for the HTTP page.
 RECENT_OUTCOMES = 20
@@ -152,20 +166,12 @@ class Recorder:
         busy_retry: float = 1.0,
         error_retry: float = 1.0,
         on_recorded: Callable[[], None] | None = None,
-        on_stuck: Callable[[str], None] | None = None,
     ) -> None:
         self.db = db
         self.metrics = metrics
         # Called after a statement that wrote runs: their hooks are queued, wake the runner.
         self.on_recorded = on_recorded
-        # Called with a job the scan isolated behind a row lock: the caller records it on its
-        # own (the service arms its timer at once).
-        self.on_stuck = on_stuck
         self.batch_lock_timeout = BATCH_LOCK_TIMEOUT
-        # Jobs isolated behind another transaction's row lock, until a statement settles them.
-        self.stuck: set[str] = set()
-        # The jobs the scan in progress leaves out besides the stuck ones.
-        self._skip: frozenset[str] = frozenset()
         # Jobs this recorder set aside (job id: the error's first line), for `sweep --once`.
         self.set_aside: dict[str, str] = {}
         # The last few jobs this recorder settled, newest last.
@@ -175,18 +181,19 @@ class Recorder:
         self.busy_retry = busy_retry
         self.error_retry = error_retry
 
-    async def record(self, job_ids: Sequence[str]) -> Rearm:
-        """Record the due jobs among ``job_ids``; return the ones to try again, and when."""
-        # A stuck job goes alone, so its wait for the lock holds up nobody else.
-        fresh = [job_id for job_id in job_ids if job_id not in self.stuck]
-        groups = [fresh] if fresh else []
-        groups += [[job_id] for job_id in job_ids if job_id in self.stuck]
-        rearm: Rearm = []
-        for group in groups:
-            rearm += await self._record(group, waits=len(group) == 1)
-        return rearm
+    async def record(self, job_ids: Sequence[str], alone: bool = False) -> Answer:
+        """Record the due jobs among ``job_ids``; say which to try again, and when, and which
+        were found behind another transaction's row lock. ``alone``: one stuck job, whose
+        statement waits for the lock the usual time."""
+        stuck: set[str] = set()
+        # A job on its own holds up no other: its statement waits for a lock the usual time.
+        waits = alone or len(job_ids) == 1
+        retry = await self._record(list(job_ids), waits=waits, stuck=stuck, known=alone)
+        return Answer(retry, frozenset(stuck))
 
-    async def _record(self, job_ids: list[str], *, waits: bool) -> Rearm:
+    async def _record(
+        self, job_ids: list[str], *, waits: bool, stuck: set[str], known: bool
+    ) -> Rearm:
         # Only a job on its own from the start waits the usual lock timeout; the parts of a
         # split batch give up as soon as the batch did, so the stuck job is found quickly.
         try:
@@ -198,15 +205,15 @@ class Recorder:
         except TIMEOUTS as error:
             self.metrics.record_timeouts.inc()
             if len(job_ids) == 1:
-                found = job_ids[0] not in self.stuck
-                self._isolated(job_ids[0], error)
+                self._isolated(job_ids[0], error, known=known)
+                stuck.add(job_ids[0])
                 # Just isolated: again at once, alone, waiting for the lock this time.
-                return [(job_ids[0], 0.0 if found else self.error_retry)]
-            return await self._record_parts(job_ids, waits=False)
+                return [(job_ids[0], self.error_retry if known else 0.0)]
+            return await self._record_parts(job_ids, waits=False, stuck=stuck)
         except DATABASE_ERRORS as error:
             if is_row_error(error):
                 if len(job_ids) > 1:
-                    return await self._record_parts(job_ids, waits=waits)
+                    return await self._record_parts(job_ids, waits=waits, stuck=stuck)
                 with contextlib.suppress(*DATABASE_ERRORS):
                     # The scan tries it again when its time comes; no timer of ours.
                     await self._set_aside(job_ids[0], error)
@@ -217,46 +224,42 @@ class Recorder:
                 extra={"jobs": len(job_ids), "error": first_line(error)},
             )
             return [(job_id, self.error_retry) for job_id in job_ids]
-        self._settled(job_ids)
         return self._digest(outcomes, "timer")
 
-    async def _record_parts(self, job_ids: list[str], *, waits: bool) -> Rearm:
-        return await each_part(split(job_ids), lambda part: self._record(part, waits=waits))
+    async def _record_parts(self, job_ids: list[str], *, waits: bool, stuck: set[str]) -> Rearm:
+        return await each_part(
+            split(job_ids),
+            lambda part: self._record(part, waits=waits, stuck=stuck, known=False),
+        )
 
-    async def drain(
-        self,
-        batch_size: int,
-        *,
-        skip: Iterable[str] = (),
-        on_settled: Callable[[list[str]], None] | None = None,
-    ) -> int:
+    async def drain(self, batch_size: int, *, skip: Iterable[str] = ()) -> Drained:
         """Record due jobs oldest first, batch after batch, until a batch comes back short.
 
-        Returns how many runs were written. Jobs in ``skip`` (claims in flight elsewhere) are
-        left out, and so are jobs stuck behind another transaction's row lock (handed to
-        ``on_stuck``); other database errors propagate. ``on_settled`` is told of the jobs that
-        need no claim any more (recorded, superseded, no longer due a run, set aside).
+        Jobs in ``skip`` (claimed elsewhere: in flight, or stuck) are left out, and so are the
+        jobs this drain finds stuck behind another transaction's row lock; other database
+        errors propagate.
         """
-        total = 0
-        self._skip = frozenset(skip)
+        drained = Drained()
+        left_out = set(skip)
         while True:
-            outcomes = await self._oldest(batch_size)
+            outcomes = await self._oldest(batch_size, left_out, drained)
             taken = [o for o in outcomes if o.outcome != "deferred"]
             self.metrics.scan_rows.inc(len(taken))
             self._digest(outcomes, "scan")
-            if on_settled is not None:
-                on_settled([o.job_id for o in taken if o.outcome in _SETTLED])
-            total += sum(o.outcome == "recorded" for o in outcomes)
+            drained.settled += [o.job_id for o in taken if o.outcome in _SETTLED]
+            drained.recorded += sum(o.outcome == "recorded" for o in outcomes)
             # Only "kept" rows means other transactions hold them: the next scan settles them,
             # looping now would only spin. Deferred rows (past the byte cap) are next in line;
             # a job set aside is left out of the next statement.
             progress = any(o.outcome in _SETTLED for o in taken)
             full = len(outcomes) >= batch_size or len(taken) < len(outcomes)
             if not (full and progress):
-                return total
+                return drained
 
-    async def _oldest(self, limit: int, only: list[str] | None = None) -> list[JobOutcome]:
-        skip = sorted(self.stuck | self._skip)
+    async def _oldest(
+        self, limit: int, left_out: set[str], drained: Drained, only: list[str] | None = None
+    ) -> list[JobOutcome]:
+        skip = sorted(left_out)
         try:
             known = tracing.jobs(only) if only is not None else None  # a split's part
             with tracing.span("reactor.record", known, source="scan", limit=limit) as traced:
@@ -272,17 +275,26 @@ class Recorder:
                 self.metrics.record_timeouts.inc()
             ids = only if only is not None else await self.db.oldest_queued(limit, skip=skip)
             if len(ids) == 1:
-                return [await self._alone(ids[0], error, timed_out=timeout)]
-            return await each_part(split(ids), lambda part: self._oldest(len(part), part))
-        self._settled(o.job_id for o in outcomes if o.outcome != "deferred")
+                return [await self._alone(ids[0], error, left_out, drained, timed_out=timeout)]
+            return await each_part(
+                split(ids), lambda part: self._oldest(len(part), left_out, drained, part)
+            )
         return outcomes
 
-    async def _alone(self, job_id: str, error: psycopg.Error, *, timed_out: bool) -> JobOutcome:
+    async def _alone(
+        self,
+        job_id: str,
+        error: psycopg.Error,
+        left_out: set[str],
+        drained: Drained,
+        *,
+        timed_out: bool,
+    ) -> JobOutcome:
         # The one job a failed scan statement was split down to.
         if timed_out:
-            self._isolated(job_id, error)
-            if self.on_stuck is not None:
-                self.on_stuck(job_id)
+            self._isolated(job_id, error, known=False)
+            left_out.add(job_id)
+            drained.stuck.append(job_id)
             return JobOutcome(job_id, None, "kept", None)
         await self._set_aside(job_id, error)
         return JobOutcome(job_id, None, "set_aside", None)
@@ -305,20 +317,13 @@ class Recorder:
             },
         )
 
-    def _isolated(self, job_id: str, error: BaseException) -> None:
-        if job_id not in self.stuck:
+    def _isolated(self, job_id: str, error: BaseException, *, known: bool) -> None:
+        if not known:
             log.warning(
                 "a job's run waits on another transaction's lock; it is recorded on its own "
                 "once the lock goes",
                 extra={"job_id": job_id, "error": first_line(error)},
             )
-        self.stuck.add(job_id)
-        self.metrics.stuck_jobs.set(len(self.stuck))
-
-    def _settled(self, job_ids: Iterable[str]) -> None:
-        if self.stuck:
-            self.stuck.difference_update(job_ids)
-            self.metrics.stuck_jobs.set(len(self.stuck))
 
     def _digest(self, outcomes: list[JobOutcome], source: str) -> Rearm:
         rearm: Rearm = []

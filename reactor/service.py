@@ -24,7 +24,8 @@ import contextlib
 import logging
 import math
 import uuid
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
+from contextlib import asynccontextmanager
 from datetime import datetime, timedelta
 
 import anyio
@@ -36,10 +37,11 @@ from reactor.clock import Clock, SystemClock
 from reactor.config import Settings
 from reactor.dbclock import DatabaseClock
 from reactor.dispatch import Dispatcher, WorkQueue
-from reactor.hooks import Hook, HookRetention, HookRunner
+from reactor.hooks import Hook, HookRetention, HookRunner, open_hooks
+from reactor.install import Install
 from reactor.listener import Listener
 from reactor.metrics import Metrics
-from reactor.ownership import Membership, Roster
+from reactor.ownership import LIVENESS_PROBES, Membership, Roster
 from reactor.reconcile import MAX_ERROR_WAIT, Reconciler
 from reactor.recorder import Recorder
 from reactor.vitals import Vitals
@@ -51,13 +53,36 @@ log = logging.getLogger(__name__)
 RECORD_CONCURRENCY = 4
 POOL_SIZE = RECORD_CONCURRENCY + 3
 
-# A replica is live while its heartbeat (one per probe interval) is younger than this many probe
-# intervals: a slow check or two does not hand its jobs away. A killed one is known sooner: its
-# LISTEN session is gone at the others' next check.
-LIVENESS_PROBES = 3
 
 # Most queued jobs one poll offers; more (a burst) are read by the next poll, from where it ended.
 POLL_LIMIT = 10_000
+
+
+@asynccontextmanager
+async def open_reactor(
+    settings: Settings,
+    install: Install,
+    *,
+    metrics: Metrics | None = None,
+    clock: Clock | None = None,
+    listen_dsn: str | None = None,
+    instrument: Callable[[db.Database], db.Database] | None = None,
+) -> AsyncIterator[Reactor]:
+    """One replica, wired: its pool, its hooks (parsed before anything connects, so a bad
+    REACTOR_HOOKS fails at once) and its queries, bound to ``install``. Not running yet: run it
+    with :meth:`Reactor.run`, or for a block with :meth:`Reactor.running`. The pool opens on
+    entry and closes on exit, once the replica has stopped.
+
+    ``instrument`` wraps the replica's queries (a benchmark counting its statements).
+    """
+    pool = db.make_pool(settings.require_database(), max_size=POOL_SIZE)
+    async with open_hooks(settings, pool) as hooks, pool:
+        database = db.Database.pooled(install, pool, grace=settings.grace, hooks=list(hooks))
+        if instrument is not None:
+            database = instrument(database)
+        yield Reactor(
+            settings, database, metrics=metrics, clock=clock, listen_dsn=listen_dsn, hooks=hooks
+        )
 
 
 class Reactor:
@@ -83,7 +108,7 @@ class Reactor:
         self.replica_id = f"reactor-{uuid.uuid4().hex[:12]}"
         self.roster = Roster(self.replica_id)
         self.db_clock = DatabaseClock()
-        self.vitals = Vitals(settings, self.metrics, self.clock)
+        self.vitals = Vitals(settings, database.install, self.metrics, self.clock)
         self.hook_runner: HookRunner | None = None
         if hooks:
             self.hook_runner = HookRunner(
@@ -99,12 +124,11 @@ class Reactor:
             database,
             self.metrics,
             on_recorded=self.hook_runner.wake if self.hook_runner else None,
-            on_stuck=lambda job_id: self.dispatcher.offer(job_id, 0.0),
         )
         self.queue = WorkQueue(self.replica_id, capacity=settings.max_pending)
         self.dispatcher = Dispatcher(
             self.queue,
-            lambda job_ids: self.recorder.record(job_ids),
+            lambda jobs, alone: self.recorder.record(jobs, alone),
             self.clock,
             self.metrics,
             concurrency=RECORD_CONCURRENCY,
@@ -143,7 +167,6 @@ class Reactor:
             replica=self.replica_id,
             liveness=LIVENESS_PROBES * settings.probe_interval,
             retention=settings.hook_retention,
-            channel=settings.channel,
         )
         self.scans = 0
         self.polls = 0
@@ -284,10 +307,21 @@ class Reactor:
         await self._leave()
         log.info("stopped")
 
+    @asynccontextmanager
+    async def running(self) -> AsyncIterator[Reactor]:
+        """Run this replica while the block runs (its listener's first attempt is over on
+        entry); on the way out stop it and wait out its drain."""
+        async with anyio.create_task_group() as tg:
+            await tg.start(self.run)
+            try:
+                yield self
+            finally:
+                self.stop()
+
     async def _leave(self) -> None:
         # Rather than when its heartbeat goes stale: the others hear it at once.
         with anyio.move_on_after(2, shield=True), contextlib.suppress(*db.DATABASE_ERRORS):
-            await self.database.leave(self.replica_id, self.settings.channel)
+            await self.database.leave(self.replica_id)
 
     def health(self) -> tuple[bool, bool, str]:
         """(alive, ready, reason): what /healthz and /readyz report.
@@ -318,7 +352,8 @@ class Reactor:
     ) -> db.Health:
         sent = self.clock.now()
         with anyio.fail_after(self.settings.probe_timeout):
-            health = await self.database.health(self._health_check, probe=probe, conn=conn)
+            on = self.database if conn is None else self.database.using(conn)
+            health = await on.health(self._health_check, probe=probe, own_session=conn is not None)
         self.db_clock.observe(health.database_time, sent, self.clock.now())
         self.vitals.saw(health)
         if health.reconcile_requested and self.reconciler is not None:
@@ -376,34 +411,36 @@ class Reactor:
             # The health check just read the queue and found nothing past its grace: a
             # periodic scan would find nothing either.
             return
-        with tracing.span("reactor.scan", rearm=rearm) as traced:
-            traced.set(recorded=await self.scan(rearm=rearm))
+        await self.scan(rearm=rearm)
 
     async def scan(self, *, rearm: bool) -> int:
         """One fallback pass: offer upcoming jobs if asked, then record the due backlog, oldest
-        first, leaving out the jobs whose claim is in flight here. Returns the runs recorded;
-        raises when the database failed the pass (a re-arm asked for is kept for the retry)."""
+        first, leaving out the jobs this replica's work queue holds a claim of. Returns the runs
+        recorded; raises when the database failed the pass (a re-arm asked for is kept for the
+        retry)."""
         started = self.clock.now()
         try:
             with tracing.span("reactor.scan", rearm=rearm) as traced:
                 if rearm:
                     for job_id, due_in in await self.database.upcoming(self.settings.max_pending):
                         self.dispatcher.offer(job_id, due_in + 0.001)
-                recorded = await self.recorder.drain(
-                    self.settings.batch_size,
-                    skip=self.queue.in_flight,
-                    on_settled=self.queue.forget,
+                drained = await self.recorder.drain(
+                    self.settings.batch_size, skip=self.queue.claimed
                 )
-                traced.set(recorded=recorded)
+                traced.set(recorded=drained.recorded)
+            # Settled on this road: no claim of the queue's is needed; stuck: claimed alone.
+            self.queue.forget(drained.settled)
+            for job_id in drained.stuck:
+                self.dispatcher.offer(job_id, 0.0, stuck=True)
         except BaseException:
             self._rearm_wanted |= rearm
             raise
         finally:
             self.scans += 1
             self.metrics.scan_duration.observe(self.clock.now() - started)
-        if recorded:
-            log.info("scan recorded runs", extra={"recorded": recorded})
-        return recorded
+        if drained.recorded:
+            log.info("scan recorded runs", extra={"recorded": drained.recorded})
+        return drained.recorded
 
     # What the listener hears.
 

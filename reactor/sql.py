@@ -12,7 +12,6 @@ from importlib.resources import files
 
 import psycopg.sql
 
-from reactor import mapping as mapping_module
 from reactor.mapping import Mapping
 
 _BLOCK = re.compile(r"^-- (name|fragment): (\w+)[ \t]*$", re.MULTILINE)
@@ -20,11 +19,6 @@ _INCLUDE = re.compile(r"\{\{(\w+)\}\}")
 # A slot the mapping fills: @jobs@, @j.updated_at@ (a column of row j), @eligible(j)@.
 _SLOT = re.compile(r"@(?:(\w+)\.)?(\w+)(?:\((\w*)\))?@")
 _MIGRATION = re.compile(r"(\d{4})_(\w+)\.sql")
-# Everything after this line of a migration runs outside a transaction, one statement at a time:
-# CREATE INDEX CONCURRENTLY cannot run inside one, and is the point (the app keeps writing).
-OUTSIDE_TRANSACTION = "-- reactor: outside-transaction"
-# Statements of the outside part end with a semicolon at the end of a line.
-_STATEMENT_END = re.compile(r";[ \t]*$", re.MULTILINE)
 
 
 @dataclass(frozen=True)
@@ -35,18 +29,6 @@ class Migration:
     name: str
     text: str
 
-    @property
-    def in_transaction(self) -> str:
-        """The part that runs in the migration's transaction."""
-        return self.text.partition(OUTSIDE_TRANSACTION)[0]
-
-    @property
-    def outside_transaction(self) -> tuple[str, ...]:
-        """The statements that run after it, each on its own, outside any transaction."""
-        rest = self.text.partition(OUTSIDE_TRANSACTION)[2]
-        statements = (_strip_comments(part) for part in _STATEMENT_END.split(rest))
-        return tuple(statement for statement in statements if statement)
-
 
 def read(name: str) -> str:
     """The text of ``triggers/<name>``."""
@@ -55,13 +37,13 @@ def read(name: str) -> str:
 
 def render(
     text: str,
-    mapping: Mapping | None = None,
+    mapping: Mapping,
     *,
     channel: str | None = None,
     values: dict[str, str] | None = None,
     parameters: bool = False,
 ) -> str:
-    """Fill the slots of ``text`` from ``mapping`` (the one in force when None), ``@channel@``
+    """Fill the slots of ``text`` from ``mapping``, ``@channel@``
     with the NOTIFY channel, quoted as a literal, and ``@name@`` with ``values[name]``, SQL the
     caller made (quoted names, a [runs.columns] expression).
 
@@ -72,7 +54,6 @@ def render(
     ``parameters`` (migrations, the printed script) nothing is doubled: psycopg sends the text
     as it is.
     """
-    chosen = mapping or mapping_module.in_force()
 
     def fill(match: re.Match[str]) -> str:
         alias, name, argument = match.groups()
@@ -83,7 +64,7 @@ def render(
         elif values is not None and name in values and alias is None and argument is None:
             filled = values[name]
         else:
-            filled = chosen.slot(name, alias, argument)
+            filled = mapping.slot(name, alias, argument)
         return filled.replace("%", "%%") if parameters else filled
 
     return _SLOT.sub(fill, text)
@@ -126,19 +107,14 @@ def latest_version() -> int:
     return migrations()[-1].version
 
 
-def queries(filename: str = "queries.sql", mapping: Mapping | None = None) -> dict[str, str]:
+def queries(filename: str, mapping: Mapping) -> dict[str, str]:
     """The named queries of a file, with fragments (its own and queries.sql's) spliced in and
-    slots filled from ``mapping`` (the one in force when None).
+    slots filled from ``mapping``. An install renders them once (:meth:`Install.query`).
 
     Each is run with parameters (``{}`` when it takes none), never without: its filled-in ``%``
     are doubled for psycopg's placeholder parsing (see :func:`render`), which only parameters
     turn on.
     """
-    return _rendered(filename, mapping or mapping_module.in_force())
-
-
-@cache
-def _rendered(filename: str, mapping: Mapping) -> dict[str, str]:
     return {
         name: render(text, mapping, parameters=True) for name, text in templates(filename).items()
     }
@@ -161,11 +137,6 @@ def templates(filename: str = "queries.sql") -> dict[str, str]:
         return _INCLUDE.sub(splice, text)
 
     return {name: expand(body) for name, body in named.items()}
-
-
-def query(name: str, filename: str = "queries.sql") -> str:
-    """One named query for the mapping in force, ready to execute."""
-    return queries(filename)[name]
 
 
 def _blocks(filename: str, kind: str) -> dict[str, str]:

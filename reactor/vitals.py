@@ -10,17 +10,15 @@ from __future__ import annotations
 import logging
 import math
 
-from reactor import db, mapping
+from reactor import db
 from reactor.clock import Clock
 from reactor.config import Settings
+from reactor.install import Install
 from reactor.listener import Listener
 from reactor.metrics import TRIGGER_STATES, Metrics
+from reactor.status.model import QUEUE_WARNING
 
 log = logging.getLogger(__name__)
-
-# Past this share of the NOTIFY queue, the app's commits are at risk (they fail when it is full),
-# and the job trigger stops notifying (migration 0008): the reactors poll instead.
-QUEUE_WARNING = 0.5
 
 # How far past its grace the oldest queued job may be, as a health check sees it, before the
 # periodic scan stops being skipped. A job a few milliseconds late is most likely one whose
@@ -43,8 +41,11 @@ def trigger_state(trigger_channel: str | None, channel: str) -> str:
 class Vitals:
     """The database's health as the last checks saw it."""
 
-    def __init__(self, settings: Settings, metrics: Metrics, clock: Clock) -> None:
+    def __init__(
+        self, settings: Settings, install: Install, metrics: Metrics, clock: Clock
+    ) -> None:
         self.settings = settings
+        self.install = install
         self.metrics = metrics
         self.clock = clock
         # None until the first check answers or fails.
@@ -56,7 +57,7 @@ class Vitals:
         # The channel the job trigger notifies, as the last check read it from the catalog: ''
         # when it was installed not to notify, None when it is missing or disabled. Until the
         # first check, the channel this replica listens on.
-        self.trigger_channel: str | None = settings.channel
+        self.trigger_channel: str | None = install.channel
         self._trigger_known = False
         # How long past its grace the oldest queued job waits, and when a check last answered.
         self.oldest_overdue = math.inf
@@ -65,7 +66,7 @@ class Vitals:
     @property
     def trigger(self) -> str:
         """The job trigger's state for this replica's channel (see :func:`trigger_state`)."""
-        return trigger_state(self.trigger_channel, self.settings.channel)
+        return trigger_state(self.trigger_channel, self.install.channel)
 
     def polling(self, listener: Listener | None) -> bool:
         """True when timers must come from polling the queue rather than from notifications."""
@@ -117,12 +118,12 @@ class Vitals:
         state = self.trigger
         for each in TRIGGER_STATES:
             self.metrics.job_trigger.labels(each).set(1 if each == state else 0)
-        extra = {"trigger_channel": channel, "channel": self.settings.channel}
+        extra = {"trigger_channel": channel, "channel": self.install.channel}
         if state == "missing":
             log.error(
                 "the job trigger on %s is missing or disabled: finished jobs are not queued, "
                 "only the reconcile finds them; run `reactor migrate`",
-                mapping.in_force().jobs_shown,
+                self.install.mapping.jobs_shown,
                 extra=extra,
             )
         elif state == "quiet":
@@ -174,6 +175,6 @@ class Vitals:
                 return (
                     False,
                     f"the job trigger notifies channel {self.trigger_channel!r}, not "
-                    f"REACTOR_CHANNEL {self.settings.channel!r}; polling",
+                    f"REACTOR_CHANNEL {self.install.channel!r}; polling",
                 )
         return True, "ok"

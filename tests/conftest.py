@@ -145,10 +145,11 @@ def template(server: Server) -> str:
     import anyio
 
     from reactor import db
+    from reactor.mapping import REFERENCE
 
     async def migrate() -> None:
         async with await db.connect(server.dsn_for(TEMPLATE), "test") as conn:
-            await db.migrate(conn, "analysis_jobs_terminal", reference_schema=False)
+            await db.migrate(conn, REFERENCE, reference_schema=False)
 
     anyio.run(migrate, backend="asyncio")
     return TEMPLATE

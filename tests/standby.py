@@ -19,7 +19,8 @@ import pytest
 
 from reactor.embedded import EmbeddedPostgres
 from tests.conftest import Server
-from tests.faults.support import connect, scalar, wait_for, with_port
+from tests.faults.support import connect, scalar, with_port
+from tests.polling import wait_for
 
 
 @contextmanager

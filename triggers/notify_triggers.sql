@@ -175,9 +175,7 @@ REVOKE ALL ON ALL FUNCTIONS IN SCHEMA @reactor@ FROM PUBLIC;
 -- job set aside because its write failed is tried again at once.
 DELETE FROM @reactor@.set_aside;
 
--- reactor: outside-transaction
--- The reconcile's walk, and the road from a run to its jobs: built without blocking the app's
--- writes (a first install may meet millions of jobs), and again whenever it is missing.
--- Its key and predicate name only columns that change once in a job's life, so the app's
--- progress updates stay HOT (migration 0015 replaced one whose predicate named results).
-CREATE INDEX CONCURRENTLY IF NOT EXISTS @walk_index@ ON @jobs@ (@run@, @id@) WHERE @walked()@;
+-- After this file, `reactor migrate` builds the reconcile's walk index on the job table,
+-- CONCURRENTLY, outside any transaction (reactor/db/indexes.py describes it): its key and
+-- predicate name only columns that change once in a job's life, so the app's progress updates
+-- stay HOT (migration 0015 replaced one whose predicate named results).

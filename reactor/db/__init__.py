@@ -6,16 +6,24 @@ by concern, and every public name is re-exported here, so callers write ``db.X``
 - :mod:`.session`: how a connection is opened, configured and pooled, and how each call runs
   on it (the connectors);
 - :mod:`.rows`: the rows the queries return, decoded by column name;
-- :mod:`.queries`: the named queries of ``triggers/*.sql``, each written once, and
-  :class:`Database`, the replica's pooled side of them;
-- :mod:`.migrations`: the migration engine behind `reactor migrate`;
+- :mod:`.queries`: :class:`Database`, the named queries of ``triggers/*.sql`` as its methods,
+  each written once, bound to an install and to where they run;
+- :mod:`.migrations`: the migration engine behind `reactor migrate`, and :mod:`.indexes`, the
+  indexes it builds on the app's tables, as data;
 - :mod:`.fit`: the mapping checked against the catalog before anything runs.
 """
 
 from __future__ import annotations
 
-from reactor.db.fit import fit, fitted
-from reactor.db.migrations import migrate, migration_script, require_schema, schema_version
+from reactor.db.fit import fit
+from reactor.db.migrations import (
+    OUTSIDE_TRANSACTION,
+    Migrated,
+    migrate,
+    migration_script,
+    require_schema,
+    schema_version,
+)
 from reactor.db.queries import (
     BATCH_BYTES,
     PURGE_LOCK,
@@ -23,34 +31,7 @@ from reactor.db.queries import (
     RECONCILE_LEASE,
     Database,
     HealthCheck,
-    cancel_hooks,
-    claim_hooks,
-    fetch_dicts,
-    finish_hook,
-    health,
     health_params,
-    job_trigger,
-    last_reconcile_pass,
-    leave,
-    list_hooks,
-    next_hook_in,
-    notify,
-    oldest_queued,
-    poll_queue,
-    purge_hooks,
-    reconcile_pass,
-    reconcile_release,
-    reconcile_step,
-    record_jobs,
-    record_oldest,
-    release_hook,
-    release_set_aside,
-    release_set_aside_job,
-    require_privileges,
-    retry_failed,
-    retry_hooks,
-    set_aside,
-    upcoming,
 )
 from reactor.db.rows import (
     Health,
@@ -67,6 +48,8 @@ from reactor.db.rows import (
 from reactor.db.session import (
     CALL_TIMEOUT,
     DATABASE_ERRORS,
+    LISTENER_APPLICATION_NAME,
+    LISTENER_ROLE,
     PREPARE_THRESHOLD,
     AnyConnection,
     Connector,
@@ -95,6 +78,9 @@ __all__ = [
     "BATCH_BYTES",
     "CALL_TIMEOUT",
     "DATABASE_ERRORS",
+    "LISTENER_APPLICATION_NAME",
+    "LISTENER_ROLE",
+    "OUTSIDE_TRANSACTION",
     "PREPARE_THRESHOLD",
     "PURGE_LOCK",
     "RECONCILE_CHUNK",
@@ -109,6 +95,7 @@ __all__ = [
     "HookClaim",
     "HookRow",
     "JobOutcome",
+    "Migrated",
     "Outcome",
     "Pooled",
     "QueuedJob",
@@ -118,52 +105,24 @@ __all__ = [
     "StandbyPolicy",
     "Target",
     "call",
-    "cancel_hooks",
-    "claim_hooks",
     "configure",
     "configure_pooled",
     "connect",
     "connector",
     "conninfo",
     "end_listener_session",
-    "fetch_dicts",
-    "finish_hook",
     "first_line",
     "fit",
-    "fitted",
-    "health",
     "health_params",
     "is_own_session",
-    "job_trigger",
-    "last_reconcile_pass",
-    "leave",
-    "list_hooks",
     "make_pool",
     "migrate",
     "migration_script",
-    "next_hook_in",
-    "notify",
-    "oldest_queued",
-    "poll_queue",
-    "purge_hooks",
     "read_only_server",
-    "reconcile_pass",
-    "reconcile_release",
-    "reconcile_step",
-    "record_jobs",
-    "record_oldest",
-    "release_hook",
-    "release_set_aside",
-    "release_set_aside_job",
-    "require_privileges",
     "require_schema",
-    "retry_failed",
-    "retry_hooks",
     "run_bare",
     "run_pinned",
     "schema_version",
     "session_identity",
-    "set_aside",
     "standby_problem",
-    "upcoming",
 ]

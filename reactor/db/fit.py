@@ -325,14 +325,3 @@ async def _check_installed(conn: AnyConnection, mapping: Mapping) -> None:
             f"the reactor's triggers are installed on {installed[2]} and {installed[3]}, not on "
             f"the tables the mapping names; run `reactor migrate` to install them there"
         )
-
-
-async def fitted(
-    conn: AnyConnection, *, installing: bool = False, reference_schema: bool = False
-) -> Mapping:
-    """The mapping in force, checked and typed, and put in force."""
-    typed = await fit(
-        conn, mapping_module.in_force(), installing=installing, reference_schema=reference_schema
-    )
-    mapping_module.use(typed)
-    return typed

@@ -7,21 +7,25 @@ builds run CONCURRENTLY outside any transaction.
 
 from __future__ import annotations
 
-import hashlib
 import logging
-import re
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import anyio
 import psycopg
 import psycopg.errors
 import tenacity
 
-from reactor import mapping, sql
-from reactor.db.fit import fitted
-from reactor.db.queries import job_trigger, reconcile_pass
+from reactor import sql
+from reactor.db import indexes
+from reactor.db.fit import fit
+from reactor.db.indexes import DropIndex, Index, Step
+from reactor.db.queries import Database
 from reactor.db.session import AnyConnection
 from reactor.errors import ConfigError, DatabaseUnreachable, SchemaMissing
+from reactor.install import Install
+from reactor.mapping import Mapping
+from reactor.quote import identifier, readable
 
 # The package's one logger, named as the JSON log lines have always named it.
 log = logging.getLogger("reactor.db")
@@ -32,16 +36,9 @@ _MIGRATE_LOCK = 0x7265_6163  # "reac"
 # DDL statement waits, every app query on that table queues behind it.
 _MIGRATE_LOCK_TIMEOUT = "1s"
 _MIGRATE_ATTEMPTS = 30
-# CREATE INDEX CONCURRENTLY IF NOT EXISTS <name> ON <table> <the rest of the definition>.
-_CONCURRENT_INDEX = re.compile(
-    r"CREATE\s+INDEX\s+CONCURRENTLY\s+IF\s+NOT\s+EXISTS\s+(\w+|\"[^\"]+\")\s+ON\s+([\w.\"]+)(.*)",
-    re.IGNORECASE | re.DOTALL,
-)
-_CONCURRENT_DROP = re.compile(
-    r"DROP\s+INDEX\s+CONCURRENTLY\s+IF\s+EXISTS\s+(\w+)\s*$", re.IGNORECASE
-)
-# The longest identifier PostgreSQL keeps (NAMEDATALEN - 1).
-_MAX_NAME = 63
+# In the printed script: the statement after this line runs on its own, outside any
+# transaction (CREATE INDEX CONCURRENTLY cannot run inside one, and is the point).
+OUTSIDE_TRANSACTION = "-- reactor: outside-transaction"
 # What `migrate --print` says before an index build: the script is text, written without a
 # connection, so it cannot know whether analysis_jobs is partitioned or what its partitions are.
 _PARTITIONED_NOTE = (
@@ -51,9 +48,18 @@ _PARTITIONED_NOTE = (
 )
 
 
-async def schema_version(conn: AnyConnection) -> int | None:
-    """The newest applied migration, or None when the reactor's schema is absent."""
-    versions = f"{mapping.in_force().reactor_schema}.schema_version"
+@dataclass(frozen=True)
+class Migrated:
+    """What `reactor migrate` did: the install it left (the mapping typed by the catalog, the
+    channel), and the migrations it applied (none when the schema was up to date)."""
+
+    install: Install
+    applied: list[int]
+
+
+async def schema_version(conn: AnyConnection, schema: str) -> int | None:
+    """The newest applied migration in the reactor's ``schema``, or None when it is absent."""
+    versions = identifier(schema, "schema_version")
     cur = await conn.execute("SELECT to_regclass(%s) IS NOT NULL", (versions,))
     row = await cur.fetchone()
     if not row or not row[0]:
@@ -63,9 +69,9 @@ async def schema_version(conn: AnyConnection) -> int | None:
     return row[0] if row else None
 
 
-async def require_schema(conn: AnyConnection) -> None:
-    """Raise SchemaMissing unless every migration of this release is applied."""
-    found = await schema_version(conn)
+async def require_schema(conn: AnyConnection, schema: str) -> None:
+    """Raise SchemaMissing unless every migration of this release is applied in ``schema``."""
+    found = await schema_version(conn, schema)
     needed = sql.latest_version()
     if found is None or found < needed:
         have = "no reactor schema" if found is None else f"schema version {found}"
@@ -76,7 +82,7 @@ async def require_schema(conn: AnyConnection) -> None:
 
 
 def migration_script(
-    channel: str, *, reference_schema: bool, applied: int = 0, notify: bool = True
+    install: Install, *, reference_schema: bool, applied: int = 0, notify: bool = True
 ) -> str:
     """The SQL `reactor migrate` runs from version ``applied``, for a migration tool to apply;
     with ``notify`` False, the job trigger queues without notifying.
@@ -94,35 +100,25 @@ def migration_script(
     if applied == 0:
         baseline = sql.baseline()
         parts += [f"-- a first install: the schema at version {baseline.version}", "BEGIN;"]
-        parts += [lock, timeout, sql.render(baseline.in_transaction).strip()]
-        parts += [_record_all_statement(), "COMMIT;"]
+        parts += [lock, timeout, install.render(baseline.text).strip()]
+        parts += [_record_all_statement(install), "COMMIT;"]
     for migration in sql.migrations():
         if migration.version <= applied or applied == 0:
             continue
-        record = (
-            "INSERT INTO reactor.schema_version (version, name) "
-            f"VALUES ({migration.version}, '{migration.name}') ON CONFLICT DO NOTHING;"
-        )
         parts += [f"-- {migration.version:04d}_{migration.name}", "BEGIN;", lock, timeout]
-        parts.append(sql.render(migration.in_transaction, channel=channel).strip())
-        if not migration.outside_transaction:
-            parts += [record, "COMMIT;"]
+        parts.append(install.render(migration.text).strip())
+        steps = indexes.of_migration(migration.version, install)
+        if not steps:
+            parts += [_record_statement(install, migration), "COMMIT;"]
             continue
         parts.append("COMMIT;")
-        # The marker names the one statement after it: run it on its own, in autocommit.
-        for statement in migration.outside_transaction:
-            if _CONCURRENT_INDEX.search(statement):
-                parts.append(_PARTITIONED_NOTE)
-            parts += [sql.OUTSIDE_TRANSACTION, f"{statement};"]
-        parts.append(record)
+        parts += _printed(steps)
+        parts.append(_record_statement(install, migration))
     parts += ["-- the triggers, repeatable", "BEGIN;", lock, timeout]
-    trigger_channel = channel if notify else ""
+    trigger_channel = install.channel if notify else ""
     repeatable = sql.repeatable()
-    parts += [sql.render(repeatable.in_transaction, channel=trigger_channel).strip(), "COMMIT;"]
-    for statement in map(sql.render, repeatable.outside_transaction):
-        if _CONCURRENT_INDEX.search(statement):
-            parts.append(_PARTITIONED_NOTE)
-        parts += [sql.OUTSIDE_TRANSACTION, f"{statement};"]
+    parts += [install.render(repeatable.text, channel=trigger_channel).strip(), "COMMIT;"]
+    parts += _printed(indexes.repeatable(install))
     parts.append(
         "-- Jobs that finished before the triggers existed are not queued yet: run\n"
         "-- `reactor sweep --once`, or let a running reactor's reconcile pass find them."
@@ -130,22 +126,35 @@ def migration_script(
     return "\n".join(parts) + "\n"
 
 
+def _printed(steps: tuple[Step, ...]) -> list[str]:
+    # The marker names the one statement after it: run it on its own, in autocommit.
+    parts = []
+    for step in steps:
+        if isinstance(step, Index):
+            parts += [_PARTITIONED_NOTE, OUTSIDE_TRANSACTION, f"{step.create()};"]
+        else:
+            parts += [OUTSIDE_TRANSACTION, f"{step.drop()};"]
+    return parts
+
+
 async def migrate(
     conn: AnyConnection,
-    channel: str,
+    mapping: Mapping,
     *,
-    reference_schema: bool,
+    channel: str | None = None,
+    reference_schema: bool = False,
     notify: bool | None = None,
     on_progress: Callable[[int], None] | None = None,
-) -> list[int]:
-    """Apply what is missing, then walk the jobs once; return the versions applied.
+) -> Migrated:
+    """Install or upgrade the reactor for ``mapping``'s tables, then walk the jobs once.
 
     Safe while the app writes, and safe to run concurrently: a session advisory lock makes a
     second migrate wait, then find nothing to do. Each migration is its own short transaction
     that waits at most a second for the app's locks and is retried; index builds run
-    CONCURRENTLY outside it. The triggers are always re-pointed at ``channel``, so changing
-    REACTOR_CHANNEL takes effect; with ``notify`` False they queue without notifying, and with
-    None they keep the choice installed (notifying on a first install).
+    CONCURRENTLY outside it. The triggers are always re-pointed at ``channel`` (None: the
+    mapping's own), so changing REACTOR_CHANNEL takes effect; with ``notify`` False they queue
+    without notifying, and with None they keep the choice installed (notifying on a first
+    install).
 
     Last comes a full reconcile pass. The triggers exist and are committed by then, so a job
     that turned eligible before they did is found by the pass, and any later one by them:
@@ -159,13 +168,18 @@ async def migrate(
         if reference_schema:
             await _migration_transaction(conn, sql.read("reference.sql"))
         # Checks before harm: nothing is changed until the mapping fits the app's tables.
-        mapping = await fitted(conn, installing=True, reference_schema=reference_schema)
-        applied = await schema_version(conn) or 0
+        install = Install.of(
+            await fit(conn, mapping, installing=True, reference_schema=reference_schema), channel
+        )
+        queries = Database.dedicated(install, conn)
+        applied = await schema_version(conn, install.schema) or 0
         done = []
         if applied == 0:
-            await _install_baseline(conn)
+            text = install.render(sql.baseline().text) + _record_all_statement(install)
+            # One transaction: the schema and its versions appear together or not at all.
+            await _migration_transaction(conn, text)
             done = [m.version for m in sql.migrations()]
-        elif not mapping.is_reference and applied < sql.latest_version():
+        elif not install.mapping.is_reference and applied < sql.latest_version():
             raise ConfigError(
                 f"the reactor's schema here is at version {applied}, installed for the reference "
                 "tables; upgrade it with the reference mapping (REACTOR_CONFIG unset) first"
@@ -173,29 +187,31 @@ async def migrate(
         for migration in sql.migrations():
             if migration.version <= applied or applied == 0:
                 continue
-            text = sql.render(migration.in_transaction, channel=channel)
-            outside = migration.outside_transaction
-            await _migration_transaction(conn, text, None if outside else migration)
-            for statement in outside:
-                await _outside_transaction(conn, statement)
-            if outside:
-                await _record_version(conn, migration)
+            steps = indexes.of_migration(migration.version, install)
+            text = install.render(migration.text)
+            if not steps:
+                text += ";\n" + _record_statement(install, migration)
+            await _migration_transaction(conn, text)
+            for step in steps:
+                await _build(conn, step)
+            if steps:
+                await _migration_transaction(conn, _record_statement(install, migration))
             done.append(migration.version)
         if notify is None:
-            installed = await job_trigger(conn)
+            installed = await queries.job_trigger()
             notify = installed is None or installed[0] != ""
         repeatable = sql.repeatable()
-        text = sql.render(repeatable.in_transaction, channel=channel if notify else "")
+        text = install.render(repeatable.text, channel=install.channel if notify else "")
         await _migration_transaction(conn, text)
-        for statement in repeatable.outside_transaction:
-            await _outside_transaction(conn, sql.render(statement))
+        for step in indexes.repeatable(install):
+            await _build(conn, step)
         # After an install, the pass queues what finished before the triggers existed: that is
         # expected, not drift. After a plain re-run, whatever it finds is drift.
         owner = "install" if done else "migrate"
-        await reconcile_pass(conn, owner=owner, on_progress=on_progress)
+        await queries.reconcile_pass(owner, on_progress=on_progress)
     finally:
         await conn.execute("SELECT pg_advisory_unlock(%s)", (_MIGRATE_LOCK,))
-    return done
+    return Migrated(install, done)
 
 
 async def _take_migrate_lock(conn: AnyConnection) -> None:
@@ -214,9 +230,7 @@ async def _take_migrate_lock(conn: AnyConnection) -> None:
         await anyio.sleep(0.2)
 
 
-async def _migration_transaction(
-    conn: AnyConnection, text: str, migration: sql.Migration | None = None
-) -> None:
+async def _migration_transaction(conn: AnyConnection, text: str) -> None:
     # Retried whole when a lock wait gives way to the app (each attempt rolls back cleanly).
     retrying = tenacity.AsyncRetrying(
         stop=tenacity.stop_after_attempt(_MIGRATE_ATTEMPTS),
@@ -232,41 +246,45 @@ async def _migration_transaction(
                         "SELECT set_config('lock_timeout', %s, true)", (_MIGRATE_LOCK_TIMEOUT,)
                     )
                     await conn.execute(text)
-                    if migration is not None:
-                        await _record_version(conn, migration)
     except psycopg.errors.LockNotAvailable:
         raise DatabaseUnreachable(
             f"migrate could not take a table lock in {_MIGRATE_ATTEMPTS} tries of "
-            f"{_MIGRATE_LOCK_TIMEOUT}: a long transaction holds analysis_jobs or analysis_runs; "
-            "nothing was changed by the last try, run `reactor migrate` again later"
+            f"{_MIGRATE_LOCK_TIMEOUT}: a long transaction holds the app's tables; nothing was "
+            "changed by the last try, run `reactor migrate` again later"
         ) from None
 
 
-async def _outside_transaction(conn: AnyConnection, statement: str) -> None:
-    index = _CONCURRENT_INDEX.search(statement)
-    if index and await _relkind(conn, index.group(2)) == "p":
+async def _build(conn: AnyConnection, step: Step) -> None:
+    """Build (or drop) an index while the app writes, whatever the table's kind."""
+    if isinstance(step, DropIndex):
+        if await _relkind(conn, step.qualified) == "I":
+            # PostgreSQL drops no partitioned index CONCURRENTLY: it goes in one short
+            # transaction, with its partitions' indexes, under the lock timeout that gives way
+            # to the app.
+            await _migration_transaction(conn, step.drop(concurrently=False))
+        else:
+            await _unbounded(conn, step.drop())
+        return
+    if await _relkind(conn, identifier(*step.table)) == "p":
         # PostgreSQL builds no index CONCURRENTLY on a partitioned table: build it per partition.
-        name = index.group(1).strip('"')
-        await _partitioned_index(conn, name, index.group(2), index.group(3))
+        await _partitioned_index(conn, step)
         return
-    dropped = _CONCURRENT_DROP.search(statement)
-    if dropped and await _relkind(conn, dropped.group(1)) == "I":
-        # Nor does it drop a partitioned index CONCURRENTLY: it goes in one short transaction,
-        # with its partitions' indexes, under the lock timeout that gives way to the app.
-        await _migration_transaction(conn, f"DROP INDEX IF EXISTS {dropped.group(1)}")
-        return
-    if index:
-        # A CONCURRENTLY build that failed (a crash, a cancel) leaves an invalid index behind
-        # that IF NOT EXISTS would keep for ever: drop it and build again.
-        cur = await conn.execute(
-            "SELECT NOT i.indisvalid FROM pg_index i WHERE i.indexrelid = to_regclass(%s)",
-            (index.group(1),),
-        )
-        row = await cur.fetchone()
-        if row and row[0]:
-            log.warning("dropping an invalid index left by an earlier build: %s", index.group(1))
-            await conn.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {index.group(1)}")
-    # It waits for old transactions to end, which blocks nobody: no lock timeout for it.
+    # A CONCURRENTLY build that failed (a crash, a cancel) leaves an invalid index behind that
+    # IF NOT EXISTS would keep for ever: drop it and build again.
+    cur = await conn.execute(
+        "SELECT NOT i.indisvalid FROM pg_index i WHERE i.indexrelid = to_regclass(%s)",
+        (step.qualified,),
+    )
+    row = await cur.fetchone()
+    if row and row[0]:
+        log.warning("dropping an invalid index left by an earlier build: %s", step.qualified)
+        await _unbounded(conn, f"DROP INDEX CONCURRENTLY IF EXISTS {step.qualified}")
+    await _unbounded(conn, step.create())
+
+
+async def _unbounded(conn: AnyConnection, statement: str) -> None:
+    # A concurrent build waits for old transactions to end, which blocks nobody: no lock
+    # timeout for it.
     cur = await conn.execute("SELECT current_setting('lock_timeout')")
     row = await cur.fetchone()
     await conn.execute("SELECT set_config('lock_timeout', '0', false)")
@@ -277,19 +295,19 @@ async def _outside_transaction(conn: AnyConnection, statement: str) -> None:
             await conn.execute("SELECT set_config('lock_timeout', %s, false)", (row[0],))
 
 
-async def _install_baseline(conn: AnyConnection) -> None:
-    # One transaction: the schema and its versions appear together or not at all.
-    text = sql.render(sql.baseline().text) + _record_all_statement()
-    await _migration_transaction(conn, text)
-
-
-def _record_all_statement() -> str:
+def _record_all_statement(install: Install) -> str:
     """Marks every migration applied: what a first install from the baseline leaves."""
     values = ", ".join(f"({m.version}, '{m.name}')" for m in sql.migrations())
     return (
-        f"\nINSERT INTO {mapping.in_force().reactor_schema}.schema_version (version, name) "
-        f"VALUES {values} "
-        "ON CONFLICT DO NOTHING;"
+        f"\nINSERT INTO {readable(install.schema, 'schema_version')} (version, name) "
+        f"VALUES {values} ON CONFLICT DO NOTHING;"
+    )
+
+
+def _record_statement(install: Install, migration: sql.Migration) -> str:
+    return (
+        f"INSERT INTO {readable(install.schema, 'schema_version')} (version, name) "
+        f"VALUES ({migration.version}, '{migration.name}') ON CONFLICT DO NOTHING;"
     )
 
 
@@ -301,8 +319,8 @@ async def _relkind(conn: AnyConnection, name: str) -> str | None:
     return str(row[0]) if row else None
 
 
-async def _partitioned_index(conn: AnyConnection, name: str, table: str, definition: str) -> None:
-    """Build index ``name`` on partitioned ``table`` while the app writes to it.
+async def _partitioned_index(conn: AnyConnection, index: Index) -> None:
+    """Build ``index`` on its partitioned table while the app writes to it.
 
     The index on the table itself is made ON ONLY it: an instant catalog change, invalid until
     each partition has its own index attached. Each partition's is then built CONCURRENTLY (a
@@ -310,24 +328,13 @@ async def _partitioned_index(conn: AnyConnection, name: str, table: str, definit
     once the last one is. A run cut short resumes: partitions whose index is attached are
     skipped. A partition created or attached later gets its index from PostgreSQL itself.
     """
-    await _migration_transaction(
-        conn, f"CREATE INDEX IF NOT EXISTS {_ident(name)} ON ONLY {table}{definition}"
-    )
-    cur = await conn.execute(
-        "SELECT c.oid::regclass::text, c.relname::text FROM pg_class c"
-        " WHERE c.relnamespace = (SELECT relnamespace FROM pg_class WHERE oid = to_regclass(%s))"
-        "   AND c.relname = %s",
-        (table, name),
-    )
-    found = await cur.fetchone()
-    if found is None:
-        raise RuntimeError(f"index {name} on {table} was not created")
-    parent_index = str(found[0])
+    await _migration_transaction(conn, index.create(concurrently=False, only=True))
     cur = await conn.execute(
         """
-        SELECT c.oid::regclass::text, c.relname::text, c.relkind::text,
-               (SELECT relname::text FROM pg_class WHERE oid = to_regclass(%(table)s))
-          FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
+        SELECT n.nspname::text, c.relname::text, c.relkind::text
+          FROM pg_inherits i
+          JOIN pg_class c ON c.oid = i.inhrelid
+          JOIN pg_namespace n ON n.oid = c.relnamespace
          WHERE i.inhparent = to_regclass(%(table)s)
            AND c.relkind IN ('r', 'p')
            AND NOT EXISTS (SELECT 1 FROM pg_inherits ii
@@ -335,49 +342,24 @@ async def _partitioned_index(conn: AnyConnection, name: str, table: str, definit
                             WHERE ii.inhparent = to_regclass(%(index)s) AND x.indrelid = c.oid)
          ORDER BY c.oid
         """,
-        {"table": table, "index": parent_index},
+        {"table": identifier(*index.table), "index": index.qualified},
     )
-    for partition, relname, kind, table_relname in await cur.fetchall():
-        child = _partition_index_name(name, str(table_relname), str(relname))
+    for schema, relname, kind in await cur.fetchall():
+        child = index.on_partition((schema, relname))
         if kind == "p":
-            await _partitioned_index(conn, child, partition, definition)
+            await _partitioned_index(conn, child)
         else:
-            build = f"CREATE INDEX CONCURRENTLY IF NOT EXISTS {_ident(child)} ON {partition}"
-            await _outside_transaction(conn, build + definition)
+            await _build(conn, child)
         await _migration_transaction(
-            conn, f"ALTER INDEX {parent_index} ATTACH PARTITION {_qualified(partition, child)}"
+            conn, f"ALTER INDEX {index.qualified} ATTACH PARTITION {child.qualified}"
         )
     cur = await conn.execute(
-        "SELECT indisvalid FROM pg_index WHERE indexrelid = to_regclass(%s)", (parent_index,)
+        "SELECT indisvalid FROM pg_index WHERE indexrelid = to_regclass(%s)", (index.qualified,)
     )
     valid = await cur.fetchone()
     if not (valid and valid[0]):
-        log.warning("index %s is not valid yet: a partition of %s has no index", name, table)
-
-
-def _partition_index_name(index: str, table: str, partition: str) -> str:
-    """The name of a partition's index: the partition's name where the index names the table."""
-    suffix = index[len(table) + 1 :] if index.startswith(f"{table}_") else index
-    name = f"{partition}_{suffix}"
-    if len(name) > _MAX_NAME:
-        digest = hashlib.sha1(name.encode()).hexdigest()[:8]
-        name = f"{name[: _MAX_NAME - 9]}_{digest}"
-    return name
-
-
-def _qualified(partition: str, index: str) -> str:
-    """``index`` in the schema of ``partition`` (a regclass text, qualified when it must be)."""
-    schema, dot, _ = partition.rpartition(".")
-    return f"{schema}.{_ident(index)}" if dot else _ident(index)
-
-
-def _ident(name: str) -> str:
-    return psycopg.sql.Identifier(name).as_string(None)
-
-
-async def _record_version(conn: AnyConnection, migration: sql.Migration) -> None:
-    await conn.execute(
-        f"INSERT INTO {mapping.in_force().reactor_schema}.schema_version (version, name) "
-        "VALUES (%s, %s) ON CONFLICT DO NOTHING",
-        (migration.version, migration.name),
-    )
+        log.warning(
+            "index %s is not valid yet: a partition of %s has no index",
+            index.qualified,
+            identifier(*index.table),
+        )

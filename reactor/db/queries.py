@@ -1,25 +1,27 @@
-"""The reactor's named queries (``triggers/*.sql``), each written once.
+"""The reactor's named queries (``triggers/*.sql``), each written once, as methods of one class.
 
-Every query is a function whose first argument says where it runs: a :class:`~.session.Pooled`
-connector, a :class:`~.session.Dedicated` one, or a bare connection (taken as a dedicated one).
-:class:`Database` is the replica's side of them: its pool, its grace and its hooks, bound once.
-Rows are decoded by column name into the types of :mod:`.rows`.
+A :class:`Database` is those queries bound to an install (whose statements they run) and to a
+connector (where they run): a replica's pool (:class:`~.session.Pooled`), or a connection of
+its own (:class:`~.session.Dedicated`: the LISTEN connection, a command's). It also carries what
+the replica's statements need besides: the grace and the names of the configured hooks. Rows
+are decoded by column name into the types of :mod:`.rows`. River's driver interface is the
+model: callers get a Database passed in, and nothing reads a global.
 """
 
 from __future__ import annotations
 
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
 import anyio
 import psycopg
-from psycopg.rows import class_row, dict_row, kwargs_row, tuple_row
+from psycopg.rows import AsyncRowFactory, class_row, dict_row, kwargs_row, tuple_row
 from psycopg_pool import AsyncConnectionPool
 
-from reactor import grants, sql
+from reactor import grants
 from reactor.db.rows import (
     Health,
     HookChange,
@@ -35,11 +37,12 @@ from reactor.db.session import (
     Connector,
     Dedicated,
     Pooled,
-    Target,
-    connector,
     first_line,
 )
 from reactor.errors import PrivilegeMissing
+from reactor.install import Install
+
+R = TypeVar("R")
 
 # Documents one scan statement writes at most: 500 reports of several MB each would otherwise
 # pass the statement timeout together and fail the whole batch.
@@ -56,220 +59,22 @@ _NEVER = 365 * 86400.0
 PURGE_LOCK = 0x7265_6170  # "reap"
 
 
-# -- the queue and the record statements ---------------------------------------------------------
-
-
-async def record_jobs(
-    on: Target,
-    job_ids: Sequence[str],
-    *,
-    grace: float,
-    hooks: Sequence[str] = (),
-    lock_timeout: float | None = None,
-) -> list[JobOutcome]:
-    """Record the given jobs that are due; report on each of them that still needs a run.
-
-    Every run written gets one outbox row per name in ``hooks``, in the same statement.
-    ``lock_timeout`` (seconds) replaces the usual bound on waiting for another transaction's row
-    lock; past it the statement fails with LockNotAvailable.
-    """
-    return await connector(on).fetch(
-        sql.query("record_jobs"),
-        {"grace": grace, "hooks": list(hooks), "ids": list(job_ids)},
-        class_row(JobOutcome),
-        lock_timeout=lock_timeout,
-    )
-
-
-async def record_oldest(
-    on: Target,
-    limit: int,
-    *,
-    grace: float,
-    hooks: Sequence[str] = (),
-    max_bytes: int = BATCH_BYTES,
-    only: Sequence[str] | None = None,
-    skip: Sequence[str] = (),
-    lock_timeout: float | None = None,
-) -> list[JobOutcome]:
-    """Settle up to ``limit`` queued jobs past their grace, oldest first; report on each.
-
-    ``only`` restricts the statement to those queued jobs, ``skip`` leaves those out; at most
-    ``max_bytes`` of documents are written, the rest come back ``deferred``.
-    """
-    return await connector(on).fetch(
-        sql.query("record_oldest"),
-        {
-            "grace": grace,
-            "hooks": list(hooks),
-            "limit": limit,
-            "only": None if only is None else list(only),
-            "skip": list(skip),
-            "max_bytes": max_bytes,
-        },
-        class_row(JobOutcome),
-        lock_timeout=lock_timeout,
-    )
-
-
-async def oldest_queued(
-    on: Target, limit: int, *, grace: float, skip: Sequence[str] = ()
-) -> list[str]:
-    """The ids :func:`record_oldest` would take next, oldest first, without locking them."""
-    rows = await connector(on).fetch(
-        sql.query("oldest_queued"),
-        {"grace": grace, "limit": limit, "skip": list(skip)},
-        dict_row,
-    )
-    return [row["job_id"] for row in rows]
-
-
-async def set_aside(
-    on: Target, job_id: str, error: psycopg.Error, *, first_retry: float, max_retry: float
-) -> tuple[int, float]:
-    """Set ``job_id`` aside after its write failed with ``error`` on its own data; return how
-    many times in a row it failed on the same data, and the seconds until its next try."""
-    rows = await connector(on).fetch(
-        sql.query("set_aside"),
-        {
-            "job": job_id,
-            "error": first_line(error),
-            "sqlstate": error.sqlstate,
-            "first_retry": first_retry,
-            "max_retry": max_retry,
-        },
-        dict_row,
-    )
-    return rows[0]["failures"], rows[0]["retry_in"]
-
-
-async def release_set_aside(on: Target) -> int:
-    """Try every job set aside again at once; how many there were."""
-    rows = await connector(on).fetch(sql.query("release_set_aside"), {}, dict_row)
-    return int(rows[0]["released"])
-
-
-async def release_set_aside_job(on: Target, job_id: str) -> bool:
-    """Try one job set aside again at once; False when it was not set aside."""
-    rows = await connector(on).fetch(
-        sql.query("release_set_aside_job", "dashboard.sql"), {"job": job_id}, dict_row
-    )
-    return bool(rows)
-
-
-async def upcoming(on: Target, limit: int, *, grace: float) -> list[tuple[str, float]]:
-    """(job id, seconds until due) for jobs that need a run and are inside their grace."""
-    rows = await connector(on).fetch(
-        sql.query("upcoming"), {"grace": grace, "limit": limit}, dict_row
-    )
-    return [(row["job_id"], row["due_in"]) for row in rows]
-
-
-async def poll_queue(
-    on: Target, low: datetime | None, *, grace: float, ahead: float, limit: int
-) -> tuple[list[QueuedJob], datetime]:
-    """Queued jobs whose deadline comes within ``ahead`` seconds, from ``low`` on (see the
-    ``poll_queue`` query), and the end of the window they were read from."""
-    rows = await connector(on).fetch(
-        sql.query("poll_queue"),
-        {"grace": grace, "low": low, "ahead": ahead, "limit": limit},
-        kwargs_row(_in_window),
-    )
-    return [job for job, _ in rows if job is not None], rows[0][1]
-
-
-def _in_window(*, high: datetime, **job: Any) -> tuple[QueuedJob | None, datetime]:
-    # Every row carries the window's end; an empty window is one row whose job_id is NULL.
-    return (QueuedJob(**job) if job["job_id"] else None), high
-
-
-# -- the reconcile -------------------------------------------------------------------------------
-
-
-async def reconcile_step(
-    on: Target,
-    *,
-    owner: str,
-    interval: float,
-    grace: float,
-    force: bool = False,
-    limit: int = RECONCILE_CHUNK,
-) -> ReconcileStep:
-    """Walk the next chunk of the shared reconcile pass, if it is ``owner``'s to walk: see the
-    ``reconcile_step`` query."""
-    params = {
-        "owner": owner,
-        "interval": interval,
-        "grace": grace,
-        "force": force,
-        "limit": limit,
-        "lease": RECONCILE_LEASE,
-    }
-    rows = await connector(on).fetch(
-        sql.query("reconcile_step"), params, kwargs_row(ReconcileStep.from_row)
-    )
-    return rows[0]
-
-
-async def reconcile_pass(
-    on: Target,
-    *,
-    owner: str,
-    grace: float = 0.0,
-    on_progress: Callable[[int], None] | None = None,
-) -> ReconcilePass:
-    """Run a fresh full pass to its end (`reactor migrate`, `reactor sweep --once`); its totals.
-
-    The pass starts at once, taking over from any replica. A replica mid-step makes this wait its
-    turn; replicas may walk chunks of the same pass meanwhile, which only ends it sooner.
-    ``on_progress`` hears the number of jobs walked so far.
-    """
-    owner = f"{owner}-{uuid.uuid4().hex[:8]}"
-    force = True
-    walked = 0
-    while True:
-        taken = await reconcile_step(on, owner=owner, interval=_NEVER, grace=grace, force=force)
-        walked += taken.examined or 0
-        if on_progress is not None:
-            on_progress(walked)
-        if taken.outcome == "busy":
-            # Another replica is mid-step (or, after a second forced pass, holds the lease).
-            await anyio.sleep(0.05)
-            continue
-        force = False
-        # Idle: the pass ended in another replica's step, and no new one is due.
-        if taken.outcome in ("completed", "idle"):
-            return await last_reconcile_pass(on)
-
-
-async def reconcile_release(on: Target, owner: str) -> None:
-    """Let another replica take over the pass ``owner`` holds, at once."""
-    await connector(on).fetch(sql.query("reconcile_release"), {"owner": owner}, tuple_row)
-
-
-async def last_reconcile_pass(on: Target) -> ReconcilePass:
-    """The last completed reconcile pass and whether one is running."""
-    [found] = await connector(on).fetch(
-        sql.query("reconcile_last_pass"), {}, class_row(ReconcilePass)
-    )
-    return found
-
-
-# -- health and replicas -------------------------------------------------------------------------
-
-
 @dataclass(frozen=True, slots=True)
 class HealthCheck:
-    """Who checks, and what the ``health`` query needs besides the grace."""
+    """Who checks, and what the ``health`` query needs besides the grace and the channel."""
 
     replica: str  # this replica's heartbeat row
     liveness: float  # seconds within which a heartbeat counts as live
     retention: float  # REACTOR_HOOK_RETENTION_SECONDS, for hooks_expired
-    channel: str  # where a probe notification goes (and the joined notification)
 
 
 def health_params(
-    grace: float, check: HealthCheck, probe: str | None = None, *, own_session: bool = False
+    install: Install,
+    grace: float,
+    check: HealthCheck,
+    probe: str | None = None,
+    *,
+    own_session: bool = False,
 ) -> dict[str, Any]:
     """The parameters of the ``health`` query; ``own_session`` when it runs on the replica's
     LISTEN connection."""
@@ -279,205 +84,84 @@ def health_params(
         "replica": check.replica,
         "liveness": check.liveness,
         "retention": check.retention,
-        "channel": check.channel,
+        "channel": install.channel,
         "probe": probe,
     }
 
 
-async def health(
-    on: Target,
-    check: HealthCheck,
-    *,
-    grace: float,
-    probe: str | None = None,
-    own_session: bool = False,
-) -> Health:
-    """The replica's periodic check, and its heartbeat; see the ``health`` query.
-
-    ``probe``: a payload to notify on ``check.channel`` in the same round trip. ``own_session``
-    when ``on`` is the replica's LISTEN connection, a session of its own: the heartbeat names it.
-    """
-    rows = await connector(on).fetch(
-        sql.query("health"),
-        health_params(grace, check, probe, own_session=own_session),
-        class_row(Health),
-    )
-    return rows[0]
-
-
-async def leave(on: Target, replica: str, channel: str) -> None:
-    """Drop ``replica``'s heartbeat and tell the replicas listening on ``channel``: they take its
-    jobs over at once (the others at their next check)."""
-    await connector(on).fetch(
-        sql.query("replica_leave"), {"replica": replica, "channel": channel}, tuple_row
-    )
-
-
-async def notify(on: Target, channel: str, payload: str) -> None:
-    """Send one notification."""
-    await connector(on).fetch("SELECT pg_notify(%s, %s)", (channel, payload), tuple_row)
-
-
-# -- the hook outbox -----------------------------------------------------------------------------
-
-
-async def claim_hooks(
-    on: Target,
-    limit: int,
-    lease: float,
-    *,
-    hooks: Sequence[str],
-    max_attempts: int | None = None,
-) -> list[HookClaim]:
-    """Lease up to ``limit`` runnable hook rows of ``hooks``, oldest first; park a row whose
-    lease ran out on attempt ``max_attempts`` of its schedule (None: never)."""
-    params = {"hooks": list(hooks), "limit": limit, "lease": lease, "max_attempts": max_attempts}
-    return await connector(on).fetch(
-        sql.query("claim_hooks"), params, kwargs_row(HookClaim.from_row)
-    )
-
-
-async def next_hook_in(on: Target, *, hooks: Sequence[str]) -> float | None:
-    """Seconds until a hook row of ``hooks`` becomes claimable; None when none is queued."""
-    rows = await connector(on).fetch(sql.query("next_hook_in"), {"hooks": list(hooks)}, dict_row)
-    return None if not rows or rows[0]["next_in"] is None else float(rows[0]["next_in"])
-
-
-async def finish_hook(
-    on: Target, claim: HookClaim, status: str, *, error: str | None = None, delay: float = 0.0
-) -> None:
-    """Settle an attempt: ``done``, ``pending`` (retry after ``delay``) or ``failed``."""
-    params = {"status": status, "error": error, "delay": delay}
-    await connector(on).fetch(sql.query("finish_hook"), _attempt(claim, params), tuple_row)
-
-
-async def release_hook(on: Target, claim: HookClaim) -> None:
-    """Give an interrupted attempt back for another replica to take at once."""
-    await connector(on).fetch(sql.query("release_hook"), _attempt(claim, {}), tuple_row)
-
-
-def _attempt(claim: HookClaim, params: dict[str, Any]) -> dict[str, Any]:
-    # The fencing token: only the holder of the claim's attempt may settle it.
-    return {"id": claim.id, "attempt": claim.attempt, **params}
-
-
-async def purge_hooks(on: Target, retention: float, batch: int) -> int | None:
-    """Delete up to ``batch`` settled hook rows older than ``retention`` seconds.
-
-    Returns how many were deleted, or None when another replica's purge holds the turn.
-    """
-    [row] = await connector(on).fetch(
-        sql.query("purge_hooks", "hooks.sql"),
-        {"lock": PURGE_LOCK, "retention": retention, "batch": batch},
-        dict_row,
-    )
-    return int(row["deleted"]) if row["ours"] else None
-
-
-async def list_hooks(
-    on: Target, *, failed_only: bool, limit: int
-) -> tuple[list[HookRow], int, int]:
-    """Unsettled hook rows (or the parked ones only), oldest first, at most ``limit``; and how
-    many there are in all, and of them failed."""
-    rows = await connector(on).fetch(
-        sql.query("list_hooks", "hooks.sql"),
-        {"failed_only": failed_only, "limit": limit},
-        kwargs_row(_listed),
-    )
-    total, failed = (rows[0][1], rows[0][2]) if rows else (0, 0)
-    return [row for row, _, _ in rows], total, failed
-
-
-def _listed(*, total: int, failed_total: int, **row: Any) -> tuple[HookRow, int, int]:
-    # Every row carries the totals of the whole list, whatever the limit.
-    return HookRow(**row), int(total), int(failed_total)
-
-
-async def retry_hooks(on: Target, ids: Sequence[int]) -> list[HookChange]:
-    """Re-queue the given parked hook rows, all or none; one HookChange per id."""
-    return await connector(on).fetch(
-        sql.query("retry_hooks", "hooks.sql"), {"ids": sorted(set(ids))}, class_row(HookChange)
-    )
-
-
-async def retry_failed(on: Target) -> list[int]:
-    """Re-queue every failed hook row; returns their ids."""
-    rows = await connector(on).fetch(sql.query("retry_failed", "hooks.sql"), {}, dict_row)
-    return sorted(row["id"] for row in rows)
-
-
-async def cancel_hooks(on: Target, ids: Sequence[int]) -> list[HookChange]:
-    """Cancel the given pending or failed hook rows, all or none; one HookChange per id."""
-    return await connector(on).fetch(
-        sql.query("cancel_hooks", "hooks.sql"), {"ids": sorted(set(ids))}, class_row(HookChange)
-    )
-
-
-# -- the installation ----------------------------------------------------------------------------
-
-
-async def job_trigger(on: Target) -> tuple[str, bool] | None:
-    """(channel, enabled) of the job trigger as installed (channel '': it does not notify);
-    None when there is none."""
-    rows = await connector(on).fetch(sql.query("job_trigger"), {}, dict_row)
-    return (rows[0]["channel"], rows[0]["enabled"]) if rows else None
-
-
-async def require_privileges(on: Target) -> None:
-    """Raise PrivilegeMissing naming every grant of :data:`grants.REQUIRED` the role lacks."""
-    rows = await connector(on).fetch(
-        sql.query("missing_privileges", "status.sql"), grants.check_params(), dict_row
-    )
-    if rows:
-        role = rows[0]["role"]
-        missing = "; ".join(f"{row['grant_sql']} TO {role}" for row in rows)
-        raise PrivilegeMissing(
-            f"the role lacks a privilege: {missing}; "
-            f"`reactor migrate --print-grants {role}` prints every grant it needs"
-        )
-
-
-async def fetch_dicts(on: Target, query: str, params: Any = None) -> list[dict[str, Any]]:
-    """Rows as dicts, for status and reporting."""
-    return await connector(on).fetch(query, params, dict_row)
-
-
-# -- the replica's side --------------------------------------------------------------------------
-
-
+@dataclass(frozen=True)
 class Database:
-    """The named queries as one replica runs them: through its pool, each as one pinned
-    transaction on a pooled connection, with its grace and its hooks. Each method runs the
-    query function of the same name above; ``conn``, where a method takes it, runs it on that
-    connection instead (the LISTEN connection, a session of our own).
+    """The named queries of ``install``, run on ``on``.
 
-    ``hooks`` are the names of the configured follow-up hooks: every run written gets one
-    outbox row per name, in the same statement. ``batch_bytes`` caps the documents one scan
-    statement writes (the first job is always taken, however large).
+    ``grace`` and ``hooks`` are the replica's: every run written gets one outbox row per name in
+    ``hooks``, in the same statement. ``batch_bytes`` caps the documents one scan statement
+    writes (the first job is always taken, however large).
     """
 
-    def __init__(
-        self,
+    install: Install
+    on: Connector = field(repr=False)
+    grace: float = 0.0
+    hooks: tuple[str, ...] = ()
+    batch_bytes: int = BATCH_BYTES
+
+    @classmethod
+    def pooled(
+        cls,
+        install: Install,
         pool: AsyncConnectionPool[AnyConnection],
         *,
-        grace: float,
+        grace: float = 0.0,
         hooks: Sequence[str] = (),
-        batch_bytes: int = BATCH_BYTES,
-    ) -> None:
-        self.pool = pool
-        self.grace = grace
-        self.hooks = list(hooks)
-        self.batch_bytes = batch_bytes
+    ) -> Database:
+        """The queries through ``pool``, each as :func:`~.session.call` runs it."""
+        return cls(install, Pooled(pool), grace, tuple(hooks))
 
-    def _on(self, conn: AnyConnection | None = None) -> Connector:
-        return Pooled(self.pool) if conn is None else Dedicated(conn)
+    @classmethod
+    def dedicated(cls, install: Install, conn: AnyConnection, *, grace: float = 0.0) -> Database:
+        """The queries on ``conn``, a connection of the caller's own."""
+        return cls(install, Dedicated(conn), grace)
+
+    def using(self, conn: AnyConnection) -> Database:
+        """These queries on ``conn`` instead (the LISTEN connection, a session of our own)."""
+        return replace(self, on=Dedicated(conn))
+
+    @property
+    def pool(self) -> AsyncConnectionPool[AnyConnection]:
+        """The pool these queries run through (a connector that wraps a pooled one, such as a
+        benchmark's counter, names it too)."""
+        pool = getattr(self.on, "pool", None)
+        if not isinstance(pool, AsyncConnectionPool):
+            raise TypeError("this Database runs on a connection of its own, not a pool")
+        return pool
+
+    async def run(
+        self,
+        name: str,
+        params: Any,
+        row_factory: AsyncRowFactory[R],
+        *,
+        filename: str = "queries.sql",
+        lock_timeout: float | None = None,
+    ) -> list[R]:
+        """Run the named query of ``triggers/<filename>``; its rows, made by ``row_factory``.
+        Every query of this class goes through here (a benchmark counting them wraps it)."""
+        query = self.install.query(name, filename)
+        return await self.on.fetch(query, params, row_factory, lock_timeout=lock_timeout)
+
+    # -- the queue and the record statements -----------------------------------------------------
 
     async def record_jobs(
         self, job_ids: Sequence[str], *, lock_timeout: float | None = None
     ) -> list[JobOutcome]:
-        """See :func:`record_jobs`."""
-        return await record_jobs(
-            self._on(), job_ids, grace=self.grace, hooks=self.hooks, lock_timeout=lock_timeout
+        """Record the given jobs that are due; report on each of them that still needs a run.
+
+        Every run written gets its hook rows in the same statement. ``lock_timeout`` (seconds)
+        replaces the usual bound on waiting for another transaction's row lock; past it the
+        statement fails with LockNotAvailable.
+        """
+        params = {"grace": self.grace, "hooks": list(self.hooks), "ids": list(job_ids)}
+        return await self.run(
+            "record_jobs", params, class_row(JobOutcome), lock_timeout=lock_timeout
         )
 
     async def record_oldest(
@@ -488,118 +172,252 @@ class Database:
         skip: Sequence[str] = (),
         lock_timeout: float | None = None,
     ) -> list[JobOutcome]:
-        """See :func:`record_oldest`; at most :attr:`batch_bytes` of documents are written."""
-        return await record_oldest(
-            self._on(),
-            limit,
-            grace=self.grace,
-            hooks=self.hooks,
-            max_bytes=self.batch_bytes,
-            only=only,
-            skip=skip,
-            lock_timeout=lock_timeout,
+        """Settle up to ``limit`` queued jobs past their grace, oldest first; report on each.
+
+        ``only`` restricts the statement to those queued jobs, ``skip`` leaves those out; at
+        most :attr:`batch_bytes` of documents are written, the rest come back ``deferred``.
+        """
+        params = {
+            "grace": self.grace,
+            "hooks": list(self.hooks),
+            "limit": limit,
+            "only": None if only is None else list(only),
+            "skip": list(skip),
+            "max_bytes": self.batch_bytes,
+        }
+        return await self.run(
+            "record_oldest", params, class_row(JobOutcome), lock_timeout=lock_timeout
         )
 
     async def oldest_queued(self, limit: int, *, skip: Sequence[str] = ()) -> list[str]:
         """The ids :meth:`record_oldest` would take next, oldest first, without locking them."""
-        return await oldest_queued(self._on(), limit, grace=self.grace, skip=skip)
+        params = {"grace": self.grace, "limit": limit, "skip": list(skip)}
+        rows = await self.run("oldest_queued", params, dict_row)
+        return [row["job_id"] for row in rows]
 
     async def set_aside(
         self, job_id: str, error: psycopg.Error, *, first_retry: float, max_retry: float
     ) -> tuple[int, float]:
-        """See :func:`set_aside`."""
-        return await set_aside(
-            self._on(), job_id, error, first_retry=first_retry, max_retry=max_retry
-        )
+        """Set ``job_id`` aside after its write failed with ``error`` on its own data; return
+        how many times in a row it failed on the same data, and the seconds until its next
+        try."""
+        params = {
+            "job": job_id,
+            "error": first_line(error),
+            "sqlstate": error.sqlstate,
+            "first_retry": first_retry,
+            "max_retry": max_retry,
+        }
+        rows = await self.run("set_aside", params, dict_row)
+        return rows[0]["failures"], rows[0]["retry_in"]
 
     async def release_set_aside(self) -> int:
         """Try every job set aside again at once; how many there were."""
-        return await release_set_aside(self._on())
+        rows = await self.run("release_set_aside", {}, dict_row)
+        return int(rows[0]["released"])
+
+    async def release_set_aside_job(self, job_id: str) -> bool:
+        """Try one job set aside again at once; False when it was not set aside."""
+        rows = await self.run(
+            "release_set_aside_job", {"job": job_id}, dict_row, filename="dashboard.sql"
+        )
+        return bool(rows)
 
     async def upcoming(self, limit: int) -> list[tuple[str, float]]:
         """(job id, seconds until due) for jobs that need a run and are inside their grace."""
-        return await upcoming(self._on(), limit, grace=self.grace)
+        rows = await self.run("upcoming", {"grace": self.grace, "limit": limit}, dict_row)
+        return [(row["job_id"], row["due_in"]) for row in rows]
+
+    async def poll_queue(
+        self, low: datetime | None, *, ahead: float, limit: int
+    ) -> tuple[list[QueuedJob], datetime]:
+        """Queued jobs whose deadline comes within ``ahead`` seconds, from ``low`` on (see the
+        ``poll_queue`` query), and the end of the window they were read from."""
+        params = {"grace": self.grace, "low": low, "ahead": ahead, "limit": limit}
+        rows = await self.run("poll_queue", params, kwargs_row(_in_window))
+        return [job for job, _ in rows if job is not None], rows[0][1]
+
+    # -- the reconcile ---------------------------------------------------------------------------
 
     async def reconcile_step(
-        self, *, owner: str, interval: float, force: bool = False
+        self, *, owner: str, interval: float, force: bool = False, limit: int = RECONCILE_CHUNK
     ) -> ReconcileStep:
-        """Walk the next chunk of the reconcile pass, if it is ours to walk (see the query)."""
-        return await reconcile_step(
-            self._on(), owner=owner, interval=interval, grace=self.grace, force=force
-        )
+        """Walk the next chunk of the shared reconcile pass, if it is ``owner``'s to walk: see
+        the ``reconcile_step`` query."""
+        params = {
+            "owner": owner,
+            "interval": interval,
+            "grace": self.grace,
+            "force": force,
+            "limit": limit,
+            "lease": RECONCILE_LEASE,
+        }
+        rows = await self.run("reconcile_step", params, kwargs_row(ReconcileStep.from_row))
+        return rows[0]
 
     async def reconcile_pass(
-        self, owner: str, on_progress: Callable[[int], None] | None = None
+        self, owner: str, *, on_progress: Callable[[int], None] | None = None
     ) -> ReconcilePass:
-        """Run a fresh full pass to its end (`reactor sweep --once`); its totals."""
-        return await reconcile_pass(
-            self._on(), owner=owner, grace=self.grace, on_progress=on_progress
-        )
+        """Run a fresh full pass to its end (`reactor migrate`, `reactor sweep --once`); its
+        totals.
+
+        The pass starts at once, taking over from any replica. A replica mid-step makes this
+        wait its turn; replicas may walk chunks of the same pass meanwhile, which only ends it
+        sooner. ``on_progress`` hears the number of jobs walked so far.
+        """
+        owner = f"{owner}-{uuid.uuid4().hex[:8]}"
+        force = True
+        walked = 0
+        while True:
+            taken = await self.reconcile_step(owner=owner, interval=_NEVER, force=force)
+            walked += taken.examined or 0
+            if on_progress is not None:
+                on_progress(walked)
+            if taken.outcome == "busy":
+                # Another replica is mid-step (or, after a second forced pass, holds the lease).
+                await anyio.sleep(0.05)
+                continue
+            force = False
+            # Idle: the pass ended in another replica's step, and no new one is due.
+            if taken.outcome in ("completed", "idle"):
+                return await self.last_reconcile_pass()
 
     async def reconcile_release(self, owner: str) -> None:
         """Let another replica take over the pass ``owner`` holds, at once."""
-        await reconcile_release(self._on(), owner)
+        await self.run("reconcile_release", {"owner": owner}, tuple_row)
+
+    async def last_reconcile_pass(self) -> ReconcilePass:
+        """The last completed reconcile pass and whether one is running."""
+        [found] = await self.run("reconcile_last_pass", {}, class_row(ReconcilePass))
+        return found
+
+    # -- health and replicas ---------------------------------------------------------------------
 
     async def health(
-        self,
-        check: HealthCheck,
-        *,
-        probe: str | None = None,
-        conn: AnyConnection | None = None,
+        self, check: HealthCheck, *, probe: str | None = None, own_session: bool = False
     ) -> Health:
-        """The replica's periodic check, and its heartbeat; see :func:`health`.
+        """The replica's periodic check, and its heartbeat; see the ``health`` query.
 
-        On ``conn`` (the LISTEN connection, a session of our own) when given, else pooled.
-        ``probe``: a payload to notify on ``check.channel`` in the same round trip.
+        ``probe``: a payload to notify on the install's channel in the same round trip.
+        ``own_session`` when this runs on the replica's LISTEN connection, a session of its
+        own: the heartbeat names it.
         """
-        return await health(
-            self._on(conn), check, grace=self.grace, probe=probe, own_session=conn is not None
+        params = health_params(self.install, self.grace, check, probe, own_session=own_session)
+        return (await self.run("health", params, class_row(Health)))[0]
+
+    async def leave(self, replica: str) -> None:
+        """Drop ``replica``'s heartbeat and tell the replicas listening on the channel: they
+        take its jobs over at once (the others at their next check)."""
+        params = {"replica": replica, "channel": self.install.channel}
+        await self.run("replica_leave", params, tuple_row)
+
+    async def notify(self, payload: str, channel: str | None = None) -> None:
+        """Send one notification, on the install's channel unless ``channel`` is given."""
+        await self.on.fetch(
+            "SELECT pg_notify(%s, %s)", (channel or self.install.channel, payload), tuple_row
         )
 
-    async def poll_queue(
-        self,
-        low: datetime | None,
-        *,
-        ahead: float,
-        limit: int,
-        conn: AnyConnection | None = None,
-    ) -> tuple[list[QueuedJob], datetime]:
-        """See :func:`poll_queue`. On ``conn`` (the LISTEN connection, a session of our own)
-        when given, else pooled."""
-        return await poll_queue(self._on(conn), low, grace=self.grace, ahead=ahead, limit=limit)
-
-    async def leave(self, replica: str, channel: str) -> None:
-        """Drop ``replica``'s heartbeat and tell the replicas listening on ``channel``: they take
-        its jobs over at once (the others at their next check)."""
-        await leave(self._on(), replica, channel)
-
-    async def notify(self, channel: str, payload: str) -> None:
-        """Send one notification from a pool connection."""
-        await notify(self._on(), channel, payload)
+    # -- the hook outbox -------------------------------------------------------------------------
 
     async def claim_hooks(
         self, limit: int, lease: float, *, max_attempts: int | None = None
     ) -> list[HookClaim]:
-        """Lease up to ``limit`` runnable hook rows of our hooks, oldest first; park a row whose
+        """Lease up to ``limit`` runnable rows of our hooks, oldest first; park a row whose
         lease ran out on attempt ``max_attempts`` of its schedule (None: never)."""
-        return await claim_hooks(
-            self._on(), limit, lease, hooks=self.hooks, max_attempts=max_attempts
-        )
+        params = {
+            "hooks": list(self.hooks),
+            "limit": limit,
+            "lease": lease,
+            "max_attempts": max_attempts,
+        }
+        return await self.run("claim_hooks", params, kwargs_row(HookClaim.from_row))
 
     async def next_hook_in(self) -> float | None:
         """Seconds until one of our hook rows becomes claimable; None when none is queued."""
-        return await next_hook_in(self._on(), hooks=self.hooks)
+        rows = await self.run("next_hook_in", {"hooks": list(self.hooks)}, dict_row)
+        return None if not rows or rows[0]["next_in"] is None else float(rows[0]["next_in"])
 
     async def finish_hook(
         self, claim: HookClaim, status: str, *, error: str | None = None, delay: float = 0.0
     ) -> None:
         """Settle an attempt: ``done``, ``pending`` (retry after ``delay``) or ``failed``."""
-        await finish_hook(self._on(), claim, status, error=error, delay=delay)
+        params = {"status": status, "error": error, "delay": delay}
+        await self.run("finish_hook", _attempt(claim, params), tuple_row)
 
     async def release_hook(self, claim: HookClaim) -> None:
         """Give an interrupted attempt back for another replica to take at once."""
-        await release_hook(self._on(), claim)
+        await self.run("release_hook", _attempt(claim, {}), tuple_row)
 
     async def purge_hooks(self, retention: float, batch: int) -> int | None:
-        """See :func:`purge_hooks`."""
-        return await purge_hooks(self._on(), retention, batch)
+        """Delete up to ``batch`` settled hook rows older than ``retention`` seconds.
+
+        Returns how many were deleted, or None when another replica's purge holds the turn.
+        """
+        params = {"lock": PURGE_LOCK, "retention": retention, "batch": batch}
+        [row] = await self.run("purge_hooks", params, dict_row, filename="hooks.sql")
+        return int(row["deleted"]) if row["ours"] else None
+
+    async def list_hooks(self, *, failed_only: bool, limit: int) -> tuple[list[HookRow], int, int]:
+        """Unsettled hook rows (or the parked ones only), oldest first, at most ``limit``; and
+        how many there are in all, and of them failed."""
+        params = {"failed_only": failed_only, "limit": limit}
+        rows = await self.run("list_hooks", params, kwargs_row(_listed), filename="hooks.sql")
+        total, failed = (rows[0][1], rows[0][2]) if rows else (0, 0)
+        return [row for row, _, _ in rows], total, failed
+
+    async def retry_hooks(self, ids: Sequence[int]) -> list[HookChange]:
+        """Re-queue the given parked hook rows, all or none; one HookChange per id."""
+        params = {"ids": sorted(set(ids))}
+        return await self.run("retry_hooks", params, class_row(HookChange), filename="hooks.sql")
+
+    async def retry_failed(self) -> list[int]:
+        """Re-queue every failed hook row; returns their ids."""
+        rows = await self.run("retry_failed", {}, dict_row, filename="hooks.sql")
+        return sorted(row["id"] for row in rows)
+
+    async def cancel_hooks(self, ids: Sequence[int]) -> list[HookChange]:
+        """Cancel the given pending or failed hook rows, all or none; one HookChange per id."""
+        params = {"ids": sorted(set(ids))}
+        return await self.run("cancel_hooks", params, class_row(HookChange), filename="hooks.sql")
+
+    # -- the installation ------------------------------------------------------------------------
+
+    async def job_trigger(self) -> tuple[str, bool] | None:
+        """(channel, enabled) of the job trigger as installed (channel '': it does not notify);
+        None when there is none."""
+        rows = await self.run("job_trigger", {}, dict_row)
+        return (rows[0]["channel"], rows[0]["enabled"]) if rows else None
+
+    async def require_privileges(self) -> None:
+        """Raise PrivilegeMissing naming every grant of :func:`grants.required` the role
+        lacks."""
+        params = grants.check_params(self.install.mapping)
+        rows = await self.run("missing_privileges", params, dict_row, filename="status.sql")
+        if rows:
+            role = rows[0]["role"]
+            missing = "; ".join(f"{row['grant_sql']} TO {role}" for row in rows)
+            raise PrivilegeMissing(
+                f"the role lacks a privilege: {missing}; "
+                f"`reactor migrate --print-grants {role}` prints every grant it needs"
+            )
+
+    async def fetch_dicts(
+        self, name: str, params: Any = None, *, filename: str = "queries.sql"
+    ) -> list[dict[str, Any]]:
+        """The rows of the named query as dicts, for status and reporting."""
+        return await self.run(name, params, dict_row, filename=filename)
+
+
+def _in_window(*, high: datetime, **job: Any) -> tuple[QueuedJob | None, datetime]:
+    # Every row carries the window's end; an empty window is one row whose job_id is NULL.
+    return (QueuedJob(**job) if job["job_id"] else None), high
+
+
+def _attempt(claim: HookClaim, params: dict[str, Any]) -> dict[str, Any]:
+    # The fencing token: only the holder of the claim's attempt may settle it.
+    return {"id": claim.id, "attempt": claim.attempt, **params}
+
+
+def _listed(*, total: int, failed_total: int, **row: Any) -> tuple[HookRow, int, int]:
+    # Every row carries the totals of the whole list, whatever the limit.
+    return HookRow(**row), int(total), int(failed_total)

@@ -132,6 +132,12 @@ _PERMANENT = re.compile(
 )
 
 
+# The role a listener connects as, so its session is named LISTENER_APPLICATION_NAME: status
+# and a replica ending a stale listener find it by that name.
+LISTENER_ROLE = "listener"
+LISTENER_APPLICATION_NAME = f"reactor-{LISTENER_ROLE}"
+
+
 def conninfo(dsn: str, role: str) -> str:
     """``dsn`` with our application_name and TCP liveness settings added."""
     return psycopg.conninfo.make_conninfo(dsn, application_name=f"reactor-{role}", **_CLIENT_TCP)
@@ -540,7 +546,7 @@ async def end_listener_session(conn: AnyConnection, pid: int, started: datetime)
     cur = await conn.execute(
         "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM pg_stat_activity "
         "WHERE pid = %s AND backend_start = %s AND application_name = %s",
-        (pid, started, "reactor-listener"),
+        (pid, started, LISTENER_APPLICATION_NAME),
     )
     row = await cur.fetchone()
     return bool(row and row[0])

@@ -69,7 +69,7 @@ from reactor.hooks.kinds import (
 )
 from reactor.hooks.retention import HookRetention
 from reactor.hooks.runner import JITTER, OUTCOMES, HookRunner, retry_delay, retry_span
-from reactor.hooks.spec import KINDS, open_hooks, parse_hooks
+from reactor.hooks.spec import KINDS, check_hooks, open_hooks, parse_hooks
 
 __all__ = [
     "BLOCK_LIMIT",
@@ -86,6 +86,7 @@ __all__ = [
     "PermanentFailure",
     "PythonHook",
     "WebhookHook",
+    "check_hooks",
     "idempotency_key",
     "open_hooks",
     "parse_hooks",

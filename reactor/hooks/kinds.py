@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Literal, Protocol, cast
 
 import anyio
+from psycopg.rows import tuple_row
 from psycopg_pool import AsyncConnectionPool
 
 from reactor import db, redact, tracing
@@ -106,12 +107,13 @@ class NotifyHook:
     name: str
     spec: str
     channel: str
-    pool: AsyncConnectionPool[db.AnyConnection]
+    pool: AsyncConnectionPool[db.AnyConnection] = field(repr=False)
 
     async def __call__(self, call: HookCall) -> None:
         """Send the notification from a pool connection."""
         # No call timeout of its own: the runner bounds every hook with the hook timeout.
-        await db.notify(db.Pooled(self.pool, timeout=None), self.channel, call.as_json())
+        on = db.Pooled(self.pool, timeout=None)
+        await on.fetch("SELECT pg_notify(%s, %s)", (self.channel, call.as_json()), tuple_row)
 
 
 def webhook_verdict(status: int) -> Literal["done", "retry", "permanent"]:

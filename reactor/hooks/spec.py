@@ -146,11 +146,34 @@ async def open_hooks(
             )
         return session
 
-    hooks = parse_hooks(
+    hooks = _configured(settings, pool, shared_session)
+    try:
+        yield hooks
+    finally:
+        if session is not None:
+            await session.close()
+
+
+def check_hooks(settings: Settings) -> None:
+    """Raise ConfigError for anything wrong in REACTOR_HOOKS and its secrets, before anything
+    connects (their modules are imported); the hooks themselves are made by open_hooks."""
+
+    def unused() -> aiohttp.ClientSession:
+        raise AssertionError("a hook checked is never called")
+
+    _configured(settings, None, unused)
+
+
+def _configured(
+    settings: Settings,
+    pool: AsyncConnectionPool[db.AnyConnection] | None,
+    session: Callable[[], aiohttp.ClientSession],
+) -> dict[str, Hook]:
+    return parse_hooks(
         settings.hooks,
-        pool=pool,
+        pool=pool,  # type: ignore[arg-type]  # None only to check, when nothing is called
         secret=settings.webhook_secret,
-        session=shared_session,
+        session=session,
         threads=anyio.Semaphore(settings.hook_concurrency),
         own_secrets=settings.webhook_secrets,
         known_secrets=redact.known_secrets(
@@ -160,11 +183,6 @@ async def open_hooks(
             urls=(),
         ),
     )
-    try:
-        yield hooks
-    finally:
-        if session is not None:
-            await session.close()
 
 
 def _import_function(

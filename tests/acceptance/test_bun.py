@@ -24,14 +24,15 @@ from typing import IO, Any
 import psycopg
 import pytest
 
-from reactor import sql
 from reactor.audit import Verdict
 from reactor.hooks import IDEMPOTENCY_HEADER, HookCall
+from reactor.install import REFERENCE_INSTALL
 from reactor.signature import SIGNATURE_HEADER, sign
 from tests import tools
 from tests.acceptance.conftest import reactor_env
-from tests.acceptance.test_cli import listening, wait_for
+from tests.acceptance.test_cli import listening
 from tests.helpers import worker_writes
+from tests.polling import wait_for
 
 SECRET = "bun-e2e-secret"
 TABS = Path(__file__).parent / "bun" / "tabs.ts"
@@ -243,9 +244,8 @@ def test_bun_worker_and_tabs_next_to_the_reactor(
         receiver.stop()
         consumer.stop()
 
-        verdict = Verdict(
-            *conn.execute(sql.query("verdict", "audit.sql"), {"grace": GRACE}).fetchall()[0]
-        )
+        query = REFERENCE_INSTALL.query("verdict", "audit.sql")
+        verdict = Verdict(*conn.execute(query, {"grace": GRACE}).fetchall()[0])
         assert verdict.jobs == JOBS
         assert verdict.clean, verdict  # lost, dup, clobbered, early and wrong all 0
         (tab_saves,) = [line["saved"] for line in tabs.out.objects()]

@@ -5,31 +5,20 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
-import time
 from collections.abc import Callable
 from typing import Any
 
 import psycopg
 import pytest
 
-from reactor import sql
+from reactor import db
 from tests import pgbouncer as bouncer
 from tests.acceptance.conftest import reactor_env, run_reactor
 from tests.helpers import early_writes, finish, new_job, worker_writes
 from tests.integration.test_pgbouncer import server_sessions
+from tests.polling import wait_for
 
 Spawn = Callable[..., subprocess.Popen[str]]
-
-
-def wait_for(check: Callable[[], Any], timeout: float = 20.0) -> Any:
-    """Poll ``check`` until truthy: another process owns the state, there is no event."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        result = check()
-        if result:
-            return result
-        time.sleep(0.05)
-    raise AssertionError(f"condition not met within {timeout} s")
 
 
 def listening(conn: psycopg.Connection[Any], count: int = 1) -> bool:
@@ -132,7 +121,7 @@ def test_migrate_print_is_sql(database_url: str) -> None:
     assert "'my_channel'" in result.stdout
     lines = result.stdout.splitlines()
     # It ends with the walk index, built on its own outside any transaction, as marked.
-    marker = lines.index(sql.OUTSIDE_TRANSACTION, len(lines) - 12)
+    marker = lines.index(db.OUTSIDE_TRANSACTION, len(lines) - 12)
     assert lines[marker + 1].startswith("CREATE INDEX CONCURRENTLY IF NOT EXISTS")
     assert "COMMIT;" in lines[marker - 5 : marker]
     assert "reactor sweep --once" in lines[-1]

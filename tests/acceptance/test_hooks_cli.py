@@ -13,8 +13,9 @@ import psycopg
 import pytest
 
 from tests.acceptance.conftest import reactor_env, run_reactor
-from tests.acceptance.test_cli import assert_one_clean_line, listening, wait_for
+from tests.acceptance.test_cli import assert_one_clean_line, listening
 from tests.helpers import finish, new_job
+from tests.polling import wait_for
 
 Spawn = Callable[..., subprocess.Popen[str]]
 

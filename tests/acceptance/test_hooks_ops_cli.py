@@ -18,9 +18,10 @@ import psycopg.conninfo
 import pytest
 
 from tests.acceptance.conftest import reactor_env, run_reactor
-from tests.acceptance.test_cli import assert_one_clean_line, listening, wait_for
+from tests.acceptance.test_cli import assert_one_clean_line, listening
 from tests.conftest import Server
 from tests.helpers import finish, new_job
+from tests.polling import wait_for
 
 Spawn = Callable[..., subprocess.Popen[str]]
 

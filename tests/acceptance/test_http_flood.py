@@ -29,8 +29,9 @@ import psycopg
 
 from reactor import http
 from tests.acceptance.conftest import reactor_env
-from tests.acceptance.test_cli import listening, wait_for
+from tests.acceptance.test_cli import listening
 from tests.helpers import finish, new_job, run_row
+from tests.polling import wait_for
 
 OPEN_FILES = 256
 HALF_OPEN = 300

@@ -21,11 +21,13 @@ import psycopg
 import psycopg.conninfo
 
 from reactor import audit
+from reactor.mapping import REFERENCE
 from tests import pgbouncer as bouncer
 from tests.acceptance.conftest import reactor_env, run_reactor
-from tests.acceptance.test_cli import listening, wait_for
+from tests.acceptance.test_cli import listening
 from tests.helpers import client_save, early_writes, finish, new_job, run_row, worker_writes
 from tests.integration.test_pgbouncer import server_sessions
+from tests.polling import wait_for
 
 Spawn = Callable[..., subprocess.Popen[str]]
 
@@ -33,7 +35,7 @@ Spawn = Callable[..., subprocess.Popen[str]]
 def verdict(dsn: str, grace: float) -> audit.Verdict:
     async def read() -> audit.Verdict:
         async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
-            return await audit.verdict(conn, grace)
+            return await audit.verdict(conn, REFERENCE.in_public(), grace)
 
     return anyio.run(read)
 

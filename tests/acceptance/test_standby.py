@@ -21,8 +21,9 @@ from reactor.embedded import EmbeddedPostgres
 from tests.acceptance.conftest import reactor_env, run_reactor
 from tests.acceptance.test_cli import assert_one_clean_line
 from tests.conftest import Server
-from tests.faults.support import Replicas, connect, host_port, listeners, scalar, wait_for
+from tests.faults.support import Replicas, connect, host_port, listeners, scalar
 from tests.helpers import finish, new_job, worker_writes
+from tests.polling import wait_for
 from tests.standby import caught_up, embedded_of, multi_host, on, standby_of
 
 RETRY_LINE = "the database is a read-only hot standby; trying again in case it is being promoted"

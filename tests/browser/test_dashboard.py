@@ -28,9 +28,9 @@ import pytest
 
 from tests import tools
 from tests.acceptance.conftest import reactor_env
-from tests.acceptance.test_cli import wait_for
 from tests.helpers import Conn, finish, new_job
 from tests.integration.support import add_job, scalar
+from tests.polling import wait_for
 
 playwright = pytest.importorskip("playwright.sync_api")
 

@@ -16,15 +16,13 @@ from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
 from typing import Any, Literal, cast
 
-import anyio
 import psycopg
 import pytest
 
-from reactor import db, mapping
 from reactor.config import Settings
 from reactor.embedded import EmbeddedPostgres
-from reactor.hooks import open_hooks
-from reactor.service import POOL_SIZE, Reactor
+from reactor.install import Install
+from reactor.service import Reactor, open_reactor
 from tests.conftest import FAULT_ROW, Server
 from tests.faults import tables as app_tables
 from tests.faults.proxy import FaultProxy
@@ -83,11 +81,10 @@ def templates(server: Server, template: str) -> Templates:
 
 
 @pytest.fixture
-def tables(request: pytest.FixtureRequest, templates: Templates) -> Iterator[Tables]:
-    """The app's tables of this run of the scenario, their mapping in force throughout."""
+def tables(request: pytest.FixtureRequest, templates: Templates) -> Tables:
+    """The app's tables of this run of the scenario."""
     _, chosen = templates[request.param]
-    with mapping.using(chosen.mapping):
-        yield chosen
+    return chosen
 
 
 @pytest.fixture
@@ -228,7 +225,7 @@ def workload(database_url: str, tables: Tables) -> Iterator[Callable[..., Worklo
 
 
 @pytest.fixture
-def reactor_at() -> StartReactor:
+def reactor_at(tables: Tables) -> StartReactor:
     """``async with reactor_at(dsn, grace=1.0) as r:``: an in-process reactor using ``dsn``.
 
     Keyword arguments are Settings fields (``listen_dsn`` is passed to Reactor). Probes are fast
@@ -251,18 +248,12 @@ def reactor_at() -> StartReactor:
             **overrides,
         }
         settings = Settings(**fields)
+        install = Install.of(tables.mapping, settings.channel)
         async with (
-            db.make_pool(dsn, max_size=POOL_SIZE) as pool,
-            open_hooks(settings, pool) as hooks,
+            open_reactor(settings, install, listen_dsn=listen_dsn) as reactor,
+            reactor.running(),
         ):
-            database = db.Database(pool, grace=settings.grace, hooks=list(hooks))
-            reactor = Reactor(settings, database, hooks=hooks, listen_dsn=listen_dsn)
-            async with anyio.create_task_group() as tg:
-                await tg.start(reactor.run)
-                try:
-                    yield reactor
-                finally:
-                    reactor.stop()
+            yield reactor
 
     return start
 

@@ -118,7 +118,13 @@ class Scenario:
     ) -> tuple[Judgement, float]:
         """Let the tabs' last saves and the last grace pass, then ``settle``."""
         await anyio.to_thread.run_sync(app.quiesce)
-        return await settle(self.database_url, self.grace, within=within, until=until)
+        return await settle(
+            self.database_url,
+            self.grace,
+            within=within,
+            mapping=self.tables.mapping,
+            until=until,
+        )
 
     def conclude(
         self,

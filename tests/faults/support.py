@@ -30,8 +30,9 @@ import anyio
 import psycopg
 import psycopg.conninfo
 
-from reactor import audit, mapping, sql
+from reactor import audit, sql
 from reactor.audit import Verdict
+from reactor.mapping import REFERENCE, Mapping
 from tests.faults.tables import JobId, RunKey, Tables
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -77,18 +78,6 @@ def host_port(dsn: str) -> tuple[str, int]:
     """Where ``dsn`` connects."""
     params = psycopg.conninfo.conninfo_to_dict(dsn)
     return str(params.get("host") or "127.0.0.1"), int(params.get("port") or 5432)
-
-
-def wait_for(check: Callable[[], Any], timeout: float, what: str, interval: float = 0.05) -> Any:
-    """Poll ``check`` (another process owns the state) until truthy, at most ``timeout`` s."""
-    deadline = time.monotonic() + timeout
-    while True:
-        result = check()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what}: not within {timeout} s")
-        time.sleep(interval)
 
 
 def reactor_pids(conn: Conn, role: str = "%") -> list[int]:
@@ -144,6 +133,9 @@ class FaultWindows:
                 return
 
 
+# The reference tables, where a caller names no other mapping.
+REFERENCE_TABLES = REFERENCE.in_public()
+
 # -- judging -----------------------------------------------------------------------------------
 
 
@@ -179,12 +171,12 @@ class Judgement:
         )
 
 
-async def judge(dsn: str, grace: float) -> Judgement:
+async def judge(dsn: str, grace: float, mapping: Mapping = REFERENCE_TABLES) -> Judgement:
     """Count lost, dup, clobbered, early, wrong (``audit.verdict``) and stale, on the tables
-    of the mapping in force."""
+    ``mapping`` names."""
     async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
-        verdict = await audit.verdict(conn, grace)
-        cur = await conn.execute(sql.render(STALE_SQL))
+        verdict = await audit.verdict(conn, mapping, grace)
+        cur = await conn.execute(sql.render(STALE_SQL, mapping))
         row = await cur.fetchone()
         assert row is not None
         return Judgement(verdict, int(row[0]))
@@ -200,6 +192,7 @@ async def settle(
     grace: float,
     *,
     within: float,
+    mapping: Mapping = REFERENCE_TABLES,
     until: Callable[[Judgement], bool] = lambda j: j.clean,
 ) -> tuple[Judgement, float]:
     """Poll ``judge`` until ``until`` holds (default: nothing lost or stale), at most ``within`` s.
@@ -210,7 +203,7 @@ async def settle(
     start = time.monotonic()
     while True:
         try:
-            result = await judge(dsn, grace)
+            result = await judge(dsn, grace, mapping)
         except psycopg.OperationalError:
             result = None
         elapsed = time.monotonic() - start
@@ -354,14 +347,12 @@ class Workload:
 # -- reactor processes -------------------------------------------------------------------------
 
 
-def replica_env(dsn: str, **variables: str) -> dict[str, str]:
-    """The environment of a ``reactor run`` subprocess: the mapping in force (its file as
+def replica_env(dsn: str, tables: Tables, **variables: str) -> dict[str, str]:
+    """The environment of a ``reactor run`` subprocess on ``tables`` (their mapping's file as
     REACTOR_CONFIG), fast probes, short grace, no HTTP."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("REACTOR_")}
     env.pop("DATABASE_URL", None)
-    config = mapping.in_force().source
-    if config:
-        env["REACTOR_CONFIG"] = config
+    env.update(tables.env)
     env.update(
         {
             "DATABASE_URL": dsn,

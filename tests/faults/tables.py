@@ -83,11 +83,9 @@ class Tables:
 
         async def migrate() -> Mapping:
             async with await db.connect(dsn, "test") as conn:
-                await db.migrate(conn, loaded.default_channel, reference_schema=False)
-            return mapping.in_force()
+                return (await db.migrate(conn, loaded)).install.mapping
 
-        with mapping.using(loaded):
-            typed = anyio.run(migrate, backend="asyncio")
+        typed = anyio.run(migrate, backend="asyncio")
         with psycopg.connect(dsn, autocommit=True) as conn:
             conn.execute(audit.ddl(typed))
         return replace(self, mapping=typed)

@@ -12,19 +12,10 @@ import pytest
 
 from reactor.embedded import EmbeddedPostgres
 from tests.faults.conftest import Report
-from tests.faults.support import (
-    Replicas,
-    Workload,
-    connect,
-    listeners,
-    replica_env,
-    scalar,
-    settle,
-    wait_for,
-)
+from tests.faults.scenario import GRACE
+from tests.faults.support import Replicas, Workload, connect, listeners, replica_env, scalar, settle
 from tests.faults.tables import RESULTS, JobId, Tables
-
-GRACE = 1.0
+from tests.polling import wait_for
 
 
 def _bypass(tables: Tables, dsn: str, count: int) -> list[JobId]:
@@ -65,7 +56,7 @@ def test_drift_with_kill_nine_and_a_postgres_restart(
     report: Report,
 ) -> None:
     app = workload(grace=GRACE, seed=33)
-    env = replica_env(database_url, REACTOR_RECONCILE_INTERVAL_SECONDS="2")
+    env = replica_env(database_url, tables, REACTOR_RECONCILE_INTERVAL_SECONDS="2")
     runs = tables.render("SELECT count(*) FROM @runs@")
     drifted: list[JobId] = []
     with connect(database_url) as conn:
@@ -88,7 +79,9 @@ def test_drift_with_kill_nine_and_a_postgres_restart(
     # The last drifted jobs may be younger than the app's last finish: wait for the reconcile
     # to have recorded every one of them, then judge everything.
     wait_for(lambda: _recorded_at(tables, database_url, drifted), 30, "every drifted job recorded")
-    judgement, took = anyio.run(lambda: settle(database_url, GRACE, within=30), backend="asyncio")
+    judgement, took = anyio.run(
+        lambda: settle(database_url, GRACE, within=30, mapping=tables.mapping), backend="asyncio"
+    )
     report(
         "drift + kill -9 + pg restart",
         1,

@@ -27,7 +27,7 @@ from tests.acceptance.conftest import reactor_env, run_reactor
 from tests.conftest import Server
 from tests.faults.conftest import Report
 from tests.faults.proxy import FaultProxy
-from tests.faults.scenario import Scenario
+from tests.faults.scenario import GRACE, Scenario
 from tests.faults.support import (
     Replicas,
     Workload,
@@ -37,16 +37,14 @@ from tests.faults.support import (
     replica_env,
     scalar,
     settle,
-    wait_for,
     with_port,
 )
 from tests.faults.tables import Tables
-from tests.integration.conftest import eventually
+from tests.polling import eventually, wait_for
 from tests.standby import caught_up, embedded_of, multi_host, on, standby_of
 
 pytestmark = pytest.mark.anyio
 
-GRACE = 1.0
 RATE = 20.0
 OUTAGE = 2.0  # from the primary's crash to the standby's promotion
 
@@ -140,8 +138,8 @@ def test_a_promoted_standby_takes_over_under_load_and_loses_nothing(
             migrated = run_reactor("migrate", env=env)
             assert migrated.returncode == 0, migrated.stderr
             with connect(primary.dsn_for("app")) as conn:
-                conn.execute(audit.ddl())
-            reactor = replicas.start(replica_env(both, REACTOR_GRACE_SECONDS=str(GRACE)))
+                conn.execute(audit.ddl(tables.mapping))
+            reactor = replicas.start(replica_env(both, tables, REACTOR_GRACE_SECONDS=str(GRACE)))
             app = Workload(both, tables, grace=GRACE, seed=51)
             try:
                 with connect(primary.dsn_for("app")) as conn:
@@ -164,7 +162,8 @@ def test_a_promoted_standby_takes_over_under_load_and_loses_nothing(
                 after = len(app.finished) - before
                 app.quiesce()
                 judgement, took = anyio.run(
-                    lambda: settle(both, GRACE, within=30), backend="asyncio"
+                    lambda: settle(both, GRACE, within=30, mapping=tables.mapping),
+                    backend="asyncio",
                 )
             finally:
                 app.close()

@@ -22,7 +22,7 @@ from tests.faults.proxy import FaultProxy
 from tests.faults.scenario import Scenario
 from tests.faults.support import Conn, connect, scalar, with_port
 from tests.faults.tables import JobId, Tables
-from tests.integration.conftest import eventually
+from tests.polling import eventually
 
 pytestmark = pytest.mark.anyio
 

@@ -13,8 +13,9 @@ import pytest
 
 from tests.conftest import Server
 from tests.faults.conftest import Report
-from tests.faults.support import Replicas, connect, listeners, replica_env, settle, wait_for
+from tests.faults.support import Replicas, connect, listeners, replica_env, settle
 from tests.faults.tables import JobId, Tables
+from tests.polling import wait_for
 
 JOBS = 50_000
 SECONDS = 60.0
@@ -62,7 +63,7 @@ def test_fifty_thousand_jobs_in_a_minute(
     with connect(database_url) as conn:
         with conn.transaction():
             ids = [tables.add_job(conn, doc="<p>" + "x" * 300 + "</p>")[0] for _ in range(JOBS)]
-        env = replica_env(database_url, REACTOR_GRACE_SECONDS=str(GRACE))
+        env = replica_env(database_url, tables, REACTOR_GRACE_SECONDS=str(GRACE))
         started = [replicas.start(env, f"load{i}") for i in range(3)]
         wait_for(lambda: listeners(conn) >= 3, 30, "three replicas listening")
         postmaster = server.embedded.postmaster_pid() if server.embedded else None
@@ -95,7 +96,7 @@ def test_fifty_thousand_jobs_in_a_minute(
                         await anyio.sleep(0.5)
 
                 tg.start_soon(sample_loop)
-                result = await settle(database_url, GRACE, within=120)
+                result = await settle(database_url, GRACE, within=120, mapping=tables.mapping)
                 tg.cancel_scope.cancel()
             return result
 

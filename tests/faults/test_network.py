@@ -17,7 +17,7 @@ from reactor.service import Reactor
 from tests.faults.proxy import FaultProxy
 from tests.faults.scenario import Scenario
 from tests.faults.support import with_port
-from tests.integration.conftest import eventually
+from tests.polling import eventually
 
 pytestmark = pytest.mark.anyio
 
@@ -71,15 +71,17 @@ async def _silent_partition(
     assert judgement.verdict.lateness_max_overall < outage + 10
 
 
-async def test_silent_partition_is_recovered(scenario: Scenario, proxy: FaultProxy) -> None:
-    await _silent_partition(scenario, proxy, cycles=1, outage=3.0, name="net: silent partition")
-
-
-@pytest.mark.slow
-async def test_silent_partitions_long(scenario: Scenario, proxy: FaultProxy) -> None:
-    await _silent_partition(
-        scenario, proxy, cycles=5, outage=15.0, name="net: silent partition (long)"
-    )
+@pytest.mark.parametrize(
+    ("cycles", "outage", "name"),
+    [
+        pytest.param(1, 3.0, "net: silent partition", id="short"),
+        pytest.param(5, 15.0, "net: silent partition (long)", marks=pytest.mark.slow, id="long"),
+    ],
+)
+async def test_silent_partition_is_recovered(
+    scenario: Scenario, proxy: FaultProxy, cycles: int, outage: float, name: str
+) -> None:
+    await _silent_partition(scenario, proxy, cycles=cycles, outage=outage, name=name)
 
 
 async def test_silent_partition_of_the_listener_is_noticed_within_the_probe_timeout(
@@ -132,20 +134,20 @@ async def test_partition_during_the_listeners_check_is_noticed_within_the_probe_
         await eventually(lambda: fleet.all_listeners(lambda listener: listener.proven), timeout=10)
         cut: list[float] = []
         first = fleet.reactors[0]
-        check = first.database.health
+        listener = first.listener
+        assert listener is not None
+        check = listener.check
 
-        async def health(
-            what: db.HealthCheck, *, probe: str | None = None, conn: db.AnyConnection | None = None
-        ) -> db.Health:
+        async def health(conn: db.AnyConnection, probe: str | None) -> bool:
             # The cut lands exactly as the first replica's next health check leaves on its
             # LISTEN connection (with the probe notification, unless other replicas' probes
             # arrived meanwhile).
-            if conn is not None and not cut:
+            if not cut:
                 proxy.partition()
                 cut.append(time.monotonic())
-            return await check(what, probe=probe, conn=conn)
+            return await check(conn, probe)
 
-        first.database.health = health  # type: ignore[method-assign, assignment]
+        listener.check = health
         await eventually(lambda: cut, timeout=5)
         noticed: float | None = None
         try:
@@ -224,13 +226,17 @@ async def _slow_network(
     assert judgement.verdict.lateness_max_overall < 8.0
 
 
-async def test_slow_network(scenario: Scenario, proxy: FaultProxy) -> None:
-    await _slow_network(scenario, proxy, seconds=3.0, name="net: +200 ms latency")
-
-
-@pytest.mark.slow
-async def test_slow_network_long(scenario: Scenario, proxy: FaultProxy) -> None:
-    await _slow_network(scenario, proxy, seconds=60.0, name="net: +200 ms latency (long)")
+@pytest.mark.parametrize(
+    ("seconds", "name"),
+    [
+        pytest.param(3.0, "net: +200 ms latency", id="short"),
+        pytest.param(60.0, "net: +200 ms latency (long)", marks=pytest.mark.slow, id="long"),
+    ],
+)
+async def test_slow_network(
+    scenario: Scenario, proxy: FaultProxy, seconds: float, name: str
+) -> None:
+    await _slow_network(scenario, proxy, seconds=seconds, name=name)
 
 
 async def _resets_mid_record(
@@ -260,16 +266,14 @@ async def _resets_mid_record(
 
 
 @pytest.mark.second_mapping
+@pytest.mark.parametrize(
+    ("resets", "name"),
+    [
+        pytest.param(5, "net: RST mid record statement", id="short"),
+        pytest.param(60, "net: RST mid record statement (long)", marks=pytest.mark.slow, id="long"),
+    ],
+)
 async def test_reset_in_the_middle_of_record_statements(
-    scenario: Scenario, proxy: FaultProxy
+    scenario: Scenario, proxy: FaultProxy, resets: int, name: str
 ) -> None:
-    await _resets_mid_record(scenario, proxy, resets=5, name="net: RST mid record statement")
-
-
-@pytest.mark.slow
-async def test_resets_in_the_middle_of_record_statements_long(
-    scenario: Scenario, proxy: FaultProxy
-) -> None:
-    await _resets_mid_record(
-        scenario, proxy, resets=60, name="net: RST mid record statement (long)"
-    )
+    await _resets_mid_record(scenario, proxy, resets=resets, name=name)

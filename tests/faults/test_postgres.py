@@ -22,7 +22,7 @@ import pytest
 from reactor.embedded import EmbeddedPostgres
 from tests.faults.scenario import Scenario
 from tests.faults.support import connect, reactor_pids, scalar
-from tests.integration.conftest import eventually
+from tests.polling import eventually
 
 pytestmark = pytest.mark.anyio
 
@@ -80,15 +80,17 @@ async def _restarts(
     assert reconnects >= cycles
 
 
-async def test_fast_shutdown_and_restart(scenario: Scenario, embedded: EmbeddedPostgres) -> None:
-    await _restarts(scenario, embedded, cycles=1, name="pg: fast shutdown + restart")
-
-
-@pytest.mark.slow
-async def test_fast_shutdown_and_restart_long(
-    scenario: Scenario, embedded: EmbeddedPostgres
+@pytest.mark.parametrize(
+    ("cycles", "name"),
+    [
+        pytest.param(1, "pg: fast shutdown + restart", id="short"),
+        pytest.param(8, "pg: fast shutdown + restart (long)", marks=pytest.mark.slow, id="long"),
+    ],
+)
+async def test_fast_shutdown_and_restart(
+    scenario: Scenario, embedded: EmbeddedPostgres, cycles: int, name: str
 ) -> None:
-    await _restarts(scenario, embedded, cycles=8, name="pg: fast shutdown + restart (long)")
+    await _restarts(scenario, embedded, cycles=cycles, name=name)
 
 
 async def _backend_crashes(scenario: Scenario, *, cycles: int, name: str) -> None:
@@ -110,15 +112,17 @@ async def _backend_crashes(scenario: Scenario, *, cycles: int, name: str) -> Non
     scenario.conclude(name, cycles, judgement, recovery=took, note="SIGKILL of one reactor backend")
 
 
+@pytest.mark.parametrize(
+    ("cycles", "name"),
+    [
+        pytest.param(1, "pg: backend SIGKILL (crash)", id="short"),
+        pytest.param(8, "pg: backend SIGKILL (crash, long)", marks=pytest.mark.slow, id="long"),
+    ],
+)
 async def test_backend_crash_resets_every_connection(
-    scenario: Scenario, embedded: EmbeddedPostgres
+    scenario: Scenario, embedded: EmbeddedPostgres, cycles: int, name: str
 ) -> None:
-    await _backend_crashes(scenario, cycles=1, name="pg: backend SIGKILL (crash)")
-
-
-@pytest.mark.slow
-async def test_backend_crashes_long(scenario: Scenario, embedded: EmbeddedPostgres) -> None:
-    await _backend_crashes(scenario, cycles=8, name="pg: backend SIGKILL (crash, long)")
+    await _backend_crashes(scenario, cycles=cycles, name=name)
 
 
 async def _downtime(
@@ -153,13 +157,17 @@ async def _downtime(
     assert caught_up - started < 10
 
 
-async def test_downtime(scenario: Scenario, embedded: EmbeddedPostgres) -> None:
-    await _downtime(scenario, embedded, seconds=5.0, name="pg: downtime 5 s")
-
-
-@pytest.mark.slow
-async def test_downtime_long(scenario: Scenario, embedded: EmbeddedPostgres) -> None:
-    await _downtime(scenario, embedded, seconds=30.0, name="pg: downtime 30 s")
+@pytest.mark.parametrize(
+    ("seconds", "name"),
+    [
+        pytest.param(5.0, "pg: downtime 5 s", id="short"),
+        pytest.param(30.0, "pg: downtime 30 s", marks=pytest.mark.slow, id="long"),
+    ],
+)
+async def test_downtime(
+    scenario: Scenario, embedded: EmbeddedPostgres, seconds: float, name: str
+) -> None:
+    await _downtime(scenario, embedded, seconds=seconds, name=name)
 
 
 # -- frozen backends ---------------------------------------------------------------------------
@@ -284,21 +292,19 @@ async def _frozen_claim(scenario: Scenario, *, seconds: float, reanalyse: bool, 
     assert final == ((later, tables.worker) if reanalyse else (held, tables.worker))
 
 
+@pytest.mark.parametrize(
+    ("seconds", "name"),
+    [
+        pytest.param(2.0, "pg: frozen backend holding a claim", id="short"),
+        pytest.param(
+            20.0, "pg: frozen backend holding a claim (long)", marks=pytest.mark.slow, id="long"
+        ),
+    ],
+)
 async def test_frozen_backend_holding_a_claim(
-    scenario: Scenario, embedded: EmbeddedPostgres
+    scenario: Scenario, embedded: EmbeddedPostgres, seconds: float, name: str
 ) -> None:
-    await _frozen_claim(
-        scenario, seconds=2.0, reanalyse=False, name="pg: frozen backend holding a claim"
-    )
-
-
-@pytest.mark.slow
-async def test_frozen_backend_holding_a_claim_long(
-    scenario: Scenario, embedded: EmbeddedPostgres
-) -> None:
-    await _frozen_claim(
-        scenario, seconds=20.0, reanalyse=False, name="pg: frozen backend holding a claim (long)"
-    )
+    await _frozen_claim(scenario, reanalyse=False, seconds=seconds, name=name)
 
 
 async def test_frozen_claim_resumed_after_a_reanalysis_keeps_the_later_job(
@@ -330,10 +336,14 @@ async def _terminations(scenario: Scenario, *, cycles: int, name: str) -> None:
     assert ended >= cycles
 
 
-async def test_terminated_reactor_sessions(scenario: Scenario) -> None:
-    await _terminations(scenario, cycles=4, name="pg: pg_terminate_backend at random")
-
-
-@pytest.mark.slow
-async def test_terminated_reactor_sessions_long(scenario: Scenario) -> None:
-    await _terminations(scenario, cycles=60, name="pg: pg_terminate_backend at random (long)")
+@pytest.mark.parametrize(
+    ("cycles", "name"),
+    [
+        pytest.param(4, "pg: pg_terminate_backend at random", id="short"),
+        pytest.param(
+            60, "pg: pg_terminate_backend at random (long)", marks=pytest.mark.slow, id="long"
+        ),
+    ],
+)
+async def test_terminated_reactor_sessions(scenario: Scenario, cycles: int, name: str) -> None:
+    await _terminations(scenario, cycles=cycles, name=name)

@@ -17,6 +17,7 @@ import anyio
 import pytest
 
 from tests.faults.conftest import Report
+from tests.faults.scenario import GRACE
 from tests.faults.support import (
     Conn,
     Judgement,
@@ -28,15 +29,16 @@ from tests.faults.support import (
     replica_env,
     scalar,
     settle,
-    wait_for,
 )
 from tests.faults.tables import Tables
+from tests.polling import wait_for
 
-GRACE = 1.0
 
-
-def settled(database_url: str, within: float = 30.0) -> tuple[Judgement, float]:
-    return anyio.run(lambda: settle(database_url, GRACE, within=within), backend="asyncio")
+def settled(database_url: str, tables: Tables, within: float = 30.0) -> tuple[Judgement, float]:
+    return anyio.run(
+        lambda: settle(database_url, GRACE, within=within, mapping=tables.mapping),
+        backend="asyncio",
+    )
 
 
 def start_listening(replicas: Replicas, conn: Conn, env: dict[str, str], name: str) -> Replica:
@@ -80,6 +82,7 @@ def _kill_nine(
     # With a hook: a replica killed mid-hook leaves a lease that another replica takes over.
     env = replica_env(
         database_url,
+        tables,
         REACTOR_HOOKS="judge=python:tests.hookmods:count",
         REACTOR_HOOK_TIMEOUT_SECONDS="2",
         REACTOR_HOOK_LEASE_SECONDS="3",
@@ -97,7 +100,7 @@ def _kill_nine(
                 live.append(replicas.start(env, f"r{cycle + 3}"))
         wait_for(lambda: listeners(conn) >= 3, 30, "three replicas listening")
         app.quiesce()
-        judgement, took = settled(database_url)
+        judgement, took = settled(database_url, tables)
         with contextlib.suppress(AssertionError):  # judged below, after the report
             wait_for(lambda: unhooked(tables, conn) == 0, 20, "every recorded run hooked")
         left = unhooked(tables, conn)
@@ -116,41 +119,23 @@ def _kill_nine(
     assert judgement.verdict.lateness_max < 5
 
 
+@pytest.mark.parametrize(
+    ("cycles", "scenario"),
+    [
+        pytest.param(2, "proc: kill -9 at random", id="short"),
+        pytest.param(40, "proc: kill -9 at random (long)", marks=pytest.mark.slow, id="long"),
+    ],
+)
 def test_kill_nine_at_random_moments(
     database_url: str,
     tables: Tables,
     replicas: Replicas,
     workload: Callable[..., Workload],
     report: Report,
+    cycles: int,
+    scenario: str,
 ) -> None:
-    _kill_nine(
-        database_url,
-        tables,
-        replicas,
-        workload,
-        report,
-        cycles=2,
-        scenario="proc: kill -9 at random",
-    )
-
-
-@pytest.mark.slow
-def test_kill_nine_at_random_moments_long(
-    database_url: str,
-    tables: Tables,
-    replicas: Replicas,
-    workload: Callable[..., Workload],
-    report: Report,
-) -> None:
-    _kill_nine(
-        database_url,
-        tables,
-        replicas,
-        workload,
-        report,
-        cycles=40,
-        scenario="proc: kill -9 at random (long)",
-    )
+    _kill_nine(database_url, tables, replicas, workload, report, cycles=cycles, scenario=scenario)
 
 
 # -- rolling deploy ----------------------------------------------------------------------------
@@ -166,7 +151,8 @@ def _rolling_deploy(
     scenario: str,
 ) -> None:
     app = workload(grace=GRACE, seed=22)
-    env = replica_env(database_url, REACTOR_DRAIN_SECONDS="5")
+    tables = app.tables
+    env = replica_env(database_url, tables, REACTOR_DRAIN_SECONDS="5")
     codes: list[int] = []
     with connect(database_url) as conn:
         old = [start_listening(replicas, conn, env, f"v0-{i}") for i in range(2)]
@@ -180,27 +166,28 @@ def _rolling_deploy(
                     assert "stopped" in retiring.messages()
                     old.append(new)
     app.quiesce()
-    judgement, took = settled(database_url)
+    judgement, took = settled(database_url, tables)
     report(scenario, rounds, judgement, recovery=took, note=f"2 replicas replaced {rounds}x")
     assert codes == [0] * (2 * rounds)
     assert judgement.clean, str(judgement)
 
 
+@pytest.mark.parametrize(
+    ("rounds", "scenario"),
+    [
+        pytest.param(1, "proc: rolling deploy", id="short"),
+        pytest.param(8, "proc: rolling deploy (long)", marks=pytest.mark.slow, id="long"),
+    ],
+)
 def test_rolling_deploy(
-    database_url: str, replicas: Replicas, workload: Callable[..., Workload], report: Report
+    database_url: str,
+    replicas: Replicas,
+    workload: Callable[..., Workload],
+    report: Report,
+    rounds: int,
+    scenario: str,
 ) -> None:
-    _rolling_deploy(
-        database_url, replicas, workload, report, rounds=1, scenario="proc: rolling deploy"
-    )
-
-
-@pytest.mark.slow
-def test_rolling_deploy_long(
-    database_url: str, replicas: Replicas, workload: Callable[..., Workload], report: Report
-) -> None:
-    _rolling_deploy(
-        database_url, replicas, workload, report, rounds=8, scenario="proc: rolling deploy (long)"
-    )
+    _rolling_deploy(database_url, replicas, workload, report, rounds=rounds, scenario=scenario)
 
 
 # -- SIGTERM while a drain outlasts REACTOR_DRAIN_SECONDS --------------------------------------
@@ -214,7 +201,7 @@ def test_sigterm_while_a_record_statement_outlasts_the_drain(
     report: Report,
 ) -> None:
     app = workload(grace=GRACE, seed=23, save_ratio=0.0)
-    env = replica_env(database_url, REACTOR_DRAIN_SECONDS="1")
+    env = replica_env(database_url, tables, REACTOR_DRAIN_SECONDS="1")
     with connect(database_url) as conn, connect(database_url) as tab:
         first = start_listening(replicas, conn, env, "first")
         [job_id] = app.finish(1, save=False)
@@ -236,7 +223,7 @@ def test_sigterm_while_a_record_statement_outlasts_the_drain(
         stopped_in = time.monotonic() - signalled
         tab.execute("ROLLBACK")  # the tab gave up: the run is the reactor's to write
         start_listening(replicas, conn, env, "second")
-        judgement, took = settled(database_url)
+        judgement, took = settled(database_url, tables)
     report(
         "proc: SIGTERM, record stuck past the drain",
         1,
@@ -264,6 +251,7 @@ def test_sigterm_while_a_hook_outlasts_the_drain(
     hook_log.touch()
     env = replica_env(
         database_url,
+        tables,
         REACTOR_DRAIN_SECONDS="1",
         REACTOR_HOOKS="judge=python:tests.hookmods:block",
         HOOK_LOG=str(hook_log),
@@ -283,7 +271,7 @@ def test_sigterm_while_a_hook_outlasts_the_drain(
         done_by = {
             line.split()[-1] for line in hook_log.read_text().splitlines() if line[:4] == "done"
         }
-        judgement, took = settled(database_url)
+        judgement, took = settled(database_url, tables)
     report("proc: SIGTERM, hook stuck past the drain", 1, judgement, recovery=took, unhooked=left)
     assert code == 0
     assert str(second.pid) in done_by
@@ -326,16 +314,17 @@ def _skewed_clocks(
     site.mkdir()
     (site / "sitecustomize.py").write_text(SITECUSTOMIZE)
     app = workload(grace=GRACE, seed=25)
+    tables = app.tables
     started: list[Replica] = []
     with connect(database_url) as conn:
         for offset in ("90", "-90"):
-            env = replica_env(database_url, FAKE_CLOCK_OFFSET=offset, PYTHONPATH=str(site))
+            env = replica_env(database_url, tables, FAKE_CLOCK_OFFSET=offset, PYTHONPATH=str(site))
             started.append(start_listening(replicas, conn, env, f"skew{offset}"))
         with app.running(30.0):
             time.sleep(seconds)
     offsets = [_log_clock_offset(r) for r in started]
     app.quiesce()
-    judgement, took = settled(database_url)
+    judgement, took = settled(database_url, tables)
     report(
         scenario,
         1,
@@ -350,38 +339,22 @@ def _skewed_clocks(
     assert judgement.verdict.saved_by_worker > 0
 
 
+@pytest.mark.parametrize(
+    ("seconds", "scenario"),
+    [
+        pytest.param(3.0, "proc: clocks +90 s / -90 s", id="short"),
+        pytest.param(60.0, "proc: clocks +90 s / -90 s (long)", marks=pytest.mark.slow, id="long"),
+    ],
+)
 def test_replicas_with_skewed_clocks(
     database_url: str,
     replicas: Replicas,
     workload: Callable[..., Workload],
     report: Report,
     tmp_path: Path,
+    seconds: float,
+    scenario: str,
 ) -> None:
     _skewed_clocks(
-        database_url,
-        replicas,
-        workload,
-        report,
-        tmp_path,
-        seconds=3.0,
-        scenario="proc: clocks +90 s / -90 s",
-    )
-
-
-@pytest.mark.slow
-def test_replicas_with_skewed_clocks_long(
-    database_url: str,
-    replicas: Replicas,
-    workload: Callable[..., Workload],
-    report: Report,
-    tmp_path: Path,
-) -> None:
-    _skewed_clocks(
-        database_url,
-        replicas,
-        workload,
-        report,
-        tmp_path,
-        seconds=60.0,
-        scenario="proc: clocks +90 s / -90 s (long)",
+        database_url, replicas, workload, report, tmp_path, seconds=seconds, scenario=scenario
     )

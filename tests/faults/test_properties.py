@@ -16,8 +16,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from reactor import db, sql
+from reactor import db
 from reactor.audit import Verdict
+from reactor.install import Install
 from tests.faults.support import Conn, connect
 from tests.faults.tables import JobId, RunKey, Tables
 
@@ -217,7 +218,8 @@ def test_precedence_matches_the_model(database_url: str, tables: Tables) -> None
     ):
         pool = db.make_pool(database_url, max_size=2)
         portal.call(pool.open)
-        real = Database(tables, conn, db.Database(pool, grace=0.0), portal)
+        queries = db.Database.pooled(Install.of(tables.mapping), pool)
+        real = Database(tables, conn, queries, portal)
         examples = 0
 
         @settings(
@@ -251,7 +253,8 @@ def test_precedence_matches_the_model(database_url: str, tables: Tables) -> None
                 assert real.row() == model.row, f"after {step}"
             # At rest, by the database's own count: nothing still needs a run, and no worker
             # write landed on a client row.
-            verdict = conn.execute(sql.query("verdict", "audit.sql"), {"grace": 0}).fetchone()
+            counts = real.reactor.install.query("verdict", "audit.sql")
+            verdict = conn.execute(counts, {"grace": 0}).fetchone()
             assert verdict is not None
             assert Verdict(*verdict).lost == 0
             assert Verdict(*verdict).clobbered == 0

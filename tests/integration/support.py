@@ -15,7 +15,7 @@ from typing import Any
 
 import psycopg.conninfo
 
-from reactor.recorder import Rearm
+from reactor.dispatch import Answer
 from reactor.service import Reactor
 from tests.helpers import Conn
 
@@ -119,7 +119,7 @@ class RecorderLog:
     itself still runs against the real database."""
 
     batches: list[list[str]] = field(default_factory=list)
-    rearms: list[Rearm] = field(default_factory=list)
+    rearms: list[list[tuple[str, float]]] = field(default_factory=list)
 
     def processed(self, job_id: uuid.UUID | str) -> bool:
         """True once a record statement that covered ``job_id`` has returned."""
@@ -140,11 +140,11 @@ def watch_recorder(reactor: Reactor) -> RecorderLog:
     log = RecorderLog()
     inner = reactor.recorder.record
 
-    async def record(job_ids: Sequence[str]) -> Rearm:
-        rearm = await inner(job_ids)
-        log.rearms.append(list(rearm))
+    async def record(job_ids: Sequence[str], alone: bool = False) -> Answer:
+        answer = await inner(job_ids, alone)
+        log.rearms.append(list(answer.retry))
         log.batches.append(list(job_ids))
-        return rearm
+        return answer
 
     reactor.recorder.record = record  # type: ignore[method-assign]
     return log

@@ -22,6 +22,7 @@ import psycopg.errors
 import pytest
 
 from reactor import grants
+from reactor.mapping import REFERENCE
 from tests.conftest import Server
 from tests.helpers import finish, new_job
 
@@ -84,7 +85,7 @@ def roles(server: Server, database_url: str) -> Iterator[dict[str, str]]:
     with psycopg.connect(database_url, autocommit=True) as admin:
         for name in made.values():
             admin.execute(f'CREATE ROLE "{name}" LOGIN')
-        admin.execute(grants.grant_script(made["runtime"]).encode())
+        admin.execute(grants.grant_script(made["runtime"], REFERENCE.in_public()).encode())
         admin.execute(APP_GRANTS.format(role=f'"{made["app"]}"').encode())
     yield made
     with psycopg.connect(database_url, autocommit=True) as admin:

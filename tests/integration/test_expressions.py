@@ -21,6 +21,7 @@ import pytest
 from reactor import db, mapping, status
 from reactor.config import Settings
 from reactor.errors import ConfigError
+from reactor.install import Install
 from reactor.metrics import Metrics
 from reactor.recorder import Recorder
 from tests.acceptance.conftest import reactor_env, run_reactor
@@ -53,12 +54,11 @@ def second_url(empty_database_url: str) -> str:
 
 
 @asynccontextmanager
-async def installed(url: str, shape: mapping.Mapping) -> AsyncIterator[None]:
-    """``shape`` installed by `reactor migrate`, and in force for the block."""
-    with mapping.using(shape):
-        async with await db.connect(url, "test") as conn:
-            await db.migrate(conn, "second_jobs_terminal", reference_schema=False)
-        yield
+async def installed(url: str, shape: mapping.Mapping) -> AsyncIterator[Install]:
+    """``shape`` installed by `reactor migrate`, typed by the catalog."""
+    async with await db.connect(url, "test") as conn:
+        migrated = await db.migrate(conn, shape, channel="second_jobs_terminal")
+    yield migrated.install
 
 
 def add_job(url: str, key: str) -> None:
@@ -82,9 +82,10 @@ def title_of(url: str, key: str, *, report: str = "Report") -> Any:
     return None if row is None else row[0]
 
 
-async def drain(url: str, hooks: tuple[str, ...] = ()) -> Recorder:
+async def drain(install: Install, url: str, hooks: tuple[str, ...] = ()) -> Recorder:
     async with db.make_pool(url, max_size=2) as pool:
-        recorder = Recorder(db.Database(pool, grace=GRACE, hooks=list(hooks)), Metrics())
+        database = db.Database.pooled(install, pool, grace=GRACE, hooks=hooks)
+        recorder = Recorder(database, Metrics())
         await recorder.drain(100)
     return recorder
 
@@ -93,9 +94,9 @@ async def test_a_percent_in_an_expression_is_recorded_as_written(
     second_url: str, tmp_path: Path
 ) -> None:
     shape = second_with(tmp_path, "coalesce(j.title, '100%')")
-    async with installed(second_url, shape):
+    async with installed(second_url, shape) as install:
         add_job(second_url, "percent")
-        recorder = await drain(second_url)
+        recorder = await drain(install, second_url)
         assert recorder.set_aside == {}
         assert title_of(second_url, "percent") == "100%"
 
@@ -106,18 +107,18 @@ async def test_a_placeholder_in_an_expression_neither_binds_nor_breaks(
     # %(hooks)s is the record statements' own parameter: read as one, the title would be the
     # hook names (or the statement would fail on an array where text belongs).
     shape = second_with(tmp_path, "coalesce(j.title, '%(hooks)s')")
-    async with installed(second_url, shape):
+    async with installed(second_url, shape) as install:
         add_job(second_url, "placeholder")
-        recorder = await drain(second_url, hooks=("audit",))
+        recorder = await drain(install, second_url, hooks=("audit",))
         assert recorder.set_aside == {}
         assert title_of(second_url, "placeholder") == "%(hooks)s"
 
 
 async def test_a_semicolon_inside_a_literal_is_text(second_url: str, tmp_path: Path) -> None:
     shape = second_with(tmp_path, "coalesce(j.title, 'a; b') /* ; */")
-    async with installed(second_url, shape):
+    async with installed(second_url, shape) as install:
         add_job(second_url, "semicolon")
-        await drain(second_url)
+        await drain(install, second_url)
         assert title_of(second_url, "semicolon") == "a; b"
 
 
@@ -128,14 +129,16 @@ async def test_a_percent_in_a_table_name_reaches_every_named_query(
     with psycopg.connect(second_url, autocommit=True) as conn:
         conn.execute('ALTER TABLE app."Report" RENAME TO "Report 100%"')
     shape = second_with(tmp_path, "coalesce(j.title, 'Untitled')", report="Report 100%")
-    async with installed(second_url, shape):
+    async with installed(second_url, shape) as install:
         add_job(second_url, "renamed")
-        recorder = await drain(second_url)
+        recorder = await drain(install, second_url)
         assert recorder.set_aside == {}
         assert title_of(second_url, "renamed", report="Report 100%") == "Untitled"
         async with await db.connect(second_url, "test", configure_session=False) as conn:
-            assert await db.job_trigger(conn) == ("second_jobs_terminal", True)
-            report = await status.collect(conn, Settings(database_url=second_url, grace=GRACE))
+            trigger = await db.Database.dedicated(install, conn).job_trigger()
+            assert trigger == ("second_jobs_terminal", True)
+            settings = Settings(database_url=second_url, grace=GRACE)
+            report = await status.collect(conn, install, settings)
         assert status.as_json(report)["jobs"]["due"] == 0
 
 

@@ -12,14 +12,16 @@ from typing import Any
 import psycopg
 import pytest
 
-from reactor import db, sql
+from reactor import db
 from reactor.config import Settings
 from reactor.hooks import HookRetention
+from reactor.install import REFERENCE_INSTALL
 from tests import hookmods
 from tests import pgbouncer as bouncer
 from tests.helpers import finish, new_job, run_row
-from tests.integration.conftest import StartReactor, eventually
+from tests.integration.conftest import StartReactor
 from tests.integration.support import add_job, worker_lateness
+from tests.polling import eventually
 
 pytestmark = pytest.mark.anyio
 
@@ -40,7 +42,7 @@ def conn(database_url: str) -> Any:
 @pytest.fixture
 async def database(database_url: str) -> AsyncIterator[db.Database]:
     async with db.make_pool(database_url, max_size=2) as pool:
-        yield db.Database(pool, grace=0.0, hooks=["judge"])
+        yield db.Database.pooled(REFERENCE_INSTALL, pool, hooks=["judge"])
 
 
 def rows(conn: psycopg.Connection[Any]) -> list[tuple[Any, ...]]:
@@ -233,7 +235,7 @@ def test_the_claim_counts_a_lease_that_ran_out_as_an_attempt(
 
     def claim(max_attempts: int | None) -> dict[str, tuple[Any, ...]]:
         found = conn.execute(
-            sql.query("claim_hooks"), {**params, "max_attempts": max_attempts}
+            REFERENCE_INSTALL.query("claim_hooks"), {**params, "max_attempts": max_attempts}
         ).fetchall()
         return {row[3]: (row[4], row[6]) for row in found}  # hook: (attempts, superseded)
 
@@ -270,7 +272,7 @@ async def test_retry_gives_a_parked_row_a_fresh_schedule(
         await eventually(lambda: [s for _, s, _ in rows(conn)] == ["failed"])
         row_id = conn.execute("SELECT id FROM reactor.hook_outbox").fetchone()[0]  # type: ignore[index]
         async with await db.connect(database_url, "test") as admin:
-            (change,) = await db.retry_hooks(admin, [row_id])
+            (change,) = await db.Database.dedicated(REFERENCE_INSTALL, admin).retry_hooks([row_id])
         assert change == db.HookChange(row_id, "failed", True)
         # The whole budget again: two more attempts, then parked once more.
         await eventually(lambda: [(s, a) for _, s, a in rows(conn)] == [("failed", 4)])
@@ -292,20 +294,21 @@ async def test_retry_and_cancel_are_all_or_nothing(
         return str(conn.execute("SELECT status FROM reactor.hook_outbox WHERE id = %s", (row_id,))
                    .fetchone()[0])  # type: ignore[index]  # fmt: skip
 
-    async with await db.connect(database_url, "test") as admin:
-        unknown = await db.retry_hooks(admin, [ids["failed"], 999_999])
+    async with await db.connect(database_url, "test") as conn_of_admin:
+        admin = db.Database.dedicated(REFERENCE_INSTALL, conn_of_admin)
+        unknown = await admin.retry_hooks([ids["failed"], 999_999])
         assert unknown == [
             db.HookChange(ids["failed"], "failed", False),
             db.HookChange(999_999, None, False),
         ]
         assert status_of(ids["failed"]) == "failed"
-        refused = await db.cancel_hooks(admin, [ids["pending"], ids["running"]])
+        refused = await admin.cancel_hooks([ids["pending"], ids["running"]])
         assert [c.changed for c in refused] == [False, False]
         assert status_of(ids["pending"]) == "pending"
-        done = await db.cancel_hooks(admin, [ids["pending"], ids["failed"]])
+        done = await admin.cancel_hooks([ids["pending"], ids["failed"]])
         assert [c.changed for c in done] == [True, True]
         assert (status_of(ids["pending"]), status_of(ids["failed"])) == ("cancelled", "cancelled")
-        back = await db.retry_hooks(admin, [ids["failed"]])
+        back = await admin.retry_hooks([ids["failed"]])
         assert back == [db.HookChange(ids["failed"], "cancelled", True)]
         assert status_of(ids["failed"]) == "pending"
         retry_base = conn.execute(
@@ -393,18 +396,18 @@ def test_periodic_queries_never_read_the_settled_rows(conn: psycopg.Connection[A
     add_rows(conn, 2, "failed", 0)
     conn.execute("VACUUM ANALYZE reactor.hook_outbox")
     params: dict[str, Any] = {
-        **db.health_params(1.0, db.HealthCheck("test", 15.0, 86400.0, "test")),
+        **db.health_params(REFERENCE_INSTALL, 1.0, db.HealthCheck("test", 15.0, 86400.0)),
         "hooks": ["judge"], "limit": 4, "lease": 60.0, "max_attempts": 40, "batch": 1000,
         "lock": db.PURGE_LOCK,
         "failed_only": False,
     }  # fmt: skip
     plans = {
-        "health": plan(conn, sql.query("health"), params),
-        "status_hooks": plan(conn, sql.query("status_hooks", "status.sql"), params),
-        "claim_hooks": plan(conn, sql.query("claim_hooks"), params),
-        "next_hook_in": plan(conn, sql.query("next_hook_in"), params),
-        "list_hooks": plan(conn, sql.query("list_hooks", "hooks.sql"), params),
-        "purge_hooks": plan(conn, sql.query("purge_hooks", "hooks.sql"), params),
+        "health": plan(conn, REFERENCE_INSTALL.query("health"), params),
+        "status_hooks": plan(conn, REFERENCE_INSTALL.query("status_hooks", "status.sql"), params),
+        "claim_hooks": plan(conn, REFERENCE_INSTALL.query("claim_hooks"), params),
+        "next_hook_in": plan(conn, REFERENCE_INSTALL.query("next_hook_in"), params),
+        "list_hooks": plan(conn, REFERENCE_INSTALL.query("list_hooks", "hooks.sql"), params),
+        "purge_hooks": plan(conn, REFERENCE_INSTALL.query("purge_hooks", "hooks.sql"), params),
     }
     for name, text in plans.items():
         assert "Seq Scan on hook_outbox" not in text, f"{name}:\n{text}"

@@ -23,7 +23,8 @@ from reactor.hooks import IDEMPOTENCY_HEADER, HookCall
 from reactor.signature import SIGNATURE_HEADER, verify_signature
 from tests import hookmods
 from tests.helpers import client_save, finish, new_job
-from tests.integration.conftest import StartReactor, eventually
+from tests.integration.conftest import StartReactor
+from tests.polling import eventually
 
 pytestmark = pytest.mark.anyio
 

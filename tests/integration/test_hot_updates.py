@@ -28,7 +28,9 @@ from typing import Any
 import psycopg
 import pytest
 
-from reactor import db, sql
+from reactor import db
+from reactor.install import REFERENCE_INSTALL
+from reactor.mapping import REFERENCE
 from tests.helpers import Conn
 from tests.integration.support import scalar
 
@@ -159,7 +161,7 @@ def test_the_walk_and_the_run_to_jobs_road_use_the_index(conn: Conn) -> None:
         "limit": 1000,
         "lease": 30.0,
     }
-    walk = _plan(conn, sql.query("reconcile_step"), params)
+    walk = _plan(conn, REFERENCE_INSTALL.query("reconcile_step"), params)
     assert "Index Only Scan using analysis_jobs_reactor_finished_idx" in walk, walk
     # reactor.queue_runs_v2's statement: the jobs of some runs, eligible in the row.
     runs = [row[0] for row in conn.execute("SELECT run_id FROM analysis_jobs LIMIT 5")]
@@ -183,7 +185,7 @@ async def test_an_upgrade_replaces_the_old_walk_index(database_url: str, conn: C
     )
     conn.execute("DELETE FROM reactor.schema_version WHERE version = 15")
     async with await db.connect(database_url, "test") as aconn:
-        assert await db.migrate(aconn, "analysis_jobs_terminal", reference_schema=False) == [15]
+        assert (await db.migrate(aconn, REFERENCE)).applied == [15]
     names = [
         row[0]
         for row in conn.execute(

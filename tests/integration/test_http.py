@@ -29,9 +29,10 @@ from reactor import http
 from reactor.errors import ConfigError
 from reactor.service import Reactor
 from tests.acceptance.conftest import reactor_env, run_reactor
-from tests.acceptance.test_cli import assert_one_clean_line, wait_for
+from tests.acceptance.test_cli import assert_one_clean_line
 from tests.conftest import Server
 from tests.integration.conftest import StartReactor
+from tests.polling import wait_for
 
 Serve = Callable[..., AbstractAsyncContextManager[tuple[Reactor, str, aiohttp.ClientSession]]]
 

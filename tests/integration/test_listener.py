@@ -21,8 +21,9 @@ from reactor.listener import BACKOFF_BASE, BACKOFF_CAP, backoff
 from tests.faults.proxy import FaultProxy
 from tests.faults.support import host_port, with_port
 from tests.helpers import finish, new_job, run_row
-from tests.integration.conftest import StartReactor, eventually
+from tests.integration.conftest import StartReactor
 from tests.integration.support import scalar
+from tests.polling import eventually
 
 pytestmark = pytest.mark.anyio
 
@@ -157,7 +158,8 @@ async def test_a_job_notified_in_the_probes_packet_is_not_dropped(
     # once. A notification that came in the same packet must not go with the rest of it.
     job_id = str(uuid.uuid4())
 
-    async def probe_and_job(self: db.Database, channel: str, payload: str) -> None:
+    async def probe_and_job(self: db.Database, payload: str, channel: str | None = None) -> None:
+        channel = channel or self.install.channel
         async with self.pool.connection() as conn:
             # One transaction: delivered together, the probe first.
             await db.call(

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +22,7 @@ import pytest
 from docs import generate
 from reactor import db, grants, mapping, sql, status
 from reactor.config import Settings
+from reactor.install import Install
 from reactor.listener import parse_hint
 from reactor.metrics import Metrics
 from reactor.recorder import Recorder
@@ -52,12 +52,11 @@ def second_url(empty_database_url: str) -> str:
 
 
 @pytest.fixture
-async def second(second_url: str) -> AsyncIterator[mapping.Mapping]:
-    """The second mapping installed by `reactor migrate`, and in force for the test."""
-    with mapping.using(mapping.load(str(SECOND_TOML))):
-        async with await db.connect(second_url, "test") as conn:
-            await db.migrate(conn, CHANNEL, reference_schema=False)
-        yield mapping.in_force()
+async def second(second_url: str) -> Install:
+    """The second mapping installed by `reactor migrate`, typed by the catalog."""
+    async with await db.connect(second_url, "test") as conn:
+        migrated = await db.migrate(conn, mapping.load(str(SECOND_TOML)), channel=CHANNEL)
+    return migrated.install
 
 
 def app(url: str) -> psycopg.Connection[Any]:
@@ -96,17 +95,18 @@ def report(conn: Conn, key: str) -> tuple[Any, ...] | None:
     ).fetchone()
 
 
-async def drain(url: str) -> int:
+async def drain(install: Install, url: str) -> int:
     async with db.make_pool(url, max_size=2) as pool:
-        return await Recorder(db.Database(pool, grace=GRACE), Metrics()).drain(100)
+        database = db.Database.pooled(install, pool, grace=GRACE)
+        return (await Recorder(database, Metrics()).drain(100)).recorded
 
 
 async def test_migrate_types_the_reactor_tables_by_the_app_columns(
-    second: mapping.Mapping, second_url: str
+    second: Install, second_url: str
 ) -> None:
-    assert second.jobs.id_type == "bigint"
-    assert second.jobs.run_type == "text"
-    assert second.jobs.table == ("app", "Job")
+    assert second.id_type == "bigint"
+    assert second.mapping.jobs.run_type == "text"
+    assert second.mapping.jobs.table == ("app", "Job")
     with app(second_url) as conn:
         types = dict(
             conn.execute(
@@ -139,7 +139,7 @@ def test_migrate_print_against_the_catalog_is_what_the_docs_show(second_url: str
 
 
 async def test_due_jobs_are_recorded_from_utc_wall_clock_times(
-    second: mapping.Mapping, second_url: str
+    second: Install, second_url: str
 ) -> None:
     with app(second_url) as conn:
         due = add(conn, "due", title=None)
@@ -162,7 +162,7 @@ async def test_due_jobs_are_recorded_from_utc_wall_clock_times(
         queued = conn.execute("SELECT job_id FROM reactor.pending ORDER BY job_id").fetchall()
         assert [row[0] for row in queued] == sorted([due, fresh, saved, legacy])
 
-    assert await drain(second_url) == 1
+    assert await drain(second, second_url) == 1
 
     with app(second_url) as conn:
         assert report(conn, "due") == ("system", due, ["ok"], OWNER, "Untitled")
@@ -176,31 +176,31 @@ async def test_due_jobs_are_recorded_from_utc_wall_clock_times(
 
 
 async def test_a_later_job_of_the_run_replaces_the_worker_row(
-    second: mapping.Mapping, second_url: str
+    second: Install, second_url: str
 ) -> None:
     with app(second_url) as conn:
         first = add(conn, "again", verdicts=["first"])
-    assert await drain(second_url) == 1
+    assert await drain(second, second_url) == 1
     with app(second_url) as conn:
         later = add(conn, "again", verdicts=["later"])
         assert (
             conn.execute("SELECT count(*) FROM reactor.pending WHERE job_id = %s", (later,))
         ).fetchone() == (1,)
-    assert await drain(second_url) == 1
+    assert await drain(second, second_url) == 1
     with app(second_url) as conn:
         assert report(conn, "again") == ("system", later, ["later"], OWNER, "Untitled")
         assert first < later
 
 
 async def test_the_trigger_hints_with_the_bigint_id_and_the_utc_instant(
-    second: mapping.Mapping, second_url: str
+    second: Install, second_url: str
 ) -> None:
     with app(second_url) as listener, app(second_url) as conn:
         listener.execute(f"LISTEN {CHANNEL}")
         job = add(conn, "hinted", age=3.0)
         hints = [n.payload for n in listener.notifies(timeout=5, stop_after=1)]
     assert len(hints) == 1
-    parsed = parse_hint(hints[0])
+    parsed = parse_hint(hints[0], second.id_type)
     assert parsed is not None
     job_id, at = parsed
     assert job_id == str(job)
@@ -209,7 +209,7 @@ async def test_the_trigger_hints_with_the_bigint_id_and_the_utc_instant(
 
 
 async def test_the_reconcile_finds_a_job_that_went_around_the_trigger(
-    second: mapping.Mapping, second_url: str
+    second: Install, second_url: str
 ) -> None:
     with app(second_url) as conn:
         conn.execute("SET session_replication_role = replica")
@@ -217,33 +217,33 @@ async def test_the_reconcile_finds_a_job_that_went_around_the_trigger(
         conn.execute("SET session_replication_role = origin")
         assert conn.execute("SELECT count(*) FROM reactor.pending").fetchone() == (0,)
     async with await db.connect(second_url, "test") as conn:
-        found = await db.reconcile_pass(conn, owner="test", grace=GRACE)
+        found = await db.Database.dedicated(second, conn, grace=GRACE).reconcile_pass("test")
     assert found.found == 1
     assert found.example == str(restored)
-    assert await drain(second_url) == 1
+    assert await drain(second, second_url) == 1
 
 
-async def test_status_reads_the_mapped_tables(second: mapping.Mapping, second_url: str) -> None:
+async def test_status_reads_the_mapped_tables(second: Install, second_url: str) -> None:
     with app(second_url) as conn:
         add(conn, "late")
         add(conn, "early", age=0.0)
     settings = Settings(database_url=second_url, grace=GRACE)
     async with await db.connect(second_url, "status", configure_session=False) as conn:
-        report = await status.collect(conn, settings)
+        report = await status.collect(conn, second, settings)
     document = status.as_json(report)
     assert document["jobs"]["due"] == 1
     assert document["jobs"]["in_grace"] == 1
 
 
 async def test_a_role_with_the_printed_grants_records_on_the_mapped_tables(
-    second: mapping.Mapping, second_url: str
+    second: Install, second_url: str
 ) -> None:
     name = f"reactor_rt_{uuid.uuid4().hex[:8]}"
     with psycopg.connect(second_url, autocommit=True) as admin:
         admin.execute(f'CREATE ROLE "{name}" LOGIN')
         try:
-            admin.execute(grants.grant_script(name).encode())
-            printed = grants.grant_script(name)
+            admin.execute(grants.grant_script(name, second.mapping).encode())
+            printed = grants.grant_script(name, second.mapping)
             assert f'GRANT USAGE ON SCHEMA app TO "{name}";' in printed
             assert f'GRANT UPDATE ("updatedAt") ON app."Job" TO "{name}";' in printed
             assert "outranks_v1(bigint, bigint, text)" in printed
@@ -251,8 +251,8 @@ async def test_a_role_with_the_printed_grants_records_on_the_mapped_tables(
                 add(conn, "as-role")
             as_role = psycopg.conninfo.make_conninfo(second_url, user=name)
             async with await db.connect(as_role, "test", configure_session=False) as conn:
-                await db.require_privileges(conn)
-            assert await drain(as_role) == 1
+                await db.Database.dedicated(second, conn).require_privileges()
+            assert await drain(second, as_role) == 1
             with app(second_url) as conn:
                 assert report(conn, "as-role") is not None
         finally:
@@ -313,7 +313,7 @@ async def test_two_sidecars_share_a_database_through_two_reactor_schemas(
 
 
 async def test_the_apps_progress_updates_stay_hot_on_the_mapped_table(
-    second: mapping.Mapping, second_url: str
+    second: Install, second_url: str
 ) -> None:
     def counts(conn: Conn) -> tuple[int, int]:
         conn.execute("SELECT pg_stat_force_next_flush()")

@@ -20,10 +20,12 @@ import pytest
 from reactor import db, sql
 from reactor.config import Settings
 from reactor.embedded import EmbeddedPostgres
-from reactor.service import POOL_SIZE, Reactor
+from reactor.install import REFERENCE_INSTALL
+from reactor.mapping import REFERENCE
+from reactor.service import open_reactor
 from tests.faults.support import judge
 from tests.helpers import AUDIT_SQL, Conn
-from tests.integration.conftest import eventually
+from tests.polling import eventually
 
 pytestmark = pytest.mark.anyio
 
@@ -56,7 +58,7 @@ async def test_a_stuck_listener_fails_no_commit_and_loses_nothing(
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(sql.read("reference.sql") + AUDIT_SQL)
     async with await db.connect(dsn, "test") as aconn:
-        await db.migrate(aconn, CHANNEL, reference_schema=False)
+        await db.migrate(aconn, REFERENCE, channel=CHANNEL)
 
     settings = Settings(
         database_url=dsn,
@@ -73,33 +75,27 @@ async def test_a_stuck_listener_fails_no_commit_and_loses_nothing(
         stuck.execute(f"LISTEN {CHANNEL}")
         stuck.execute("BEGIN")
         stuck.execute("SELECT 1")  # idle in transaction from here on: the queue cannot drain
-        async with db.make_pool(dsn, max_size=POOL_SIZE) as pool:
-            reactor = Reactor(settings, db.Database(pool, grace=GRACE))
-            async with anyio.create_task_group() as tg:
-                await tg.start(reactor.run)
-                try:
-                    failed = await anyio.to_thread.run_sync(_finish_jobs, app)
-                    assert failed == 0
-                    usage = app.execute("SELECT pg_notification_queue_usage()").fetchone()
-                    assert usage is not None
-                    assert usage[0] >= 0.5
-                    # The reactor says so, and polls instead of waiting for notifications.
-                    await eventually(lambda: reactor.vitals.notify_skipped, timeout=15)
-                    gauge = "reactor_notification_queue_usage"
-                    assert (reactor.metrics.registry.get_sample_value(gauge) or 0) >= 0.5
-                    assert reactor.polling
-                    # The health check skips its probe while the queue is half full, and the
-                    # listener expects none back: its connection stays up through checks.
-                    assert reactor.listener is not None
-                    connections = reactor.listener.connections
-                    health = reactor.cadence.duties["health"]
-                    checks = health.runs
-                    await eventually(lambda: health.runs >= checks + 4, timeout=15)
-                    assert reactor.listener.connections == connections
-                    assert reactor.listener.state == "listening"
-                    await eventually(lambda: _runs(app) == JOBS, timeout=60, interval=0.2)
-                finally:
-                    reactor.stop()
+        async with open_reactor(settings, REFERENCE_INSTALL) as reactor, reactor.running():
+            failed = await anyio.to_thread.run_sync(_finish_jobs, app)
+            assert failed == 0
+            usage = app.execute("SELECT pg_notification_queue_usage()").fetchone()
+            assert usage is not None
+            assert usage[0] >= 0.5
+            # The reactor says so, and polls instead of waiting for notifications.
+            await eventually(lambda: reactor.vitals.notify_skipped, timeout=15)
+            gauge = "reactor_notification_queue_usage"
+            assert (reactor.metrics.registry.get_sample_value(gauge) or 0) >= 0.5
+            assert reactor.polling
+            # The health check skips its probe while the queue is half full, and the
+            # listener expects none back: its connection stays up through checks.
+            assert reactor.listener is not None
+            connections = reactor.listener.connections
+            health = reactor.cadence.duties["health"]
+            checks = health.runs
+            await eventually(lambda: health.runs >= checks + 4, timeout=15)
+            assert reactor.listener.connections == connections
+            assert reactor.listener.state == "listening"
+            await eventually(lambda: _runs(app) == JOBS, timeout=60, interval=0.2)
         stuck.execute("ROLLBACK")
     result = await judge(dsn, GRACE)
     assert result.clean, result

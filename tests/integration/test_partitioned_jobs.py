@@ -21,6 +21,8 @@ import psycopg
 import pytest
 
 from reactor import db, sql
+from reactor.install import REFERENCE_INSTALL
+from reactor.mapping import REFERENCE
 from tests.acceptance.conftest import reactor_env, run_reactor
 from tests.helpers import AUDIT_SQL, Conn
 from tests.integration.support import scalar
@@ -84,7 +86,7 @@ def _app_tables(dsn: str, *, partitioned_runs: bool = False) -> None:
 
 async def _migrate(dsn: str) -> list[int]:
     async with await db.connect(dsn, "test") as conn:
-        return await db.migrate(conn, CHANNEL, reference_schema=False)
+        return (await db.migrate(conn, REFERENCE, channel=CHANNEL)).applied
 
 
 @pytest.fixture
@@ -320,7 +322,7 @@ def test_a_partitioned_runs_table_is_refused(empty_database_url: str) -> None:
 
 
 def test_the_printed_script_says_what_to_do_on_a_partitioned_table() -> None:
-    script = db.migration_script(CHANNEL, reference_schema=False)
+    script = db.migration_script(REFERENCE_INSTALL, reference_schema=False)
     build = script.index(f'CREATE INDEX CONCURRENTLY IF NOT EXISTS "{INDEX}"')
     note = script.rindex(
         "-- On a partitioned job table PostgreSQL refuses the next statement", 0, build

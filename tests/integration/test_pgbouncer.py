@@ -17,8 +17,9 @@ import pytest
 from reactor import db
 from tests import pgbouncer as bouncer
 from tests.helpers import finish, new_job, run_row, worker_writes
-from tests.integration.conftest import StartReactor, eventually
+from tests.integration.conftest import StartReactor
 from tests.integration.support import recorded
+from tests.polling import eventually
 
 pytestmark = pytest.mark.anyio
 

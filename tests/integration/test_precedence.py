@@ -14,6 +14,7 @@ import psycopg
 import pytest
 
 from reactor import db
+from reactor.install import REFERENCE_INSTALL
 from tests.helpers import (
     Conn,
     client_save,
@@ -22,8 +23,9 @@ from tests.helpers import (
     run_row,
     worker_writes,
 )
-from tests.integration.conftest import StartReactor, eventually
+from tests.integration.conftest import StartReactor
 from tests.integration.support import add_job, audit, recorded, watch_recorder
+from tests.polling import eventually
 
 pytestmark = pytest.mark.anyio
 
@@ -39,7 +41,7 @@ def _connect(database_url: str) -> Conn:
 async def database(database_url: str) -> AsyncIterator[db.Database]:
     """The reactor's statements on their own, with no timers or listener around them."""
     async with db.make_pool(database_url, max_size=2) as pool:
-        yield db.Database(pool, grace=GRACE)
+        yield db.Database.pooled(REFERENCE_INSTALL, pool, grace=GRACE)
 
 
 def _ordered_ids() -> tuple[uuid.UUID, uuid.UUID]:

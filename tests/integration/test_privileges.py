@@ -21,9 +21,10 @@ import pytest
 
 from reactor import grants
 from tests.acceptance.conftest import reactor_env, run_reactor
-from tests.acceptance.test_cli import assert_one_clean_line, wait_for
+from tests.acceptance.test_cli import assert_one_clean_line
 from tests.conftest import Server
 from tests.helpers import finish, new_job, run_row
+from tests.polling import wait_for
 
 Spawn = Callable[..., subprocess.Popen[str]]
 

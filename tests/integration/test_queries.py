@@ -1,9 +1,10 @@
 """Each named query is written once and runs the same through either connector.
 
-A ``Pooled`` connector runs a query as a pinned call on a pool connection, a ``Dedicated`` one
-as a bare statement on a connection of the caller's own. Reading the same state both ways proves
-the two agree, and every row type decoding by column name proves that its fields and its
-query's aliases still match: a renamed alias fails here instead of filling the wrong field.
+A Database on a ``Pooled`` connector runs a query as a pinned call on a pool connection, one on
+a ``Dedicated`` connector as a bare statement on a connection of the caller's own. Reading the
+same state both ways proves the two agree, and every row type decoding by column name proves
+that its fields and its query's aliases still match: a renamed alias fails here instead of
+filling the wrong field.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import psycopg
 import pytest
 
 from reactor import db
+from reactor.install import REFERENCE_INSTALL
 from tests.helpers import Conn
 from tests.integration.support import add_job
 
@@ -23,17 +25,18 @@ pytestmark = pytest.mark.anyio
 GRACE = 60.0
 HOOK = "judge"
 
-Connectors = tuple[db.Connector, db.Connector]
+Connectors = tuple[db.Database, db.Database]
 
 
 @pytest.fixture
 async def connectors(database_url: str) -> AsyncIterator[Connectors]:
-    """(pooled, dedicated), on the same database."""
+    """The queries (pooled, dedicated), on the same database."""
     async with (
         db.make_pool(database_url, max_size=1) as pool,
         await db.connect(database_url, "test") as conn,
     ):
-        yield db.Pooled(pool), db.Dedicated(conn)
+        pooled = db.Database.pooled(REFERENCE_INSTALL, pool, grace=GRACE, hooks=[HOOK])
+        yield pooled, pooled.using(conn)
 
 
 @pytest.fixture
@@ -65,24 +68,24 @@ async def test_reads_agree_through_the_pool_and_on_a_dedicated_connection(
     waiting, _ = add_job(conn, status="complete", results={"verdicts": [1]}, age=5)
     overdue, _ = add_job(conn, status="complete", results={"verdicts": [1]}, age=2 * GRACE)
     hook_row = parked_hook_row(conn)
-    check = db.HealthCheck("replica-a", 15.0, 86400.0, "test_channel")
+    check = db.HealthCheck("replica-a", 15.0, 86400.0)
 
     seen: list[dict[str, Any]] = []
     for on in connectors:
-        upcoming = await db.upcoming(on, 10, grace=GRACE)
-        polled, high = await db.poll_queue(on, None, grace=GRACE, ahead=2 * GRACE, limit=10)
-        hooks, total, failed = await db.list_hooks(on, failed_only=True, limit=10)
-        health = await db.health(on, check, grace=GRACE)
+        upcoming = await on.upcoming(10)
+        polled, high = await on.poll_queue(None, ahead=2 * GRACE, limit=10)
+        hooks, total, failed = await on.list_hooks(failed_only=True, limit=10)
+        health = await on.health(check)
         seen.append(
             {
                 "upcoming": [job_id for job_id, _ in upcoming],
-                "oldest_queued": await db.oldest_queued(on, 10, grace=GRACE),
+                "oldest_queued": await on.oldest_queued(10),
                 "polled": sorted(job.job_id for job in polled),
                 "window_end": type(high),
                 "hooks": (hooks, total, failed),
-                "next_hook_in": await db.next_hook_in(on, hooks=[HOOK]),
-                "reconcile": await db.last_reconcile_pass(on),
-                "job_trigger": await db.job_trigger(on),
+                "next_hook_in": await on.next_hook_in(),
+                "reconcile": await on.last_reconcile_pass(),
+                "job_trigger": await on.job_trigger(),
                 "live": (health.live_replicas, health.hook_failed, health.trigger_channel),
             }
         )
@@ -105,14 +108,14 @@ async def test_the_reconcile_step_decodes_the_same_either_way(
     add_job(conn, status="complete", results={"verdicts": [1]}, age=5)
     conn.execute("DELETE FROM reactor.pending")  # gone around the triggers: drift
     pooled, dedicated = connectors
-    first = await db.reconcile_step(pooled, owner="a", interval=60, grace=GRACE, force=True)
-    second = await db.reconcile_step(dedicated, owner="b", interval=60, grace=GRACE, force=True)
+    first = await pooled.reconcile_step(owner="a", interval=60, force=True)
+    second = await dedicated.reconcile_step(owner="b", interval=60, force=True)
     assert (first.outcome, second.outcome) == ("completed", "completed")
     assert second.pass_number == first.pass_number + 1
     assert len(first.found) == 1
     assert second.found == []
     assert (first.pass_found, second.pass_found) == (1, 0)
-    last = await db.last_reconcile_pass(dedicated)
+    last = await dedicated.last_reconcile_pass()
     assert (last.number, last.found, last.owner) == (second.pass_number, 0, "b")
 
 
@@ -120,16 +123,16 @@ async def test_hook_changes_and_claims_decode_by_name(conn: Conn, connectors: Co
     pooled, dedicated = connectors
     hook_row = parked_hook_row(conn)
     missing = 999_999
-    refused = await db.cancel_hooks(dedicated, [hook_row, missing])
+    refused = await dedicated.cancel_hooks([hook_row, missing])
     assert refused == [
         db.HookChange(hook_row, "failed", False),
         db.HookChange(missing, None, False),
     ]
-    assert await db.retry_hooks(pooled, [hook_row]) == [db.HookChange(hook_row, "failed", True)]
-    [claim] = await db.claim_hooks(pooled, 10, 60.0, hooks=[HOOK])
+    assert await pooled.retry_hooks([hook_row]) == [db.HookChange(hook_row, "failed", True)]
+    [claim] = await pooled.claim_hooks(10, 60.0)
     assert (claim.id, claim.hook, claim.attempt, claim.retry_base) == (hook_row, HOOK, 3, 2)
     assert not claim.superseded
     assert not claim.parked
     assert claim.scheduled_attempt == 1
-    await db.release_hook(dedicated, claim)
-    assert await db.next_hook_in(dedicated, hooks=[HOOK]) is not None
+    await dedicated.release_hook(claim)
+    assert await dedicated.next_hook_in() is not None

@@ -6,19 +6,21 @@ app here keeps the reference tables in a schema "MyApp", under a reactor schema 
 
 from __future__ import annotations
 
+import io
 import json
-import re
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import psycopg
 import psycopg.conninfo
 import pytest
+from rich.console import Console
 
 from reactor import db, grants, mapping, sql, status
 from reactor.config import Settings
+from reactor.install import Install
 from reactor.metrics import Metrics
+from reactor.quote import readable
 from reactor.recorder import Recorder
 from tests.conftest import Server
 
@@ -39,8 +41,8 @@ table = "MyApp.Runs"
 
 
 @pytest.fixture
-def my_app(empty_database_url: str, tmp_path: Path) -> Iterator[tuple[str, mapping.Mapping]]:
-    """The reference tables as "MyApp"."Jobs" and "MyApp"."Runs", mapped and in force."""
+def my_app(empty_database_url: str, tmp_path: Path) -> tuple[str, mapping.Mapping]:
+    """The reference tables as "MyApp"."Jobs" and "MyApp"."Runs", and their mapping."""
     with psycopg.connect(empty_database_url, autocommit=True) as conn:
         conn.execute('CREATE SCHEMA "MyApp"; SET search_path = "MyApp"')
         conn.execute(sql.read("reference.sql"))
@@ -48,13 +50,13 @@ def my_app(empty_database_url: str, tmp_path: Path) -> Iterator[tuple[str, mappi
         conn.execute('ALTER TABLE analysis_runs RENAME TO "Runs"')
     path = tmp_path / "reactor.toml"
     path.write_text(TOML)
-    with mapping.using(mapping.load(str(path))):
-        yield empty_database_url, mapping.in_force()
+    return empty_database_url, mapping.load(str(path))
 
 
-async def install(url: str) -> None:
+async def install(url: str, shape: mapping.Mapping) -> Install:
     async with await db.connect(url, "test") as conn:
-        await db.migrate(conn, "my_reactor_jobs_terminal", reference_schema=False)
+        migrated = await db.migrate(conn, shape, channel="my_reactor_jobs_terminal")
+    return migrated.install
 
 
 def add_finished_job(url: str) -> None:
@@ -67,10 +69,10 @@ def add_finished_job(url: str) -> None:
 
 
 def test_the_quoting_of_a_printed_name() -> None:
-    assert grants.quoted("app") == "app"
-    assert grants.quoted("MyApp") == '"MyApp"'
-    assert grants.quoted("MyApp", "Jobs") == '"MyApp"."Jobs"'
-    assert grants.quoted("my_reactor", "outranks_v1") == "my_reactor.outranks_v1"
+    assert readable("app") == "app"
+    assert readable("MyApp") == '"MyApp"'
+    assert readable("MyApp", "Jobs") == '"MyApp"."Jobs"'
+    assert readable("my_reactor", "outranks_v1") == "my_reactor.outranks_v1"
 
 
 async def test_the_printed_grants_name_a_mixed_case_schema_as_it_is(
@@ -78,25 +80,25 @@ async def test_the_printed_grants_name_a_mixed_case_schema_as_it_is(
 ) -> None:
     if server.embedded is None:
         pytest.skip("needs a server whose authentication we control (trust for a new role)")
-    url, _ = my_app
-    await install(url)
+    url, shape = my_app
+    installed = await install(url, shape)
     role = f"reactor_rt_{uuid.uuid4().hex[:10]}"
     with psycopg.connect(url, autocommit=True) as admin:
         admin.execute(f'CREATE ROLE "{role}" LOGIN')
         try:
-            async with await db.connect(url, "test") as conn:
-                await db.fitted(conn)  # typed from the catalog, as --print-grants does
-                script = grants.grant_script(role)
+            # Typed from the catalog, as --print-grants does.
+            script = grants.grant_script(role, installed.mapping)
             assert 'GRANT USAGE ON SCHEMA "MyApp" TO' in script
             assert "ON FUNCTION my_reactor.outranks_v1(uuid, uuid, text) TO" in script
             admin.execute(script.encode())
             add_finished_job(url)
             as_role = psycopg.conninfo.make_conninfo(url, user=role)
             async with await db.connect(as_role, "test", configure_session=False) as conn:
-                await db.require_privileges(conn)
+                await db.Database.dedicated(installed, conn).require_privileges()
             async with db.make_pool(as_role, max_size=2) as pool:
-                recorded = await Recorder(db.Database(pool, grace=0.0), Metrics()).drain(10)
-            assert recorded == 1
+                database = db.Database.pooled(installed, pool)
+                drained = await Recorder(database, Metrics()).drain(10)
+            assert drained.recorded == 1
         finally:
             admin.execute(
                 "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = %s",
@@ -109,20 +111,23 @@ async def test_the_printed_grants_name_a_mixed_case_schema_as_it_is(
 async def test_status_names_the_statement_that_enables_the_trigger_again(
     my_app: tuple[str, mapping.Mapping],
 ) -> None:
-    url, _ = my_app
-    await install(url)
+    url, shape = my_app
+    installed = await install(url, shape)
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute('ALTER TABLE "MyApp"."Jobs" DISABLE TRIGGER my_reactor_job_update')
     settings = Settings(database_url=url, grace=1.0)
     async with await db.connect(url, "status", configure_session=False) as conn:
-        await db.fitted(conn)
-        report = await status.collect(conn, settings)
-    text = status._trigger_text(report)
-    found = re.fullmatch(r"disabled \((ALTER TABLE .*)\)", text)
-    assert found is not None, text
-    assert found.group(1) == 'ALTER TABLE "MyApp"."Jobs" ENABLE TRIGGER my_reactor_job_update'
+        report = await status.collect(conn, installed, settings)
+    assert report.trigger_at_risk
+    statement = report.enable_trigger
+    assert statement == 'ALTER TABLE "MyApp"."Jobs" ENABLE TRIGGER my_reactor_job_update'
+    # The operator reads it in `reactor status`'s table.
+    console = Console(record=True, width=200, file=io.StringIO())
+    status.render(report, console)
+    assert f"disabled ({statement})" in console.export_text()
     # What it says to run is what enables it.
     with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute(found.group(1).encode())
+        conn.execute(statement.encode())
     async with await db.connect(url, "status", configure_session=False) as conn:
-        assert await db.job_trigger(conn) == ("my_reactor_jobs_terminal", True)
+        trigger = await db.Database.dedicated(installed, conn).job_trigger()
+        assert trigger == ("my_reactor_jobs_terminal", True)

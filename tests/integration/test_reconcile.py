@@ -16,10 +16,13 @@ import psycopg
 import pytest
 
 from reactor import db, sql
+from reactor.install import REFERENCE_INSTALL
+from reactor.mapping import REFERENCE
 from tests.faults.support import judge
 from tests.helpers import Conn, client_save, new_job, run_row
-from tests.integration.conftest import StartReactor, eventually
+from tests.integration.conftest import StartReactor
 from tests.integration.support import add_job, scalar
+from tests.polling import eventually
 
 pytestmark = pytest.mark.anyio
 
@@ -258,24 +261,25 @@ async def test_a_pass_walks_in_chunks_and_counts_what_it_found(database_url: str
         conn.execute("DELETE FROM reactor.pending")
         async with await db.connect(database_url, "test") as aconn:
             steps = []
-            step = await db.reconcile_step(aconn, owner="a", interval=60, grace=0, force=True)
+            queries = db.Database.dedicated(REFERENCE_INSTALL, aconn)
+            step = await queries.reconcile_step(owner="a", interval=60, force=True)
             steps.append(step)
             while step.outcome == "stepped":
-                step = await db.reconcile_step(aconn, owner="a", interval=60, grace=0, limit=2)
+                step = await queries.reconcile_step(owner="a", interval=60, limit=2)
                 steps.append(step)
             assert [s.outcome for s in steps][-1] == "completed"
             assert sum(len(s.found) for s in steps) == 5
             # Another replica finds it not due; the owner of a pass in progress holds it.
-            idle = await db.reconcile_step(aconn, owner="b", interval=60, grace=0)
+            idle = await queries.reconcile_step(owner="b", interval=60)
             assert idle.outcome == "idle"
             assert idle.next_in is not None
             assert idle.next_in > 50
-            await db.reconcile_step(aconn, owner="a", interval=60, grace=0, force=True, limit=2)
-            busy = await db.reconcile_step(aconn, owner="b", interval=60, grace=0, limit=2)
+            await queries.reconcile_step(owner="a", interval=60, force=True, limit=2)
+            busy = await queries.reconcile_step(owner="b", interval=60, limit=2)
             assert busy.outcome == "busy"
             assert busy.next_in is not None
             assert busy.next_in > 20
-            last = await db.last_reconcile_pass(aconn)
+            last = await queries.last_reconcile_pass()
             assert (last.found, last.examined) == (5, 5)
             assert last.example is not None
 
@@ -344,7 +348,7 @@ async def test_jobs_finishing_during_migrate_are_all_queued(empty_database_url: 
         tg.start_soon(app)
         await eventually(lambda: finished >= 50)
         async with await db.connect(dsn, "test") as aconn:
-            await db.migrate(aconn, "analysis_jobs_terminal", reference_schema=False)
+            await db.migrate(aconn, REFERENCE)
         before = finished
         await eventually(lambda: finished >= before + 50)
         stop.set()

@@ -22,7 +22,7 @@ from tests.helpers import (
     run_row,
     worker_writes,
 )
-from tests.integration.conftest import StartReactor, eventually
+from tests.integration.conftest import StartReactor
 from tests.integration.support import (
     add_job,
     audit,
@@ -32,6 +32,7 @@ from tests.integration.support import (
     watch_recorder,
     worker_lateness,
 )
+from tests.polling import eventually
 
 pytestmark = pytest.mark.anyio
 
@@ -265,7 +266,7 @@ async def test_garbage_notifications_are_ignored(
 ) -> None:
     with _connect(database_url) as conn:
         async with start_reactor(grace=GRACE) as reactor:
-            channel = reactor.settings.channel
+            channel = reactor.database.install.channel
             for payload in ("not-a-uuid", "", "x" * 7000, str(uuid.uuid4()) * 2):
                 conn.execute("SELECT pg_notify(%s, %s)", (channel, payload))
             # A notification for a job that does not exist arms a timer that finds nothing.

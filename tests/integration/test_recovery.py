@@ -13,8 +13,9 @@ from reactor import db
 from reactor.service import Reactor
 from tests.conftest import Server
 from tests.helpers import Conn, early_writes, finish, new_job, run_row, worker_writes
-from tests.integration.conftest import StartReactor, eventually
+from tests.integration.conftest import StartReactor
 from tests.integration.support import dbname, recorded, scalar, worker_lateness
+from tests.polling import eventually
 
 pytestmark = pytest.mark.anyio
 

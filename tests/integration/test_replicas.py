@@ -9,8 +9,9 @@ import pytest
 
 from reactor.service import Reactor
 from tests.helpers import Conn, client_save, early_writes, finish, new_job, worker_writes
-from tests.integration.conftest import StartReactor, eventually
+from tests.integration.conftest import StartReactor
 from tests.integration.support import audit, claims_skipped, recorded, scalar, watch_recorder
+from tests.polling import eventually
 
 pytestmark = pytest.mark.anyio
 

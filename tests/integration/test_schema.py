@@ -14,9 +14,12 @@ import psycopg.errors
 import pytest
 
 from reactor import db, sql
+from reactor.db import indexes
 from reactor.errors import SchemaMissing
+from reactor.install import REFERENCE_INSTALL
+from reactor.mapping import REFERENCE
 from tests.conftest import Server
-from tests.integration.conftest import eventually
+from tests.polling import eventually
 
 pytestmark = pytest.mark.anyio
 
@@ -118,7 +121,7 @@ def execute(dsn: str, text: str) -> None:
     A statement marked as outside any transaction is sent on its own, as psql would send it;
     the rest go in blocks (one simple query runs as one implicit transaction).
     """
-    blocks = text.split(sql.OUTSIDE_TRANSACTION)
+    blocks = text.split(db.OUTSIDE_TRANSACTION)
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(blocks[0])
         for block in blocks[1:]:
@@ -130,7 +133,10 @@ def execute(dsn: str, text: str) -> None:
 
 async def migrate(dsn: str, *, reference_schema: bool, channel: str = CHANNEL) -> list[int]:
     async with await db.connect(dsn, "test") as conn:
-        return await db.migrate(conn, channel, reference_schema=reference_schema)
+        migrated = await db.migrate(
+            conn, REFERENCE, channel=channel, reference_schema=reference_schema
+        )
+        return migrated.applied
 
 
 @pytest.fixture
@@ -160,8 +166,11 @@ async def test_migrations_produce_the_current_schema(
 
     declared = make_database()
     execute(declared, sql.read("reference.sql"))
-    execute(declared, sql.render(sql.read("schema.sql")))
-    execute(declared, sql.render(sql.read("notify_triggers.sql"), channel=CHANNEL))
+    execute(declared, REFERENCE_INSTALL.render(sql.read("schema.sql")))
+    execute(declared, REFERENCE_INSTALL.render(sql.read("notify_triggers.sql"), channel=CHANNEL))
+    for step in indexes.repeatable(REFERENCE_INSTALL):
+        assert isinstance(step, indexes.Index)
+        execute(declared, step.create())
 
     got, want = catalog(migrated), catalog(declared)
     # The snapshot must see what matters, or comparing it proves nothing.
@@ -196,7 +205,7 @@ async def test_migrate_twice_is_a_no_op(empty_database_url: str) -> None:
     assert catalog(empty_database_url) == first
     assert versions(empty_database_url) == [(v, 1) for v in ALL_VERSIONS]
     async with await db.connect(empty_database_url, "test") as conn:
-        await db.require_schema(conn)
+        await db.require_schema(conn, "reactor")
 
 
 async def test_concurrent_migrates_both_succeed_once(
@@ -204,7 +213,8 @@ async def test_concurrent_migrates_both_succeed_once(
 ) -> None:
     dsn = empty_database_url
     lock = re.search(
-        r"pg_advisory_xact_lock\((\d+)\)", db.migration_script(CHANNEL, reference_schema=True)
+        r"pg_advisory_xact_lock\((\d+)\)",
+        db.migration_script(REFERENCE_INSTALL, reference_schema=True),
     )
     assert lock is not None
     key = int(lock.group(1))
@@ -281,7 +291,7 @@ async def test_legacy_app_gets_saved_by(
 async def test_printed_script_gives_the_migrated_schema(
     empty_database_url: str, make_database: Callable[[], str]
 ) -> None:
-    script = db.migration_script(CHANNEL, reference_schema=True)
+    script = db.migration_script(REFERENCE_INSTALL, reference_schema=True)
     printed = empty_database_url
     execute(printed, script)
 
@@ -335,22 +345,24 @@ async def test_upgrade_from_every_older_version(
     old = empty_database_url
     execute(old, sql.read("reference.sql"))
     for migration in sql.migrations()[:installed]:
-        execute(old, sql.render(migration.text, channel=CHANNEL))
+        execute(old, REFERENCE_INSTALL.render(migration.text, channel=CHANNEL))
         with psycopg.connect(old, autocommit=True) as conn:
             conn.execute(
                 "INSERT INTO reactor.schema_version (version, name) VALUES (%s, %s)",
                 (migration.version, migration.name),
             )
     if 3 <= installed < 6:  # releases with migrations 3-5 installed these triggers
-        execute(old, sql.render(_TERMINAL_TRIGGERS, channel=CHANNEL))
+        execute(old, REFERENCE_INSTALL.render(_TERMINAL_TRIGGERS, channel=CHANNEL))
     assert await migrate(old, reference_schema=False) == ALL_VERSIONS[installed:]
 
     # The printed upgrade script from that version does the same.
     scripted = make_database()
     execute(scripted, sql.read("reference.sql"))
     for migration in sql.migrations()[:installed]:
-        execute(scripted, sql.render(migration.text, channel=CHANNEL))
-    execute(scripted, db.migration_script(CHANNEL, reference_schema=False, applied=installed))
+        execute(scripted, REFERENCE_INSTALL.render(migration.text, channel=CHANNEL))
+    execute(
+        scripted, db.migration_script(REFERENCE_INSTALL, reference_schema=False, applied=installed)
+    )
 
     fresh = make_database()
     execute(fresh, sql.read("reference.sql"))
@@ -368,7 +380,7 @@ async def test_an_install_at_version_12_upgrades_in_place_with_its_work_in_fligh
     old = empty_database_url
     execute(old, sql.read("reference.sql"))
     for migration in sql.migrations()[:12]:
-        execute(old, sql.render(migration.text, channel=CHANNEL))
+        execute(old, REFERENCE_INSTALL.render(migration.text, channel=CHANNEL))
         with psycopg.connect(old, autocommit=True) as conn:
             conn.execute(
                 "INSERT INTO reactor.schema_version (version, name) VALUES (%s, %s)",

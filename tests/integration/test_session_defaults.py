@@ -16,13 +16,14 @@ import psycopg.errors
 import pytest
 
 from reactor import db
+from reactor.install import REFERENCE_INSTALL
 from tests import pgbouncer as bouncer
 from tests.acceptance.conftest import reactor_env, run_reactor
 from tests.conftest import Server
 from tests.helpers import Conn, finish, new_job, run_row, worker_writes
-from tests.integration.conftest import eventually
 from tests.integration.test_privileges import dsn_as, grant_all
 from tests.integration.test_stuck import lock_waiter
+from tests.polling import eventually
 
 pytestmark = pytest.mark.anyio
 
@@ -71,7 +72,7 @@ async def database(
     if request.param == "pgbouncer":
         dsn = request.getfixturevalue("pgbouncer").dsn_for(dsn)
     async with db.make_pool(dsn, max_size=2) as pool:
-        yield db.Database(pool, grace=0.0)
+        yield db.Database.pooled(REFERENCE_INSTALL, pool)
 
 
 def test_the_role_really_has_those_defaults(database_url: str, hostile_role: str) -> None:
@@ -121,10 +122,10 @@ async def test_the_reactor_records_and_hooks_as_that_role(
         assert run_row(app, run_id) == (job_id, "worker")
         # The other statements of a running reactor, as that role, one by one.
         assert await database.upcoming(10) == []
-        check = db.HealthCheck("test", 15.0, 86400.0, "reactor_session_defaults")
+        check = db.HealthCheck("test", 15.0, 86400.0)
         assert (await database.health(check, probe="probe:x")).oldest_overdue == 0
         assert await database.claim_hooks(10, 60) == []
-        await database.notify("reactor_session_defaults", "ping")
+        await database.notify("ping", "reactor_session_defaults")
 
 
 def test_sweep_and_status_as_that_role(database_url: str, hostile_role: str, app: Conn) -> None:

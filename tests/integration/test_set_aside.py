@@ -17,12 +17,14 @@ import pytest
 
 from reactor import db, status
 from reactor.config import Settings
+from reactor.install import REFERENCE_INSTALL
 from reactor.metrics import Metrics
 from reactor.recorder import Recorder
 from tests.acceptance.conftest import reactor_env, run_reactor
 from tests.helpers import Conn
-from tests.integration.conftest import StartReactor, eventually
+from tests.integration.conftest import StartReactor
 from tests.integration.support import add_job, scalar, touch
+from tests.polling import eventually
 
 pytestmark = pytest.mark.anyio
 
@@ -36,7 +38,7 @@ REJECT_FLAGGED = (
 @pytest.fixture
 async def database(database_url: str) -> AsyncIterator[db.Database]:
     async with db.make_pool(database_url, max_size=2) as pool:
-        yield db.Database(pool, grace=GRACE)
+        yield db.Database.pooled(REFERENCE_INSTALL, pool, grace=GRACE)
 
 
 def _backlog(conn: Conn, good: int, bad: int) -> list[uuid.UUID]:
@@ -64,7 +66,7 @@ async def test_jobs_rejected_by_the_app_are_set_aside_and_the_rest_recorded(
     metrics = Metrics()
     recorder = Recorder(database, metrics)
 
-    assert await recorder.drain(batch_size=500) == 42
+    assert (await recorder.drain(batch_size=500)).recorded == 42
     with psycopg.connect(database_url, autocommit=True) as conn:
         assert scalar(conn, "SELECT count(*) FROM analysis_runs") == 42
         held = _set_aside(conn)
@@ -75,12 +77,12 @@ async def test_jobs_rejected_by_the_app_are_set_aside_and_the_rest_recorded(
     assert metrics.registry.get_sample_value("reactor_jobs_set_aside_total") == 3
 
     # The next scan leaves them out instead of failing on them again.
-    assert await recorder.drain(batch_size=500) == 0
+    assert (await recorder.drain(batch_size=500)).recorded == 0
     assert metrics.registry.get_sample_value("reactor_jobs_set_aside_total") == 3
 
     # status names them as a risk the moment they are set aside, not at the trim horizon.
     async with await db.connect(database_url, "test") as conn:
-        report = await status.collect(conn, Settings(grace=GRACE))
+        report = await status.collect(conn, REFERENCE_INSTALL, Settings(grace=GRACE))
     assert report.set_aside_count == 3
     assert report.oldest_job_id is not None
     found = status.risks(report)
@@ -90,7 +92,7 @@ async def test_jobs_rejected_by_the_app_are_set_aside_and_the_rest_recorded(
     # The app fixes its data: a job it touches is new data, tried at once (past its grace).
     with psycopg.connect(database_url, autocommit=True) as conn:
         touch(conn, bad[0], age=10, results='{"fixed": true}')
-    assert await recorder.drain(batch_size=500) == 1
+    assert (await recorder.drain(batch_size=500)).recorded == 1
     with psycopg.connect(database_url, autocommit=True) as conn:
         assert set(_set_aside(conn)) == set(bad[1:])
 
@@ -98,7 +100,7 @@ async def test_jobs_rejected_by_the_app_are_set_aside_and_the_rest_recorded(
     with psycopg.connect(database_url, autocommit=True) as conn:
         conn.execute("ALTER TABLE analysis_runs DROP CONSTRAINT no_flagged")
     assert await database.release_set_aside() == 2
-    assert await recorder.drain(batch_size=500) == 2
+    assert (await recorder.drain(batch_size=500)).recorded == 2
     with psycopg.connect(database_url, autocommit=True) as conn:
         assert _set_aside(conn) == {}
         assert scalar(conn, "SELECT count(*) FROM analysis_runs") == 45

@@ -6,7 +6,8 @@ import psycopg
 import pytest
 
 from tests.helpers import early_writes, finish, new_job, run_row, worker_writes
-from tests.integration.conftest import StartReactor, eventually
+from tests.integration.conftest import StartReactor
+from tests.polling import eventually
 
 pytestmark = pytest.mark.anyio
 

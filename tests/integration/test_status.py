@@ -19,6 +19,8 @@ import pytest
 
 from reactor import db, sql, status
 from reactor.config import Settings
+from reactor.install import REFERENCE_INSTALL
+from reactor.mapping import REFERENCE
 from tests.acceptance.conftest import reactor_env, run_reactor
 from tests.integration.support import add_job
 
@@ -115,7 +117,7 @@ def test_counts_due_and_in_grace(database_url: str, conn: psycopg.Connection[Any
 def test_listener_sessions_are_listed(database_url: str, conn: psycopg.Connection[Any]) -> None:
     add_job(conn, status="complete", results=RESULTS, age=60)
     listener_dsn = psycopg.conninfo.make_conninfo(
-        database_url, application_name=status.LISTENER_APPLICATION_NAME
+        database_url, application_name=db.LISTENER_APPLICATION_NAME
     )
     with psycopg.connect(listener_dsn, autocommit=True) as listener:
         listener.execute("LISTEN analysis_jobs_terminal")
@@ -353,12 +355,13 @@ async def test_the_job_trigger_as_migrate_installed_it(
 
     async def trigger() -> dict[str, Any]:
         async with await db.connect(database_url, "status", configure_session=False) as c:
-            report: dict[str, Any] = status.as_json(await status.collect(c, settings))
+            collected = await status.collect(c, REFERENCE_INSTALL, settings)
+            report: dict[str, Any] = status.as_json(collected)
         return report
 
     async def migrate(notify: bool | None) -> None:
         async with await db.connect(database_url, "migrate") as c:
-            await db.migrate(c, settings.channel, reference_schema=False, notify=notify)
+            await db.migrate(c, REFERENCE, channel=settings.channel, notify=notify)
 
     notifying = {
         "installed": True,

@@ -10,17 +10,21 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import AsyncIterator
+from dataclasses import replace
 
 import anyio
 import psycopg
 import pytest
 
 from reactor import db
+from reactor.dispatch import Answer
+from reactor.install import REFERENCE_INSTALL
 from reactor.metrics import Metrics
 from reactor.recorder import Recorder, split
 from tests.helpers import Conn, run_row, worker_writes
-from tests.integration.conftest import StartReactor, eventually
+from tests.integration.conftest import StartReactor
 from tests.integration.support import scalar
+from tests.polling import eventually
 
 pytestmark = pytest.mark.anyio
 
@@ -72,7 +76,8 @@ async def test_one_locked_run_row_among_a_thousand_due_jobs(
             await eventually(lambda: len(written(app)) >= 999, timeout=scan_interval)
             took = time.monotonic() - started
             assert stuck_job not in written(app)
-            assert reactor.recorder.stuck == {stuck_job}
+            # The scan hands it to the work queue when its pass ends.
+            await eventually(lambda: reactor.queue.stuck == {stuck_job}, timeout=scan_interval)
             metrics = reactor.metrics.registry
             assert metrics.get_sample_value("reactor_stuck_jobs") == 1
             assert (metrics.get_sample_value("reactor_record_timeouts_total") or 0) >= 1
@@ -83,7 +88,7 @@ async def test_one_locked_run_row_among_a_thousand_due_jobs(
             await eventually(lambda: run_row(app, uuid.UUID(stuck_run)), timeout=5)
             waited = time.monotonic() - released
             assert run_row(app, uuid.UUID(stuck_run)) == (uuid.UUID(stuck_job), "worker")
-            await eventually(lambda: not reactor.recorder.stuck, timeout=5)
+            await eventually(lambda: not reactor.queue.stuck, timeout=5)
         assert len(worker_writes(app)) == 1000
     assert took < scan_interval
     # As soon as the lock goes: not a retry, not a scan later.
@@ -94,7 +99,7 @@ async def test_one_locked_run_row_among_a_thousand_due_jobs(
 async def recorder(database_url: str) -> AsyncIterator[Recorder]:
     """A recorder on its own database handle, no service around it."""
     async with db.make_pool(database_url, max_size=4) as pool:
-        recorder = Recorder(db.Database(pool, grace=0.0), Metrics())
+        recorder = Recorder(db.Database.pooled(REFERENCE_INSTALL, pool), Metrics())
         recorder.batch_lock_timeout = 0.2
         yield recorder
 
@@ -110,17 +115,15 @@ async def test_a_timer_batch_splits_around_a_locked_run_row(
         stuck_job = jobs[17][0]
         hold_run_row(tab, stuck_job)
         started = time.monotonic()
-        rearm = await recorder.record([job for job, _ in jobs])
+        answer = await recorder.record([job for job, _ in jobs])
         # Found behind the lock within a few short waits, and tried again at once, alone.
-        assert rearm == [(stuck_job, 0.0)]
+        assert answer == Answer([(stuck_job, 0.0)], frozenset({stuck_job}))
         assert time.monotonic() - started < 5 * recorder.batch_lock_timeout
         assert written(app) == {job for job, _ in jobs} - {stuck_job}
-        assert recorder.stuck == {stuck_job}
         tab.rollback()
         # Alone now, it waits for the lock as long as the usual lock timeout allows.
-        assert await recorder.record([stuck_job]) == []
+        assert await recorder.record([stuck_job], alone=True) == Answer([])
         assert stuck_job in written(app)
-        assert recorder.stuck == set()
 
 
 async def test_a_cancelled_batch_is_split_like_a_lock_timeout(
@@ -154,8 +157,9 @@ async def test_a_cancelled_batch_is_split_like_a_lock_timeout(
 
         async with anyio.create_task_group() as tg:
             tg.start_soon(cancel_waits)
-            rearm = await recorder.record([job for job, _ in jobs])
-        assert [job for job, _ in rearm] == [stuck_job]
+            answer = await recorder.record([job for job, _ in jobs])
+        assert [job for job, _ in answer.retry] == [stuck_job]
+        assert answer.stuck == {stuck_job}
         assert written(app) == {job for job, _ in jobs} - {stuck_job}
         tab.rollback()
 
@@ -173,7 +177,7 @@ async def test_the_scan_caps_a_batch_by_document_bytes(database_url: str) -> Non
     with psycopg.connect(database_url, autocommit=True) as app:
         jobs = add_due_jobs(app, 10, doc_bytes=1000)
         async with db.make_pool(database_url, max_size=2) as pool:
-            database = db.Database(pool, grace=0.0, batch_bytes=2500)
+            database = replace(db.Database.pooled(REFERENCE_INSTALL, pool), batch_bytes=2500)
             first = await database.record_oldest(100)
             outcomes = [o.outcome for o in first]
             # Three documents fit under the cap (the third starts below it); the rest wait.
@@ -183,7 +187,7 @@ async def test_the_scan_caps_a_batch_by_document_bytes(database_url: str) -> Non
             assert scalar(app, "SELECT count(*) FROM reactor.pending") == 7
 
             # The drain goes on past a batch cut by bytes, not only past a full one.
-            assert await Recorder(database, Metrics()).drain(100) == 7
+            assert (await Recorder(database, Metrics()).drain(100)).recorded == 7
             assert len(written(app)) == 10
 
             # A document larger than the cap still goes, alone.

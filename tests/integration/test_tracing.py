@@ -28,15 +28,17 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import StatusCode
 
-from reactor import db, tracing
+from reactor import tracing
 from reactor.config import Settings
 from reactor.hooks import HookCall, WebhookHook
-from reactor.service import POOL_SIZE, Reactor
+from reactor.install import REFERENCE_INSTALL
+from reactor.service import Reactor, open_reactor
 from reactor.signature import SIGNATURE_HEADER, verify_signature
 from tests import hookmods
 from tests.helpers import finish, new_job
-from tests.integration.conftest import StartReactor, eventually
+from tests.integration.conftest import StartReactor
 from tests.integration.support import add_job, scalar
+from tests.polling import eventually
 
 pytestmark = pytest.mark.anyio
 
@@ -97,8 +99,8 @@ def _due(conn: psycopg.Connection[Any], count: int) -> list[str]:
 async def idle_reactor(database_url: str) -> AsyncIterator[Reactor]:
     """A reactor that is not running: no timer races its scan, which the test calls."""
     settings = Settings(database_url=database_url, grace=0.5, http_addr=None)
-    async with db.make_pool(database_url, max_size=POOL_SIZE) as pool:
-        yield Reactor(settings, db.Database(pool, grace=settings.grace))
+    async with open_reactor(settings, REFERENCE_INSTALL) as reactor:
+        yield reactor
 
 
 async def test_the_scan_span_holds_its_record_statements(
@@ -424,10 +426,12 @@ _SCRIPT = textwrap.dedent(
 
     import anyio
     import psycopg
-    from reactor import cli, db
+    # The console script's module, imported as the console script imports it: what it imports
+    # is in the sys.modules this script prints last.
+    from reactor import cli  # noqa: F401
     from reactor.config import Settings
-    from reactor.hooks import open_hooks
-    from reactor.service import POOL_SIZE, Reactor
+    from reactor.install import REFERENCE_INSTALL
+    from reactor.service import open_reactor
     from tests import hookmods
 
     JOB = (
@@ -442,23 +446,18 @@ _SCRIPT = textwrap.dedent(
         with psycopg.connect(sys.argv[1], autocommit=True) as conn:
             conn.execute(JOB, ("1 minute",))
             async with (
-                db.make_pool(sys.argv[1], max_size=POOL_SIZE) as pool,
-                open_hooks(settings, pool) as hooks,
+                open_reactor(settings, REFERENCE_INSTALL) as reactor,
+                reactor.running(),
             ):
-                database = db.Database(pool, grace=0.1, hooks=list(hooks))
-                reactor = Reactor(settings, database, hooks=hooks)
-                async with anyio.create_task_group() as tg:
-                    await tg.start(reactor.run)
-                    with anyio.fail_after(20):
-                        while not hookmods.done:
-                            await anyio.sleep(0.02)
-                    # And the timer path too.
-                    conn.execute(JOB, ("0 seconds",))
-                    with anyio.fail_after(20):
-                        while len(hookmods.done) < 2:
-                            await anyio.sleep(0.02)
-                    reactor.stop()
-        assert cli.main  # imported, like the console script does
+                with anyio.fail_after(20):
+                    while not hookmods.done:
+                        await anyio.sleep(0.02)
+                # And the timer path too.
+                conn.execute(JOB, ("0 seconds",))
+                with anyio.fail_after(20):
+                    while len(hookmods.done) < 2:
+                        await anyio.sleep(0.02)
+
 
     anyio.run(main)
     print(json.dumps(sorted(m for m in sys.modules if m.split(".")[0] == "opentelemetry")))

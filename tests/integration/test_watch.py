@@ -9,19 +9,25 @@ replicas find out from the catalog at their next check and poll the queue, on ti
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass, replace
+from typing import Any, TypeVar
 
 import anyio
 import psycopg
 import pytest
+from psycopg.rows import AsyncRowFactory
+from psycopg_pool import AsyncConnectionPool
 
 from reactor import db, sql
+from reactor.install import REFERENCE_INSTALL
+from reactor.mapping import REFERENCE
 from reactor.service import Reactor
 from tests.faults.proxy import FaultProxy
 from tests.faults.support import host_port, with_port
 from tests.helpers import finish, new_job, run_row
-from tests.integration.conftest import StartReactor, eventually
+from tests.integration.conftest import StartReactor
 from tests.integration.support import scalar, worker_lateness
+from tests.polling import eventually
 
 pytestmark = pytest.mark.anyio
 
@@ -57,33 +63,47 @@ def pool_requests(reactor: Reactor) -> int:
     return int(reactor.database.pool.get_stats().get("requests_num", 0))
 
 
+R = TypeVar("R")
+
+
+@dataclass(frozen=True)
+class Counting:
+    """A connector that notes each statement it runs, by its first words."""
+
+    on: db.Pooled
+    seen: list[str]
+
+    @property
+    def pool(self) -> AsyncConnectionPool[db.AnyConnection]:
+        return self.on.pool
+
+    async def fetch(
+        self, query: str, params: Any, row_factory: AsyncRowFactory[R], **options: Any
+    ) -> list[R]:
+        self.seen.append(query.split("(")[0].strip()[:40])
+        return await self.on.fetch(query, params, row_factory, **options)
+
+
 def reinstall_triggers(conn: psycopg.Connection[tuple[object, ...]], channel: str) -> None:
-    conn.execute(sql.render(sql.repeatable().in_transaction, channel=channel))
+    conn.execute(REFERENCE_INSTALL.render(sql.repeatable().text, channel=channel))
 
 
 async def test_a_quiet_replica_checks_on_its_listen_connection_alone(
     database_url: str, start_reactor: StartReactor
 ) -> None:
+    pooled: list[str] = []
+
+    def counted(database: db.Database) -> db.Database:
+        # Every statement through the pool is noted; those on the LISTEN connection are not.
+        assert isinstance(database.on, db.Pooled)
+        return replace(database, on=Counting(database.on, pooled))
+
     # No reconcile here: its pass is periodic pool work of its own, once per interval.
     async with start_reactor(
-        probe_interval=PROBE, probe_timeout=PROBE, reconcile_interval=0
+        probe_interval=PROBE, probe_timeout=PROBE, reconcile_interval=0, instrument=counted
     ) as reactor:
         listener = reactor.listener
         assert listener is not None
-        pooled: list[str] = []
-        check, notify = reactor.database.health, reactor.database.notify
-
-        async def health(what: db.HealthCheck, **options: Any) -> db.Health:
-            if options.get("conn") is None:
-                pooled.append("health")
-            return await check(what, **options)
-
-        async def probe(channel: str, payload: str) -> None:
-            pooled.append("notify")
-            await notify(channel, payload)
-
-        reactor.database.health = health  # type: ignore[method-assign, assignment]
-        reactor.database.notify = probe  # type: ignore[method-assign]
         await eventually(lambda: listener.checking and reactor.scans >= 1)
         with psycopg.connect(database_url, autocommit=True) as conn:
             await eventually(lambda: heartbeat(conn, reactor) is not None)
@@ -171,7 +191,7 @@ async def test_a_trigger_installed_not_to_notify_is_polled_on_time(
 
 async def db_migrate_quiet(database_url: str) -> None:
     async with await db.connect(database_url, "migrate") as conn:
-        await db.migrate(conn, "analysis_jobs_terminal", reference_schema=False, notify=False)
+        await db.migrate(conn, REFERENCE, notify=False)
 
 
 async def test_a_trigger_notifying_another_channel_is_named_and_polled(

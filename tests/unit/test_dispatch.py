@@ -9,7 +9,7 @@ import anyio
 import pytest
 
 from reactor.clock import FakeClock
-from reactor.dispatch import Dispatcher, WorkQueue
+from reactor.dispatch import Answer, Dispatcher, WorkQueue
 from reactor.metrics import Metrics
 from reactor.ownership import Membership, owner
 
@@ -40,6 +40,34 @@ def test_a_job_is_taken_once_its_deadline_passes() -> None:
     assert queue.in_flight == {"a"}
     assert "a" in queue
     assert len(queue) == 1
+
+
+def test_a_stuck_job_is_the_queues_until_a_claim_settles_it() -> None:
+    queue = WorkQueue(ME, capacity=10)
+    queue.offer("a", 0.0)
+    queue.offer("b", 0.0)
+    assert queue.take(0.0, 10) == ["a", "b"]
+    # The claim found "a" behind another transaction's row lock: due again, and stuck.
+    queue.done(["a", "b"], {"a": 1.0}, stuck={"a"})
+    assert (set(queue.stuck), set(queue.claimed)) == ({"a"}, {"a"})
+    assert queue.take(1.0, 10) == ["a"]
+    assert queue.claimed == {"a"}  # in flight and stuck: the scan leaves it out either way
+    queue.done(["a"], {"a": 2.0})  # the lock is still held: still stuck
+    assert queue.stuck == {"a"}
+    assert queue.take(2.0, 10) == ["a"]
+    queue.done(["a"], {})  # written once the lock went
+    assert not queue.stuck
+    assert not queue.claimed
+    assert "a" not in queue
+
+
+def test_a_job_the_scan_found_stuck_is_offered_as_stuck_and_forgotten_when_settled() -> None:
+    queue = WorkQueue(ME, capacity=10)
+    queue.offer("a", 0.0, stuck=True)
+    assert queue.is_stuck("a")
+    queue.forget(["a"])  # the scan settled it after all
+    assert not queue.is_stuck("a")
+    assert "a" not in queue
 
 
 def test_the_last_offer_wins_for_a_waiting_job() -> None:
@@ -179,14 +207,18 @@ class Claims:
         self.answer: Callable[[list[str]], list[tuple[str, float]]] = lambda jobs: []
         self.hold: anyio.Event | None = None
         self.running = 0
+        # Which batches went alone (a stuck job's), and the jobs the test says are held.
+        self.alone: list[bool] = []
+        self.stuck: set[str] = set()
 
-    async def __call__(self, jobs: list[str]) -> list[tuple[str, float]]:
+    async def __call__(self, jobs: list[str], alone: bool) -> Answer:
         self.batches.append(list(jobs))
+        self.alone.append(alone)
         self.running += 1
         try:
             if self.hold is not None:
                 await self.hold.wait()
-            return self.answer(jobs)
+            return Answer(self.answer(jobs), frozenset(self.stuck) & set(jobs))
         finally:
             self.running -= 1
 
@@ -211,6 +243,25 @@ async def test_a_job_due_on_arrival_is_claimed_without_the_clock_moving() -> Non
         d.offer("a", -1.0)
         await anyio.wait_all_tasks_blocked()
         assert claims.batches == [["a"]]
+        d.close()
+
+
+async def test_a_stuck_job_is_claimed_alone_beside_the_batch() -> None:
+    clock, claims = FakeClock(), Claims()
+    claims.stuck = {"held"}
+    claims.answer = lambda jobs: [(job, 1.0) for job in jobs if job == "held"]
+    d = dispatcher(claims, clock)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(d.run, tg)
+        for job in ("a", "held", "b"):
+            d.offer(job, 0.0)
+        await anyio.wait_all_tasks_blocked()
+        assert (claims.batches, claims.alone) == ([["a", "held", "b"]], [False])
+        d.offer("c", 1.0)
+        await clock.advance(1.0)
+        # The held job goes on its own, waiting for its lock; the others of the batch do not.
+        assert claims.batches[1:] == [["c"], ["held"]]
+        assert claims.alone[1:] == [False, True]
         d.close()
 
 

@@ -92,7 +92,7 @@ def test_a_naive_time_column_is_read_at_the_configured_zone() -> None:
 
 def test_an_unknown_slot_is_an_error_not_text() -> None:
     with pytest.raises(KeyError):
-        sql.render("SELECT @nope@")
+        sql.render("SELECT @nope@", mapping.REFERENCE)
     with pytest.raises(KeyError, match="leaves out"):
         mapping.load(str(SECOND)).slot("deleted_at", "j", None)
 
@@ -129,8 +129,6 @@ def test_every_shipped_query_renders_for_the_second_mapping() -> None:
 def test_a_hint_names_a_job_of_the_mapping_id_type(
     id_type: str, payload: str, job: str | None
 ) -> None:
-    typed = mapping.REFERENCE.typed({"id": id_type})
-    with mapping.using(typed):
-        parsed = parse_hint(payload)
-        assert (parsed[0] if parsed else None) == job
-        assert parse_payload("x" * 600) is None
+    parsed = parse_hint(payload, id_type)
+    assert (parsed[0] if parsed else None) == job
+    assert parse_payload("x" * 600, id_type) is None

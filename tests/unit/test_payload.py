@@ -13,10 +13,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from reactor import db
+from reactor import db, mapping
 from reactor.clock import FakeClock
 from reactor.config import Settings
 from reactor.errors import ConfigError
+from reactor.install import Install
 from reactor.listener import Listener, parse_hint, parse_payload
 
 JOB = "5f0c6a2e-1b7d-4c3e-9a8f-0123456789ab"
@@ -38,7 +39,7 @@ CANONICAL = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f
     ],
 )
 def test_accepts_a_uuid_and_returns_it_canonical(payload: str) -> None:
-    assert parse_payload(payload) == JOB
+    assert parse_payload(payload, "uuid") == JOB
 
 
 @pytest.mark.parametrize(
@@ -74,20 +75,20 @@ def test_accepts_a_uuid_and_returns_it_canonical(payload: str) -> None:
     ],
 )
 def test_rejects_anything_else(payload: str) -> None:
-    assert parse_payload(payload) is None
+    assert parse_payload(payload, "uuid") is None
 
 
 @given(st.text())
 @settings(max_examples=500, deadline=None, database=None)
 def test_arbitrary_text_never_raises(payload: str) -> None:
-    result = parse_payload(payload)
+    result = parse_payload(payload, "uuid")
     assert result is None or CANONICAL.fullmatch(result)
 
 
 @given(st.binary(max_size=100))
 @settings(max_examples=200, deadline=None, database=None)
 def test_arbitrary_decoded_bytes_never_raise(raw: bytes) -> None:
-    result = parse_payload(raw.decode("utf-8", errors="replace"))
+    result = parse_payload(raw.decode("utf-8", errors="replace"), "uuid")
     assert result is None or CANONICAL.fullmatch(result)
 
 
@@ -100,23 +101,23 @@ def test_arbitrary_decoded_bytes_never_raise(raw: bytes) -> None:
 @settings(max_examples=300, deadline=None, database=None)
 def test_any_uuid_round_trips(job: uuid.UUID, upper: bool, before: str, after: str) -> None:
     text = str(job).upper() if upper else str(job)
-    assert parse_payload(before + text + after) == str(job)
+    assert parse_payload(before + text + after, "uuid") == str(job)
 
 
 @given(job=st.uuids(), junk=st.text(alphabet="abcdefghijklmnopqrstuvwxyz:;,0123456789", min_size=1))
 @settings(max_examples=300, deadline=None, database=None)
 def test_uuid_glued_to_other_text_is_rejected(job: uuid.UUID, junk: str) -> None:
-    assert parse_payload(f"{job}{junk}") is None
-    assert parse_payload(f"{junk}:{job}") is None
+    assert parse_payload(f"{job}{junk}", "uuid") is None
+    assert parse_payload(f"{junk}:{job}", "uuid") is None
 
 
 # -- hints: the job id and its updated_at -------------------------------------------------------
 
 
 def test_a_hint_carries_the_jobs_updated_at() -> None:
-    assert parse_hint(f"{JOB}@1733030400.123456") == (JOB, 1733030400.123456)
-    assert parse_hint(f"{JOB}@1733030400") == (JOB, 1733030400.0)
-    assert parse_hint(JOB) == (JOB, None)
+    assert parse_hint(f"{JOB}@1733030400.123456", "uuid") == (JOB, 1733030400.123456)
+    assert parse_hint(f"{JOB}@1733030400", "uuid") == (JOB, 1733030400.0)
+    assert parse_hint(JOB, "uuid") == (JOB, None)
 
 
 @pytest.mark.parametrize(
@@ -124,12 +125,12 @@ def test_a_hint_carries_the_jobs_updated_at() -> None:
     ["@", "@-1", "@1e9", "@nan", "@inf", "@1.2.3", "@ 12", "@12@13", "@0x10", "@\uff11\uff12"],
 )
 def test_a_hint_with_a_bad_time_names_no_job(tail: str) -> None:
-    assert parse_hint(JOB + tail) is None
+    assert parse_hint(JOB + tail, "uuid") is None
 
 
 def test_garbage_is_no_hint() -> None:
-    assert parse_hint("garbage@123") is None
-    assert parse_hint("") is None
+    assert parse_hint("garbage@123", "uuid") is None
+    assert parse_hint("", "uuid") is None
 
 
 # -- what the listener does with payloads ---------------------------------------------------------
@@ -137,9 +138,11 @@ def test_garbage_is_no_hint() -> None:
 
 def make_listener(channel: str = "analysis_jobs_terminal") -> tuple[Listener, list[str]]:
     jobs: list[str] = []
+    settings = Settings.from_env({"REACTOR_CHANNEL": channel})
+    install = Install.of(mapping.REFERENCE, settings.channel)
     listener = Listener(
-        Settings.from_env({"REACTOR_CHANNEL": channel}),
-        cast(Any, MagicMock()),
+        settings,
+        db.Database(install, cast(Any, MagicMock())),
         cast(Any, MagicMock()),
         on_job=lambda job_id, updated_at: jobs.append(job_id),
         on_listening=lambda: None,

@@ -8,8 +8,11 @@ from pathlib import Path
 import pytest
 
 from reactor import mapping, sql
+from reactor.db import indexes
+from reactor.install import REFERENCE_INSTALL
+from reactor.mapping import REFERENCE
 
-QUERIES = sql.queries()
+QUERIES = sql.queries("queries.sql", REFERENCE_INSTALL.mapping)
 EXPECTED = ("record_jobs", "record_oldest", "upcoming", "reconcile_step")
 # The queries that decide whether a job needs a run; each must carry the shared predicate.
 NEEDS_RUN_USERS = ("record_jobs", "record_oldest", "upcoming")
@@ -38,12 +41,12 @@ def squash(text: str) -> str:
 def test_the_expected_queries_exist() -> None:
     for name in EXPECTED:
         assert name in QUERIES
-        assert sql.query(name) == QUERIES[name]
+        assert REFERENCE_INSTALL.query(name) == QUERIES[name]
 
 
 def test_unknown_query_is_a_key_error() -> None:
     with pytest.raises(KeyError):
-        sql.query("no_such_query")
+        REFERENCE_INSTALL.query("no_such_query")
 
 
 @pytest.mark.parametrize("name", sorted(QUERIES))
@@ -77,8 +80,8 @@ def test_queries_take_the_parameters_the_recorder_passes() -> None:
     assert {"grace", "limit"} <= params("upcoming")
 
 
-def test_queries_are_cached() -> None:
-    assert sql.queries() is sql.queries()
+def test_an_install_renders_each_file_once() -> None:
+    assert REFERENCE_INSTALL.query("record_jobs") is REFERENCE_INSTALL.query("record_jobs")
 
 
 @pytest.mark.parametrize("name", NEEDS_RUN_USERS)
@@ -115,17 +118,22 @@ def test_writers_use_the_precedence_clause(name: str) -> None:
 
 
 def test_every_query_the_code_names_exists() -> None:
+    # Database.run("name", ..., filename="x.sql"), and status's _one(queries, "name"), which
+    # reads status.sql: every name the code sends is a query of the file it names.
     root = Path(sql.__file__).parent
-    named: set[tuple[str, str | None]] = set()
+    call = re.compile(
+        r"""(\.run|\.fetch_dicts|_one)\(\s*(?:queries,\s*)?"(\w+)"((?:(?!\.run\(|\n\s*\n).){0,200})""",
+        re.DOTALL,
+    )
+    named: set[tuple[str, str]] = set()
     for source in root.rglob("*.py"):
-        text = source.read_text(encoding="utf-8")
-        for match in re.finditer(r"""sql\.query\(\s*"(\w+)"\s*(?:,\s*"([\w.]+)"\s*)?\)""", text):
-            named.add((match.group(1), match.group(2)))
-    assert named, "no sql.query(...) call found: has the API moved?"
-    for name, filename in sorted(named, key=str):
-        text = sql.query(name) if filename is None else sql.query(name, filename)
-        assert text.strip()
-        assert "{{" not in text
+        for how, name, rest in call.findall(source.read_text(encoding="utf-8")):
+            file = re.search(r'filename="([\w.]+)"', rest)
+            default = "status.sql" if how == "_one" else "queries.sql"
+            named.add((name, file.group(1) if file else default))
+    assert len(named) > 20, "few named queries found: has the API moved?"
+    for name, filename in sorted(named):
+        assert name in sql.templates(filename), f"{name} is not a query of {filename}"
 
 
 def test_the_reconcile_walks_on_the_index_predicate() -> None:
@@ -133,26 +141,12 @@ def test_the_reconcile_walks_on_the_index_predicate() -> None:
     walk = squash(QUERIES["reconcile_step"])
     assert f"WHERE {squash(mapping.REFERENCE.walked('j'))}" in walk
     assert 'ORDER BY j."run_id", j."id"' in walk
-    index = squash(sql.render(sql.repeatable().outside_transaction[0]))
+    index = squash(indexes.walk_index(REFERENCE_INSTALL).create())
     assert f"WHERE {squash(mapping.REFERENCE.walked(None))}" in index
     assert '("run_id", "id")' in index
     # The index names no column that the app's progress updates change: they stay HOT.
     for column in ("results", "updated_at"):
         assert column not in index
-
-
-def test_outside_transaction_statements_are_split_off() -> None:
-    migration = sql.Migration(
-        9,
-        "x",
-        "CREATE TABLE a ();\n-- reactor: outside-transaction\n"
-        "-- why\nCREATE INDEX CONCURRENTLY b ON a (c);\nDROP INDEX d;\n",
-    )
-    assert migration.in_transaction.strip() == "CREATE TABLE a ();"
-    assert migration.outside_transaction == (
-        "CREATE INDEX CONCURRENTLY b ON a (c)",
-        "DROP INDEX d",
-    )
 
 
 # -- migrations ----------------------------------------------------------------------------------
@@ -189,31 +183,31 @@ def test_latest_version_is_the_newest_migration() -> None:
 
 
 def test_render_quotes_the_channel_as_a_literal() -> None:
-    assert sql.render("SELECT pg_notify(@channel@, 'x')", channel="jobs_done") == (
+    assert sql.render("SELECT pg_notify(@channel@, 'x')", REFERENCE, channel="jobs_done") == (
         "SELECT pg_notify('jobs_done', 'x')"
     )
 
 
 def test_render_replaces_every_occurrence() -> None:
-    assert sql.render("@channel@ @channel@", channel="c") == "'c' 'c'"
+    assert sql.render("@channel@ @channel@", REFERENCE, channel="c") == "'c' 'c'"
 
 
 def test_render_escapes_quotes() -> None:
     # The config forbids such channels, but the quoting must hold regardless.
-    assert sql.render("f(@channel@)", channel="a'b") == "f('a''b')"
-    assert sql.render("f(@channel@)", channel="x'); DROP TABLE t; --") == (
+    assert sql.render("f(@channel@)", REFERENCE, channel="a'b") == "f('a''b')"
+    assert sql.render("f(@channel@)", REFERENCE, channel="x'); DROP TABLE t; --") == (
         "f('x''); DROP TABLE t; --')"
     )
 
 
 def test_render_leaves_text_without_placeholder_alone() -> None:
-    assert sql.render("SELECT 1", channel="c") == "SELECT 1"
+    assert sql.render("SELECT 1", REFERENCE, channel="c") == "SELECT 1"
 
 
 def test_notify_triggers_take_the_channel() -> None:
     raw = sql.read("notify_triggers.sql")
     assert "@channel@" in raw
-    text = sql.render(raw, channel="my_channel")
+    text = sql.render(raw, REFERENCE, channel="my_channel")
     assert not re.search(r"@\w+(\.\w+)?(\(\w*\))?@", text), "a slot left unfilled"
     assert "job_changed_v1('my_channel')" in text
 
@@ -221,7 +215,7 @@ def test_notify_triggers_take_the_channel() -> None:
 def test_migrations_and_schema_have_no_unfilled_includes() -> None:
     for m in sql.migrations():
         assert "{{" not in m.text
-    assert "{{" not in sql.render(sql.read("schema.sql"))
+    assert "{{" not in sql.render(sql.read("schema.sql"), REFERENCE)
 
 
 # -- a % the mapping fills in ---------------------------------------------------------------------

@@ -9,15 +9,8 @@
 SELECT 'analysis_jobs_reactor_walk_idx is replaced by analysis_jobs_reactor_finished_idx'
     AS migration_0015;
 
--- reactor: outside-transaction
--- The jobs that can still need a run, in (run_id, id) order: the reconcile's walk and the
--- triggers' road from a run to its jobs. Partial on the document, so it holds the app's trim
--- window of finished jobs rather than the whole table. Built without blocking the app's writes;
--- `reactor migrate` drops a build that a crash left invalid before it tries again.
-CREATE INDEX CONCURRENTLY IF NOT EXISTS analysis_jobs_reactor_finished_idx
-    ON analysis_jobs (run_id, id)
-    WHERE status IN ('complete', 'failed')
-      AND deleted_at IS NULL
-      AND doc_html IS NOT NULL;
-
-DROP INDEX CONCURRENTLY IF EXISTS analysis_jobs_reactor_walk_idx;
+-- After this transaction `reactor migrate` builds analysis_jobs_reactor_finished_idx on
+-- analysis_jobs (run_id, id) WHERE the job is terminal, not deleted and holds its document,
+-- CONCURRENTLY, and drops analysis_jobs_reactor_walk_idx: see reactor/db/indexes.py. Built
+-- without blocking the app's writes; `reactor migrate` drops a build that a crash left invalid
+-- before it tries again.

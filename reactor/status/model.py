@@ -1,0 +1,270 @@
+"""The snapshot ``reactor status`` judges, and how it is read from the database."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import psycopg
+import psycopg.errors
+
+from reactor import db, redact, sql
+from reactor.config import Settings
+from reactor.errors import PrivilegeMissing, SchemaMissing
+from reactor.install import Install
+from reactor.ownership import LIVENESS_PROBES
+from reactor.quote import readable
+
+# Past this share of the NOTIFY queue, the app's commits are at risk (they fail when it is full),
+# and the job trigger stops notifying (migration 0008): the reactors poll instead.
+QUEUE_WARNING = 0.5
+
+RECENT_FAILURES = 5
+
+# The migration that gave heartbeat rows their LISTEN session; before it none are read.
+REPLICA_SESSIONS_VERSION = 14
+
+
+@dataclass(frozen=True)
+class Listener:
+    """One LISTEN session of a reactor replica, as pg_stat_activity shows it."""
+
+    pid: int
+    client_addr: str | None  # None: a Unix socket, or not visible to this role
+    backend_start: datetime | None
+
+
+@dataclass(frozen=True)
+class Replica:
+    """One replica's heartbeat row, as reactor.replicas holds it."""
+
+    id: str
+    started_at: datetime
+    heartbeat_age: float  # seconds since its last health check, by the database clock
+    listens: bool  # its heartbeat rides its LISTEN session
+    live: bool  # the health check's rule: a fresh heartbeat, and that session still there
+
+
+@dataclass(frozen=True)
+class HookFailure:
+    """One hook row parked as failed."""
+
+    id: int | None  # None on a schema from before hook row ids
+    hook: str
+    run_id: str
+    job_id: str
+    attempts: int
+    last_error: str | None
+    updated_at: datetime
+
+
+@dataclass(frozen=True)
+class Hooks:
+    """The hook outbox's state; counts are None when the outbox table does not exist."""
+
+    outbox: bool
+    pending: int | None = None
+    running: int | None = None
+    failed: int | None = None
+    oldest_backlog_age: float | None = None
+    recent_failures: tuple[HookFailure, ...] = ()
+
+    @property
+    def backlog(self) -> int | None:
+        """Rows queued or leased."""
+        if self.pending is None or self.running is None:
+            return None
+        return self.pending + self.running
+
+
+@dataclass(frozen=True)
+class SetAsideJob:
+    """A queued job whose write failed on its own data, as reactor.set_aside holds it."""
+
+    job_id: str
+    error: str
+    sqlstate: str | None
+    failures: int
+    first_failed_at: str  # ISO 8601, database clock
+    retry_at: str
+
+
+@dataclass(frozen=True)
+class Status:
+    """One snapshot of everything ``reactor status`` reports."""
+
+    checked_at: datetime
+    grace: float
+    trim_horizon: float
+    mode: str
+    due: int
+    in_grace: int
+    oldest_job_id: str | None  # the oldest due job, or None when none is due
+    oldest_age: float | None  # seconds since that job's updated_at
+    hooks: Hooks
+    listeners: tuple[Listener, ...]
+    schema_version: int
+    required_version: int
+    queue_usage: float
+    # The job trigger: the channel it notifies ('' for none), None when it is not installed.
+    trigger_channel: str | None
+    trigger_enabled: bool
+    reconcile_interval: float = 0.0
+    reconcile: db.ReconcilePass | None = None  # None before the reconcile migration
+    set_aside_count: int | None = None  # None before the set-aside migration
+    set_aside: tuple[SetAsideJob, ...] = ()  # the oldest few
+    in_recovery: bool = False  # a read-only hot standby: no reactor can write here
+    replicas: tuple[Replica, ...] = ()  # the heartbeat rows, oldest first
+    # The job table as messages name it, and the statement that re-enables its trigger, as a
+    # person must type it: names quoted as needed, the trigger named after the reactor's schema.
+    jobs_table: str = "analysis_jobs"
+    enable_trigger: str = "ALTER TABLE analysis_jobs ENABLE TRIGGER reactor_job_update"
+
+    @property
+    def trigger_at_risk(self) -> bool:
+        """The job trigger is missing or disabled: finished jobs are not queued."""
+        return self.trigger_channel is None or not self.trigger_enabled
+
+    @property
+    def reconcile_overdue(self) -> bool:
+        """The reconcile is on and no full pass ended within twice its interval."""
+        if self.reconcile is None or not self.reconcile_interval:
+            return False
+        finished = self.reconcile.finished_at
+        return (
+            finished is None
+            or (self.checked_at - finished).total_seconds() > 2 * self.reconcile_interval
+        )
+
+    @property
+    def reconcile_at_risk(self) -> bool:
+        """The last pass found drift, or passes stopped happening."""
+        return bool(self.reconcile and self.reconcile.drift) or self.reconcile_overdue
+
+    @property
+    def oldest_at_risk(self) -> bool:
+        """The oldest due job is past half the trim horizon: its document may go soon."""
+        return self.oldest_age is not None and self.oldest_age > self.trim_horizon / 2
+
+    @property
+    def schema_behind(self) -> bool:
+        """The database lacks migrations this release needs."""
+        return self.schema_version < self.required_version
+
+    @property
+    def queue_at_risk(self) -> bool:
+        """The NOTIFY queue is past the share where the app's commits are in danger."""
+        return self.queue_usage >= QUEUE_WARNING
+
+
+async def collect(conn: db.AnyConnection, install: Install, settings: Settings) -> Status:
+    """Read one snapshot of ``install`` on ``conn``; SchemaMissing or PrivilegeMissing when
+    there is nothing to read."""
+    try:
+        queries = db.Database.dedicated(install, conn, grace=settings.grace)
+        return await _collect(conn, queries, settings)
+    except psycopg.errors.InsufficientPrivilege as error:
+        raise PrivilegeMissing(
+            f"cannot read the reactor's state: {db.first_line(error)}; grant what "
+            "`reactor migrate --print-grants ROLE` prints, or run status as the owner"
+        ) from None
+
+
+async def _collect(conn: db.AnyConnection, queries: db.Database, settings: Settings) -> Status:
+    install = queries.install
+    server = await _one(queries, "status_server")
+    if not server["app_tables"]:
+        tables = install.mapping
+        raise SchemaMissing(
+            f"table {tables.jobs_shown} or {tables.runs_shown} not found; check DATABASE_URL "
+            "points at the app's database"
+        )
+    version = await db.schema_version(conn, install.schema)
+    if version is None:
+        raise SchemaMissing("the database has no reactor schema; run `reactor migrate`")
+    jobs_query = "status_jobs" if server["pending_queue"] else "status_jobs_unqueued"
+    jobs = await _one(queries, jobs_query, {"grace": settings.grace})
+    hooks = Hooks(outbox=False)
+    if server["hook_outbox"]:
+        counts = await _one(queries, "status_hooks")
+        failures_query = (
+            "status_hook_failures" if server["hook_ids"] else "status_hook_failures_unnumbered"
+        )
+        failures = await queries.fetch_dicts(
+            failures_query, {"limit": RECENT_FAILURES}, filename="status.sql"
+        )
+        hooks = Hooks(
+            outbox=True,
+            pending=counts["pending"],
+            running=counts["running"],
+            failed=counts["failed"],
+            oldest_backlog_age=counts["oldest_backlog_age"],
+            recent_failures=tuple(
+                HookFailure(**{**row, "last_error": _shown(row["last_error"])}) for row in failures
+            ),
+        )
+    reconcile = await queries.last_reconcile_pass() if server["reconcile"] else None
+    held = None
+    if server["set_aside"] and server["pending_queue"]:
+        held = await _one(queries, "status_set_aside", {"limit": RECENT_FAILURES})
+    listeners = await queries.fetch_dicts(
+        "status_listeners",
+        {"application_name": db.LISTENER_APPLICATION_NAME},
+        filename="status.sql",
+    )
+    replicas = []
+    if version >= REPLICA_SESSIONS_VERSION:
+        replicas = await queries.fetch_dicts(
+            "status_replicas",
+            {"liveness": LIVENESS_PROBES * settings.probe_interval},
+            filename="dashboard.sql",
+        )
+    return Status(
+        checked_at=server["checked_at"],
+        grace=settings.grace,
+        trim_horizon=settings.trim_horizon,
+        mode=settings.mode,
+        due=jobs["due"],
+        in_grace=jobs["in_grace"],
+        oldest_job_id=jobs["oldest_job_id"],
+        oldest_age=jobs["oldest_age"],
+        hooks=hooks,
+        listeners=tuple(Listener(**row) for row in listeners),
+        schema_version=version,
+        required_version=sql.latest_version(),
+        queue_usage=server["queue_usage"],
+        reconcile_interval=settings.reconcile_interval,
+        reconcile=reconcile,
+        trigger_channel=server["trigger_channel"],
+        trigger_enabled=server["trigger_enabled"],
+        in_recovery=server["in_recovery"],
+        set_aside_count=None if held is None else held["count"],
+        set_aside=()
+        if held is None
+        else tuple(
+            SetAsideJob(**{**job, "error": redact.scrub(job["error"])}) for job in held["first"]
+        ),
+        replicas=tuple(Replica(**row) for row in replicas),
+        jobs_table=install.mapping.jobs_shown,
+        enable_trigger=_enable_trigger(install),
+    )
+
+
+def _enable_trigger(install: Install) -> str:
+    table = install.mapping.jobs.table
+    schema, name = table if len(table) == 2 else ("public", table[-1])
+    shown = readable(name) if schema == "public" else readable(schema, name)
+    return f"ALTER TABLE {shown} ENABLE TRIGGER {readable(f'{install.schema}_job_update')}"
+
+
+def _shown(error: str | None) -> str | None:
+    # Migration 0009 cleaned the errors stored before it; this covers anything a hook's own
+    # message quoted since, such as a URL with a token in its query string.
+    return None if error is None else redact.scrub(error)
+
+
+async def _one(queries: db.Database, name: str, params: Any = None) -> dict[str, Any]:
+    # With parameters always, {} when none: a named query's filled-in % are doubled for them.
+    rows = await queries.fetch_dicts(name, params or {}, filename="status.sql")
+    return rows[0]
