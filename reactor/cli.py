@@ -246,6 +246,8 @@ async def _resolve(conn: db.AnyConnection, settings: Settings) -> Install:
         install = Install.of(await db.fit(conn, queries.install.mapping), settings.channel)
         queries = db.Database.dedicated(install, conn)
         await db.require_schema(conn, install.schema)
+        # Nothing runs on a schema that holds what its owner did not make.
+        await queries.require_trusted()
     except psycopg.errors.InsufficientPrivilege:
         # Even looking for the reactor's schema needs USAGE on it: let the privilege check
         # name the grant that is missing (it skips objects it cannot find or may not use).

@@ -43,6 +43,12 @@ class SchemaMissing(ReactorError):
     exit_code = 4
 
 
+class UntrustedSchema(ReactorError):
+    """The reactor's schema holds, or lets others make, what its owner did not."""
+
+    exit_code = 2
+
+
 class PrivilegeMissing(ReactorError):
     """The database role lacks a privilege the reactor needs."""
 

@@ -158,6 +158,8 @@ class Mapping:
             case "reactor":
                 # Validated as a plain lower-case identifier: safe bare, readable in --print.
                 return self.reactor_schema
+            case "reactor_name":
+                return literal(self.reactor_schema)
             case "jobs":
                 return identifier(*jobs.table)
             case "runs":
@@ -313,6 +315,10 @@ def _not_empty(column: str, type_name: str) -> str:
 # ---- parsing ---------------------------------------------------------------------------------
 
 _NAME = re.compile(r"[^\x00]{1,63}")
+# Schemas the reactor's objects never go in: every role could create in public up to PostgreSQL
+# 14, and the system owns the rest. A schema that others may create in is one whose objects the
+# reactor cannot trust (CVE-2018-1058).
+_SHARED_SCHEMAS = frozenset({"public", "information_schema"})
 _SCHEMA = re.compile(r"[a-z_][a-z0-9_]{0,62}")
 _JOB_KEYS = set(Jobs.__dataclass_fields__) - {"types"}
 _RUN_KEYS = set(Runs.__dataclass_fields__)
@@ -345,8 +351,21 @@ def parse(document: dict[str, Any], *, source: str = "the mapping") -> Mapping:
     schema = document.get("reactor_schema", "reactor")
     if not isinstance(schema, str) or not _SCHEMA.fullmatch(schema):
         raise ConfigError(f"{where} reactor_schema must be a lower-case identifier, e.g. reactor")
+    if schema in _SHARED_SCHEMAS or schema.startswith("pg_"):
+        raise ConfigError(
+            f"{where} reactor_schema = {schema!r} is a schema other roles create in or the "
+            "system owns; the reactor needs one of its own, e.g. reactor"
+        )
     jobs_table = _table(document, "jobs", where)
     runs_table = _table(document, "runs", where)
+    for table in (jobs_table, runs_table):
+        if table is not None and len(table) == 2 and table[0] == schema:
+            # Whoever the app lets create in its schema could plant what the reactor's definer
+            # functions run; db.fit checks the same of names the search_path resolves.
+            raise ConfigError(
+                f"{where} reactor_schema = {schema!r} is the schema of the app's table "
+                f"{'.'.join(table)}; the reactor needs a schema of its own"
+            )
     jobs = _section(document, "jobs", where, _JOB_KEYS)
     runs = _section(document, "runs", where, _RUN_KEYS)
     reference_jobs, reference_runs = Jobs(), Runs()

@@ -61,6 +61,14 @@ async def fit(
     missing_is_schema = mapping.is_reference and not reference_schema
     jobs = await _table(conn, jobs_map.table, "jobs", where, missing_is_schema)
     runs = await _table(conn, runs_map.table, "runs", where, missing_is_schema)
+    for table in (jobs, runs):
+        if table.schema == mapping.reactor_schema:
+            # The app's owner, and whoever the app lets create there, make objects in the app's
+            # schema: the reactor's definer functions cannot trust what they find in it.
+            raise ConfigError(
+                f"reactor_schema = {mapping.reactor_schema!r} is the schema of {table.shown}; "
+                f"the reactor needs a schema of its own (set reactor_schema in {where})"
+            )
     if runs.partitioned:
         raise ConfigError(
             f"{runs.shown} is partitioned: the reactor writes it with ON CONFLICT on its key "

@@ -22,7 +22,7 @@ from reactor.db.fit import fit
 from reactor.db.indexes import DropIndex, Index, Step
 from reactor.db.queries import Database
 from reactor.db.session import AnyConnection
-from reactor.errors import ConfigError, DatabaseUnreachable, SchemaMissing
+from reactor.errors import ConfigError, DatabaseUnreachable, SchemaMissing, UntrustedSchema
 from reactor.install import Install
 from reactor.mapping import Mapping
 from reactor.quote import identifier, readable
@@ -97,15 +97,16 @@ def migration_script(
     parts = []
     if reference_schema:
         parts += ["BEGIN;", sql.read("reference.sql"), "COMMIT;"]
+    guard = install.query("guard", "trust.sql") + ";"
     if applied == 0:
         baseline = sql.baseline()
         parts += [f"-- a first install: the schema at version {baseline.version}", "BEGIN;"]
-        parts += [lock, timeout, install.render(baseline.text).strip()]
+        parts += [lock, timeout, guard, install.render(baseline.text).strip()]
         parts += [_record_all_statement(install), "COMMIT;"]
     for migration in sql.migrations():
         if migration.version <= applied or applied == 0:
             continue
-        parts += [f"-- {migration.version:04d}_{migration.name}", "BEGIN;", lock, timeout]
+        parts += [f"-- {migration.version:04d}_{migration.name}", "BEGIN;", lock, timeout, guard]
         parts.append(install.render(migration.text).strip())
         steps = indexes.of_migration(migration.version, install)
         if not steps:
@@ -114,7 +115,7 @@ def migration_script(
         parts.append("COMMIT;")
         parts += _printed(steps)
         parts.append(_record_statement(install, migration))
-    parts += ["-- the triggers, repeatable", "BEGIN;", lock, timeout]
+    parts += ["-- the triggers, repeatable", "BEGIN;", lock, timeout, guard]
     trigger_channel = install.channel if notify else ""
     repeatable = sql.repeatable()
     parts += [install.render(repeatable.text, channel=trigger_channel).strip(), "COMMIT;"]
@@ -165,6 +166,10 @@ async def migrate(
     await conn.execute("SELECT set_config('statement_timeout', '0', false)")
     await _take_migrate_lock(conn)
     try:
+        # Trust before harm: the reactor's schema is made by this role, or is this role's own
+        # with nothing of another's in it. Nothing is changed before both checks pass.
+        fresh = await _own_schema(conn, mapping.reactor_schema)
+        await Database.dedicated(Install.of(mapping), conn).require_trusted()
         if reference_schema:
             await _migration_transaction(conn, sql.read("reference.sql"))
         # Checks before harm: nothing is changed until the mapping fits the app's tables.
@@ -176,6 +181,10 @@ async def migrate(
         done = []
         if applied == 0:
             text = install.render(sql.baseline().text) + _record_all_statement(install)
+            if fresh:
+                # Made here, or the install fails: a schema planted since the check above would
+                # otherwise be adopted by the baseline's IF NOT EXISTS.
+                text = f"CREATE SCHEMA {identifier(install.schema)};\n{text}"
             # One transaction: the schema and its versions appear together or not at all.
             await _migration_transaction(conn, text)
             done = [m.version for m in sql.migrations()]
@@ -205,6 +214,8 @@ async def migrate(
         await _migration_transaction(conn, text)
         for step in indexes.repeatable(install):
             await _build(conn, step)
+        # Nothing was made meanwhile by another role: the definer functions are trusted now.
+        await queries.require_trusted()
         # After an install, the pass queues what finished before the triggers existed: that is
         # expected, not drift. After a plain re-run, whatever it finds is drift.
         owner = "install" if done else "migrate"
@@ -212,6 +223,29 @@ async def migrate(
     finally:
         await conn.execute("SELECT pg_advisory_unlock(%s)", (_MIGRATE_LOCK,))
     return Migrated(install, done)
+
+
+async def _own_schema(conn: AnyConnection, schema: str) -> bool:
+    """True when ``schema`` does not exist yet (the install makes it), False when the migrating
+    role owns it; UntrustedSchema when another role does: a schema another role made may hold
+    what that role wants the definer functions to run."""
+    cur = await conn.execute(
+        "SELECT pg_get_userbyid(nspowner)::text, current_user::text FROM pg_namespace "
+        "WHERE nspname = %s",
+        (schema,),
+    )
+    row = await cur.fetchone()
+    if row is None:
+        return True
+    owner, me = row
+    if owner != me:
+        raise UntrustedSchema(
+            f"schema {schema} exists and belongs to role {owner}, not to {me}, which runs "
+            "`reactor migrate`; the reactor installs only into a schema it made itself: run "
+            f"`reactor migrate` as {owner} if that role is the install's owner, else drop the "
+            f"schema (DROP SCHEMA {schema} CASCADE) or set reactor_schema to a new one"
+        )
+    return False
 
 
 async def _take_migrate_lock(conn: AnyConnection) -> None:

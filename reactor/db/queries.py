@@ -39,7 +39,7 @@ from reactor.db.session import (
     Pooled,
     first_line,
 )
-from reactor.errors import PrivilegeMissing
+from reactor.errors import PrivilegeMissing, UntrustedSchema
 from reactor.install import Install
 
 R = TypeVar("R")
@@ -399,6 +399,24 @@ class Database:
             raise PrivilegeMissing(
                 f"the role lacks a privilege: {missing}; "
                 f"`reactor migrate --print-grants {role}` prints every grant it needs"
+            )
+
+    async def untrusted(self) -> list[str]:
+        """What the reactor's schema holds, or allows, that its owner did not make: one
+        sentence each (see ``triggers/trust.sql``); empty when it is the reactor's alone."""
+        rows = await self.run("untrusted", {}, dict_row, filename="trust.sql")
+        return [row["problem"] for row in rows]
+
+    async def require_trusted(self) -> None:
+        """Raise UntrustedSchema naming the first of :meth:`untrusted`'s problems."""
+        problems = await self.untrusted()
+        if problems:
+            more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+            raise UntrustedSchema(
+                f"{problems[0]}{more}; the reactor's definer functions would run it with the "
+                "owner's rights, so nothing runs until it is gone: drop what the reactor did not "
+                "make (or, if the owner made it, ALTER ... OWNER TO the owner) and try again; "
+                "`reactor status` lists every problem"
             )
 
     async def fetch_dicts(

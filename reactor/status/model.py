@@ -120,6 +120,9 @@ class Status:
     # person must type it: names quoted as needed, the trigger named after the reactor's schema.
     jobs_table: str = "analysis_jobs"
     enable_trigger: str = "ALTER TABLE analysis_jobs ENABLE TRIGGER reactor_job_update"
+    # What the reactor's schema holds, or allows, that its owner did not make: `reactor run`
+    # and `sweep` refuse to start while any is there (see triggers/trust.sql).
+    untrusted: tuple[str, ...] = ()
 
     @property
     def trigger_at_risk(self) -> bool:
@@ -246,6 +249,7 @@ async def _collect(conn: db.AnyConnection, queries: db.Database, settings: Setti
             SetAsideJob(**{**job, "error": redact.scrub(job["error"])}) for job in held["first"]
         ),
         replicas=tuple(Replica(**row) for row in replicas),
+        untrusted=tuple(await queries.untrusted()),
         jobs_table=install.mapping.jobs_shown,
         enable_trigger=_enable_trigger(install),
     )

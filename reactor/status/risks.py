@@ -8,6 +8,11 @@ from reactor.status.model import Status
 def risks(status: Status) -> list[str]:
     """What is at risk, one sentence each; empty when all is well."""
     found = []
+    for problem in status.untrusted:
+        found.append(
+            f"{problem}; `reactor run` and `sweep` refuse to start until it is gone (the "
+            "definer functions would run it with the owner's rights)"
+        )
     if status.in_recovery:
         found.append(
             "the database is a read-only hot standby: no reactor can record a run here, and "
