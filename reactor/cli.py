@@ -488,41 +488,19 @@ async def cmd_hooks(args: argparse.Namespace) -> int:
             install = Install.of(await db.fit(conn, _mapping()), settings.channel)
             await db.require_schema(conn, install.schema)
             queries = db.Database.dedicated(install, conn)
-            if action == "list":
-                return await _hooks_list(
-                    queries, failed_only=args.failed, as_json=args.json, limit=int(args.limit)
-                )
-            if action == "retry" and args.failed:
-                retried = await queries.retry_failed()
-                print(f"re-queued {len(retried)} failed hook call(s)")
-                return 0
-            if action == "retry":
-                changes = await queries.retry_hooks(ids)
-                message = hook_ops.judge_changes(
-                    changes, verb="re-queued", allowed=hook_ops.RETRYABLE, result="pending"
-                )
-            else:
-                changes = await queries.cancel_hooks(ids)
-                message = hook_ops.judge_changes(
-                    changes, verb="cancelled", allowed=hook_ops.CANCELLABLE, result="cancelled"
-                )
+            return await hook_ops.operate(
+                queries,
+                action,
+                ids=ids,
+                failed=getattr(args, "failed", False),
+                json_out=getattr(args, "json", False),
+                limit=int(args.limit) if action == "list" else 0,
+            )
         except psycopg.errors.InsufficientPrivilege as error:
             raise PrivilegeMissing(
                 f"cannot use the hook outbox: {db.first_line(error)}; grant what "
                 "`reactor migrate --print-grants ROLE` prints, or run as the owner"
             ) from None
-    print(message)
-    return 0
-
-
-async def _hooks_list(queries: db.Database, *, failed_only: bool, as_json: bool, limit: int) -> int:
-    rows, total, failed = await queries.list_hooks(failed_only=failed_only, limit=limit)
-    if as_json:
-        print(json.dumps(hook_ops.as_json(rows, total, failed), indent=2))
-    else:
-        hook_ops.render(rows, total, Console())
-    # Parked rows need a person, as `reactor status` judges too.
-    return 1 if failed else 0
 
 
 async def cmd_demo(args: argparse.Namespace) -> int:

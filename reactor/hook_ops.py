@@ -25,6 +25,7 @@ from the database clock)::
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
@@ -33,7 +34,7 @@ from rich.console import Console
 from rich.table import Table
 
 from reactor import redact
-from reactor.db import HookChange, HookRow
+from reactor.db import Database, HookChange, HookRow
 from reactor.errors import UsageError
 
 # What each command accepts, by the row's status; the SQL enforces the same.
@@ -147,3 +148,29 @@ def _shown(error: str | None) -> str | None:
 
 def _ids(ids: Sequence[int]) -> str:
     return ", ".join(map(str, ids))
+
+
+async def operate(
+    queries: Database, action: str, *, ids: list[int], failed: bool, json_out: bool, limit: int
+) -> int:
+    """Run ``reactor hooks ACTION`` on ``queries`` and print what it did; the exit code (1 when
+    a list shows parked rows, which need a person, as `reactor status` judges too)."""
+    if action == "list":
+        rows, total, parked = await queries.list_hooks(failed_only=failed, limit=limit)
+        if json_out:
+            print(json.dumps(as_json(rows, total, parked), indent=2))
+        else:
+            render(rows, total, Console())
+        return 1 if parked else 0
+    if action == "retry" and failed:
+        retried = await queries.retry_failed()
+        print(f"re-queued {len(retried)} failed hook call(s)")
+        return 0
+    if action == "retry":
+        changes = await queries.retry_hooks(ids)
+        message = judge_changes(changes, verb="re-queued", allowed=RETRYABLE, result="pending")
+    else:
+        changes = await queries.cancel_hooks(ids)
+        message = judge_changes(changes, verb="cancelled", allowed=CANCELLABLE, result="cancelled")
+    print(message)
+    return 0

@@ -23,7 +23,7 @@ from typing import Self
 import psycopg
 import psycopg.conninfo
 
-from reactor import embedded
+from reactor import embedded_root
 
 # A role some tests create, with session defaults of its own; the auth file lets it in too.
 HOSTILE_ROLE = "reactor_hostile_defaults"
@@ -101,11 +101,11 @@ class PgBouncer:
         command = [self.executable, "-q"]
         if os.geteuid() == 0:
             # pgbouncer refuses to run as root; run it as the embedded server's user.
-            uid, gid = embedded._ensure_os_user()
+            uid, gid = embedded_root.ensure_os_user()
             os.chown(self.dir, uid, gid)
             for entry in self.dir.iterdir():
                 os.chown(entry, uid, gid)
-            command += ["-u", embedded._OS_USER]
+            command += ["-u", embedded_root.OS_USER]
         self._proc = subprocess.Popen(
             [*command, str(self.dir / "pgbouncer.ini")],
             stdout=subprocess.DEVNULL,

@@ -3,8 +3,8 @@
 Everything else in the reactor calls this package and never builds SQL of its own. It is split
 by concern, and every public name is re-exported here, so callers write ``db.X``:
 
-- :mod:`.session`: how a connection is opened, configured and pooled, and how each call runs
-  on it (the connectors);
+- :mod:`.session`: how a connection is opened, configured and pooled;
+- :mod:`.calls`: how each statement runs on one, and the connectors the queries run on;
 - :mod:`.rows`: the rows the queries return, decoded by column name;
 - :mod:`.queries`: :class:`Database`, the named queries of ``triggers/*.sql`` as its methods,
   each written once, bound to an install and to where they run;
@@ -15,6 +15,18 @@ by concern, and every public name is re-exported here, so callers write ``db.X``
 
 from __future__ import annotations
 
+from reactor.db.calls import (
+    CALL_TIMEOUT,
+    Connector,
+    Dedicated,
+    Pooled,
+    Target,
+    call,
+    connector,
+    read_only_server,
+    run_bare,
+    run_pinned,
+)
 from reactor.db.fit import fit
 from reactor.db.migrations import (
     OUTSIDE_TRANSACTION,
@@ -46,30 +58,20 @@ from reactor.db.rows import (
     ReconcileStep,
 )
 from reactor.db.session import (
-    CALL_TIMEOUT,
     DATABASE_ERRORS,
     LISTENER_APPLICATION_NAME,
     LISTENER_ROLE,
     PREPARE_THRESHOLD,
     AnyConnection,
-    Connector,
-    Dedicated,
-    Pooled,
     StandbyPolicy,
-    Target,
-    call,
     configure,
     configure_pooled,
     connect,
-    connector,
     conninfo,
     end_listener_session,
     first_line,
     is_own_session,
     make_pool,
-    read_only_server,
-    run_bare,
-    run_pinned,
     session_identity,
     standby_problem,
 )

@@ -22,6 +22,7 @@ from psycopg.rows import AsyncRowFactory, class_row, dict_row, kwargs_row, tuple
 from psycopg_pool import AsyncConnectionPool
 
 from reactor import grants
+from reactor.db.calls import Connector, Dedicated, Pooled
 from reactor.db.rows import (
     Health,
     HookChange,
@@ -32,13 +33,7 @@ from reactor.db.rows import (
     ReconcilePass,
     ReconcileStep,
 )
-from reactor.db.session import (
-    AnyConnection,
-    Connector,
-    Dedicated,
-    Pooled,
-    first_line,
-)
+from reactor.db.session import AnyConnection, first_line
 from reactor.errors import PrivilegeMissing, UntrustedSchema
 from reactor.install import Install
 

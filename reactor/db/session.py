@@ -1,4 +1,4 @@
-"""How the reactor talks to PostgreSQL: connections, the pool, and how each call is run.
+"""How the reactor talks to PostgreSQL: connections and the pool (each call runs by :mod:`.calls`).
 
 What the reactor's statements mean must not depend on the session defaults a role or database
 hands out (``serializable``, a read-only default, a short statement_timeout), nor leak into other
@@ -26,10 +26,8 @@ from __future__ import annotations
 import logging
 import re
 import weakref
-from collections.abc import Mapping
-from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Literal, Protocol, TypeAlias, TypeVar, overload
+from typing import Any, Literal, TypeVar
 
 import anyio
 import psycopg
@@ -37,8 +35,6 @@ import psycopg.conninfo
 import psycopg.errors
 import psycopg.sql
 import tenacity
-from psycopg.pq import TransactionStatus
-from psycopg.rows import AsyncRowFactory, TupleRow, tuple_row
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from reactor.errors import ConfigError, DatabaseReadOnly, DatabaseUnreachable
@@ -67,7 +63,7 @@ _CLIENT_TCP = {
 
 # Bounds on every statement. A session of our own gets them for the session; behind a pooler
 # they are set LOCAL to each transaction (see the module docstring).
-_BOUNDS = {
+STATEMENT_BOUNDS = {
     "statement_timeout": "30s",
     "lock_timeout": "10s",
     "idle_in_transaction_session_timeout": "30s",
@@ -94,31 +90,12 @@ _SESSION_DEFAULTS = {
 # otherwise: the claim's SKIP LOCKED and reactor.outranks_v1's fresh snapshot per query need READ
 # COMMITTED; under REPEATABLE READ or SERIALIZABLE a race between writers turns into a
 # serialization failure of the whole batch.
-_BEGIN = b"BEGIN ISOLATION LEVEL READ COMMITTED READ WRITE"
 
-
-def _pin(settings: Mapping[str, str]) -> bytes:
-    """One statement that sets ``settings`` LOCAL: literals, not parameters, so the server
-    has no plan to make for it (it runs unprepared on every call behind a pooler)."""
-    calls = psycopg.sql.SQL(", ").join(
-        psycopg.sql.SQL("set_config({}, {}, true)").format(
-            psycopg.sql.Literal(name), psycopg.sql.Literal(value)
-        )
-        for name, value in settings.items()
-    )
-    return psycopg.sql.SQL("SELECT {}").format(calls).as_bytes(None)
-
-
-_PIN_BOUNDS = _pin(_BOUNDS)
-
-# Every pooled call gives up client-side after this long. TCP settings cannot see a peer that
-# keeps the connection open and never answers (a frozen backend, a stuck proxy); this can.
-CALL_TIMEOUT = 35.0  # statement_timeout above, plus room to hear about it
 # Checking out a pooled connection runs an empty query first; a dead one must fail fast. The
 # check is what keeps a connection that froze in the pool (a half-open link, a stopped backend)
 # from stalling a claim for the whole call timeout. It costs nothing when the reactor is idle:
 # its one periodic statement runs on the LISTEN connection, not through the pool.
-_CHECK_TIMEOUT = 5.0
+CHECK_TIMEOUT = 5.0
 
 # psycopg's own default: a statement is prepared on its fifth run. Only for a session of our
 # own: behind a transaction pooler the next statement may run on a session that never saw it.
@@ -152,7 +129,7 @@ def first_line(error: BaseException) -> str:
 async def configure(conn: AnyConnection) -> None:
     """Apply the session settings to a connection that is a session of its own, not one a
     transaction-mode pooler shares with other clients (the settings would leak into theirs)."""
-    settings = {**_BOUNDS, **_LIVENESS, **_SESSION_DEFAULTS}
+    settings = {**STATEMENT_BOUNDS, **_LIVENESS, **_SESSION_DEFAULTS}
     query = "SELECT set_config(n, v, false) FROM unnest(%s::text[], %s::text[]) AS s(n, v)"
     try:
         await conn.execute(query, (list(settings), list(settings.values())))
@@ -268,9 +245,9 @@ async def standby_problem(conn: AnyConnection, source: str = "DATABASE_URL") -> 
     except psycopg.Error:  # a server or role that cannot say: the fix reads the same
         sender = None
     if sender is not None:
-        upstream = f" (this standby streams from {_address(sender[0], sender[1])})"
+        upstream = f" (this standby streams from {server_address(sender[0], sender[1])})"
     return (
-        f"the database at {_address(conn.info.host, conn.info.port)} is a read-only hot "
+        f"the database at {server_address(conn.info.host, conn.info.port)} is a read-only hot "
         f"standby (pg_is_in_recovery()), and the reactor writes: point {source} at the "
         f"primary{upstream}, or list every host with target_session_attrs=read-write "
         f"({_MULTI_HOST_EXAMPLE})"
@@ -295,13 +272,13 @@ def _read_only_hosts(error: BaseException) -> list[str]:
     order tried (psycopg lists every attempt of a multi-host DSN)."""
     found: list[str] = []
     for host, port in _READ_ONLY_HOST.findall(str(error)):
-        shown = _address(host, port or None)
+        shown = server_address(host, port or None)
         if shown not in found:
             found.append(shown)
     return found
 
 
-def _address(host: str | None, port: int | str | None) -> str:
+def server_address(host: str | None, port: int | str | None) -> str:
     # host:port as people write it: [v6]:port, and a Unix socket's directory as is.
     host = host or "localhost"
     if host.startswith("/"):
@@ -350,7 +327,7 @@ def make_pool(dsn: str, *, max_size: int) -> AsyncConnectionPool[AnyConnection]:
 
 
 async def _check_connection(conn: AnyConnection) -> None:
-    with anyio.fail_after(_CHECK_TIMEOUT):
+    with anyio.fail_after(CHECK_TIMEOUT):
         await AsyncConnectionPool.check_connection(conn)
 
 
@@ -394,139 +371,6 @@ def is_own_session(conn: AnyConnection) -> bool:
     return conn in _OWN_SESSIONS
 
 
-@overload
-async def call(
-    conn: AnyConnection, query: str, params: Any = None, *, lock_timeout: float | None = None
-) -> list[TupleRow]: ...
-
-
-@overload
-async def call(
-    conn: AnyConnection,
-    query: str,
-    params: Any = None,
-    *,
-    lock_timeout: float | None = None,
-    row_factory: AsyncRowFactory[R],
-) -> list[R]: ...
-
-
-async def call(
-    conn: AnyConnection,
-    query: str,
-    params: Any = None,
-    *,
-    lock_timeout: float | None = None,
-    row_factory: AsyncRowFactory[Any] = tuple_row,
-) -> list[Any]:
-    """Run one statement on a pool connection, as the module docstring says; its rows, made by
-    ``row_factory`` (tuples unless given).
-
-    ``lock_timeout`` (seconds) replaces the usual bound on waiting for a row lock, for this
-    statement only.
-
-    A server that turns out read-only (a hot standby: the old primary back after a failover,
-    behind an address that used to be the primary's) costs the connection: it is closed, so the
-    pool discards it and opens another, which with ``target_session_attrs=read-write`` lands on
-    whichever host accepts writes now. The error is raised as always; the caller retries.
-    """
-    own = is_own_session(conn)
-    try:
-        if own and lock_timeout is None:
-            return await run_bare(conn, query, params, row_factory=row_factory)
-        if lock_timeout is None:
-            return await run_pinned(conn, query, params, row_factory=row_factory)
-        waiting = _lock_wait(lock_timeout)
-        settings = waiting if own else {**_BOUNDS, **waiting}
-        return await run_pinned(conn, query, params, settings, row_factory=row_factory)
-    except psycopg.Error as error:
-        if read_only_server(error, conn):
-            await _drop(conn, error)
-        raise
-
-
-def _lock_wait(seconds: float) -> dict[str, str]:
-    return {"lock_timeout": f"{max(1, round(seconds * 1000))}ms"}
-
-
-def read_only_server(error: BaseException, conn: AnyConnection | None = None) -> bool:
-    """True when ``error`` says the server is read-only: SQLSTATE 25006 (a write, LISTEN or
-    NOTIFY on a hot standby), or a pinned call's ``BEGIN ... READ WRITE`` refused during
-    recovery (0A000), which ``conn``'s server, when given, must not have reported a primary."""
-    if isinstance(error, psycopg.errors.ReadOnlySqlTransaction):
-        return True
-    if not isinstance(error, psycopg.errors.FeatureNotSupported):
-        return False
-    # PostgreSQL 14 on reports in_hot_standby, and updates it on promotion; older servers and
-    # some poolers say nothing, and then the error alone decides (none of the reactor's
-    # statements is otherwise unsupported).
-    return conn is None or conn.closed or conn.info.parameter_status("in_hot_standby") != "off"
-
-
-async def _drop(conn: AnyConnection, error: BaseException) -> None:
-    if conn.closed:
-        return  # the pool discards it as it is
-    log.debug(
-        "closing a connection to a read-only server",
-        extra={"server": _address(conn.info.host, conn.info.port), "error": first_line(error)},
-    )
-    with anyio.CancelScope(shield=True):
-        await conn.close()
-
-
-async def run_bare(
-    conn: AnyConnection, query: str, params: Any = None, *, row_factory: AsyncRowFactory[R]
-) -> list[R]:
-    """Run ``query`` as one autocommit statement, under the session's own settings; return its
-    rows, made by ``row_factory`` (none for a command)."""
-    cur = conn.cursor(row_factory=row_factory)
-    await cur.execute(query, params)
-    return await cur.fetchall() if cur.description is not None else []
-
-
-async def run_pinned(
-    conn: AnyConnection,
-    query: str,
-    params: Any = None,
-    settings: Mapping[str, str] | None = None,
-    *,
-    row_factory: AsyncRowFactory[R],
-) -> list[R]:
-    """Run ``query`` in a READ COMMITTED transaction of its own with ``settings`` set LOCAL
-    (default: the reactor's statement bounds), in one round trip; return its rows, made by
-    ``row_factory`` (none for a command).
-
-    The transaction is rolled back if anything fails, so the connection goes back idle.
-    """
-    pin = _PIN_BOUNDS if settings is None else _pin(settings) if settings else None
-    try:
-        async with conn.pipeline():
-            await conn.execute(_BEGIN)
-            if pin is not None:
-                await conn.execute(pin)
-            cur = conn.cursor(row_factory=row_factory)
-            await cur.execute(query, params)
-            await conn.execute(b"COMMIT")
-    except BaseException:
-        await _roll_back(conn)
-        raise
-    return await cur.fetchall() if cur.description is not None else []
-
-
-async def _roll_back(conn: AnyConnection) -> None:
-    # An error inside the explicit transaction leaves it aborted until ROLLBACK. A connection
-    # that is broken or still running the statement (cancelled mid-call) is left to the pool,
-    # which discards it.
-    status = conn.info.transaction_status
-    if conn.closed or status not in (TransactionStatus.INTRANS, TransactionStatus.INERROR):
-        return
-    with anyio.move_on_after(_CHECK_TIMEOUT, shield=True):
-        try:
-            await conn.rollback()
-        except psycopg.Error as error:
-            log.debug("rollback after a failed call failed", extra={"error": first_line(error)})
-
-
 async def session_identity(conn: AnyConnection) -> tuple[int, datetime]:
     """(pid, backend_start) of the server session serving ``conn`` right now.
 
@@ -550,81 +394,3 @@ async def end_listener_session(conn: AnyConnection, pid: int, started: datetime)
     )
     row = await cur.fetchone()
     return bool(row and row[0])
-
-
-class Connector(Protocol):
-    """Where a query runs: through the pool (:class:`Pooled`), or on a connection of the
-    caller's own (:class:`Dedicated`). Every named query takes one, so each is written once."""
-
-    async def fetch(
-        self,
-        query: str,
-        params: Any,
-        row_factory: AsyncRowFactory[R],
-        *,
-        lock_timeout: float | None = None,
-    ) -> list[R]:
-        """Run ``query`` once; its rows, made by ``row_factory`` (none for a command).
-
-        ``lock_timeout`` (seconds) replaces the usual bound on waiting for a row lock, for this
-        statement only.
-        """
-        ...
-
-
-@dataclass(frozen=True, slots=True)
-class Pooled:
-    """Each query on a connection of ``pool``, run as :func:`call` runs it, within ``timeout``
-    seconds (None: the caller bounds the wait)."""
-
-    pool: AsyncConnectionPool[AnyConnection]
-    timeout: float | None = CALL_TIMEOUT
-
-    async def fetch(
-        self,
-        query: str,
-        params: Any,
-        row_factory: AsyncRowFactory[R],
-        *,
-        lock_timeout: float | None = None,
-    ) -> list[R]:
-        """Run ``query`` on a pooled connection; see :meth:`Connector.fetch`."""
-        # The bound covers waiting for a connection and the whole call made on it.
-        with anyio.fail_after(self.timeout):
-            async with self.pool.connection() as conn:
-                return await call(
-                    conn, query, params, lock_timeout=lock_timeout, row_factory=row_factory
-                )
-
-
-@dataclass(frozen=True, slots=True)
-class Dedicated:
-    """Each query on ``conn``, a connection of the caller's own (the LISTEN connection, or a
-    command's): one bare statement under its session's settings; the caller bounds the wait."""
-
-    conn: AnyConnection
-
-    async def fetch(
-        self,
-        query: str,
-        params: Any,
-        row_factory: AsyncRowFactory[R],
-        *,
-        lock_timeout: float | None = None,
-    ) -> list[R]:
-        """Run ``query`` on the connection; see :meth:`Connector.fetch`."""
-        if lock_timeout is None:
-            return await run_bare(self.conn, query, params, row_factory=row_factory)
-        # A bound of its own for one statement: SET LOCAL needs a transaction around it.
-        return await run_pinned(
-            self.conn, query, params, _lock_wait(lock_timeout), row_factory=row_factory
-        )
-
-
-# A named query runs on a connector, or on a dedicated connection as it is.
-Target: TypeAlias = Connector | AnyConnection
-
-
-def connector(target: Target) -> Connector:
-    """``target`` as a connector: a bare connection is a :class:`Dedicated` one."""
-    return Dedicated(target) if isinstance(target, psycopg.AsyncConnection) else target

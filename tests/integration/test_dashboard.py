@@ -95,7 +95,10 @@ async def test_many_tabs_cost_one_status(start_reactor: StartReactor) -> None:
 async def test_a_hung_database_never_holds_a_probe(
     start_reactor: StartReactor, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    collecting = anyio.Event()
+
     async def hang(*args: Any, **kwargs: Any) -> Any:
+        collecting.set()
         await anyio.sleep_forever()
 
     async with start_reactor() as reactor:
@@ -118,7 +121,9 @@ async def test_a_hung_database_never_holds_a_probe(
                         assert "did not answer within 1 s" in await response.text()
 
                 tg.start_soon(open_page)
-                await anyio.sleep(0.1)
+                # The page's request is inside the hung collection now.
+                with anyio.fail_after(5):
+                    await collecting.wait()
                 # One event loop serves both: the page's wait holds up no probe.
                 with anyio.fail_after(0.5):
                     async with session.get(f"http://{probes[0]}:{probes[1]}/healthz") as response:

