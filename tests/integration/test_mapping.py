@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import json
 import time
+import tomllib
 import uuid
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -26,8 +28,10 @@ from reactor.install import Install
 from reactor.listener import parse_hint
 from reactor.metrics import Metrics
 from reactor.recorder import Recorder
+from reactor.service import open_reactor
 from tests.acceptance.conftest import reactor_env, run_reactor
 from tests.helpers import Conn
+from tests.polling import eventually
 
 pytestmark = pytest.mark.anyio
 
@@ -310,6 +314,50 @@ async def test_two_sidecars_share_a_database_through_two_reactor_schemas(
     # Each status reads its own schema.
     status_of_second = run_reactor("status", "--json", env=second_env)
     assert json.loads(status_of_second.stdout)["jobs"]["due"] == 0
+
+
+async def test_two_installs_live_side_by_side_in_one_process(second_url: str) -> None:
+    # The install is a value: two of them, on two mappings and two reactor schemas, each with a
+    # running replica in this one process, and neither reads the other's statements or jobs.
+    with psycopg.connect(second_url, autocommit=True) as conn:
+        conn.execute(sql.read("reference.sql"))
+    second_shape = mapping.parse(
+        {"reactor_schema": "second_reactor", **tomllib.loads(SECOND_TOML.read_text())},
+        source=str(SECOND_TOML),
+    )
+    async with await db.connect(second_url, "test") as migrating:
+        reference = (await db.migrate(migrating, mapping.REFERENCE)).install
+        second = (await db.migrate(migrating, second_shape)).install
+    assert (reference.channel, second.channel) == (
+        "analysis_jobs_terminal",
+        "second_reactor_jobs_terminal",
+    )
+    assert reference.query("record_jobs") != second.query("record_jobs")
+
+    settings = Settings(database_url=second_url, grace=GRACE, http_addr=None)
+    async with (
+        open_reactor(settings, reference) as first_replica,
+        open_reactor(replace(settings, channel=second.channel), second) as second_replica,
+        first_replica.running(),
+        second_replica.running(),
+    ):
+        with app(second_url) as conn:
+            add(conn, "theirs", age=0.0)
+            conn.execute(
+                "INSERT INTO analysis_jobs (id, run_id, status, doc_html, results)"
+                " VALUES (gen_random_uuid(), gen_random_uuid(), 'complete', '<p/>',"
+                " '{\"a\": 1}')"
+            )
+
+            def both_recorded() -> bool:
+                runs = conn.execute("SELECT count(*) FROM analysis_runs").fetchone()
+                reports = conn.execute('SELECT count(*) FROM app."Report"').fetchone()
+                return runs == (1,) and reports == (1,)
+
+            await eventually(both_recorded, timeout=10 * GRACE)
+            assert report(conn, "theirs") is not None
+    assert first_replica.database.install is reference
+    assert second_replica.database.install is second
 
 
 async def test_the_apps_progress_updates_stay_hot_on_the_mapped_table(
