@@ -416,7 +416,7 @@ async def cmd_sweep(args: argparse.Namespace) -> int:
             recorded = (await recorder.drain(settings.batch_size)).recorded
     example = f" (e.g. job {found.example})" if found.found else ""
     print(
-        f"reactor: reconcile walked {found.examined} finished job(s) in "
+        f"reactor: reconcile walked {found.examined} job(s) in "
         f"{found.seconds or 0.0:.1f}s and found {found.found} missing from the queue{example}; "
         f"recorded {recorded} run(s); jobs still inside their grace stay queued for the "
         "running reactors",

@@ -177,8 +177,10 @@ class Mapping:
                 return f"{literal(_LEAST[jobs.id_type])}::{jobs.id_type}"
             case "least_run":
                 return f"{literal(_LEAST[jobs.run_type])}::{jobs.run_type}"
-            case "walk_index":
-                return identifier(f"{jobs.table[-1]}_reactor_finished_idx"[:63])
+            case "jobs_table_name":
+                return literal(jobs.table[-1])
+            case "jobs_schema_name":
+                return literal(jobs.table[0])
             case "terminal":
                 return "(" + ", ".join(literal(value) for value in jobs.terminal) + ")"
             case "worker":
@@ -247,33 +249,35 @@ class Mapping:
         raise KeyError(f"unknown slot @{name}({alias})@")
 
     def walked(self, alias: str | None) -> str:
-        """The part of :meth:`eligible` the reconcile's walk index holds: columns that change
-        once in a job's life. The not_empty columns (verdicts the app adds to as a job runs)
-        stay out, or no update of theirs could be HOT."""
-        return self._predicate(alias, with_contents=False)
+        """The part of :meth:`eligible` the reconcile's walk index holds: the soft delete and
+        the documents, columns the app sets when it creates a job and changes at most once
+        more (a delete, a trim). The status stays out, so the update that finishes a job can
+        be HOT, and so do the not_empty columns (verdicts the app adds to as a job runs), so
+        that the progress updates can be too. ``true`` when there is no such column."""
+        return self._predicate(alias, whole=False)
 
     def eligible(self, alias: str | None) -> str:
         """The row-local half of "needs a run" for the job row ``alias`` (None: bare columns).
 
         Terminal values are untyped literals, so they take the column's type, text or enum.
         """
-        return self._predicate(alias, with_contents=True)
+        return self._predicate(alias, whole=True)
 
-    def _predicate(self, alias: str | None, *, with_contents: bool) -> str:
+    def _predicate(self, alias: str | None, *, whole: bool) -> str:
         jobs = self.jobs
 
         def col(name: str) -> str:
             return f"{alias}.{identifier(name)}" if alias else identifier(name)
 
-        parts = [f"{col(jobs.status)} IN {self._value('terminal')}"]
+        parts = [f"{col(jobs.status)} IN {self._value('terminal')}"] if whole else []
         if jobs.deleted_at:
             parts.append(f"{col(jobs.deleted_at)} IS NULL")
         for column in jobs.not_null:
-            if with_contents or column not in jobs.not_empty:
+            if whole or column not in jobs.not_empty:
                 parts.append(f"{col(column)} IS NOT NULL")
-        if with_contents:
+        if whole:
             parts += [_not_empty(col(c), jobs.type_of(c)) for c in jobs.not_empty]
-        return "(" + "\n     AND ".join(parts) + ")"
+        return "(" + "\n     AND ".join(parts) + ")" if parts else "true"
 
 
 REFERENCE = Mapping()

@@ -28,6 +28,8 @@ BEGIN
 END
 $$;
 
+-- The one function a job-finishing commit of the app's calls, so it is kept to one call: the
+-- guard, the queueing and the hint are inline. What it writes is one row of the queue.
 CREATE OR REPLACE FUNCTION @reactor@.job_changed_v1() RETURNS trigger
     LANGUAGE plpgsql
     -- It runs in the app's transactions, as the app's role, which need not see the reactor's
@@ -35,27 +37,41 @@ CREATE OR REPLACE FUNCTION @reactor@.job_changed_v1() RETURNS trigger
     SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS
 $$
 DECLARE
-    eligible boolean;
-    was_eligible boolean;
+    became_eligible boolean;
+    queue_limit text;
 BEGIN
     -- First, before any column of the row is read: another table's columns could be of types
-    -- whose casts or operators run their owner's code with this function's rights.
-    PERFORM @reactor@.app_table_v1('jobs', TG_RELID);
+    -- whose casts or operators run their owner's code with this function's rights. The table
+    -- the mapping names, in its schema, is the app's, and costs two comparisons; any other (a
+    -- partition, the table renamed since migrate) gets app_table_v1's check of the installed
+    -- table by oid, which refuses what is not it.
+    IF TG_TABLE_NAME <> @jobs_table_name@ OR TG_TABLE_SCHEMA <> @jobs_schema_name@ THEN
+        PERFORM @reactor@.app_table_v1('jobs', TG_RELID);
+    END IF;
     -- The row-local half of "needs a run"; the runs table decides the rest at record time.
-    eligible := @eligible(NEW)@;
-    was_eligible := TG_OP = 'UPDATE' AND @eligible(OLD)@;
-    IF eligible AND NOT was_eligible THEN
+    became_eligible := @eligible(NEW)@
+                       AND NOT (TG_OP = 'UPDATE' AND @eligible(OLD)@);
+    IF became_eligible THEN
         INSERT INTO @reactor@.pending (job_id, since)
         VALUES (@NEW.id@, least(@NEW.updated_at@, now()))
             ON CONFLICT (job_id) DO UPDATE SET since = EXCLUDED.since;
     END IF;
     -- Wake the reactors on the transition into a terminal status, and when a terminal job
     -- becomes eligible later (its results arrive in a second update); not at all when the
-    -- trigger was installed not to notify.
+    -- trigger was installed not to notify, nor when the NOTIFY queue is past the limit (the
+    -- app's sessions may set reactor.notify_queue_limit; one that is not a number is ignored,
+    -- so it never fails the app's commit): the queued row is enough.
     IF TG_ARGV[0] <> ''
-       AND (TG_OP = 'INSERT' OR @OLD.status@ IS DISTINCT FROM @NEW.status@
-            OR (eligible AND NOT was_eligible)) THEN
-        PERFORM @reactor@.hint_v1(TG_ARGV[0], @NEW.id@, @NEW.updated_at@);
+       AND (became_eligible OR TG_OP = 'INSERT' OR @OLD.status@ IS DISTINCT FROM @NEW.status@) THEN
+        queue_limit := current_setting('reactor.notify_queue_limit', true);
+        IF queue_limit IS NULL
+           OR queue_limit !~ '^\s*([0-9]+\.?[0-9]*|\.[0-9]+)([eE][-+]?[0-9]+)?\s*$' THEN
+            queue_limit := '0.5';
+        END IF;
+        IF pg_notification_queue_usage() < queue_limit::float8 THEN
+            PERFORM pg_notify(TG_ARGV[0],
+                              @NEW.id@::text || '@' || extract(epoch FROM @NEW.updated_at@));
+        END IF;
     END IF;
     RETURN NULL;
 END
@@ -176,6 +192,6 @@ REVOKE ALL ON ALL FUNCTIONS IN SCHEMA @reactor@ FROM PUBLIC;
 DELETE FROM @reactor@.set_aside;
 
 -- After this file, `reactor migrate` builds the reconcile's walk index on the job table,
--- CONCURRENTLY, outside any transaction (reactor/db/indexes.py describes it): its key and
--- predicate name only columns that change once in a job's life, so the app's progress updates
--- stay HOT (migration 0015 replaced one whose predicate named results).
+-- CONCURRENTLY, outside any transaction (reactor/db/indexes.py describes it): neither its key
+-- nor its predicate names a column a job's progress or finish changes, so the app's updates of
+-- a job stay HOT (migrations 0015 and 0016 replaced two that named results, then status).

@@ -22,13 +22,13 @@ MAX_NAME = 63
 
 @dataclass(frozen=True)
 class Index:
-    """A partial index: ``name`` in the schema of ``table`` (schema, name), on ``columns``,
-    where ``predicate`` (SQL over the table's own columns) holds."""
+    """An index: ``name`` in the schema of ``table`` (schema, name), on ``columns``, partial
+    where ``predicate`` (SQL over the table's own columns) holds, when one is given."""
 
     name: str
     table: tuple[str, str]
     columns: tuple[str, ...]
-    predicate: str
+    predicate: str | None
 
     @property
     def qualified(self) -> str:
@@ -40,9 +40,10 @@ class Index:
         how = " CONCURRENTLY" if concurrently else ""
         where = " ONLY" if only else ""
         columns = ", ".join(identifier(column) for column in self.columns)
+        partial = "" if self.predicate is None else f" WHERE {self.predicate}"
         return (
             f"CREATE INDEX{how} IF NOT EXISTS {identifier(self.name)} ON{where} "
-            f"{identifier(*self.table)} ({columns}) WHERE {self.predicate}"
+            f"{identifier(*self.table)} ({columns}){partial}"
         )
 
     def on_partition(self, partition: tuple[str, str]) -> Index:
@@ -75,16 +76,18 @@ Step = Index | DropIndex
 
 
 def walk_index(install: Install) -> Index:
-    """The reconcile's walk, and the road from a run to its jobs: the job table's
-    (run, id) over the jobs that can still need a run. Its predicate names only columns that
-    change once in a job's life, so the app's progress updates stay HOT."""
+    """The reconcile's walk, and the road from a run to its jobs: the job table's (run, id)
+    over the jobs that hold their documents and are not deleted. Neither its key nor its
+    predicate names a column that a job's progress or its finish changes (results, status,
+    updated_at), so the app's updates of a job stay HOT, the one that finishes it included."""
     jobs = install.mapping.jobs
     schema, table = jobs.table[0], jobs.table[-1]
+    walked = install.mapping.walked(None)
     return Index(
-        f"{table}_reactor_finished_idx"[:MAX_NAME],
+        f"{table}_reactor_run_idx"[:MAX_NAME],
         (schema, table),
         (jobs.run, jobs.id),
-        install.mapping.walked(None),
+        None if walked == "true" else walked,
     )
 
 
@@ -95,10 +98,13 @@ def repeatable(install: Install) -> tuple[Step, ...]:
 
 
 def of_migration(version: int, install: Install) -> tuple[Step, ...]:
-    """What numbered migration ``version`` builds outside its transaction (the numbered
-    migrations are the reference tables' upgrade road)."""
+    """What numbered migration ``version`` builds outside its transaction, and drops."""
+    schema, table = install.mapping.jobs.table[0], install.mapping.jobs.table[-1]
     if version == 15:
         # The walk index without results in its predicate replaced one that named it.
-        schema = install.mapping.jobs.table[0]
-        return (walk_index(install), DropIndex(schema, "analysis_jobs_reactor_walk_idx"))
+        return (walk_index(install), DropIndex(schema, f"{table}_reactor_walk_idx"[:MAX_NAME]))
+    if version == 16:
+        # ... and then one without the status in it, so that a job's finish is HOT too.
+        old = f"{table}_reactor_finished_idx"[:MAX_NAME]
+        return (walk_index(install), DropIndex(schema, old))
     return ()

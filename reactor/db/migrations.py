@@ -48,6 +48,12 @@ _PARTITIONED_NOTE = (
 )
 
 
+# The first schema version a mapping other than the reference could install (the baseline of
+# schema.sql came with the mapping): the numbered migrations before it know only the reference
+# tables, and the ones after it are rendered for any mapping.
+MAPPED_SINCE = 14
+
+
 @dataclass(frozen=True)
 class Migrated:
     """What `reactor migrate` did: the install it left (the mapping typed by the catalog, the
@@ -188,10 +194,11 @@ async def migrate(
             # One transaction: the schema and its versions appear together or not at all.
             await _migration_transaction(conn, text)
             done = [m.version for m in sql.migrations()]
-        elif not install.mapping.is_reference and applied < sql.latest_version():
+        elif not install.mapping.is_reference and applied < MAPPED_SINCE:
             raise ConfigError(
                 f"the reactor's schema here is at version {applied}, installed for the reference "
-                "tables; upgrade it with the reference mapping (REACTOR_CONFIG unset) first"
+                f"tables; upgrade it to version {MAPPED_SINCE} with the reference mapping "
+                "(REACTOR_CONFIG unset) first"
             )
         for migration in sql.migrations():
             if migration.version <= applied or applied == 0:

@@ -1,10 +1,10 @@
-"""The app's progress updates stay HOT with the reactor installed, and the reactor's statements
-still find their index.
+"""The app's updates of a job stay HOT with the reactor installed, its progress and its finish,
+and the reactor's statements still find their index.
 
 PostgreSQL updates a row in place (a heap-only tuple: no new index entries) only when no column
 that an index names changes, the columns of a partial index's predicate included. A worker's
-progress updates change results and updated_at while the job keeps status 'running'; no index
-of the migrated schema may name either.
+progress updates change results and updated_at while the job keeps status 'running', and its
+finish changes status and updated_at; no index of the migrated schema may name any of them.
 
 Counted from the server's own statistics: ``pg_stat_force_next_flush()`` (PostgreSQL 15+) makes
 the session flush its counters when it next goes idle, so the following statement reads every
@@ -42,6 +42,12 @@ OLD_WALK_INDEX = """
 CREATE INDEX analysis_jobs_old_walk_idx ON analysis_jobs (run_id, id)
  WHERE status IN ('complete', 'failed') AND deleted_at IS NULL AND doc_html IS NOT NULL
    AND results IS NOT NULL AND results <> '{}'::jsonb
+"""
+
+# The walk index as migration 0015 built it: its predicate names status.
+FINISHED_WALK_INDEX = """
+CREATE INDEX analysis_jobs_reactor_finished_idx ON analysis_jobs (run_id, id)
+ WHERE status IN ('complete', 'failed') AND deleted_at IS NULL AND doc_html IS NOT NULL
 """
 
 # 32 KiB of text that pglz cannot shrink below the TOAST threshold: stored out of line.
@@ -105,14 +111,34 @@ def test_progress_updates_are_hot(conn: Conn) -> None:
     updates, hot = _progress(conn, ids)
     assert updates == JOBS * PROGRESS_UPDATES
     assert hot == updates
-    # The finishing update changes status, which the walk index names: not HOT, and queued.
-    conn.execute(
-        "UPDATE analysis_jobs SET status = 'complete', updated_at = now() WHERE id = ANY(%s)",
-        (ids,),
-    )
+    # The finishing update changes status, which no index names: HOT too, and queued.
+    before = _update_counts(conn)
+    for job_id in ids:
+        conn.execute(
+            "UPDATE analysis_jobs SET status = 'complete', updated_at = now() WHERE id = %s",
+            (job_id,),
+        )
+    after = _update_counts(conn)
+    assert (after[0] - before[0], after[1] - before[1]) == (JOBS, JOBS)
     assert scalar(conn, "SELECT count(*) FROM reactor.pending WHERE job_id = ANY(%s)", (ids,)) == (
         JOBS
     )
+
+
+def test_an_index_naming_status_makes_the_finish_cold(conn: Conn) -> None:
+    # The walk index of migration 0015 back: its predicate names status, so each finish writes
+    # index entries. Proof that the count above sees what an index does to the finish.
+    conn.execute(FINISHED_WALK_INDEX)
+    ids = _start_jobs(conn)
+    _progress(conn, ids)
+    before = _update_counts(conn)
+    for job_id in ids:
+        conn.execute(
+            "UPDATE analysis_jobs SET status = 'complete', updated_at = now() WHERE id = %s",
+            (job_id,),
+        )
+    after = _update_counts(conn)
+    assert (after[0] - before[0], after[1] - before[1]) == (JOBS, 0)
 
 
 def test_an_index_naming_results_makes_them_cold(conn: Conn) -> None:
@@ -126,15 +152,15 @@ def test_an_index_naming_results_makes_them_cold(conn: Conn) -> None:
 
 def test_no_reactor_index_on_the_job_table_names_a_progress_column(conn: Conn) -> None:
     # Every index on analysis_jobs but the app's primary key is the reactor's; none may name
-    # results or updated_at, in its key or in its predicate.
+    # results, status or updated_at, in its key or in its predicate.
     rows = conn.execute(
         "SELECT indexrelid::regclass::text, pg_get_indexdef(indexrelid), "
         "       coalesce(pg_get_expr(indpred, indrelid), '') "
         "  FROM pg_index WHERE indrelid = 'analysis_jobs'::regclass AND NOT indisprimary"
     ).fetchall()
-    assert [name for name, _, _ in rows] == ["analysis_jobs_reactor_finished_idx"]
+    assert [name for name, _, _ in rows] == ["analysis_jobs_reactor_run_idx"]
     for _, definition, predicate in rows:
-        for column in ("results", "updated_at"):
+        for column in ("results", "status", "updated_at"):
             assert column not in definition, definition
             assert column not in predicate, predicate
 
@@ -162,7 +188,7 @@ def test_the_walk_and_the_run_to_jobs_road_use_the_index(conn: Conn) -> None:
         "lease": 30.0,
     }
     walk = _plan(conn, REFERENCE_INSTALL.query("reconcile_step"), params)
-    assert "Index Only Scan using analysis_jobs_reactor_finished_idx" in walk, walk
+    assert "Index Only Scan using analysis_jobs_reactor_run_idx" in walk, walk
     # reactor.queue_runs_v2's statement: the jobs of some runs, eligible in the row.
     runs = [row[0] for row in conn.execute("SELECT run_id FROM analysis_jobs LIMIT 5")]
     road = _plan(
@@ -172,25 +198,40 @@ def test_the_walk_and_the_run_to_jobs_road_use_the_index(conn: Conn) -> None:
         "AND j.doc_html IS NOT NULL AND j.results IS NOT NULL AND j.results <> '{}'::jsonb",
         (runs,),
     )
-    assert "analysis_jobs_reactor_finished_idx" in road, road
+    assert "analysis_jobs_reactor_run_idx" in road, road
     assert "results" in road, road  # checked in the row, as a filter
+    assert "status" in road, road
 
 
 @pytest.mark.anyio
 async def test_an_upgrade_replaces_the_old_walk_index(database_url: str, conn: Conn) -> None:
     # A database migrated by an earlier release: version 14, with 0008's walk index built.
-    conn.execute("DROP INDEX analysis_jobs_reactor_finished_idx")
+    conn.execute("DROP INDEX analysis_jobs_reactor_run_idx")
     conn.execute(
         OLD_WALK_INDEX.replace("analysis_jobs_old_walk_idx", "analysis_jobs_reactor_walk_idx")
     )
-    conn.execute("DELETE FROM reactor.schema_version WHERE version = 15")
+    conn.execute("DELETE FROM reactor.schema_version WHERE version >= 15")
     async with await db.connect(database_url, "test") as aconn:
-        assert (await db.migrate(aconn, REFERENCE)).applied == [15]
-    names = [
+        assert (await db.migrate(aconn, REFERENCE)).applied == [15, 16]
+    assert _reactor_indexes(conn) == ["analysis_jobs_reactor_run_idx"]
+
+
+@pytest.mark.anyio
+async def test_an_upgrade_replaces_the_finished_index(database_url: str, conn: Conn) -> None:
+    # A database migrated by the release before this one: version 15, with its walk index.
+    conn.execute("DROP INDEX analysis_jobs_reactor_run_idx")
+    conn.execute(FINISHED_WALK_INDEX)
+    conn.execute("DELETE FROM reactor.schema_version WHERE version = 16")
+    async with await db.connect(database_url, "test") as aconn:
+        assert (await db.migrate(aconn, REFERENCE)).applied == [16]
+    assert _reactor_indexes(conn) == ["analysis_jobs_reactor_run_idx"]
+
+
+def _reactor_indexes(conn: Conn) -> list[str]:
+    return [
         row[0]
         for row in conn.execute(
             "SELECT indexrelid::regclass::text FROM pg_index "
             "WHERE indrelid = 'analysis_jobs'::regclass AND NOT indisprimary AND indisvalid"
         )
     ]
-    assert names == ["analysis_jobs_reactor_finished_idx"]

@@ -126,7 +126,7 @@ async def test_migrate_types_the_reactor_tables_by_the_app_columns(
         # The walk index is on the app's table, by its own names.
         assert conn.execute(
             "SELECT count(*) FROM pg_indexes WHERE schemaname = 'app' AND tablename = 'Job'"
-            " AND indexname = 'Job_reactor_finished_idx'"
+            " AND indexname = 'Job_reactor_run_idx'"
         ).fetchone() == (1,)
 
 

@@ -30,7 +30,7 @@ from tests.integration.support import scalar
 pytestmark = pytest.mark.anyio
 
 CHANNEL = "analysis_jobs_terminal"
-INDEX = "analysis_jobs_reactor_finished_idx"
+INDEX = "analysis_jobs_reactor_run_idx"
 
 # reference.sql's analysis_jobs, partitioned by quarter; the last quarter is itself partitioned
 # (by hash of id), and a default partition takes the rest.
@@ -198,17 +198,13 @@ async def test_an_interrupted_build_resumes(empty_database_url: str) -> None:
     with psycopg.connect(empty_database_url, autocommit=True) as conn:
         conn.execute(
             f"CREATE INDEX {INDEX} ON ONLY analysis_jobs (run_id, id) "
-            "WHERE status IN ('complete', 'failed') AND deleted_at IS NULL "
-            "AND doc_html IS NOT NULL"
+            "WHERE deleted_at IS NULL AND doc_html IS NOT NULL"
         )
         conn.execute(
-            "CREATE INDEX analysis_jobs_2026q1_reactor_finished_idx ON analysis_jobs_2026q1 "
-            "(run_id, id) WHERE status IN ('complete', 'failed') AND deleted_at IS NULL "
-            "AND doc_html IS NOT NULL"
+            "CREATE INDEX analysis_jobs_2026q1_reactor_run_idx ON analysis_jobs_2026q1 "
+            "(run_id, id) WHERE deleted_at IS NULL AND doc_html IS NOT NULL"
         )
-        conn.execute(
-            f"ALTER INDEX {INDEX} ATTACH PARTITION analysis_jobs_2026q1_reactor_finished_idx"
-        )
+        conn.execute(f"ALTER INDEX {INDEX} ATTACH PARTITION analysis_jobs_2026q1_reactor_run_idx")
         assert not scalar(
             conn, "SELECT indisvalid FROM pg_index WHERE indexrelid = %s::regclass", (INDEX,)
         )

@@ -175,7 +175,7 @@ async def test_migrations_produce_the_current_schema(
     got, want = catalog(migrated), catalog(declared)
     # The snapshot must see what matters, or comparing it proves nothing.
     assert any("pending_since_idx" in row for row in want["indexes"])
-    assert any("analysis_jobs_reactor_finished_idx" in row for row in want["indexes"])
+    assert any("analysis_jobs_reactor_run_idx" in row for row in want["indexes"])
     assert {row[1] for row in want["triggers"]} == {
         "reactor_job_insert",
         "reactor_job_update",
