@@ -116,6 +116,7 @@ class Reactor:
                 database,
                 dict(hooks),
                 self.metrics,
+                replica=self.replica_id,
                 wake=lambda: self.schedule.hasten("hooks"),
             )
         # Runs even without hooks configured: rows queued under an earlier configuration age too.
@@ -360,6 +361,9 @@ class Reactor:
             self.schedule.hasten("reconcile")
         if health.hooks_expired:
             self.schedule.hasten("retention")
+        if health.hooks_orphaned and self.hook_runner is not None:
+            # A dead replica's running hook calls are due now: run them again at once.
+            self.hook_runner.wake()
         self._see_lost(self.roster.heartbeats(frozenset(health.live_replicas)))
         return health
 

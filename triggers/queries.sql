@@ -24,16 +24,16 @@
                     AND (@rj.created_at@, @rj.id@) >= (@j.created_at@, @j.id@)))
 
 -- fragment: walked
--- The part of "needs a run" that the reconcile's walk index holds: the terminal status, the soft
--- delete and the documents that are set once, columns that change once in a job's life. The
--- not_empty columns (results) are left out of the index so that the app's progress updates,
--- which add to them, stay HOT.
+-- The part of "needs a run" that the reconcile's walk index holds: the soft delete and the
+-- documents, which the app sets when it creates a job. The status and the not_empty columns
+-- (results) are left out of the index, so that the app's updates of a job, its progress and
+-- its finish, stay HOT; the statements that need them read them from the job row.
 @walked(j)@
 
 -- fragment: eligible
 -- The row-local half of "needs a run", what the job row alone decides; the triggers use exactly
 -- this predicate. It implies the walk index's, so a statement that filters on it can use that
--- index and check results in the row.
+-- index and check the status and results in the row.
 @eligible(j)@
 
 -- fragment: set_aside
@@ -305,7 +305,7 @@ SELECT p.job_id::text AS job_id,
 
 -- name: reconcile_step
 -- One step of the reconcile, the level-triggered half: walk the next %(limit)s jobs that can
--- still need a run, in (run_id, id) order on analysis_jobs_reactor_finished_idx, and queue each
+-- still need a run, in (run_id, id) order on analysis_jobs_reactor_run_idx, and queue each
 -- that needs a run and is not queued. The state row is shared by every replica and locked for the
 -- step (SKIP LOCKED: a replica that finds it locked just waits its turn), so one pass runs at a
 -- time. The replica that steps holds a lease on the pass until %(lease)s seconds from now; a
@@ -336,8 +336,8 @@ WITH state AS (
                     - (s.last_finished_at - s.last_started_at) <= now()))
 ), chunk AS (
     -- Index-only where the visibility map allows: the walk reads no job row it can skip. It
-    -- walks the index's predicate alone; results is checked below, in the few job rows that no
-    -- run row stands for.
+    -- walks the index's predicate alone; the status and results are checked below, in the few
+    -- job rows that no run row stands for (running jobs among them).
     SELECT @j.id@ AS id, @j.run@ AS run_id
       FROM @jobs@ j
      WHERE {{walked}}
@@ -464,7 +464,9 @@ SELECT pass AS number,
 --   notify, NULL when it is missing or disabled;
 -- - the database clock, for the timers' aim;
 -- - set_aside: the queued jobs whose write failed on their own data (oldest_overdue leaves out
---   those whose next try is not due: they are reported as set aside, not as late).
+--   those whose next try is not due: they are reported as set aside, not as late);
+-- - hooks_orphaned: the running hook rows of replicas no longer live that this check made due
+--   at once (their leases would have held them until they ran out).
 -- When %(own_session)s (the check rides the replica's LISTEN connection, a session of its own)
 -- the heartbeat names this session, and a replica whose named session is gone is not live
 -- however fresh its heartbeat: a killed process's sessions end with it, so the others take its
@@ -489,6 +491,20 @@ WITH beat AS (
 ), probe AS (
     SELECT pg_notify(%(channel)s, %(probe)s)
      WHERE %(probe)s::text IS NOT NULL AND pg_notification_queue_usage() < 0.5
+), orphaned AS (
+    -- The running hook rows of a replica that is no longer live (its heartbeat row is there,
+    -- it is not live by it): due at once, so the next claim takes them as a lease that ran
+    -- out, counting the attempt. A replica that has not written its first heartbeat yet is
+    -- left alone, and the lease stays the backstop for one that froze.
+    UPDATE @reactor@.hook_outbox o
+       SET available_at = now()
+      FROM @reactor@.replicas r
+     WHERE o.status = 'running'
+       AND o.available_at > now()
+       AND r.id = o.leased_by
+       AND r.id <> %(replica)s
+       AND NOT {{replica_live}}
+    RETURNING o.id
 )
 SELECT pg_notification_queue_usage()::float8 AS queue_usage,
        coalesce((SELECT extract(epoch FROM now() - make_interval(secs => %(grace)s)
@@ -520,7 +536,8 @@ SELECT pg_notification_queue_usage()::float8 AS queue_usage,
        (SELECT count(*) FROM @reactor@.set_aside s
          WHERE EXISTS (SELECT 1 FROM @reactor@.pending p WHERE p.job_id = s.job_id))::int
            AS set_aside,
-       (SELECT count(*) FROM announce)::int AS joined_told
+       (SELECT count(*) FROM announce)::int AS joined_told,
+       (SELECT count(*) FROM orphaned)::int AS hooks_orphaned
 
 -- name: replica_leave
 -- A replica that stops cleanly hands its jobs to the others: it drops its heartbeat and, in the
@@ -573,6 +590,7 @@ UPDATE @reactor@.hook_outbox o
                            ELSE now() + make_interval(secs => %(lease)s) END,
        leased_until = CASE WHEN j.current AND NOT j.spent
                            THEN now() + make_interval(secs => %(lease)s) END,
+       leased_by = CASE WHEN j.current AND NOT j.spent THEN %(replica)s END,
        last_error = CASE WHEN j.current AND j.expired
                          THEN 'the lease of attempt ' || o.attempts || ' ran out before it '
                               || 'settled: its replica died or stalled while running it'
@@ -599,6 +617,7 @@ UPDATE @reactor@.hook_outbox
        last_error = %(error)s,
        available_at = now() + make_interval(secs => %(delay)s),
        leased_until = NULL,
+       leased_by = NULL,
        updated_at = now()
  WHERE id = %(id)s
    AND status = 'running'
@@ -611,6 +630,7 @@ UPDATE @reactor@.hook_outbox
        attempts = attempts - 1,
        available_at = now(),
        leased_until = NULL,
+       leased_by = NULL,
        updated_at = now()
  WHERE id = %(id)s
    AND status = 'running'

@@ -111,6 +111,9 @@ CREATE TABLE IF NOT EXISTS @reactor@.hook_outbox (
     id            bigint GENERATED ALWAYS AS IDENTITY,
     -- attempts before the last `reactor hooks retry`: the schedule counts from there.
     retry_base    integer NOT NULL DEFAULT 0,
+    -- The replica whose lease a running row is under: when the others see it die, they take
+    -- the row back at once rather than when the lease runs out.
+    leased_by     text,
     PRIMARY KEY (run_id, job_id, hook)
 );
 

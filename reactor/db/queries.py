@@ -315,14 +315,21 @@ class Database:
     # -- the hook outbox -------------------------------------------------------------------------
 
     async def claim_hooks(
-        self, limit: int, lease: float, *, max_attempts: int | None = None
+        self,
+        limit: int,
+        lease: float,
+        *,
+        replica: str | None = None,
+        max_attempts: int | None = None,
     ) -> list[HookClaim]:
-        """Lease up to ``limit`` runnable rows of our hooks, oldest first; park a row whose
-        lease ran out on attempt ``max_attempts`` of its schedule (None: never)."""
+        """Lease up to ``limit`` runnable rows of our hooks to ``replica``, oldest first (the
+        others take them back when they see it die); park a row whose lease ran out on attempt
+        ``max_attempts`` of its schedule (None: never)."""
         params = {
             "hooks": list(self.hooks),
             "limit": limit,
             "lease": lease,
+            "replica": replica,
             "max_attempts": max_attempts,
         }
         return await self.run("claim_hooks", params, kwargs_row(HookClaim.from_row))

@@ -46,6 +46,7 @@ class Health:
     database_time: float  # clock_timestamp() as unix seconds, read during the statement
     set_aside: int  # queued jobs whose write failed on their own data (reactor.set_aside)
     joined_told: int  # 1 when this was the replica's first heartbeat and the others were told
+    hooks_orphaned: int  # running hook rows of replicas no longer live, made due at once
 
 
 @dataclass(frozen=True, slots=True)

@@ -68,10 +68,13 @@ class HookRunner:
         hooks: dict[str, Hook],
         metrics: Metrics,
         *,
+        replica: str,
         wake: Callable[[], None],
         jitter: Callable[[], float] = random.random,
     ) -> None:
         self.settings = settings
+        # Whose leases the rows this runner claims are under.
+        self.replica = replica
         self.database = database
         self.hooks = hooks
         self.metrics = metrics
@@ -100,7 +103,10 @@ class HookRunner:
         if free <= 0:
             return None  # a finishing attempt brings the duty forward
         claims = await self.database.claim_hooks(
-            free, self.settings.hook_lease, max_attempts=self.settings.hook_max_attempts
+            free,
+            self.settings.hook_lease,
+            replica=self.replica,
+            max_attempts=self.settings.hook_max_attempts,
         )
         for claim in claims:
             if claim.superseded:

@@ -278,6 +278,58 @@ def test_sigterm_while_a_hook_outlasts_the_drain(
     assert judgement.clean, str(judgement)
 
 
+def test_kill_nine_while_hooks_run_hands_them_over_within_a_probe_interval(
+    database_url: str,
+    tables: Tables,
+    replicas: Replicas,
+    workload: Callable[..., Workload],
+    report: Report,
+    tmp_path: Path,
+) -> None:
+    # The lease (the hook timeout plus 30 s) would hold a killed replica's calls for minutes;
+    # the others know it is dead once its LISTEN session is gone, and take the calls back then.
+    app = workload(grace=GRACE, seed=25, save_ratio=0.0)
+    hook_log, release = tmp_path / "hooks.log", tmp_path / "release"
+    hook_log.touch()
+    env = replica_env(
+        database_url,
+        tables,
+        REACTOR_HOOKS="judge=python:tests.hookmods:block",
+        HOOK_LOG=str(hook_log),
+        HOOK_RELEASE=str(release),
+    )
+
+    def started_by(pid: int) -> set[str]:
+        lines = [line.split() for line in hook_log.read_text().splitlines()]
+        return {key for kind, key, _, by in lines if kind == "start" and by == str(pid)}
+
+    with connect(database_url) as conn:
+        first = start_listening(replicas, conn, env, "first")
+        finished = app.finish(4, save=False)
+        wait_for(lambda: len(started_by(first.pid)) == len(finished), 20, "4 hooks running")
+        second = start_listening(replicas, conn, env, "second")
+        first.kill()
+        killed = time.monotonic()
+        wait_for(
+            lambda: started_by(second.pid) >= started_by(first.pid), 30, "the hooks taken over"
+        )
+        took = time.monotonic() - killed
+        release.touch()
+        wait_for(lambda: unhooked(tables, conn) == 0, 20, "every recorded run judged")
+        judgement, _ = settled(database_url, tables)
+    report(
+        "proc: kill -9 while hooks run",
+        1,
+        judgement,
+        recovery=took,
+        note=f"4 hook calls running on the killed replica, run again {took:.1f}s after the kill",
+    )
+    assert judgement.clean, str(judgement)
+    # A probe interval (1 s here) to see the LISTEN session gone, one more for the heartbeat
+    # the new replica may not have written yet, and a loaded machine's share; the lease is 150 s.
+    assert took < 5.0, took
+
+
 # -- clocks ------------------------------------------------------------------------------------
 
 SITECUSTOMIZE = '''

@@ -231,7 +231,7 @@ def test_the_claim_counts_a_lease_that_ran_out_as_an_attempt(
     run = held_run(conn)
     lease_ran_out(conn, run, "judge", attempts=3)
     lease_ran_out(conn, run, "ops", attempts=1)
-    params = {"hooks": ["judge", "ops"], "limit": 10, "lease": 60.0}
+    params = {"hooks": ["judge", "ops"], "limit": 10, "lease": 60.0, "replica": "test"}
 
     def claim(max_attempts: int | None) -> dict[str, tuple[Any, ...]]:
         found = conn.execute(

@@ -212,7 +212,7 @@ async def test_an_upgrade_replaces_the_old_walk_index(database_url: str, conn: C
     )
     conn.execute("DELETE FROM reactor.schema_version WHERE version >= 15")
     async with await db.connect(database_url, "test") as aconn:
-        assert (await db.migrate(aconn, REFERENCE)).applied == [15, 16]
+        assert (await db.migrate(aconn, REFERENCE)).applied[:2] == [15, 16]
     assert _reactor_indexes(conn) == ["analysis_jobs_reactor_run_idx"]
 
 
@@ -221,9 +221,9 @@ async def test_an_upgrade_replaces_the_finished_index(database_url: str, conn: C
     # A database migrated by the release before this one: version 15, with its walk index.
     conn.execute("DROP INDEX analysis_jobs_reactor_run_idx")
     conn.execute(FINISHED_WALK_INDEX)
-    conn.execute("DELETE FROM reactor.schema_version WHERE version = 16")
+    conn.execute("DELETE FROM reactor.schema_version WHERE version >= 16")
     async with await db.connect(database_url, "test") as aconn:
-        assert (await db.migrate(aconn, REFERENCE)).applied == [16]
+        assert (await db.migrate(aconn, REFERENCE)).applied[:1] == [16]
     assert _reactor_indexes(conn) == ["analysis_jobs_reactor_run_idx"]
 
 

@@ -136,3 +136,41 @@ async def test_hook_changes_and_claims_decode_by_name(conn: Conn, connectors: Co
     assert claim.scheduled_attempt == 1
     await dedicated.release_hook(claim)
     assert await dedicated.next_hook_in() is not None
+
+
+async def test_a_dead_replicas_running_hook_rows_are_taken_back_at_the_next_check(
+    conn: Conn, connectors: Connectors
+) -> None:
+    pooled, dedicated = connectors
+    hook_row = parked_hook_row(conn)
+    await pooled.retry_hooks([hook_row])
+    # The dead replica claimed the row under a long lease, and its LISTEN session is gone: its
+    # heartbeat row names a session no longer there.
+    [leased] = await pooled.claim_hooks(10, 3600.0, replica="dead")
+    assert leased.id == hook_row
+    conn.execute(
+        "INSERT INTO reactor.replicas (id, session_pid) VALUES ('dead', 2147483647), "
+        "('frozen', NULL)"
+    )
+    assert await pooled.claim_hooks(10, 3600.0, replica="alive") == []
+
+    check = db.HealthCheck(replica="alive", liveness=30.0, retention=3600.0)
+    health = await dedicated.health(check)
+    assert health.hooks_orphaned == 1
+    assert "dead" not in health.live_replicas
+    # Due at once: the next claim takes it as a lease that ran out, and counts the attempt.
+    [again] = await pooled.claim_hooks(10, 60.0, replica="alive")
+    assert (again.id, again.attempt) == (hook_row, leased.attempt + 1)
+    error = conn.execute(
+        "SELECT last_error, leased_by FROM reactor.hook_outbox WHERE id = %s", (hook_row,)
+    ).fetchone()
+    assert error is not None
+    assert "its replica died" in error[0]
+    assert error[1] == "alive"
+
+    # A live replica's rows, and a replica's before its first heartbeat, stay under their lease.
+    conn.execute("UPDATE reactor.hook_outbox SET leased_by = 'frozen' WHERE id = %s", (hook_row,))
+    assert (await dedicated.health(check)).hooks_orphaned == 0
+    conn.execute("UPDATE reactor.hook_outbox SET leased_by = 'unborn' WHERE id = %s", (hook_row,))
+    assert (await dedicated.health(check)).hooks_orphaned == 0
+    assert await pooled.claim_hooks(10, 60.0, replica="alive") == []
