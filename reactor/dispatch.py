@@ -11,11 +11,13 @@ controller-runtime's workqueue with its delaying queue, for job ids:
   is stale and dropped; a notification is an edge, newer than the claim may have seen (a run
   deleted right after it was written), so it is offered again. When the claim asks to retry
   (a row still held, a deadline moved), the retry's time wins: it is the newest read of the row.
-- **Ownership at the last moment.** Every replica is offered every job, and :meth:`take` leaves
-  the jobs whose deadline passed to their owner (rendezvous hashing over the live replicas), so a
-  change of membership moves them with no message. A job this replica found itself (the
-  reconcile) is *adopted*: it claims it whoever owns it, and the adoption stays with the entry
-  through every retry until a claim settles it.
+- **Ownership at intake.** Every replica hears every job, but keeps only those it owns
+  (rendezvous hashing over the live replicas), so its heap, its timers and its claims are its
+  share alone. When the live set changes it drops what it no longer owns (:meth:`see`); what
+  it gains it reads from the database (the service's re-arm), since it never held it. A job
+  this replica found itself (the reconcile), or claimed and must try again, is *adopted*: it
+  claims it whoever owns it, and the adoption stays with the entry through every retry until a
+  claim settles it.
 - **The last offer wins** for a job not in flight: every offer comes from a read of the row or a
   fresh notification, and a deadline that moved later (the job was touched) must move later here.
 - **A job held behind another transaction's row lock is stuck** (a tab's save left open): it is
@@ -68,7 +70,7 @@ class WorkQueue:
         self._in_flight: set[str] = set()
         self._stuck: set[str] = set()
         self._meanwhile: dict[str, _Meanwhile] = {}
-        # Counters for the metrics: offers refused at capacity, due jobs left to their owner.
+        # Counters for the metrics: offers refused at capacity, jobs left to their owner.
         self.refused = 0
         self.left_to_owner = 0
 
@@ -122,8 +124,9 @@ class WorkQueue:
     ) -> bool:
         """``job`` is due at ``at``; ``adopted``: claim it whoever owns it; ``notified``: the
         offer comes from a notification; ``stuck``: it waits behind another transaction's row
-        lock (the scan found it so), and is claimed alone. Returns True when this is now the
-        earliest deadline (a sleeping dispatcher must wake)."""
+        lock (the scan found it so), and is claimed alone. A job another live replica owns is
+        left to it, unless adopted. Returns True when this is now the earliest deadline (a
+        sleeping dispatcher must wake)."""
         if stuck:
             self._stuck.add(job)
         if job in self._in_flight:
@@ -134,6 +137,13 @@ class WorkQueue:
                 seen.at = at
                 seen.adopted |= adopted
                 seen.notified |= notified
+            return False
+        # A job the scan found stuck is this replica's to claim alone, whoever owns it.
+        adopted |= stuck
+        if not (adopted or job in self._adopted or self.membership.owns(job)):
+            self.left_to_owner += 1
+            self._deadlines.cancel(job)
+            self._stuck.discard(job)
             return False
         if job not in self._deadlines and len(self._deadlines) >= self.capacity:
             # The fallback scan finds it when it comes due: the queue row is the truth.
@@ -156,18 +166,9 @@ class WorkQueue:
         return self._deadlines.next_deadline()
 
     def take(self, now: float, limit: int) -> list[str]:
-        """Up to ``limit`` due jobs to claim now, earliest first, marked in flight. Due jobs
-        another live replica owns are left to it (and forgotten here)."""
-        taken: list[str] = []
-        while len(taken) < limit:
-            due = self._deadlines.pop_due(now, limit - len(taken))
-            if not due:
-                break
-            for job in due:
-                if job in self._adopted or self.membership.owns(job):
-                    taken.append(job)
-                else:
-                    self.left_to_owner += 1
+        """Up to ``limit`` due jobs to claim now, earliest first, marked in flight: every job
+        held here is this replica's, by ownership or adoption (:meth:`offer`, :meth:`see`)."""
+        taken = self._deadlines.pop_due(now, limit)
         self._in_flight.update(taken)
         return taken
 
@@ -184,18 +185,26 @@ class WorkQueue:
             if job not in retry:
                 self._stuck.discard(job)
             meanwhile = self._meanwhile.pop(job, None)
-            adopted = job in self._adopted or (meanwhile is not None and meanwhile.adopted)
             self._adopted.discard(job)
             at = retry.get(job)
             if at is None and meanwhile is not None and meanwhile.notified:
                 at = meanwhile.at
             if at is not None:
-                wake |= self.offer(job, at, adopted=adopted)
+                # Claimed here: tried again here, even if the live set moved it meanwhile (its
+                # new owner read the jobs inside their grace, not the due ones in flight here).
+                wake |= self.offer(job, at, adopted=True)
         return wake
 
     def see(self, membership: Membership) -> None:
-        """Who is live changed: ownership follows from now on."""
+        """Who is live changed: ownership follows from now on. The jobs held here that another
+        replica owns now are dropped (its own re-arm read them); the ones this replica gains
+        are not here, and are the caller's to read."""
         self.membership = membership
+        for job in [job for job in self._deadlines if job not in self._adopted]:
+            if not membership.owns(job):
+                self._deadlines.cancel(job)
+                self._stuck.discard(job)
+                self.left_to_owner += 1
 
 
 @dataclass(frozen=True, slots=True)

@@ -173,6 +173,9 @@ class Reactor:
         self.polls = 0
         self._scan_requested = False
         self._rearm_wanted = False
+        # Whether this replica holds its share: its first re-arm read the queue. Until then it
+        # writes no heartbeat, so the others go on holding the jobs it will own.
+        self._holding = False
         # Where the next poll's window begins.
         self._poll_low: datetime | None = None
         self._stopping = anyio.Event()
@@ -354,7 +357,12 @@ class Reactor:
         sent = self.clock.now()
         with anyio.fail_after(self.settings.probe_timeout):
             on = self.database if conn is None else self.database.using(conn)
-            health = await on.health(self._health_check, probe=probe, own_session=conn is not None)
+            health = await on.health(
+                self._health_check,
+                probe=probe,
+                own_session=conn is not None,
+                holding=self._holding,
+            )
         self.db_clock.observe(health.database_time, sent, self.clock.now())
         self.vitals.saw(health)
         if health.reconcile_requested and self.reconciler is not None:
@@ -428,6 +436,7 @@ class Reactor:
                 if rearm:
                     for job_id, due_in in await self.database.upcoming(self.settings.max_pending):
                         self.dispatcher.offer(job_id, due_in + 0.001)
+                    self._holding = True
                 drained = await self.recorder.drain(
                     self.settings.batch_size, skip=self.queue.claimed
                 )
@@ -484,9 +493,10 @@ class Reactor:
         self.queue.see(membership)
         self.metrics.replicas_live.set(len(membership.live))
         if lost:
-            # Their jobs are ours now: whatever came due while they were gone is recorded by a
-            # scan at once, and later deadlines fire here (every replica is offered every job).
-            self.request_scan()
+            # Their share is partly ours now, and was never held here: the re-arm reads the
+            # queue's jobs inside their grace (by the database's deadlines, so a job touched
+            # since its notification is aimed right), and the scan records whatever came due.
+            self.request_scan(rearm=True)
 
     async def _listen(self) -> None:
         assert self.listener is not None

@@ -472,10 +472,13 @@ SELECT pass AS number,
 -- however fresh its heartbeat: a killed process's sessions end with it, so the others take its
 -- jobs over at their next check. A frozen or cut-off one keeps its session until the server's
 -- keepalives end it; its heartbeat ages out meanwhile. A replica's first heartbeat tells the
--- others at once (`joined:<replica>`), as replica_leave does its last.
+-- others at once (`joined:<replica>`), as replica_leave does its last. A replica writes none
+-- until %(holding)s: it holds its share (its first re-arm read the queue), so that no job is
+-- dropped by the others before it is held here.
 WITH beat AS (
     INSERT INTO @reactor@.replicas (id, session_pid)
-    VALUES (%(replica)s, CASE WHEN %(own_session)s THEN pg_backend_pid() END)
+    SELECT %(replica)s, CASE WHEN %(own_session)s THEN pg_backend_pid() END
+     WHERE %(holding)s
     ON CONFLICT (id) DO UPDATE SET heartbeat_at = now(), session_pid = excluded.session_pid
     RETURNING xmax = 0 AS joined
 ), announce AS (

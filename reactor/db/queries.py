@@ -70,11 +70,13 @@ def health_params(
     probe: str | None = None,
     *,
     own_session: bool = False,
+    holding: bool = True,
 ) -> dict[str, Any]:
     """The parameters of the ``health`` query; ``own_session`` when it runs on the replica's
-    LISTEN connection."""
+    LISTEN connection, ``holding`` once it holds its share (see :meth:`Database.health`)."""
     return {
         "own_session": own_session,
+        "holding": holding,
         "grace": grace,
         "replica": check.replica,
         "liveness": check.liveness,
@@ -289,15 +291,23 @@ class Database:
     # -- health and replicas ---------------------------------------------------------------------
 
     async def health(
-        self, check: HealthCheck, *, probe: str | None = None, own_session: bool = False
+        self,
+        check: HealthCheck,
+        *,
+        probe: str | None = None,
+        own_session: bool = False,
+        holding: bool = True,
     ) -> Health:
         """The replica's periodic check, and its heartbeat; see the ``health`` query.
 
         ``probe``: a payload to notify on the install's channel in the same round trip.
         ``own_session`` when this runs on the replica's LISTEN connection, a session of its
-        own: the heartbeat names it.
+        own: the heartbeat names it. ``holding`` False: the replica has not read its share yet,
+        and writes no heartbeat, so nobody counts it as an owner.
         """
-        params = health_params(self.install, self.grace, check, probe, own_session=own_session)
+        params = health_params(
+            self.install, self.grace, check, probe, own_session=own_session, holding=holding
+        )
         return (await self.run("health", params, class_row(Health)))[0]
 
     async def leave(self, replica: str) -> None:

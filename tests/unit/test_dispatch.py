@@ -110,15 +110,23 @@ def test_a_retry_wins_over_an_offer_made_during_the_claim() -> None:
     assert queue.when("a") == 7.0
 
 
-def test_due_jobs_another_replica_owns_are_left_to_it() -> None:
+def test_jobs_another_replica_owns_are_left_to_it_at_intake() -> None:
     queue = WorkQueue(ME, capacity=10)
     queue.see(Membership(ME, frozenset({ME, OTHER})))
     mine, theirs = jobs_owned_by(ME, 2), jobs_owned_by(OTHER, 2)
     for job in [*mine, *theirs]:
         queue.offer(job, 1.0)
-    assert sorted(queue.take(1.0, 10)) == sorted(mine)
     assert queue.left_to_owner == 2
-    assert len(queue) == 2  # the two in flight; the others' jobs are forgotten here
+    assert len(queue) == 2  # only its own share is held: no timer, no heap entry for theirs
+    assert sorted(queue.take(1.0, 10)) == sorted(mine)
+
+
+def test_a_job_the_scan_found_stuck_is_held_whoever_owns_it() -> None:
+    queue = WorkQueue(ME, capacity=10)
+    queue.see(Membership(ME, frozenset({ME, OTHER})))
+    (theirs,) = jobs_owned_by(OTHER, 1)
+    queue.offer(theirs, 0.0, stuck=True)
+    assert queue.take(0.0, 10) == [theirs]
 
 
 def test_a_replica_before_its_first_heartbeat_claims_everything() -> None:
@@ -156,14 +164,44 @@ def test_adoption_offered_during_the_claim_is_kept_for_the_retry() -> None:
     assert queue.take(1.0, 10) == [theirs]
 
 
-def test_takeover_when_the_owner_leaves() -> None:
+def test_a_joiner_takes_its_share_and_the_others_drop_it() -> None:
+    queue = WorkQueue(ME, capacity=10)
+    queue.see(Membership(ME, frozenset({ME})))
+    mine_later, theirs_later = jobs_owned_by(ME, 3), jobs_owned_by(OTHER, 3)
+    for job in [*mine_later, *theirs_later]:
+        queue.offer(job, 5.0)
+    assert len(queue) == 6  # alone, it owns every job
+    queue.see(Membership(ME, frozenset({ME, OTHER})))  # OTHER joined, holding its share
+    assert queue.left_to_owner == 3
+    assert sorted(queue.take(5.0, 10)) == sorted(mine_later)
+
+
+def test_a_replica_that_left_leaves_its_share_to_be_read_again() -> None:
+    # Its jobs were never held here: the service re-reads them from the queue table. Offered
+    # again once it is gone, they are this replica's.
     queue = WorkQueue(ME, capacity=10)
     queue.see(Membership(ME, frozenset({ME, OTHER})))
     theirs = jobs_owned_by(OTHER, 3)
     for job in theirs:
         queue.offer(job, 5.0)
-    queue.see(Membership(ME, frozenset({ME})))  # the owner left before the deadlines
+    assert len(queue) == 0
+    queue.see(Membership(ME, frozenset({ME})))
+    for job in theirs:
+        queue.offer(job, 5.0)
     assert sorted(queue.take(5.0, 10)) == sorted(theirs)
+
+
+def test_a_retry_stays_with_the_replica_that_claimed_it() -> None:
+    # Claimed here, due and in flight: the new owner's re-arm reads only the jobs inside their
+    # grace, so the retry stays here whatever the live set says now.
+    queue = WorkQueue(ME, capacity=10)
+    queue.see(Membership(ME, frozenset({ME})))
+    (theirs,) = jobs_owned_by(OTHER, 1)
+    queue.offer(theirs, 0.0)
+    assert queue.take(0.0, 10) == [theirs]
+    queue.see(Membership(ME, frozenset({ME, OTHER})))
+    queue.done([theirs], {theirs: 1.0})
+    assert queue.take(1.0, 10) == [theirs]
 
 
 def test_a_full_queue_refuses_new_jobs_but_moves_known_ones() -> None:
@@ -187,12 +225,13 @@ def test_forget_drops_a_waiting_job_but_not_one_in_flight() -> None:
     assert "b" in queue  # its claim answers for it
 
 
-def test_take_fills_the_batch_past_jobs_left_to_their_owner() -> None:
+def test_take_fills_the_batch_with_its_own_jobs() -> None:
     queue = WorkQueue(ME, capacity=100)
-    queue.see(Membership(ME, frozenset({ME, OTHER})))
+    queue.see(Membership(ME, frozenset({ME})))
     theirs, mine = jobs_owned_by(OTHER, 5), jobs_owned_by(ME, 5)
     for at, job in enumerate([*theirs, *mine]):
         queue.offer(job, float(at))
+    queue.see(Membership(ME, frozenset({ME, OTHER})))
     assert queue.take(100.0, 3) == mine[:3]
 
 
