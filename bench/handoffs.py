@@ -98,11 +98,13 @@ SELECT DISTINCT ON (a.job_id) a.job_id::text,
  ORDER BY a.job_id, a.seq
 """
 
-# The timer's and the scan's claim-and-write statements, as bench/replicas.py counts them.
+# The timer's and the scan's claim-and-write statements, as bench/replicas.py counts them: they
+# write the runs table, and begin with their CTEs, where the tab's save begins with its INSERT.
 RECORD_CALLS = """
 SELECT coalesce(sum(s.calls), 0)::bigint
   FROM pg_stat_statements s JOIN pg_database d ON d.oid = s.dbid
  WHERE d.datname = %s AND s.query LIKE '%%INSERT INTO "public"."analysis_runs" AS r%%'
+   AND s.query NOT LIKE 'INSERT%%'
 """
 
 

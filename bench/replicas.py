@@ -35,8 +35,10 @@ from bench.common import (
     scalar,
 )
 from bench.workload import (
+    APP_STATEMENTS,
     bench_settings,
     insert_jobs,
+    is_record_statement,
     play,
     replicas,
     wait_for_first_scan,
@@ -60,11 +62,7 @@ GRACE = 2.0
 COUNTS = (1, 2, 3, 5)
 
 # Statements of the app (worker and tabs) and of this harness, left out of the replicas' time.
-_NOT_REPLICAS = (
-    "UPDATE analysis_jobs SET status",
-    "INSERT INTO analysis_runs (id, job_id",
-    "pg_stat",
-)
+_NOT_REPLICAS = (*APP_STATEMENTS, "pg_stat", "SELECT pg_stat")
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -187,8 +185,7 @@ async def _measure(admin_dsn: str, dsn: str, count: int, jobs: int, probe: float
             or 0
             for r in running
         )
-    write = 'INSERT INTO "public"."analysis_runs" AS r'
-    records = sum(calls for query, calls, _ in rows if write in query)
+    records = sum(calls for query, calls, _ in rows if is_record_statement(query))
     replica_ms = sum(t for query, _, t in rows if not query.lstrip().startswith(_NOT_REPLICAS))
     return {
         "replicas": count,

@@ -42,6 +42,29 @@ ON CONFLICT (id) DO UPDATE SET job_id = EXCLUDED.job_id, doc_html = EXCLUDED.doc
 # The app, as the worker and its tabs write the reference tables.
 APP = App(REFERENCE_INSTALL.mapping)
 
+# The first line of each statement the app sends, as pg_stat_statements shows it: a benchmark
+# that counts the replicas' statements leaves these out (the tab's save writes the runs table
+# too, with the same INSERT as the reactor's record statements).
+APP_STATEMENTS = tuple(
+    statement.query.splitlines()[0]
+    for statement in (
+        APP.create([APP.new_run()], jobs=[APP.new_job()]),
+        APP.finish(APP.nth_job(1)),
+        APP.progress(APP.nth_job(1)),
+        APP.tab_save(APP.nth_job(1)),
+        APP.unsettled(),
+    )
+)
+
+
+def is_record_statement(query: str) -> bool:
+    """True for the reactor's claim-and-write statements (timer and scan) in
+    pg_stat_statements: they write the runs table, and are not the tab's save."""
+    return RECORD_WRITE in query and not query.lstrip().startswith(APP_STATEMENTS)
+
+
+RECORD_WRITE = 'INSERT INTO "public"."analysis_runs" AS r'
+
 RESULTS = json.dumps({"verdicts": [{"citation": 1, "verdict": "supported"}]})
 
 
