@@ -29,6 +29,7 @@ from bench.common import (
 from bench.history import MOSTLY_CLIENT, load_history
 from reactor import db
 from reactor.config import Settings
+from reactor.db import indexes
 from reactor.install import REFERENCE_INSTALL
 from reactor.mapping import REFERENCE
 
@@ -92,7 +93,7 @@ async def run(ctx: Context) -> Result:
         "client-side wall times (round trips included); the reactor rests as long as each "
         "step took between steps, so its wall time is about twice that.",
         f"Chunks of {db.RECONCILE_CHUNK:,} jobs in (run_id, id) order on the partial index "
-        "analysis_jobs_reactor_finished_idx; the walk is proportional to the trim window, never to "
+        "analysis_jobs_reactor_run_idx; the walk is proportional to the trim window, never to "
         "the whole table.",
         "The article's sweep is its query on primary keys only (baseline.ARTICLE_QUERY), median "
         "of 3; it runs on every tick of every container.",
@@ -129,7 +130,8 @@ async def _load(conn: Conn, total: int, window: int) -> float:
     """scan_scale's bulk load at one window, plus jobs that went around the triggers."""
     started = time.monotonic()
     await db.migrate(conn, REFERENCE, reference_schema=True)
-    await conn.execute("DROP INDEX analysis_jobs_reactor_finished_idx")
+    walk = indexes.walk_index(REFERENCE_INSTALL)
+    await conn.execute(f"DROP INDEX {walk.qualified}")
     await conn.execute("ALTER TABLE analysis_jobs DISABLE TRIGGER USER")
     await load_history(conn, total, window, saved_by=MOSTLY_CLIENT)
     # A restore's worth of finished jobs that no trigger saw: no run, not queued.
@@ -139,10 +141,7 @@ async def _load(conn: Conn, total: int, window: int) -> float:
         "'{\"verdicts\": 1}' FROM generate_series(1, %s)",
         (DRIFT,),
     )
-    await conn.execute(
-        "CREATE INDEX analysis_jobs_reactor_finished_idx ON analysis_jobs (run_id, id) "
-        "WHERE status IN ('complete', 'failed') AND deleted_at IS NULL AND doc_html IS NOT NULL"
-    )
+    await conn.execute(walk.create(concurrently=False))
     await conn.execute("ALTER TABLE analysis_jobs ENABLE TRIGGER USER")
     await conn.execute("VACUUM (FREEZE, ANALYZE) analysis_jobs")
     await conn.execute("VACUUM (FREEZE, ANALYZE) analysis_runs")

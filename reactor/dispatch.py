@@ -246,6 +246,8 @@ class Dispatcher:
         self._closed = False
         self._refused = 0
         self._left = 0
+        # The task group claims run in, once run() started.
+        self._work: anyio.abc.TaskGroup | None = None
 
     def offer(
         self,
@@ -256,11 +258,32 @@ class Dispatcher:
         notified: bool = False,
         stuck: bool = False,
     ) -> None:
-        """``job`` is due in ``delay`` seconds (now, if not positive): :meth:`WorkQueue.offer`."""
-        at = self.clock.now() + max(0.0, delay)
+        """``job`` is due in ``delay`` seconds (now, if not positive): :meth:`WorkQueue.offer`.
+        A job due on arrival is claimed from here, when a slot is free, rather than one task
+        switch later by the loop."""
+        now = self.clock.now()
+        at = now + max(0.0, delay)
         if self.queue.offer(job, at, adopted=adopted, notified=notified, stuck=stuck):
+            if at <= now and self._claim_now(now):
+                return
             self._wake.set()
         self._count()
+
+    def _claim_now(self, now: float) -> bool:
+        """Start a claim of the due jobs at once, if a slot is free; True when one started."""
+        if self._closed or self._work is None:
+            return False
+        try:
+            self._slots.acquire_nowait()
+        except anyio.WouldBlock:
+            return False
+        jobs = self.queue.take(now, self.batch_size)
+        self._count()
+        if not jobs:
+            self._slots.release()
+            return False
+        self._work.start_soon(self._claim, jobs)
+        return True
 
     def close(self) -> None:
         """Take no more jobs; the claims in flight finish."""
@@ -269,6 +292,7 @@ class Dispatcher:
 
     async def run(self, work: anyio.abc.TaskGroup) -> None:
         """Claim due jobs in ``work`` until :meth:`close`."""
+        self._work = work
         while not self._closed:
             next_at = self.queue.next_at()
             if next_at is None or next_at > self.clock.now():
