@@ -129,6 +129,8 @@ def parse_hint(payload: str, id_type: str) -> tuple[str, float | None] | None:
 # The health check the listener runs on its proven connection: (connection, probe payload);
 # True when the statement sent the probe (it does not while the NOTIFY queue is half full).
 Check = Callable[[db.AnyConnection, str | None], Awaitable[bool]]
+# The poll the listener runs on its proven connection, as the pool would otherwise.
+Poll = Callable[[db.AnyConnection], Awaitable[None]]
 
 
 class ProbeLost(ReactorError):
@@ -149,6 +151,7 @@ class Listener:
         on_left: Callable[[str], None] = lambda replica: None,
         on_joined: Callable[[str], None] = lambda replica: None,
         check: Check,
+        poll: Poll,
         schedule: Scheduler,
         clock: Clock,
         dsn: str,
@@ -164,6 +167,7 @@ class Listener:
         self.on_left = on_left
         self.on_joined = on_joined
         self.check = check
+        self.poll = poll
         self.schedule = schedule
         self.clock = clock
         self.dsn = dsn
@@ -329,6 +333,9 @@ class Listener:
                 # session, which tells the others at once if this process is killed.
                 self.schedule.hasten("health")
             await self.schedule.run_duty("health", "listener", lambda: self._check(conn))
+            # The poll too (a no-op unless the trigger does not notify): one connection that is
+            # already proven, rather than a pooled one checked at each checkout.
+            await self.schedule.run_duty("poll", "listener", lambda: self.poll(conn))
 
     async def _check(self, conn: db.AnyConnection) -> None:
         # The self-probe of the last check must be back by now; any notification since then
@@ -356,7 +363,9 @@ class Listener:
         # send the next one.
         now = self.clock.now()
         if self.proven:
-            return max(0.01, self.schedule.cadence.duties["health"].next_at - now)
+            duties = self.schedule.cadence.duties
+            next_at = min(duties["health"].next_at, duties["poll"].next_at)
+            return max(0.01, next_at - now)
         if self._probe_token is not None:
             return max(0.01, self._probe_sent + self.settings.probe_timeout - now)
         return max(0.01, self._probe_sent + self.settings.probe_interval - now)

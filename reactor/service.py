@@ -160,6 +160,7 @@ class Reactor:
                 on_left=self._on_replica_left,
                 on_joined=self._on_replica_joined,
                 check=self._check_on,
+                poll=self._poll,
                 schedule=self.schedule,
                 clock=self.clock,
                 dsn=listen_dsn or settings.listen_database_url or settings.require_database(),
@@ -194,7 +195,12 @@ class Reactor:
             retry=lambda failures: 0.0 if failures == 1 else settings.probe_interval,
             listener_may_carry=True,
         )
-        cadence.add("poll", settings.poll_interval, retry=lambda failures: settings.poll_interval)
+        cadence.add(
+            "poll",
+            settings.poll_interval,
+            retry=lambda failures: settings.poll_interval,
+            listener_may_carry=True,
+        )
         # After a failed scan, try again soon (the database is likely back within seconds and
         # the jobs it missed are waiting), backing off up to the normal interval.
         cadence.add("scan", settings.scan_interval, retry=backoff(0.5, settings.scan_interval))
@@ -393,7 +399,7 @@ class Reactor:
             # scan's.
             log.debug("poll failed", extra={"error": db.first_line(error)})
 
-    async def _poll(self) -> None:
+    async def _poll(self, conn: db.AnyConnection | None = None) -> None:
         # While notifications cannot be relied on, the timers come from the queue itself: every
         # poll interval, the queued jobs whose deadline comes within two intervals. Windows
         # overlap by that much, so a job queued by a transaction that was still open at the last
@@ -402,10 +408,9 @@ class Reactor:
             self._poll_low = None
             return
         ahead = 2 * self.settings.poll_interval
+        on = self.database if conn is None else self.database.using(conn)
         try:
-            jobs, high = await self.database.poll_queue(
-                self._poll_low, ahead=ahead, limit=POLL_LIMIT
-            )
+            jobs, high = await on.poll_queue(self._poll_low, ahead=ahead, limit=POLL_LIMIT)
         except BaseException:
             self._poll_low = None
             raise

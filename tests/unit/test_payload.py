@@ -147,6 +147,7 @@ def make_listener(channel: str = "analysis_jobs_terminal") -> tuple[Listener, li
         on_job=lambda job_id, updated_at: jobs.append(job_id),
         on_listening=lambda: None,
         check=cast(Any, MagicMock()),
+        poll=cast(Any, MagicMock()),
         schedule=cast(Any, MagicMock()),
         clock=FakeClock(),
         dsn="host=unused",
