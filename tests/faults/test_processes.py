@@ -238,6 +238,24 @@ def test_sigterm_while_a_record_statement_outlasts_the_drain(
     assert judgement.verdict.saved_by_worker == 1
 
 
+def blocking_hooks(
+    database_url: str, tables: Tables, tmp_path: Path, **variables: str
+) -> tuple[dict[str, str], Path, Path]:
+    """A replica's environment whose hook (tests.hookmods:block) logs to the returned log and
+    runs until the returned release file exists."""
+    hook_log, release = tmp_path / "hooks.log", tmp_path / "release"
+    hook_log.touch()
+    env = replica_env(
+        database_url,
+        tables,
+        REACTOR_HOOKS="judge=python:tests.hookmods:block",
+        HOOK_LOG=str(hook_log),
+        HOOK_RELEASE=str(release),
+        **variables,
+    )
+    return env, hook_log, release
+
+
 def test_sigterm_while_a_hook_outlasts_the_drain(
     database_url: str,
     tables: Tables,
@@ -247,15 +265,8 @@ def test_sigterm_while_a_hook_outlasts_the_drain(
     tmp_path: Path,
 ) -> None:
     app = workload(grace=GRACE, seed=24, save_ratio=0.0)
-    hook_log, release = tmp_path / "hooks.log", tmp_path / "release"
-    hook_log.touch()
-    env = replica_env(
-        database_url,
-        tables,
-        REACTOR_DRAIN_SECONDS="1",
-        REACTOR_HOOKS="judge=python:tests.hookmods:block",
-        HOOK_LOG=str(hook_log),
-        HOOK_RELEASE=str(release),
+    env, hook_log, release = blocking_hooks(
+        database_url, tables, tmp_path, REACTOR_DRAIN_SECONDS="1"
     )
     with connect(database_url) as conn:
         first = start_listening(replicas, conn, env, "first")
@@ -289,15 +300,7 @@ def test_kill_nine_while_hooks_run_hands_them_over_within_a_probe_interval(
     # The lease (the hook timeout plus 30 s) would hold a killed replica's calls for minutes;
     # the others know it is dead once its LISTEN session is gone, and take the calls back then.
     app = workload(grace=GRACE, seed=25, save_ratio=0.0)
-    hook_log, release = tmp_path / "hooks.log", tmp_path / "release"
-    hook_log.touch()
-    env = replica_env(
-        database_url,
-        tables,
-        REACTOR_HOOKS="judge=python:tests.hookmods:block",
-        HOOK_LOG=str(hook_log),
-        HOOK_RELEASE=str(release),
-    )
+    env, hook_log, release = blocking_hooks(database_url, tables, tmp_path)
 
     def started_by(pid: int) -> set[str]:
         lines = [line.split() for line in hook_log.read_text().splitlines()]

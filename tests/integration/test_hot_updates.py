@@ -100,6 +100,18 @@ def _progress(conn: Conn, ids: list[uuid.UUID]) -> tuple[int, int]:
     return after[0] - before[0], after[1] - before[1]
 
 
+def _finish(conn: Conn, ids: list[uuid.UUID]) -> tuple[int, int]:
+    """The worker's finishing updates, each committed on its own; (updates, of them HOT)."""
+    before = _update_counts(conn)
+    for job_id in ids:
+        conn.execute(
+            "UPDATE analysis_jobs SET status = 'complete', updated_at = now() WHERE id = %s",
+            (job_id,),
+        )
+    after = _update_counts(conn)
+    return after[0] - before[0], after[1] - before[1]
+
+
 def _one_page(conn: Conn) -> bool:
     """Every job row sits on one heap page: the documents went to the TOAST table."""
     return bool(scalar(conn, "SELECT pg_relation_size('analysis_jobs') = 8192"))
@@ -112,14 +124,7 @@ def test_progress_updates_are_hot(conn: Conn) -> None:
     assert updates == JOBS * PROGRESS_UPDATES
     assert hot == updates
     # The finishing update changes status, which no index names: HOT too, and queued.
-    before = _update_counts(conn)
-    for job_id in ids:
-        conn.execute(
-            "UPDATE analysis_jobs SET status = 'complete', updated_at = now() WHERE id = %s",
-            (job_id,),
-        )
-    after = _update_counts(conn)
-    assert (after[0] - before[0], after[1] - before[1]) == (JOBS, JOBS)
+    assert _finish(conn, ids) == (JOBS, JOBS)
     assert scalar(conn, "SELECT count(*) FROM reactor.pending WHERE job_id = ANY(%s)", (ids,)) == (
         JOBS
     )
@@ -131,14 +136,7 @@ def test_an_index_naming_status_makes_the_finish_cold(conn: Conn) -> None:
     conn.execute(FINISHED_WALK_INDEX)
     ids = _start_jobs(conn)
     _progress(conn, ids)
-    before = _update_counts(conn)
-    for job_id in ids:
-        conn.execute(
-            "UPDATE analysis_jobs SET status = 'complete', updated_at = now() WHERE id = %s",
-            (job_id,),
-        )
-    after = _update_counts(conn)
-    assert (after[0] - before[0], after[1] - before[1]) == (JOBS, 0)
+    assert _finish(conn, ids) == (JOBS, 0)
 
 
 def test_an_index_naming_results_makes_them_cold(conn: Conn) -> None:
