@@ -197,7 +197,7 @@ def _cheap() -> dict[str, Statement]:
         ),
         "claim_hooks (none)": lambda i, v: (
             REFERENCE_INSTALL.query("claim_hooks"),
-            {"hooks": ["judge"], "limit": 10, "lease": 60.0, "max_attempts": 40},
+            {"hooks": ["judge"], "limit": 10, "lease": 60.0, "max_attempts": 40, "replica": "b"},
         ),
     }
 

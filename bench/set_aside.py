@@ -63,7 +63,8 @@ INSERT INTO analysis_jobs (id, run_id, status, doc_html, results, created_at, up
 SELECT gen_random_uuid(), gen_random_uuid(), 'complete', bench_doc(g, %(size)s),
        CASE WHEN %(flagged)s THEN jsonb_build_object('flagged', true, 'job', g)
             ELSE jsonb_build_object('verdicts', g %% 40 + 1, 'job', g) END,
-       now() - interval '4 hours', now() - interval '3 hours' + g * interval '1 ms'
+       now() - interval '4 hours',
+       now() - make_interval(hours => %(hours_ago)s) + g * interval '1 ms'
   FROM generate_series(1, %(count)s) g
 RETURNING id::text
 """
@@ -170,10 +171,11 @@ async def _template(server: Server, base: str, n: int, good: int) -> tuple[str, 
     """A database with N rejected jobs at the head of the queue and ``good`` others after."""
     name = await server.create_database(f"set_aside_{n}", template=base)
     async with await connect(server.dsn_for(name), "setup") as conn:
-        params = {"size": DOC_BYTES, "count": n, "flagged": True}
+        # The rejected jobs an hour older than the rest, whatever the two statements' now().
+        params = {"size": DOC_BYTES, "count": n, "flagged": True, "hours_ago": 3}
         cur = await conn.execute(LOAD, params)
         bad_ids = [row[0] for row in await cur.fetchall()]
-        await conn.execute(LOAD, {**params, "count": good, "flagged": False})
+        await conn.execute(LOAD, {**params, "count": good, "flagged": False, "hours_ago": 2})
         await conn.execute("VACUUM (FREEZE, ANALYZE)")
         await conn.execute("CHECKPOINT")
         # The rejected jobs must be the oldest queued: the drain's first batch meets them.
