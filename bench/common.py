@@ -191,6 +191,16 @@ class Server:
                 shown[name] = str(row[0]) if row else ""
             return shown
 
+    async def postmaster_pid(self) -> int | None:
+        """The server's postmaster, when it runs on this machine (its ``postmaster.pid`` is
+        readable here), else None: what :func:`cpu_by_process` reads the server's CPU from."""
+        async with await connect(self.admin_dsn, "admin") as conn:
+            data_dir = str(await scalar(conn, "SHOW data_directory"))
+        try:
+            return int((Path(data_dir) / "postmaster.pid").read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            return None
+
     async def close(self) -> None:
         """Drop every scratch database still around."""
         for name in list(self._scratch):
@@ -415,6 +425,25 @@ def ratio(value: float) -> str:
 def safe_div(a: float, b: float) -> float:
     """a / b, NaN when b is 0."""
     return a / b if b else math.nan
+
+
+def cpu_by_process(pids: Sequence[int], *, children: bool = False) -> dict[int, float]:
+    """User plus system CPU seconds of each of ``pids`` (and, with ``children``, of each of
+    their child processes), from Linux's /proc; a process that is gone is left out."""
+    tick = os.sysconf("SC_CLK_TCK")
+    wanted = set(pids)
+    found: dict[int, float] = {}
+    listed = (int(e.name) for e in Path("/proc").iterdir() if e.name.isdigit())
+    for pid in listed if children else wanted:
+        try:
+            # The fields after the command name, which is in parentheses and may hold spaces:
+            # state (3rd field) first, so ppid is [1], utime [11] and stime [12].
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if pid in wanted or (children and int(fields[1]) in wanted):
+            found[pid] = (int(fields[11]) + int(fields[12])) / tick
+    return found
 
 
 # -- output -------------------------------------------------------------------------------------

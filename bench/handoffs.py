@@ -7,10 +7,15 @@ both by the database clock. Three scenarios, each on a fresh database:
 
 - rolling deploys: 3 replicas at 50 jobs/s; three times a new process starts, and once its
   ``/readyz`` says ready the oldest gets SIGTERM and is waited for, as an orchestrator does;
+- eager deploys: the same with 1 replica and with 3, but the SIGTERM comes 1.5 s after the new
+  process starts, ready or not, and the app touches 30% of the finished jobs 0.6 grace after
+  their finish (their deadline moves, with no notification);
 - killed for good: 3 replicas at 50 jobs/s, one SIGKILLed a third of the way in and never
   restarted; the others must take its jobs over within a probe interval (its LISTEN session is
   gone at their next check), so the bound is the probe interval + 1 s;
-- a fleet at 333 jobs/s: 3 replicas, then 5, so that what more replicas cost shows as lateness.
+- a fleet at 333 jobs/s: 1 replica, then 3, then 5, so that what more replicas cost shows as
+  lateness and as the replicas' CPU time per 1,000 jobs (read from /proc, with the server's and
+  the box's load average, so that a figure says whether the algorithm or the box was slow).
 
 Each run is checked as the other benchmarks check theirs: every job that needed a run has
 exactly one, none was written before its grace, none clobbered a tab's save, every replica
@@ -48,6 +53,7 @@ from bench.common import (
     Table,
     conditions,
     connect,
+    cpu_by_process,
     dbname,
     ms,
     open_server,
@@ -65,8 +71,10 @@ from reactor.install import REFERENCE_INSTALL
 TITLE = "Handoffs: lateness through rolling deploys, a replica killed for good, and a fleet"
 GOAL = (
     "rolling deploys: p99 <= 20 ms over the run and over the jobs due within 2 s of a SIGTERM; "
+    "eager deploys with touched jobs: p99 <= 20 ms and max <= 1 s; "
     "killed for good: every job due after the kill late by at most the probe interval + 1 s; "
-    "333 jobs/s: p99 <= 15 ms at 3 and at 5 replicas, 5 within 1.2x of 3"
+    "333 jobs/s: p99 <= 15 ms at 3 and at 5 replicas, 5 within 1.2x of 3; the replicas' CPU per "
+    "1,000 jobs at 5 within 1.3x of 1"
 )
 
 GRACE = 2.0
@@ -79,6 +87,14 @@ WINDOW = 2.0  # a job "fell due around" an event when its deadline is within thi
 DEPLOY_GOAL_S = 0.020
 FLEET_GOAL_S = 0.015
 FLEET_GROWTH = 1.2
+CPU_GROWTH = 1.3
+EAGER_MAX_S = 1.0
+# Eager deploys: the SIGTERM this long after the new process's start, whether it is ready or not.
+EAGER_SIGTERM_AFTER = 1.5
+# The app moves the deadline of this share of the finished jobs, this share of a grace after
+# their finish: the old deadline has not passed, and no notification tells anyone.
+TOUCH_RATIO = 0.3
+TOUCH_AT = 0.6
 READY_TIMEOUT = 30.0
 # A stopped replica drains for up to REACTOR_DRAIN_SECONDS (20 s by default), then exits.
 EXIT_TIMEOUT = Settings.drain + 10.0
@@ -300,6 +316,47 @@ def _log_lines(path: Path) -> Iterator[dict[str, Any]]:
 
 
 @dataclass
+class Usage:
+    """CPU seconds spent from :meth:`start` to :meth:`stop` by the fleet's replicas and by the
+    server's processes (None when the server is not on this machine), and the box's 1-minute
+    load average at the stop."""
+
+    fleet: Fleet
+    server_pid: int | None
+    replicas_s: float = math.nan
+    server_s: float = math.nan
+    load_1m: float = math.nan
+    _before: dict[int, float] = field(default_factory=dict)
+
+    def _sample(self) -> dict[int, float]:
+        found = cpu_by_process([r.process.pid for r in self.fleet.replicas if r.running])
+        if self.server_pid is not None:
+            found.update(cpu_by_process([self.server_pid], children=True))
+        return found
+
+    def start(self) -> None:
+        """Begin the stretch: the work from here on is counted."""
+        self._before = self._sample()
+
+    def stop(self) -> None:
+        """End the stretch (before any replica stops: a stopped process's time is gone)."""
+        replicas = {r.process.pid for r in self.fleet.replicas}
+        spent = {pid: cpu - self._before.get(pid, 0.0) for pid, cpu in self._sample().items()}
+        self.replicas_s = sum(cpu for pid, cpu in spent.items() if pid in replicas)
+        if self.server_pid is not None:
+            self.server_s = sum(cpu for pid, cpu in spent.items() if pid not in replicas)
+        self.load_1m = os.getloadavg()[0]
+
+    def per_thousand(self, jobs: int) -> dict[str, float]:
+        """CPU seconds per 1,000 ``jobs``, and the load average."""
+        return {
+            "replicas_s": safe_div(self.replicas_s * 1000, jobs),
+            "server_s": safe_div(self.server_s * 1000, jobs),
+            "load_1m": self.load_1m,
+        }
+
+
+@dataclass
 class Outcome:
     """What one scenario's database says: lateness per job and every broken invariant."""
 
@@ -324,11 +381,19 @@ async def _setup(server: Server, label: str, jobs: int) -> tuple[str, list[str]]
 
 
 async def _outcome(
-    server: Server, dsn: str, ids: Sequence[str], played: Play, fleet: Fleet
+    server: Server,
+    dsn: str,
+    ids: Sequence[str],
+    played: Play,
+    fleet: Fleet,
+    usage: Usage | None = None,
 ) -> Outcome:
-    """Wait for the last runs, stop the replicas, and read and check what the database holds."""
+    """Wait for the last runs, stop ``usage`` and the replicas, and read and check what the
+    database holds."""
     async with await connect(dsn, "check") as conn:
         missing = await wait_until_recorded(conn, within=GRACE + 30)
+        if usage is not None:
+            usage.stop()
         await fleet.close()
         verdict = await audit.verdict(conn, REFERENCE_INSTALL.mapping, GRACE)
         rows = await (await conn.execute(LATENESS, {"grace": GRACE})).fetchall()
@@ -408,7 +473,9 @@ class Scale:
     kill_replicas: int
     kill_seconds: float
     probe: float
-    fleet_counts: tuple[int, int]
+    eager_replicas: tuple[int, ...]
+    eager_seconds: float
+    fleet_counts: tuple[int, ...]  # the last two are compared by lateness, last and first by CPU
     fleet_seconds: float
     fleet_rate: float
     side_by_side: bool  # the scenarios at once (quick: the figures only show that it runs)
@@ -423,7 +490,9 @@ FULL = Scale(
     kill_replicas=3,
     kill_seconds=60.0,
     probe=Settings.probe_interval,
-    fleet_counts=(3, 5),
+    eager_replicas=(1, 3),
+    eager_seconds=55.0,
+    fleet_counts=(1, 3, 5),
     fleet_seconds=45.0,
     fleet_rate=FLEET_RATE,
     side_by_side=False,
@@ -439,6 +508,8 @@ QUICK = Scale(
     kill_replicas=2,
     kill_seconds=4.5,
     probe=1.0,
+    eager_replicas=(1,),
+    eager_seconds=4.0,
     fleet_counts=(1, 2),
     fleet_seconds=2.0,
     fleet_rate=RATE,
@@ -446,48 +517,69 @@ QUICK = Scale(
 )
 
 
-async def _load(dsn: str, ids: Sequence[str], rate: float, played: list[Play]) -> None:
+async def _load(
+    dsn: str, ids: Sequence[str], rate: float, played: list[Play], *, touch: bool = False
+) -> None:
+    touches = {"touch_ratio": TOUCH_RATIO, "touch_delay": TOUCH_AT * GRACE} if touch else {}
     played.append(
-        await play_elsewhere(dsn, list(ids), rate=rate, save_ratio=SAVE_RATIO, tab_delay=TAB_DELAY)
+        await play_elsewhere(
+            dsn, list(ids), rate=rate, save_ratio=SAVE_RATIO, tab_delay=TAB_DELAY, **touches
+        )
     )
 
 
-async def _deploys(server: Server, logs: Path, scale: Scale) -> dict[str, Any]:
-    """Start a replica, wait until it is ready, SIGTERM the oldest; ``scale.deploys`` times."""
-    dsn, ids = await _setup(server, "handoffs_deploy", int(scale.deploy_seconds * RATE))
-    fleet = Fleet(dsn, logs, "deploy", "INFO", scale.probe)
+async def _deploys(
+    server: Server, logs: Path, scale: Scale, replicas: int, *, eager: bool = False
+) -> dict[str, Any]:
+    """Start a replica, SIGTERM the oldest; ``scale.deploys`` times. The SIGTERM waits for the
+    new replica's readiness, or, ``eager``, comes EAGER_SIGTERM_AFTER its start while the app
+    touches jobs."""
+    label = f"eager{replicas}" if eager else "deploy"
+    seconds = scale.eager_seconds if eager else scale.deploy_seconds
+    dsn, ids = await _setup(server, f"handoffs_{label}", int(seconds * RATE))
+    fleet = Fleet(dsn, logs, label, "INFO", scale.probe)
+    replaced: list[tuple[Replica, Replica, float]] = []  # (new, oldest, its SIGTERM's time)
     steps: list[dict[str, Any]] = []
     played: list[Play] = []
     async with aiohttp.ClientSession() as session:
         try:
-            await fleet.start(scale.deploy_replicas, session)
+            await fleet.start(replicas, session)
             async with anyio.create_task_group() as tg:
-                tg.start_soon(_load, dsn, ids, RATE, played)
+                tg.start_soon(partial(_load, dsn, ids, RATE, played, touch=eager))
                 await anyio.sleep(scale.deploy_lead)
                 for _ in range(scale.deploys):
                     new = await fleet.spawn()
-                    await fleet.ready(new, session)
                     oldest = next(r for r in fleet.replicas if r.running and r is not new)
+                    if eager:
+                        tg.start_soon(fleet.ready, new, session)
+                        await anyio.sleep(new.started_at + EAGER_SIGTERM_AFTER - time.time())
+                    else:
+                        await fleet.ready(new, session)
                     sigterm_at = time.time()
                     await fleet.terminate(oldest)
-                    steps.append(
-                        {
-                            "new": new.name,
-                            "ready_at": new.started_at + (new.ready_s or math.nan),
-                            "new_ready_s": new.ready_s,
-                            "stopped": oldest.name,
-                            "sigterm_at": sigterm_at,
-                            "stop_s": oldest.stop_s,
-                        }
-                    )
+                    replaced.append((new, oldest, sigterm_at))
                     await anyio.sleep(scale.deploy_gap)
                 if played:
                     fleet.problems.append("the load ended before the last deploy did")
+            # Read once the task group is done: an eager deploy's new replica may have become
+            # ready after its predecessor's SIGTERM.
+            steps = [
+                {
+                    "new": new.name,
+                    "ready_at": new.started_at + (new.ready_s or math.nan),
+                    "new_ready_s": new.ready_s,
+                    "stopped": oldest.name,
+                    "sigterm_at": sigterm_at,
+                    "stop_s": oldest.stop_s,
+                }
+                for new, oldest, sigterm_at in replaced
+            ]
             outcome = await _outcome(server, dsn, ids, played[0], fleet)
         finally:
             await fleet.close()
     terms = [s["sigterm_at"] for s in steps]
     return {
+        "replicas": replicas,
         "outcome": outcome,
         "steps": steps,
         "all": summarize(outcome.lateness()),
@@ -554,18 +646,21 @@ async def _fleet(server: Server, logs: Path, count: int, scale: Scale) -> dict[s
     # Warning level: at 333 jobs/s an info line per recorded run costs the replicas CPU that
     # the measurement is about; the in-process benchmarks quiet the reactor the same way.
     fleet = Fleet(dsn, logs, f"fleet{count}", "WARNING", scale.probe)
+    usage = Usage(fleet, await server.postmaster_pid())
     played: list[Play] = []
     async with aiohttp.ClientSession() as session:
         try:
             await fleet.start(count, session)
+            usage.start()
             await _load(dsn, ids, rate, played)
-            outcome = await _outcome(server, dsn, ids, played[0], fleet)
+            outcome = await _outcome(server, dsn, ids, played[0], fleet, usage)
         finally:
             await fleet.close()
     return {
         "replicas": count,
         "outcome": outcome,
         "lateness": summarize(outcome.lateness()),
+        "cpu_per_1000_jobs": usage.per_thousand(outcome.play.finished),
         "record_statements_per_job": safe_div(outcome.record_calls, outcome.play.finished),
         "anomalies": _anomalies(outcome, fleet),
     }
@@ -573,12 +668,14 @@ async def _fleet(server: Server, logs: Path, count: int, scale: Scale) -> dict[s
 
 async def _scenarios(server: Server, logs: Path, scale: Scale) -> dict[str, dict[str, Any]]:
     """Every scenario, one after the other (or side by side), each on a database of its own."""
-    small, large = scale.fleet_counts
     jobs: dict[str, Callable[[], Awaitable[dict[str, Any]]]] = {
-        "deploy": partial(_deploys, server, logs, scale),
+        "deploy": partial(_deploys, server, logs, scale, scale.deploy_replicas),
+        **{
+            f"eager{n}": partial(_deploys, server, logs, scale, n, eager=True)
+            for n in scale.eager_replicas
+        },
         "kill": partial(_kill, server, logs, scale),
-        f"fleet{small}": partial(_fleet, server, logs, small, scale),
-        f"fleet{large}": partial(_fleet, server, logs, large, scale),
+        **{f"fleet{n}": partial(_fleet, server, logs, n, scale) for n in scale.fleet_counts},
     }
     found: dict[str, dict[str, Any]] = {}
 
@@ -601,7 +698,7 @@ async def _scenarios(server: Server, logs: Path, scale: Scale) -> dict[str, dict
 async def run(ctx: Context) -> Result:
     """The three scenarios, each on a fresh database of one server."""
     scale = QUICK if ctx.quick else FULL
-    small, large = scale.fleet_counts
+    first, small, large = scale.fleet_counts[0], *scale.fleet_counts[-2:]
     settings: dict[str, Any] = {
         "grace_s": GRACE,
         "tab_save_ratio": SAVE_RATIO,
@@ -617,7 +714,9 @@ async def run(ctx: Context) -> Result:
             await admin.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
         scenarios = await _scenarios(server, logs, scale)
     deploy, kill = scenarios["deploy"], scenarios["kill"]
-    fleets = [scenarios[f"fleet{small}"], scenarios[f"fleet{large}"]]
+    eagers = [scenarios[f"eager{n}"] for n in scale.eager_replicas]
+    fleets = [scenarios[f"fleet{n}"] for n in scale.fleet_counts]
+    by_count = {f["replicas"]: f for f in fleets}
 
     problems = [f"{name}: {p}" for name, s in scenarios.items() for p in s["outcome"].problems]
     anomalies = [f"{name}: {a}" for name, s in scenarios.items() for a in s["anomalies"]]
@@ -630,11 +729,20 @@ async def run(ctx: Context) -> Result:
     deploy_ok = (
         deploy["all"]["p99"] <= DEPLOY_GOAL_S and deploy["around_sigterm"]["p99"] <= DEPLOY_GOAL_S
     )
+    eager_ok = all(
+        e["all"]["p99"] <= DEPLOY_GOAL_S and e["all"]["max"] <= EAGER_MAX_S for e in eagers
+    )
     kill_ok = not kill["after_kill"]["max"] > kill["bound_s"]  # NaN (none due) is no miss
-    p99_small, p99_large = (f["lateness"]["p99"] for f in fleets)
+    p99_small, p99_large = (by_count[n]["lateness"]["p99"] for n in (small, large))
     growth = safe_div(p99_large, p99_small)
-    fleet_ok = max(p99_small, p99_large) <= FLEET_GOAL_S and growth <= FLEET_GROWTH
-    met = deploy_ok and kill_ok and fleet_ok and not problems
+    cpu = {n: f["cpu_per_1000_jobs"] for n, f in by_count.items()}
+    cpu_growth = safe_div(cpu[large]["replicas_s"], cpu[first]["replicas_s"])
+    fleet_ok = (
+        max(p99_small, p99_large) <= FLEET_GOAL_S
+        and growth <= FLEET_GROWTH
+        and cpu_growth <= CPU_GROWTH
+    )
+    met = deploy_ok and eager_ok and kill_ok and fleet_ok and not problems
 
     table = Table(["scenario", "reactor-written runs", "p50", "p99", "max", "goal"])
 
@@ -647,6 +755,13 @@ async def run(ctx: Context) -> Result:
         deploy["around_sigterm"],
         _mark(deploy["around_sigterm"]["p99"], DEPLOY_GOAL_S),
     )
+    for e in eagers:
+        held = "met" if e["all"]["max"] <= EAGER_MAX_S else "missed"
+        row(
+            f"eager deploys, touched jobs, {_replicas(e['replicas'])}",
+            e["all"],
+            _mark(e["all"]["p99"], DEPLOY_GOAL_S) + f"; max <= {EAGER_MAX_S:g} s: {held}",
+        )
     row(
         "killed for good: due after the kill",
         kill["after_kill"],
@@ -656,7 +771,7 @@ async def run(ctx: Context) -> Result:
         row(
             f"{scale.fleet_rate:g} jobs/s, {_replicas(f['replicas'])}",
             f["lateness"],
-            _mark(f["lateness"]["p99"], FLEET_GOAL_S)
+            (_mark(f["lateness"]["p99"], FLEET_GOAL_S) if f["replicas"] != first else "-")
             + (f"; {ratio(growth)} of {small}'s" if f["replicas"] == large else ""),
         )
 
@@ -682,6 +797,18 @@ async def run(ctx: Context) -> Result:
         f"when its deadline is within {WINDOW:g} s of it; the SIGTERM follows the new "
         "replica's readiness within a millisecond, so the window covers its joining too. "
         "Replicas log at info.",
+        f"Eager deploys: {', '.join(_replicas(e['replicas']) for e in eagers)} at {RATE:g} "
+        f"jobs/s for {scale.eager_seconds:g} s, each on a fresh database; "
+        f"{_times(scale.deploys)}, a new process started and the oldest got SIGTERM "
+        f"{EAGER_SIGTERM_AFTER:g} s later, ready or not (new replicas were ready after "
+        + "; ".join(
+            ", ".join(f"{s['new_ready_s']:.2f} s" for s in e["steps"] if s["new_ready_s"])
+            for e in eagers
+        )
+        + f"). The app touched {TOUCH_RATIO:.0%} of the finished jobs {TOUCH_AT:g} grace after "
+        "their finish ("
+        + ", ".join(str(e["outcome"].play.touched) for e in eagers)
+        + " jobs): a touch moves the deadline and sends no notification. Replicas log at info.",
         f"Killed for good: {scale.kill_replicas} replicas at {RATE:g} jobs/s for "
         f"{scale.kill_seconds:g} s, {kill['killed']} SIGKILLed {kill['killed_after_s']:.1f} s "
         f"after its start ({scale.kill_seconds / 3:g} s into the load) and never restarted; "
@@ -692,10 +819,20 @@ async def run(ctx: Context) -> Result:
         f"{kill['record_statements_per_job']:.3f} (pg_stat_statements: the timer's and the "
         "scan's claim-and-write statements). Replicas log at info.",
         f"Fleet: {scale.fleet_seconds:g} s at {scale.fleet_rate:g} jobs/s with "
-        f"{_replicas(small)}, then {large}, each on a fresh database, the load started once "
-        "every replica saw them all live. Record statements per finished job: "
+        + ", then ".join(_replicas(n) for n in scale.fleet_counts)
+        + ", each on a fresh database, the load started once every replica saw them all live. "
+        "Record statements per finished job: "
         + ", ".join(f"{f['record_statements_per_job']:.3f} at {f['replicas']}" for f in fleets)
         + ". Replicas log at warning.",
+        "CPU per 1,000 finished jobs, from the load's start until every run was written, read "
+        "from /proc: all replicas together "
+        + ", ".join(f"{c['replicas_s']:.3f} s at {n}" for n, c in cpu.items())
+        + f" ({ratio(cpu_growth)} at {large} of {first}'s; goal {CPU_GROWTH:g}x); the server's "
+        "processes "
+        + ", ".join(f"{c['server_s']:.3f} s at {n}" for n, c in cpu.items())
+        + "; the 1-minute load average at the end "
+        + ", ".join(f"{c['load_1m']:.2f} at {n}" for n, c in cpu.items())
+        + f" ({os.cpu_count()} CPUs; the worker, the tabs and this harness run beside them).",
         f"The worker fell behind its schedule by at most {behind}; a lagging worker offers less "
         "than the stated rate.",
         "Checked in every scenario: every finished job has exactly one run; the audit finds no "
@@ -713,12 +850,23 @@ async def run(ctx: Context) -> Result:
     headline = (
         f"deploys p99 {ms(deploy['all']['p99'])} (around a SIGTERM "
         f"{ms(deploy['around_sigterm']['p99'])}); after a kill at most "
-        f"{kill['after_kill']['max']:.2f} s late (bound {kill['bound_s']:g} s); "
-        f"{scale.fleet_rate:g}/s p99 {ms(p99_small)} at {small}, {ms(p99_large)} at {large} "
-        f"({ratio(growth)})" + (f"; {len(problems)} problem(s)" if problems else "")
+        f"{kill['after_kill']['max']:.2f} s late (bound {kill['bound_s']:g} s)"
+        + "; eager deploys max "
+        + ", ".join(f"{e['all']['max']:.2f} s at {e['replicas']}" for e in eagers)
+        + f"; {scale.fleet_rate:g}/s p99 {ms(p99_small)} at {small}, {ms(p99_large)} at {large} "
+        f"({ratio(growth)}); replicas' CPU per 1,000 jobs {ratio(cpu_growth)} at {large} of "
+        f"{first}'s" + (f"; {len(problems)} problem(s)" if problems else "")
     )
     figures = {
         "deploy": {k: deploy[k] for k in ("all", "around_sigterm", "steps")},
+        "eager": {
+            str(e["replicas"]): {
+                "all": e["all"],
+                "steps": e["steps"],
+                "touched": e["outcome"].play.touched,
+            }
+            for e in eagers
+        },
         "kill": {
             k: kill[k]
             for k in (
@@ -733,10 +881,12 @@ async def run(ctx: Context) -> Result:
             str(f["replicas"]): {
                 "lateness": f["lateness"],
                 "record_statements_per_job": f["record_statements_per_job"],
+                "cpu_per_1000_jobs": f["cpu_per_1000_jobs"],
             }
             for f in fleets
         },
         "fleet_p99_ratio": growth,
+        "fleet_cpu_ratio": cpu_growth,
         "verdicts": {n: s["outcome"].verdict.as_dict() for n, s in scenarios.items()},
         "worker_behind_s": {n: s["outcome"].play.behind_s for n, s in scenarios.items()},
         "problems": problems,

@@ -111,6 +111,7 @@ class Play:
 
     finished: int = 0
     saved_by_tabs: int = 0
+    touched: int = 0  # finished jobs whose updated_at the app moved again, with no notification
     committed_at: dict[str, float] = field(default_factory=dict)
     round_trip: dict[str, float] = field(default_factory=dict)  # the finish statement's
     behind_s: float = 0.0  # the most the worker fell behind its schedule
@@ -126,18 +127,24 @@ async def play(
     eager: bool = False,
     seed: int = 7,
     tab_connections: int = 4,
+    touch_ratio: float = 0.0,
+    touch_delay: float = 0.0,
 ) -> Play:
-    """Finish ``job_ids`` at ``rate`` per second; tabs save ``save_ratio`` of them.
+    """Finish ``job_ids`` at ``rate`` per second; tabs save ``save_ratio`` of them, and the app
+    touches ``touch_ratio`` of them ``touch_delay`` seconds after their finish: their
+    ``updated_at`` moves, so their deadline does, with no status change and no notification.
 
     Returns once the worker is done and every tab save has landed. The worker keeps an absolute
     schedule, so a slow commit does not slow the offered rate down.
     """
     rng = random.Random(seed)
+    # Touches draw from their own sequence, so the tabs' saves stay what they were without.
+    touch_rng = random.Random(seed + 1)
     stats = Play()
     async with AsyncExitStack() as stack:
         worker = await stack.enter_async_context(await connect(dsn, "worker"))
         tabs: AsyncConnectionPool[Conn] | None = None
-        if save_ratio > 0:
+        if save_ratio > 0 or touch_ratio > 0:
             tabs = await stack.enter_async_context(
                 AsyncConnectionPool(
                     dsn,
@@ -154,6 +161,13 @@ async def play(
             async with tabs.connection() as tab:
                 await tab.execute(*APP.tab_save(job_id))
             stats.saved_by_tabs += 1
+
+        async def touch(job_id: str) -> None:
+            assert tabs is not None
+            await anyio.sleep(touch_delay)
+            async with tabs.connection() as app:
+                await app.execute(*APP.touch(job_id))
+            stats.touched += 1
 
         async with anyio.create_task_group() as tg:
             start = time.monotonic()
@@ -175,6 +189,8 @@ async def play(
                 stats.finished += 1
                 if tabs is not None and rng.random() < save_ratio:
                     tg.start_soon(tab_save, job_id, rng.uniform(*tab_delay))
+                if tabs is not None and touch_rng.random() < touch_ratio:
+                    tg.start_soon(touch, job_id)
     return stats
 
 

@@ -238,6 +238,9 @@ class Dispatcher:
         self.claim = claim
         self.clock = clock
         self.metrics = metrics
+        # Read when scraped, not set at every offer: the hot path only counts.
+        metrics.deadlines_pending.set_function(lambda: queue.waiting)
+        metrics.stuck_jobs.set_function(lambda: len(queue.stuck))
         self.batch_size = batch_size
         # A claim that ended without an answer (cut short): its jobs are tried again after this.
         self.error_retry = error_retry
@@ -332,8 +335,6 @@ class Dispatcher:
 
     def _count(self) -> None:
         queue, metrics = self.queue, self.metrics
-        metrics.deadlines_pending.set(queue.waiting)
-        metrics.stuck_jobs.set(len(queue.stuck))
         if queue.refused != self._refused:
             metrics.deadlines_dropped.inc(queue.refused - self._refused)
             self._refused = queue.refused

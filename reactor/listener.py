@@ -372,7 +372,7 @@ class Listener:
 
     def _receive(self, payload: str) -> None:
         if payload.startswith(_PROBE):
-            self.metrics.notifications.labels("probe").inc()
+            self.metrics.notified["probe"].inc()
             if payload[len(_PROBE) :] != self._probe_token:
                 # Another replica's probe: as good a proof of delivery as any notification.
                 self._heard = True
@@ -385,22 +385,22 @@ class Listener:
             return
         self._heard = True
         if payload.startswith(_LEFT):
-            self.metrics.notifications.labels("left").inc()
+            self.metrics.notified["left"].inc()
             self.on_left(payload[len(_LEFT) : len(_LEFT) + 64])
             return
         if payload.startswith(_JOINED):
-            self.metrics.notifications.labels("joined").inc()
+            self.metrics.notified["joined"].inc()
             self.on_joined(payload[len(_JOINED) : len(_JOINED) + 64])
             return
         hint = parse_hint(payload, self.id_type)
         if hint is None:
-            self.metrics.notifications.labels("rejected").inc()
+            self.metrics.notified["rejected"].inc()
             log.warning(
                 "ignored a notification that names no job",
                 extra={"channel": self.channel, "payload": payload[:80]},
             )
             return
-        self.metrics.notifications.labels("accepted").inc()
+        self.metrics.notified["accepted"].inc()
         self.on_job(*hint)
 
     def _check_probe(self) -> None:

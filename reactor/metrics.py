@@ -192,10 +192,13 @@ class Metrics:
             ["server", "reason"],
             registry=r,
         )
-        for result in ("accepted", "rejected", "probe", "left", "joined"):
-            self.notifications.labels(result)
-        for source in ("timer", "scan"):
-            self.recorded.labels(source)
+        # The children the hot path counts into, bound once: a labels() lookup per
+        # notification or per recorded run costs a lock and a dict probe for nothing.
+        self.notified = {
+            result: self.notifications.labels(result)
+            for result in ("accepted", "rejected", "probe", "left", "joined")
+        }
+        self.recorded_by = {source: self.recorded.labels(source) for source in ("timer", "scan")}
         for mode in ("listen", "poll"):
             self.mode.labels(mode)
         for state in TRIGGER_STATES:

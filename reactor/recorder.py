@@ -336,7 +336,7 @@ class Recorder:
                 )
             if o.outcome == "recorded":
                 lateness = max(0.0, -(o.due_in or 0.0))
-                self.metrics.recorded.labels(source).inc()
+                self.metrics.recorded_by[source].inc()
                 self.metrics.lateness.observe(lateness)
                 self.recent.append(
                     Settled(o.job_id, o.run_id, "recorded", source, lateness, datetime.now(UTC))
