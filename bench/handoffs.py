@@ -7,8 +7,9 @@ both by the database clock. Three scenarios, each on a fresh database:
 
 - rolling deploys: 3 replicas at 50 jobs/s; three times a new process starts, and once its
   ``/readyz`` says ready the oldest gets SIGTERM and is waited for, as an orchestrator does;
-- eager deploys: the same with 1 replica and with 3, but the SIGTERM comes 1.5 s after the new
-  process starts, ready or not, and the app touches 30% of the finished jobs 0.6 grace after
+- eager deploys: the same with 1 replica and with 3, but the SIGTERM comes 0.5, 1 and 1.5 s
+  after the new process starts (the first well before it can be ready, the last about when it
+  is on this box), ready or not, and the app touches 30% of the finished jobs 0.6 grace after
   their finish (their deadline moves, with no notification);
 - killed for good: 3 replicas at 50 jobs/s, one SIGKILLed a third of the way in and never
   restarted; the others must take its jobs over within a probe interval (its LISTEN session is
@@ -25,6 +26,7 @@ stopped by SIGTERM exited 0 and took its heartbeat with it.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import math
 import os
@@ -89,8 +91,9 @@ FLEET_GOAL_S = 0.015
 FLEET_GROWTH = 1.2
 CPU_GROWTH = 1.3
 EAGER_MAX_S = 1.0
-# Eager deploys: the SIGTERM this long after the new process's start, whether it is ready or not.
-EAGER_SIGTERM_AFTER = 1.5
+# Eager deploys: the SIGTERM this long after the new process's start, whether it is ready or not;
+# one deploy each, cycled. A replica takes about a second to be ready on a 2-core box.
+EAGER_SIGTERM_AFTER = (0.5, 1.0, 1.5)
 # The app moves the deadline of this share of the finished jobs, this share of a grace after
 # their finish: the old deadline has not passed, and no notification tells anyone.
 TOUCH_RATIO = 0.3
@@ -534,6 +537,7 @@ async def _deploys(
     """Start a replica, SIGTERM the oldest; ``scale.deploys`` times. The SIGTERM waits for the
     new replica's readiness, or, ``eager``, comes EAGER_SIGTERM_AFTER its start while the app
     touches jobs."""
+    delays = itertools.cycle(EAGER_SIGTERM_AFTER)
     label = f"eager{replicas}" if eager else "deploy"
     seconds = scale.eager_seconds if eager else scale.deploy_seconds
     dsn, ids = await _setup(server, f"handoffs_{label}", int(seconds * RATE))
@@ -552,7 +556,7 @@ async def _deploys(
                     oldest = next(r for r in fleet.replicas if r.running and r is not new)
                     if eager:
                         tg.start_soon(fleet.ready, new, session)
-                        await anyio.sleep(new.started_at + EAGER_SIGTERM_AFTER - time.time())
+                        await anyio.sleep(new.started_at + next(delays) - time.time())
                     else:
                         await fleet.ready(new, session)
                     sigterm_at = time.time()
@@ -800,12 +804,15 @@ async def run(ctx: Context) -> Result:
         f"Eager deploys: {', '.join(_replicas(e['replicas']) for e in eagers)} at {RATE:g} "
         f"jobs/s for {scale.eager_seconds:g} s, each on a fresh database; "
         f"{_times(scale.deploys)}, a new process started and the oldest got SIGTERM "
-        f"{EAGER_SIGTERM_AFTER:g} s later, ready or not (new replicas were ready after "
+        + ", ".join(f"{d:g}" for d in EAGER_SIGTERM_AFTER[: scale.deploys])
+        + " s later, ready or not (new replicas were ready after "
         + "; ".join(
             ", ".join(f"{s['new_ready_s']:.2f} s" for s in e["steps"] if s["new_ready_s"])
             for e in eagers
         )
-        + f"). The app touched {TOUCH_RATIO:.0%} of the finished jobs {TOUCH_AT:g} grace after "
+        + f"; {sum(s['sigterm_at'] < s['ready_at'] for e in eagers for s in e['steps'])} of "
+        f"{sum(len(e['steps']) for e in eagers)} SIGTERMs came before the new replica was "
+        f"ready). The app touched {TOUCH_RATIO:.0%} of the finished jobs {TOUCH_AT:g} grace after "
         "their finish ("
         + ", ".join(str(e["outcome"].play.touched) for e in eagers)
         + " jobs): a touch moves the deadline and sends no notification. Replicas log at info.",
