@@ -64,6 +64,9 @@ _PROBE = "probe:"
 # its first heartbeat (the health query).
 _LEFT = "left:"
 _JOINED = "joined:"
+# While the replica settles (see Listener.settling), how often the listener looks at its duties:
+# only a wake-up, no statement, and only until the first re-arm has read the queue.
+SETTLING_TICK = 0.05
 
 # Reconnect backoff: the first retry within BACKOFF_BASE seconds, doubling per failure up to a
 # cap; a problem retrying cannot fix (a wrong password, a missing role) is retried rarely.
@@ -155,6 +158,7 @@ class Listener:
         schedule: Scheduler,
         clock: Clock,
         dsn: str,
+        settling: Callable[[], bool] = lambda: False,
     ) -> None:
         self.settings = settings
         self.database = database
@@ -171,6 +175,9 @@ class Listener:
         self.schedule = schedule
         self.clock = clock
         self.dsn = dsn
+        # True until the replica holds its share: a duty hastened then (its first heartbeat,
+        # which tells the others it joined) must not wait out a whole probe interval here.
+        self.settling = settling
         # The setting the DSN came from, for the messages.
         self._source = (
             "REACTOR_LISTEN_DATABASE_URL" if dsn == settings.listen_database_url else "DATABASE_URL"
@@ -365,7 +372,8 @@ class Listener:
         if self.proven:
             duties = self.schedule.cadence.duties
             next_at = min(duties["health"].next_at, duties["poll"].next_at)
-            return max(0.01, next_at - now)
+            wait = max(0.01, next_at - now)
+            return min(wait, SETTLING_TICK) if self.settling() else wait
         if self._probe_token is not None:
             return max(0.01, self._probe_sent + self.settings.probe_timeout - now)
         return max(0.01, self._probe_sent + self.settings.probe_interval - now)

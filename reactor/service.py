@@ -164,6 +164,7 @@ class Reactor:
                 schedule=self.schedule,
                 clock=self.clock,
                 dsn=listen_dsn or settings.listen_database_url or settings.require_database(),
+                settling=lambda: not self._holding,
             )
         self._health_check = db.HealthCheck(
             replica=self.replica_id,
@@ -253,6 +254,12 @@ class Reactor:
     def polling(self) -> bool:
         """True when timers come from polling the queue rather than from notifications."""
         return self.vitals.polling(self.listener)
+
+    @property
+    def holding(self) -> bool:
+        """True once this replica's first re-arm read its share of the queue: from then on it
+        heartbeats, and the others leave that share to it."""
+        return self._holding
 
     @property
     def scan_pending(self) -> bool:
@@ -441,7 +448,11 @@ class Reactor:
                 if rearm:
                     for job_id, due_in in await self.database.upcoming(self.settings.max_pending):
                         self.dispatcher.offer(job_id, due_in + 0.001)
-                    self._holding = True
+                    if not self._holding:
+                        # The first heartbeat, and the word that this replica joined, now
+                        # rather than at the next check, a probe interval on.
+                        self._holding = True
+                        self.schedule.hasten("health")
                 drained = await self.recorder.drain(
                     self.settings.batch_size, skip=self.queue.claimed
                 )
