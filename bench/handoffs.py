@@ -543,7 +543,6 @@ async def _deploys(
     dsn, ids = await _setup(server, f"handoffs_{label}", int(seconds * RATE))
     fleet = Fleet(dsn, logs, label, "INFO", scale.probe)
     replaced: list[tuple[Replica, Replica, float]] = []  # (new, oldest, its SIGTERM's time)
-    steps: list[dict[str, Any]] = []
     played: list[Play] = []
     async with aiohttp.ClientSession() as session:
         try:
@@ -567,7 +566,7 @@ async def _deploys(
                     fleet.problems.append("the load ended before the last deploy did")
             # Read once the task group is done: an eager deploy's new replica may have become
             # ready after its predecessor's SIGTERM.
-            steps = [
+            steps: list[dict[str, Any]] = [
                 {
                     "new": new.name,
                     "ready_at": new.started_at + (new.ready_s or math.nan),

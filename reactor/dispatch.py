@@ -280,12 +280,17 @@ class Dispatcher:
             self._slots.acquire_nowait()
         except anyio.WouldBlock:
             return False
-        jobs = self.queue.take(now, self.batch_size)
+        return self._start(now, self._work)
+
+    def _start(self, now: float, work: anyio.abc.TaskGroup) -> bool:
+        """With a slot held: start a claim of the jobs due at ``now`` in ``work``, or give the
+        slot back when none is (or the dispatcher closed). True when a claim started."""
+        jobs = [] if self._closed else self.queue.take(now, self.batch_size)
         self._count()
         if not jobs:
             self._slots.release()
             return False
-        self._work.start_soon(self._claim, jobs)
+        work.start_soon(self._claim, jobs)
         return True
 
     def close(self) -> None:
@@ -303,12 +308,7 @@ class Dispatcher:
                 await self.clock.sleep_until(math.inf if next_at is None else next_at, self._wake)
                 continue
             await self._slots.acquire()
-            jobs = [] if self._closed else self.queue.take(self.clock.now(), self.batch_size)
-            self._count()
-            if not jobs:
-                self._slots.release()
-                continue
-            work.start_soon(self._claim, jobs)
+            self._start(self.clock.now(), work)
 
     async def _claim(self, jobs: list[str]) -> None:
         # Until the claim answers, every job is a retry: a claim cut short (the drain's

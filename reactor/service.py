@@ -164,7 +164,7 @@ class Reactor:
                 schedule=self.schedule,
                 clock=self.clock,
                 dsn=listen_dsn or settings.listen_database_url or settings.require_database(),
-                settling=lambda: not self._holding,
+                settling=lambda: not self.holding,
             )
         self._health_check = db.HealthCheck(
             replica=self.replica_id,
@@ -361,6 +361,10 @@ class Reactor:
         health = await self._check(probe, conn)
         return health.probes_sent > 0
 
+    def _queries(self, conn: db.AnyConnection | None) -> db.Database:
+        # A duty's queries: on the pool, or on the connection the listener carries it on.
+        return self.database if conn is None else self.database.using(conn)
+
     async def _check_pooled(self) -> None:
         await self._check()
 
@@ -369,7 +373,7 @@ class Reactor:
     ) -> db.Health:
         sent = self.clock.now()
         with anyio.fail_after(self.settings.probe_timeout):
-            on = self.database if conn is None else self.database.using(conn)
+            on = self._queries(conn)
             health = await on.health(
                 self._health_check,
                 probe=probe,
@@ -415,7 +419,7 @@ class Reactor:
             self._poll_low = None
             return
         ahead = 2 * self.settings.poll_interval
-        on = self.database if conn is None else self.database.using(conn)
+        on = self._queries(conn)
         try:
             jobs, high = await on.poll_queue(self._poll_low, ahead=ahead, limit=POLL_LIMIT)
         except BaseException:
