@@ -163,9 +163,9 @@ async def test_a_direct_listen_dsn_listens_while_the_pool_goes_through_the_poole
         await eventually(lambda: listener.proven, timeout=10)
         # Proven by the pool's first probe, which may come back before the first check has.
         await eventually(lambda: reactor.health()[1:] == (True, "ok"), timeout=10)
-        # The first scan (its re-arm) comes after: finished before it ends, a job due by then
-        # is the scan's to record, not its timer's.
-        await eventually(lambda: reactor.scans >= 1, timeout=10)
+        # The scans asked for at start (the re-arms, the pool's and the listener's) come after:
+        # a job due while one of them runs is that scan's to record, not its timer's.
+        await eventually(lambda: reactor.scans >= 1 and not reactor.scan_pending, timeout=10)
         with psycopg.connect(database_url, autocommit=True) as app:
             job_ids = [new_job(app)[0] for _ in range(5)]
             for job_id in job_ids:
