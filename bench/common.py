@@ -169,13 +169,14 @@ class Server:
             self._scratch.remove(name)
 
     async def app_database(
-        self, label: str, *, with_audit: bool = True, notify: bool = True
+        self, label: str, *, with_audit: bool = True, notify: bool = True, spread: bool = False
     ) -> str:
         """A scratch database with the app's tables, every migration, and the audit trigger;
-        with ``notify`` False, the job trigger is installed not to notify."""
+        with ``notify`` False, the job trigger is installed not to notify; with ``spread``, it
+        notifies each share of the jobs on a channel of its own (`reactor migrate --spread`)."""
         dsn = self.dsn_for(await self.create_database(label))
         async with await connect(dsn, "setup") as conn:
-            await db.migrate(conn, REFERENCE, reference_schema=True, notify=notify)
+            await db.migrate(conn, REFERENCE, reference_schema=True, notify=notify, spread=spread)
             if with_audit:
                 await audit.install(conn, REFERENCE_INSTALL.mapping)
             await conn.execute(DOC_FUNCTION)

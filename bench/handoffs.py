@@ -16,7 +16,11 @@ both by the database clock. Three scenarios, each on a fresh database:
   gone at their next check), so the bound is the probe interval + 1 s;
 - a fleet at 333 jobs/s: 1 replica, then 3, then 5, so that what more replicas cost shows as
   lateness and as the replicas' CPU time per 1,000 jobs (read from /proc, with the server's and
-  the box's load average, so that a figure says whether the algorithm or the box was slow).
+  the box's load average, so that a figure says whether the algorithm or the box was slow);
+  then 5 again with a trigger that does not spread, so that every replica hears every job.
+
+The job trigger is installed with ``reactor migrate --spread``, as a fleet's should be: each
+replica hears only the jobs of the shares it owns.
 
 Each run is checked as the other benchmarks check theirs: every job that needed a run has
 exactly one, none was written before its grace, none clobbered a tab's save, every replica
@@ -376,8 +380,11 @@ class Outcome:
         return [late for _, late in self.late.values()]
 
 
-async def _setup(server: Server, label: str, jobs: int) -> tuple[str, list[str]]:
-    dsn = await server.app_database(label, with_audit=True)
+async def _setup(
+    server: Server, label: str, jobs: int, *, spread: bool = True
+) -> tuple[str, list[str]]:
+    # A fleet's install: the trigger notifies each share of the jobs on a channel of its own.
+    dsn = await server.app_database(label, with_audit=True, spread=spread)
     async with await connect(dsn, "setup") as conn:
         ids = await insert_jobs(conn, jobs, doc_bytes=2000)
     return dsn, ids
@@ -642,13 +649,17 @@ async def _kill(server: Server, logs: Path, scale: Scale) -> dict[str, Any]:
     }
 
 
-async def _fleet(server: Server, logs: Path, count: int, scale: Scale) -> dict[str, Any]:
-    """``count`` replicas under the fleet's rate."""
+async def _fleet(
+    server: Server, logs: Path, count: int, scale: Scale, *, spread: bool = True
+) -> dict[str, Any]:
+    """``count`` replicas under the fleet's rate; ``spread``: the trigger notifies each share on
+    a channel of its own (else every replica hears every job)."""
     rate = scale.fleet_rate
-    dsn, ids = await _setup(server, f"handoffs_fleet{count}", int(scale.fleet_seconds * rate))
+    label = f"handoffs_fleet{count}" + ("" if spread else "_flat")
+    dsn, ids = await _setup(server, label, int(scale.fleet_seconds * rate), spread=spread)
     # Warning level: at 333 jobs/s an info line per recorded run costs the replicas CPU that
     # the measurement is about; the in-process benchmarks quiet the reactor the same way.
-    fleet = Fleet(dsn, logs, f"fleet{count}", "WARNING", scale.probe)
+    fleet = Fleet(dsn, logs, label.removeprefix("handoffs_"), "WARNING", scale.probe)
     usage = Usage(fleet, await server.postmaster_pid())
     played: list[Play] = []
     async with aiohttp.ClientSession() as session:
@@ -679,6 +690,8 @@ async def _scenarios(server: Server, logs: Path, scale: Scale) -> dict[str, dict
         },
         "kill": partial(_kill, server, logs, scale),
         **{f"fleet{n}": partial(_fleet, server, logs, n, scale) for n in scale.fleet_counts},
+        # The largest fleet again with a trigger that does not spread: what --spread saves.
+        "flat": partial(_fleet, server, logs, scale.fleet_counts[-1], scale, spread=False),
     }
     found: dict[str, dict[str, Any]] = {}
 
@@ -720,6 +733,8 @@ async def run(ctx: Context) -> Result:
     eagers = [scenarios[f"eager{n}"] for n in scale.eager_replicas]
     fleets = [scenarios[f"fleet{n}"] for n in scale.fleet_counts]
     by_count = {f["replicas"]: f for f in fleets}
+    flat = scenarios["flat"]
+    flat_cpu = flat["cpu_per_1000_jobs"]
 
     problems = [f"{name}: {p}" for name, s in scenarios.items() for p in s["outcome"].problems]
     anomalies = [f"{name}: {a}" for name, s in scenarios.items() for a in s["anomalies"]]
@@ -777,6 +792,11 @@ async def run(ctx: Context) -> Result:
             (_mark(f["lateness"]["p99"], FLEET_GOAL_S) if f["replicas"] != first else "-")
             + (f"; {ratio(growth)} of {small}'s" if f["replicas"] == large else ""),
         )
+    row(
+        f"{scale.fleet_rate:g} jobs/s, {_replicas(large)}, trigger not spread",
+        flat["lateness"],
+        "-",
+    )
 
     steps = deploy["steps"]
     probe_source = (
@@ -827,13 +847,17 @@ async def run(ctx: Context) -> Result:
         f"Fleet: {scale.fleet_seconds:g} s at {scale.fleet_rate:g} jobs/s with "
         + ", then ".join(_replicas(n) for n in scale.fleet_counts)
         + ", each on a fresh database, the load started once every replica saw them all live. "
+        "The trigger spreads the jobs over a channel per share (`reactor migrate --spread`), "
+        f"in every scenario but the last row's, where all {large} replicas hear every job. "
         "Record statements per finished job: "
         + ", ".join(f"{f['record_statements_per_job']:.3f} at {f['replicas']}" for f in fleets)
         + ". Replicas log at warning.",
         "CPU per 1,000 finished jobs, from the load's start until every run was written, read "
         "from /proc: all replicas together "
         + ", ".join(f"{c['replicas_s']:.3f} s at {n}" for n, c in cpu.items())
-        + f" ({ratio(cpu_growth)} at {large} of {first}'s; goal {CPU_GROWTH:g}x); the server's "
+        + f" ({ratio(cpu_growth)} at {large} of {first}'s; goal {CPU_GROWTH:g}x), and "
+        f"{flat_cpu['replicas_s']:.3f} s at {large} with the trigger not spread "
+        f"({ratio(safe_div(flat_cpu['replicas_s'], cpu[first]['replicas_s']))}); the server's "
         "processes "
         + ", ".join(f"{c['server_s']:.3f} s at {n}" for n, c in cpu.items())
         + "; the 1-minute load average at the end "
@@ -890,6 +914,11 @@ async def run(ctx: Context) -> Result:
                 "cpu_per_1000_jobs": f["cpu_per_1000_jobs"],
             }
             for f in fleets
+        },
+        "flat": {
+            "lateness": flat["lateness"],
+            "record_statements_per_job": flat["record_statements_per_job"],
+            "cpu_per_1000_jobs": flat_cpu,
         },
         "fleet_p99_ratio": growth,
         "fleet_cpu_ratio": cpu_growth,

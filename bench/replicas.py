@@ -7,6 +7,8 @@ time of everything the replicas sent per 1,000 finished jobs.
 
 Then three replicas run as real processes, and one is killed with SIGKILL while the worker keeps
 going: the lateness of the jobs that fell due while it was dead shows the takeover delay.
+
+The job trigger is installed with ``reactor migrate --spread``, as a fleet's should be.
 """
 
 from __future__ import annotations
@@ -94,9 +96,9 @@ async def run(ctx: Context) -> Result:
         async with await connect(server.admin_dsn, "setup") as admin:
             await admin.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
         for count in counts:
-            dsn = await server.app_database(f"replicas{count}", with_audit=False)
+            dsn = await server.app_database(f"replicas{count}", with_audit=False, spread=True)
             measured.append(await _measure(server.admin_dsn, dsn, count, jobs, probe))
-        kill_dsn = await server.app_database("replicas_kill", with_audit=True)
+        kill_dsn = await server.app_database("replicas_kill", with_audit=True, spread=True)
         kill = await _kill(kill_dsn, 8 if ctx.quick else 60, probe)
 
     per_job = {m["replicas"]: m["record_statements_per_job"] for m in measured}

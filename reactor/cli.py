@@ -100,6 +100,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="whether the job trigger notifies the reactors; --no-notify queues without it "
         "and the reactors poll (default: keep what is installed, notify on a first install)",
     )
+    migrate.add_argument(
+        "--spread",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="whether the job trigger notifies each share of the jobs on a channel of its own, "
+        "so that each replica of a fleet hears only its own (default: keep what is installed, "
+        "not on a first install)",
+    )
 
     sweep = commands.add_parser(
         "sweep", help="repair after a restore or bypass: a full reconcile pass, then a drain"
@@ -343,6 +351,7 @@ async def cmd_migrate(args: argparse.Namespace) -> int:
                 reference_schema=args.reference_schema,
                 applied=args.from_version,
                 notify=args.notify is not False,
+                spread=bool(args.spread),
             )
         )
         return 0
@@ -354,6 +363,7 @@ async def cmd_migrate(args: argparse.Namespace) -> int:
                 channel=settings.channel,
                 reference_schema=args.reference_schema,
                 notify=args.notify,
+                spread=args.spread,
                 on_progress=update,
             )
     applied = migrated.applied

@@ -11,10 +11,11 @@ controller-runtime's workqueue with its delaying queue, for job ids:
   is stale and dropped; a notification is an edge, newer than the claim may have seen (a run
   deleted right after it was written), so it is offered again. When the claim asks to retry
   (a row still held, a deadline moved), the retry's time wins: it is the newest read of the row.
-- **Ownership at intake.** Every replica hears every job, but keeps only those it owns
-  (rendezvous hashing over the live replicas), so its heap, its timers and its claims are its
-  share alone. When the live set changes it drops what it no longer owns (:meth:`see`); what
-  it gains it reads from the database (the service's re-arm), since it never held it. A job
+- **Ownership at intake.** A replica keeps only the jobs it owns (rendezvous hashing of the
+  jobs' shares over the live replicas, :mod:`reactor.ownership`), so its heap, its timers and
+  its claims are its share alone; a trigger installed with ``--spread`` sends it no other.
+  When the live set changes it drops what it no longer owns (:meth:`see`); what it gains it
+  reads from the database (the service's re-arm), since it never held it. A job
   this replica found itself (the reconcile), or claimed and must try again, is *adopted*: it
   claims it whoever owns it, and the adoption stays with the entry through every retry until a
   claim settles it.

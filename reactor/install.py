@@ -49,11 +49,14 @@ class Install:
             rendered = self._statements[filename] = sql.queries(filename, self.mapping)
         return rendered[name]
 
-    def render(self, text: str, *, channel: str | None = None) -> str:
+    def render(self, text: str, *, channel: str | None = None, spread: bool = False) -> str:
         """``text`` (a migration, a trigger) rendered for this install, as SQL that runs as it
         is; ``@channel@`` is ``channel`` when given ('' for a trigger that does not notify),
-        else this install's channel."""
-        return sql.render(text, self.mapping, channel=self.channel if channel is None else channel)
+        else this install's channel; ``@spread@`` says whether the job trigger notifies each
+        share of the jobs on a channel of its own (reactor/ownership.py)."""
+        return sql.render(
+            text, self.mapping, channel=self.channel if channel is None else channel, spread=spread
+        )
 
 
 # The reference tables' install, as `reactor migrate` leaves it: analysis_jobs and analysis_runs

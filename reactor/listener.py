@@ -18,6 +18,13 @@ check is a duty of the service's cadence: this connection holds its token while 
 and the pool takes it back the moment it is not. Nothing else rides this connection: a poll or
 a scan that ran long here would stall the notifications and, past the probe's bound, kill them.
 
+The connection LISTENs on the main channel (probes, replicas joining and leaving, the jobs of a
+trigger that does not spread) and, when the trigger was installed with ``--spread``, once a
+probe proved the session, on the channel of each share of the jobs this replica owns. When the
+replica's shares change, the wait for notifications is cut short: the LISTENs and UNLISTENs go
+in one round trip, and a share gained is re-armed from the database only after its LISTEN, so
+no job of it falls between.
+
 Nothing waits for the listener: the service scans, fires timers and runs hooks whatever this
 connection does, and polls until LISTEN is up. Every reconnect backs off, with jitter, from the
 first failure until a probe proves a connection again, whether the connect failed (a wrong
@@ -54,6 +61,7 @@ from reactor.clock import Clock
 from reactor.config import Settings
 from reactor.errors import ConfigError, ReactorError
 from reactor.metrics import Metrics
+from reactor.ownership import share_channels
 
 log = logging.getLogger(__name__)
 
@@ -129,6 +137,21 @@ def parse_hint(payload: str, id_type: str) -> tuple[str, float | None] | None:
     return (job_id, float(at)) if _EPOCH.fullmatch(at) else None
 
 
+def listen_statement(channel: str) -> psycopg.sql.Composed:
+    """LISTEN on ``channel``."""
+    # Quoted: pg_notify() takes the name verbatim, LISTEN would fold its case.
+    return psycopg.sql.SQL("LISTEN {}").format(psycopg.sql.Identifier(channel))
+
+
+def change_statement(*, listen: list[str], unlisten: list[str]) -> psycopg.sql.Composed | None:
+    """The LISTENs and UNLISTENs that take a session from one set of channels to another, as
+    one simple-protocol round trip; None when there is nothing to change."""
+    parts = [listen_statement(name) for name in listen] + [
+        psycopg.sql.SQL("UNLISTEN {}").format(psycopg.sql.Identifier(name)) for name in unlisten
+    ]
+    return psycopg.sql.SQL("; ").join(parts) if parts else None
+
+
 # The health check the listener runs on its proven connection: (connection, probe payload);
 # True when the statement sent the probe (it does not while the NOTIFY queue is half full).
 Check = Callable[[db.AnyConnection, str | None], Awaitable[bool]]
@@ -159,6 +182,7 @@ class Listener:
         clock: Clock,
         dsn: str,
         settling: Callable[[], bool] = lambda: False,
+        shares: Callable[[], frozenset[int]] = frozenset,
     ) -> None:
         self.settings = settings
         self.database = database
@@ -178,6 +202,18 @@ class Listener:
         # True until the replica holds its share: a duty hastened then (its first heartbeat,
         # which tells the others it joined) must not wait out a whole probe interval here.
         self.settling = settling
+        # The shares of the jobs whose channels to LISTEN on: those this replica owns, when
+        # the trigger was installed with --spread and notifies each share on a channel of its
+        # own. The main channel carries everything else (probes, replicas joining and leaving,
+        # the jobs of a trigger that does not spread).
+        self.shares = shares
+        self._share_channels = share_channels(self.channel)
+        # The shares LISTENed on here; a share's channel is LISTENed on once this connection is
+        # proven, a session of our own (through a pooler it would land on the app's).
+        self._listening: frozenset[int] = frozenset()
+        # Set by refresh(): the shares changed; the wait for notifications is cut short.
+        self._stale = False
+        self._waiting: anyio.CancelScope | None = None
         # The setting the DSN came from, for the messages.
         self._source = (
             "REACTOR_LISTEN_DATABASE_URL" if dsn == settings.listen_database_url else "DATABASE_URL"
@@ -205,6 +241,14 @@ class Listener:
     def delivering(self) -> bool:
         """False when notifications cannot be relied on: not connected, or probes lost."""
         return self.state == "listening"
+
+    @property
+    def hears(self) -> frozenset[int]:
+        """The shares whose channels this connection LISTENs on now (none while it is down, or
+        when the channel is too long to take a share's suffix)."""
+        if self.state == "connecting" or self._share_channels is None:
+            return frozenset()
+        return self._listening
 
     @property
     def checking(self) -> bool:
@@ -251,12 +295,23 @@ class Listener:
                 with anyio.CancelScope(shield=True):
                     await conn.close()
 
+    def refresh(self) -> bool:
+        """The shares to LISTEN on may have changed: LISTEN on the ones gained, and UNLISTEN
+        the ones lost, without waiting for the next duty. True when this connection will LISTEN
+        on a share's channel it does not yet, and then re-arm from the database (a share
+        gained was never held here)."""
+        self._stale = True
+        if self._waiting is not None:
+            # Delivered where psycopg waits on the socket, never inside a batch it read.
+            self._waiting.cancel()
+        return self.checking and bool(self._channels(self.shares() - self._listening))
+
     async def _session(self, conn: db.AnyConnection) -> None:
         """LISTEN on ``conn`` until the connection fails (it raises)."""
-        # Quoted: pg_notify() takes the name verbatim, LISTEN would fold its case.
-        await conn.execute(
-            psycopg.sql.SQL("LISTEN {}").format(psycopg.sql.Identifier(self.channel))
-        )
+        self._listening = frozenset()
+        # The shares' channels follow once a probe proves the session.
+        self._stale = True
+        await conn.execute(listen_statement(self.channel))
         identity = await db.session_identity(conn)
         self.connections += 1
         self._prove(False)
@@ -303,16 +358,24 @@ class Listener:
         await self._send_probe()
         configured = False
         while True:
+            if self._stale and self.proven:
+                with anyio.fail_after(self.settings.probe_timeout):
+                    await self._follow_shares(conn)
             wait = self._wait_time()
             wake = self.clock.now() + wait
             # Never left in the middle of a batch: psycopg drops what it has not yielded yet.
             # Unproven, it ends after any batch (which may hold the probe), so that once proven
             # the check and the polls are taken up at once. Closed explicitly: the generator
-            # holds the connection's lock.
-            arriving = conn.notifies(timeout=wait, stop_after=None if self.proven else 1)
-            async with contextlib.aclosing(arriving):
-                async for notify in arriving:
-                    self._receive(notify.payload)
+            # holds the connection's lock. A refresh cancels only the wait on the socket.
+            with anyio.CancelScope() as self._waiting:
+                if not (self._stale and self.proven):
+                    arriving = conn.notifies(timeout=wait, stop_after=None if self.proven else 1)
+                    async with contextlib.aclosing(arriving):
+                        async for notify in arriving:
+                            self._receive(notify.payload)
+            self._waiting = None
+            if self._stale and self.proven:
+                continue
             if not self.proven:
                 if self.clock.now() < wake:
                     continue  # only other notifications: the probe's time is not up yet
@@ -343,6 +406,25 @@ class Listener:
             # The poll too (a no-op unless the trigger does not notify): one connection that is
             # already proven, rather than a pooled one checked at each checkout.
             await self.schedule.run_duty("poll", "listener", lambda: self.poll(conn))
+
+    async def _follow_shares(self, conn: db.AnyConnection) -> None:
+        # LISTEN first, re-arm after: a job of a gained share committed in between is heard,
+        # one committed before is read by the re-arm.
+        self._stale = False
+        shares = self.shares()
+        gained = self._channels(shares - self._listening)
+        statement = change_statement(
+            listen=gained, unlisten=self._channels(self._listening - shares)
+        )
+        if statement is not None:
+            await conn.execute(statement)
+        self._listening = shares
+        if gained:
+            self.on_listening()
+
+    def _channels(self, shares: frozenset[int]) -> list[str]:
+        channels = self._share_channels
+        return [] if channels is None else [channels[share] for share in sorted(shares)]
 
     async def _check(self, conn: db.AnyConnection) -> None:
         # The self-probe of the last check must be back by now; any notification since then

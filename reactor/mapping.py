@@ -24,6 +24,7 @@ from typing import Any
 
 from reactor.errors import ConfigError
 from reactor.expressions import expression_problem
+from reactor.ownership import share_sql
 from reactor.quote import identifier, literal
 
 CONFIG_VARIABLE = "REACTOR_CONFIG"
@@ -241,6 +242,8 @@ class Mapping:
             return self.eligible(alias or None)
         if name == "walked":
             return self.walked(alias or None)
+        if name == "share":
+            return share_sql(f"{alias}.{identifier(self.jobs.id)}")
         if name == "bytes":
             sizes = [
                 _size(f"{alias}.{identifier(c)}", self.jobs.type_of(c)) for c in self.jobs.not_null

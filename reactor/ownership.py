@@ -1,10 +1,13 @@
-"""Which replica claims which job: rendezvous hashing over the replicas PostgreSQL says are live.
+"""Which replica claims which job: rendezvous hashing of the job's share over the replicas
+PostgreSQL says are live.
 
-Every replica hears every notification and arms a timer for every job, but when a timer fires
-only the job's owner claims it, so the database sees one claim per job whatever the replica
-count. The owner of a job is the live replica with the highest hash of (replica, job): every
-replica that sees the same live set agrees without talking, and when a replica joins or leaves
-only the jobs it gains or loses change hands.
+Every job falls in one of :data:`SHARES` shares by a hash of its id that the job trigger computes
+too, so that a trigger installed with ``reactor migrate --spread`` notifies each share on a
+channel of its own and a replica hears only the shares it owns. The owner of a share is the
+live replica with the highest hash of (replica, share): every replica that sees the same live
+set agrees without talking, and when a replica joins or leaves only the shares it gains or
+loses change hands. A job is claimed only by its owner, so the database sees one claim per job
+whatever the replica count.
 
 Views of the live set can differ for a moment (a heartbeat read just before or after a change).
 Then two replicas may both claim a job, which the record statement makes harmless, or neither,
@@ -16,6 +19,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterable
 from dataclasses import dataclass
+from functools import cached_property
 
 # A replica is live while its heartbeat (one per probe interval) is younger than this many probe
 # intervals: a slow check or two does not hand its jobs away. A killed one is known sooner: its
@@ -23,15 +27,45 @@ from dataclasses import dataclass
 LIVENESS_PROBES = 3
 
 
-def weight(replica: str, job_id: str) -> int:
-    """The rendezvous weight of ``job_id`` for ``replica``: 64 well-mixed bits."""
-    digest = hashlib.blake2b(f"{replica}\x00{job_id}".encode(), digest_size=8).digest()
+# How many shares the jobs fall in. A replica that owns them all LISTENs on this many channels
+# plus the main one.
+SHARES = 128
+# A share's channel is the main one with ".<share>" appended; PostgreSQL names are 63 bytes.
+_CHANNEL_MAX = 63
+
+
+def share_of(job_id: str) -> int:
+    """The share ``job_id`` (its canonical text) falls in: the first byte of its SHA-256, as the
+    job trigger computes it (:func:`share_sql`)."""
+    return hashlib.sha256(job_id.encode()).digest()[0] % SHARES
+
+
+def share_sql(job_id: str) -> str:
+    """:func:`share_of` in SQL, of the job id expression ``job_id``. SHA-256 rather than md5:
+    a server in FIPS mode refuses md5, and this runs in the app's commits."""
+    return f"(get_byte(sha256(convert_to({job_id}::text, 'UTF8')), 0) % {SHARES})"
+
+
+def share_channels(channel: str) -> tuple[str, ...] | None:
+    """The channel of each share, in share order; None when ``channel`` is too long to take the
+    suffix (the trigger cannot spread over it, and `reactor migrate --spread` refuses it)."""
+    if len(f"{channel}.{SHARES - 1}".encode()) > _CHANNEL_MAX:
+        return None
+    return tuple(f"{channel}.{share}" for share in range(SHARES))
+
+
+def weight(replica: str, share: int) -> int:
+    """The rendezvous weight of ``share`` for ``replica``: 64 well-mixed bits."""
+    digest = hashlib.blake2b(f"{replica}\x00{share}".encode(), digest_size=8).digest()
     return int.from_bytes(digest, "big")
 
 
-def owner(job_id: str, replicas: Iterable[str]) -> str | None:
-    """The replica that claims ``job_id`` among ``replicas``; None when there are none."""
-    return max(replicas, key=lambda replica: weight(replica, job_id), default=None)
+def owner(share: int, replicas: Iterable[str]) -> str | None:
+    """The replica that claims the jobs of ``share`` among ``replicas``; None when none."""
+    return max(replicas, key=lambda replica: weight(replica, share), default=None)
+
+
+ALL_SHARES = frozenset(range(SHARES))
 
 
 @dataclass(frozen=True)
@@ -41,16 +75,21 @@ class Membership:
     me: str
     live: frozenset[str] = frozenset()
 
-    def owns(self, job_id: str) -> bool:
-        """True when this replica should claim ``job_id`` now.
+    @cached_property
+    def shares(self) -> frozenset[int]:
+        """The shares this replica claims now.
 
         A replica that does not see itself in the live set (before its first heartbeat, or
         after its own heartbeat went stale) claims everything: claiming twice costs a statement,
         claiming never would cost the job its run.
         """
         if self.me not in self.live:
-            return True
-        return owner(job_id, self.live) == self.me
+            return ALL_SHARES
+        return frozenset(s for s in range(SHARES) if owner(s, self.live) == self.me)
+
+    def owns(self, job_id: str) -> bool:
+        """True when this replica should claim ``job_id`` now."""
+        return share_of(job_id) in self.shares
 
     def lost(self, newer: Membership) -> frozenset[str]:
         """The replicas this view had and ``newer`` does not: their jobs changed hands."""

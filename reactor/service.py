@@ -165,6 +165,7 @@ class Reactor:
                 clock=self.clock,
                 dsn=listen_dsn or settings.listen_database_url or settings.require_database(),
                 settling=lambda: not self.holding,
+                shares=self._heard_shares,
             )
         self._health_check = db.HealthCheck(
             replica=self.replica_id,
@@ -381,7 +382,10 @@ class Reactor:
                 holding=self._holding,
             )
         self.db_clock.observe(health.database_time, sent, self.clock.now())
+        spread = self.vitals.trigger_spread
         self.vitals.saw(health)
+        if self.vitals.trigger_spread != spread and self.listener is not None:
+            self.listener.refresh()
         if health.reconcile_requested and self.reconciler is not None:
             self.schedule.hasten("reconcile")
         if health.hooks_expired:
@@ -512,11 +516,18 @@ class Reactor:
         )
         self.queue.see(membership)
         self.metrics.replicas_live.set(len(membership.live))
-        if lost:
-            # Their share is partly ours now, and was never held here: the re-arm reads the
-            # queue's jobs inside their grace (by the database's deadlines, so a job touched
-            # since its notification is aimed right), and the scan records whatever came due.
+        # What we gained was never held here: the re-arm reads the queue's jobs inside their
+        # grace (by the database's deadlines, so a job touched since its notification is aimed
+        # right), and the scan records whatever came due. When the trigger spreads, a proven
+        # listener first LISTENs on the shares we gained, then asks for it.
+        rearms = self.listener is not None and self.listener.refresh()
+        if lost and not rearms:
             self.request_scan(rearm=True)
+
+    def _heard_shares(self) -> frozenset[int]:
+        # The shares whose channels the listener LISTENs on: those this replica owns, when the
+        # trigger notifies a channel per share; none otherwise (all comes on the main one).
+        return self.queue.membership.shares if self.vitals.trigger_spread else frozenset()
 
     async def _listen(self) -> None:
         assert self.listener is not None

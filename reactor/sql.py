@@ -40,12 +40,15 @@ def render(
     mapping: Mapping,
     *,
     channel: str | None = None,
+    spread: bool = False,
     values: dict[str, str] | None = None,
     parameters: bool = False,
 ) -> str:
     """Fill the slots of ``text`` from ``mapping``, ``@channel@``
-    with the NOTIFY channel, quoted as a literal, and ``@name@`` with ``values[name]``, SQL the
-    caller made (quoted names, a [runs.columns] expression).
+    with the NOTIFY channel, quoted as a literal, ``@spread@`` with the job trigger's second
+    argument ('spread' when it notifies each share of the jobs on a channel of its own), and
+    ``@name@`` with ``values[name]``, SQL the caller made (quoted names, a [runs.columns]
+    expression).
 
     ``parameters``: the text is to run with psycopg parameters, as every named query is.
     psycopg then reads each ``%`` as the start of a placeholder, so every ``%`` a slot fills in
@@ -61,6 +64,8 @@ def render(
             if channel is None:
                 raise KeyError("@channel@ needs a channel")
             filled = psycopg.sql.quote(channel)
+        elif name == "spread" and alias is None and argument is None:
+            filled = "'spread'" if spread else "''"
         elif values is not None and name in values and alias is None and argument is None:
             filled = values[name]
         else:

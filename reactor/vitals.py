@@ -59,6 +59,9 @@ class Vitals:
         # first check, the channel this replica listens on.
         self.trigger_channel: str | None = install.channel
         self._trigger_known = False
+        # Whether it notifies each share of the jobs on a channel of its own (--spread): then
+        # the listener LISTENs on the channels of the shares this replica owns.
+        self.trigger_spread = False
         # How long past its grace the oldest queued job waits, and when a check last answered.
         self.oldest_overdue = math.inf
         self.last_seen = -math.inf
@@ -109,6 +112,15 @@ class Vitals:
             )
         self.notify_skipped = usage >= QUEUE_WARNING
         self._see_trigger(health.trigger_channel, listening=self.settings.mode == "listen")
+        if health.trigger_spread != self.trigger_spread:
+            self.trigger_spread = health.trigger_spread
+            log.info(
+                "the job trigger notifies each share of the jobs on a channel of its own "
+                "(--spread): listening on this replica's shares"
+                if health.trigger_spread
+                else "the job trigger notifies every job on one channel",
+                extra={"channel": self.install.channel},
+            )
 
     def _see_trigger(self, channel: str | None, *, listening: bool) -> None:
         known, self._trigger_known = self._trigger_known, True

@@ -69,7 +69,11 @@ BEGIN
             queue_limit := '0.5';
         END IF;
         IF pg_notification_queue_usage() < queue_limit::float8 THEN
-            PERFORM pg_notify(TG_ARGV[0],
+            -- Installed with --spread (the second argument): on the channel of the job's share
+            -- (reactor/ownership.py, share_of), which only the replica that owns it LISTENs on.
+            PERFORM pg_notify(CASE WHEN TG_ARGV[1] = 'spread'
+                                   THEN TG_ARGV[0] || '.' || @share(NEW)@
+                                   ELSE TG_ARGV[0] END,
                               @NEW.id@::text || '@' || extract(epoch FROM @NEW.updated_at@));
         END IF;
     END IF;
@@ -145,14 +149,14 @@ CREATE OR REPLACE TRIGGER @reactor@_job_insert
     AFTER INSERT ON @jobs@
     FOR EACH ROW
     WHEN (@NEW.status@ IN @terminal@)
-    EXECUTE FUNCTION @reactor@.job_changed_v1(@channel@);
+    EXECUTE FUNCTION @reactor@.job_changed_v1(@channel@, @spread@);
 
 CREATE OR REPLACE TRIGGER @reactor@_job_update
     AFTER UPDATE ON @jobs@
     FOR EACH ROW
     WHEN (@NEW.status@ IN @terminal@
           AND (@OLD.status@ IS DISTINCT FROM @NEW.status@ OR NOT @eligible(OLD)@))
-    EXECUTE FUNCTION @reactor@.job_changed_v1(@channel@);
+    EXECUTE FUNCTION @reactor@.job_changed_v1(@channel@, @spread@);
 
 CREATE OR REPLACE TRIGGER @reactor@_jobs_delete
     AFTER DELETE ON @jobs@

@@ -68,8 +68,10 @@ EXISTS (SELECT 1 FROM @reactor@.set_aside s
 
 -- fragment: job_trigger
 -- The job trigger as installed: the channel it notifies (its argument; '' when it was installed
--- not to notify) and whether it fires for the app's sessions. No row when it is missing.
+-- not to notify), whether it spreads the jobs over a channel per share (its second argument)
+-- and whether it fires for the app's sessions. No row when it is missing.
 SELECT split_part(encode(t.tgargs, 'escape'), '\000', 1) AS channel,
+       split_part(encode(t.tgargs, 'escape'), '\000', 2) = 'spread' AS spread,
        t.tgenabled IN ('O', 'A') AS enabled
   FROM pg_trigger t
  WHERE t.tgrelid = to_regclass(@jobs_name@) AND t.tgname = '@reactor@_job_update'
@@ -461,7 +463,8 @@ SELECT pass AS number,
 -- - the reconcile: when its last pass ended (unix time, 0 before the first) and whether a pass
 --   was asked for (a TRUNCATE of analysis_runs asks);
 -- - trigger_channel: the channel the job trigger notifies, '' when it was installed not to
---   notify, NULL when it is missing or disabled;
+--   notify, NULL when it is missing or disabled; trigger_spread: whether it notifies each
+--   share of the jobs on a channel of its own (`reactor migrate --spread`);
 -- - the database clock, for the timers' aim;
 -- - set_aside: the queued jobs whose write failed on their own data (oldest_overdue leaves out
 --   those whose next try is not due: they are reported as set aside, not as late);
@@ -534,6 +537,8 @@ SELECT pg_notification_queue_usage()::float8 AS queue_usage,
              UNION ALL SELECT %(replica)s
              ORDER BY 1) AS live_replicas,
        (SELECT t.channel FROM ({{job_trigger}}) AS t WHERE t.enabled) AS trigger_channel,
+       coalesce((SELECT t.spread FROM ({{job_trigger}}) AS t WHERE t.enabled), false)
+           AS trigger_spread,
        (SELECT count(*) FROM probe)::int AS probes_sent,
        extract(epoch FROM clock_timestamp())::float8 AS database_time,
        (SELECT count(*) FROM @reactor@.set_aside s

@@ -4,12 +4,13 @@
 
 -- name: status_server
 -- The server's side: the database clock, NOTIFY queue pressure, the job trigger (the channel it
--- notifies, '' for none; NULL when it is missing) and which optional objects exist. The hook
+-- notifies, '' for none; NULL when it is missing; whether it spreads) and which optional objects exist. The hook
 -- outbox, its row ids, the pending queue and the reconcile arrived with later migrations, so an
 -- older schema may lack them.
 SELECT now() AS checked_at,
        pg_is_in_recovery() AS in_recovery,  -- a hot standby: nothing can be recorded here
        t.channel AS trigger_channel,
+       coalesce(t.spread, false) AS trigger_spread,
        coalesce(t.enabled, false) AS trigger_enabled,
        pg_notification_queue_usage()::float8 AS queue_usage,
        to_regclass(@jobs_name@) IS NOT NULL AND to_regclass(@runs_name@) IS NOT NULL

@@ -25,6 +25,7 @@ from reactor.db.session import AnyConnection
 from reactor.errors import ConfigError, DatabaseUnreachable, SchemaMissing, UntrustedSchema
 from reactor.install import Install
 from reactor.mapping import Mapping
+from reactor.ownership import SHARES, share_channels
 from reactor.quote import identifier, readable
 
 # The package's one logger, named as the JSON log lines have always named it.
@@ -88,10 +89,16 @@ async def require_schema(conn: AnyConnection, schema: str) -> None:
 
 
 def migration_script(
-    install: Install, *, reference_schema: bool, applied: int = 0, notify: bool = True
+    install: Install,
+    *,
+    reference_schema: bool,
+    applied: int = 0,
+    notify: bool = True,
+    spread: bool = False,
 ) -> str:
     """The SQL `reactor migrate` runs from version ``applied``, for a migration tool to apply;
-    with ``notify`` False, the job trigger queues without notifying.
+    with ``notify`` False, the job trigger queues without notifying; with ``spread``, it
+    notifies each share of the jobs on a channel of its own.
 
     Each migration is one transaction; the statements that must run outside any transaction
     (index builds that leave the app writing) follow it, marked as such. The walk that queues
@@ -124,7 +131,10 @@ def migration_script(
     parts += ["-- the triggers, repeatable", "BEGIN;", lock, timeout, guard]
     trigger_channel = install.channel if notify else ""
     repeatable = sql.repeatable()
-    parts += [install.render(repeatable.text, channel=trigger_channel).strip(), "COMMIT;"]
+    triggers = install.render(
+        repeatable.text, channel=trigger_channel, spread=_spreadable(install, spread)
+    )
+    parts += [triggers.strip(), "COMMIT;"]
     parts += _printed(indexes.repeatable(install))
     parts.append(
         "-- Jobs that finished before the triggers existed are not queued yet: run\n"
@@ -151,6 +161,7 @@ async def migrate(
     channel: str | None = None,
     reference_schema: bool = False,
     notify: bool | None = None,
+    spread: bool | None = None,
     on_progress: Callable[[int], None] | None = None,
 ) -> Migrated:
     """Install or upgrade the reactor for ``mapping``'s tables, then walk the jobs once.
@@ -161,7 +172,8 @@ async def migrate(
     CONCURRENTLY outside it. The triggers are always re-pointed at ``channel`` (None: the
     mapping's own), so changing REACTOR_CHANNEL takes effect; with ``notify`` False they queue
     without notifying, and with None they keep the choice installed (notifying on a first
-    install).
+    install). ``spread`` likewise: each share of the jobs on a channel of its own, so that a
+    replica hears only its own (not on a first install).
 
     Last comes a full reconcile pass. The triggers exist and are committed by then, so a job
     that turned eligible before they did is found by the pass, and any later one by them:
@@ -183,6 +195,13 @@ async def migrate(
             await fit(conn, mapping, installing=True, reference_schema=reference_schema), channel
         )
         queries = Database.dedicated(install, conn)
+        # How the job trigger notifies: as asked, else as installed, else the first install's.
+        installed = await queries.job_trigger()
+        if notify is None:
+            notify = installed is None or installed.channel != ""
+        if spread is None:
+            spread = installed is not None and installed.spread
+        spread = _spreadable(install, spread)
         applied = await schema_version(conn, install.schema) or 0
         done = []
         if applied == 0:
@@ -213,11 +232,10 @@ async def migrate(
             if steps:
                 await _migration_transaction(conn, _record_statement(install, migration))
             done.append(migration.version)
-        if notify is None:
-            installed = await queries.job_trigger()
-            notify = installed is None or installed[0] != ""
         repeatable = sql.repeatable()
-        text = install.render(repeatable.text, channel=install.channel if notify else "")
+        text = install.render(
+            repeatable.text, channel=install.channel if notify else "", spread=spread
+        )
         await _migration_transaction(conn, text)
         for step in indexes.repeatable(install):
             await _build(conn, step)
@@ -230,6 +248,17 @@ async def migrate(
     finally:
         await conn.execute("SELECT pg_advisory_unlock(%s)", (_MIGRATE_LOCK,))
     return Migrated(install, done)
+
+
+def _spreadable(install: Install, spread: bool) -> bool:
+    """``spread``, once the channel is known to take a share's suffix."""
+    if spread and share_channels(install.channel) is None:
+        raise ConfigError(
+            f"the channel {install.channel!r} is too long for --spread: a share's channel "
+            f"appends '.{SHARES - 1}', and a channel name is at most 63 bytes; set a shorter "
+            "REACTOR_CHANNEL, or migrate with --no-spread"
+        )
+    return spread
 
 
 async def _own_schema(conn: AnyConnection, schema: str) -> bool:

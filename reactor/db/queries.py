@@ -29,6 +29,7 @@ from reactor.db.rows import (
     HookClaim,
     HookRow,
     JobOutcome,
+    JobTrigger,
     QueuedJob,
     ReconcilePass,
     ReconcileStep,
@@ -394,11 +395,10 @@ class Database:
 
     # -- the installation ------------------------------------------------------------------------
 
-    async def job_trigger(self) -> tuple[str, bool] | None:
-        """(channel, enabled) of the job trigger as installed (channel '': it does not notify);
-        None when there is none."""
-        rows = await self.run("job_trigger", {}, dict_row)
-        return (rows[0]["channel"], rows[0]["enabled"]) if rows else None
+    async def job_trigger(self) -> JobTrigger | None:
+        """The job trigger as installed; None when there is none."""
+        rows = await self.run("job_trigger", {}, class_row(JobTrigger))
+        return rows[0] if rows else None
 
     async def require_privileges(self) -> None:
         """Raise PrivilegeMissing naming every grant of :func:`grants.required` the role

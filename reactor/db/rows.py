@@ -42,11 +42,21 @@ class Health:
     live_replicas: list[str]  # replicas whose heartbeat is fresh, this one included
     # The channel the job trigger notifies; '' when installed not to; None: missing, disabled.
     trigger_channel: str | None
+    trigger_spread: bool  # it notifies each share of the jobs on a channel of its own
     probes_sent: int  # 1 when the statement sent the probe notification it was given
     database_time: float  # clock_timestamp() as unix seconds, read during the statement
     set_aside: int  # queued jobs whose write failed on their own data (reactor.set_aside)
     joined_told: int  # 1 when this was the replica's first heartbeat and the others were told
     hooks_orphaned: int  # running hook rows of replicas no longer live, made due at once
+
+
+@dataclass(frozen=True, slots=True)
+class JobTrigger:
+    """The job trigger as installed."""
+
+    channel: str  # the channel it notifies; '' when installed not to
+    spread: bool  # each share of the jobs on a channel of its own (`reactor migrate --spread`)
+    enabled: bool  # it fires for the app's sessions
 
 
 @dataclass(frozen=True, slots=True)

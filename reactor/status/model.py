@@ -110,6 +110,7 @@ class Status:
     # The job trigger: the channel it notifies ('' for none), None when it is not installed.
     trigger_channel: str | None
     trigger_enabled: bool
+    trigger_spread: bool = False  # each share of the jobs on a channel of its own
     reconcile_interval: float = 0.0
     reconcile: db.ReconcilePass | None = None  # None before the reconcile migration
     set_aside_count: int | None = None  # None before the set-aside migration
@@ -241,6 +242,7 @@ async def _collect(conn: db.AnyConnection, queries: db.Database, settings: Setti
         reconcile=reconcile,
         trigger_channel=server["trigger_channel"],
         trigger_enabled=server["trigger_enabled"],
+        trigger_spread=server["trigger_spread"],
         in_recovery=server["in_recovery"],
         set_aside_count=None if held is None else held["count"],
         set_aside=()

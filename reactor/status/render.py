@@ -72,6 +72,7 @@ def as_json(status: Status) -> dict[str, Any]:
             "enabled": status.trigger_enabled,
             "channel": status.trigger_channel,
             "notifies": bool(status.trigger_channel),
+            "spread": status.trigger_spread,
             "at_risk": status.trigger_at_risk,
         },
         "notify_queue": {"usage": status.queue_usage, "at_risk": status.queue_at_risk},
@@ -197,6 +198,11 @@ def _trigger_text(status: Status) -> str:
         return f"disabled ({status.enable_trigger})"
     if not status.trigger_channel:
         return "queues without notifying: the reactors poll the queue"
+    if status.trigger_spread:
+        return (
+            f"notifies channel {status.trigger_channel}.<share>, a channel per share of the jobs "
+            "(--spread)"
+        )
     return f"notifies channel {status.trigger_channel}"
 
 

@@ -2,7 +2,8 @@
 DSN, the fault proxy, reactor processes, the app, and the results table.
 
 Every scenario runs on the tables of each mapping that ``REACTOR_FAULT_MAPPING`` names
-(:data:`MAPPINGS`), with that mapping in force. Every scenario adds a row with ``report(...)``;
+(:data:`MAPPINGS`), with that mapping in force, and with ``REACTOR_FAULT_SPREAD=1`` on a job
+trigger installed with ``--spread``. Every scenario adds a row with ``report(...)``;
 at the end of the session the table is printed and, when ``REACTOR_FAULTS_REPORT`` names a
 file, written there as Markdown.
 """
@@ -44,6 +45,11 @@ for _name in MAPPINGS:
             f"REACTOR_FAULT_MAPPING names {_name!r}; the mappings are "
             + ", ".join(app_tables.BY_NAME)
         )
+
+
+# REACTOR_FAULT_SPREAD=1: the job trigger of every scenario notifies each share of the jobs on a
+# channel of its own (`reactor migrate --spread`), as a fleet's should.
+SPREAD = os.environ.get("REACTOR_FAULT_SPREAD", "") not in ("", "0")
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
@@ -97,6 +103,8 @@ def database_url(server: Server, templates: Templates, tables: Tables) -> Iterat
     dsn = server.dsn_for(name)
     with psycopg.connect(dsn, autocommit=True) as conn:
         tables.adopt(conn)
+    if SPREAD:
+        tables.migrate(dsn, spread=True)
     yield dsn
     with psycopg.connect(server.admin_dsn, autocommit=True) as conn:
         conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")

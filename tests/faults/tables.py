@@ -79,16 +79,21 @@ class Tables:
         migrate` does, then the audit; returns these tables with the mapping typed."""
         with psycopg.connect(dsn, autocommit=True) as conn:
             conn.execute(self.ddl)
+        typed = self.migrate(dsn)
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute(audit.ddl(typed))
+        return replace(self, mapping=typed)
+
+    def migrate(self, dsn: str, *, spread: bool | None = None) -> Mapping:
+        """`reactor migrate` (``--spread`` or ``--no-spread`` as ``spread`` says) at ``dsn``;
+        returns the mapping typed."""
         loaded = mapping.load(str(self.config)) if self.config else mapping.REFERENCE
 
         async def migrate() -> Mapping:
             async with await db.connect(dsn, "test") as conn:
-                return (await db.migrate(conn, loaded)).install.mapping
+                return (await db.migrate(conn, loaded, spread=spread)).install.mapping
 
-        typed = anyio.run(migrate, backend="asyncio")
-        with psycopg.connect(dsn, autocommit=True) as conn:
-            conn.execute(audit.ddl(typed))
-        return replace(self, mapping=typed)
+        return anyio.run(migrate, backend="asyncio")
 
     def adopt(self, conn: Conn) -> None:
         """Give the database ``conn`` is in the settings these tables come with."""

@@ -136,7 +136,7 @@ async def test_a_percent_in_a_table_name_reaches_every_named_query(
         assert title_of(second_url, "renamed", report="Report 100%") == "Untitled"
         async with await db.connect(second_url, "test", configure_session=False) as conn:
             trigger = await db.Database.dedicated(install, conn).job_trigger()
-            assert trigger == ("second_jobs_terminal", True)
+            assert trigger == db.JobTrigger("second_jobs_terminal", spread=False, enabled=True)
             settings = Settings(database_url=second_url, grace=GRACE)
             report = await status.collect(conn, install, settings)
         assert status.as_json(report)["jobs"]["due"] == 0

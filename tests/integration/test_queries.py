@@ -98,7 +98,9 @@ async def test_reads_agree_through_the_pool_and_on_a_dedicated_connection(
     assert (hook.id, hook.hook, hook.status, hook.attempts) == (hook_row, HOOK, "failed", 2)
     assert pooled["hooks"][1:] == (1, 1)
     assert pooled["next_hook_in"] is None  # a parked row is not claimable
-    assert pooled["job_trigger"] == ("analysis_jobs_terminal", True)
+    assert pooled["job_trigger"] == db.JobTrigger(
+        "analysis_jobs_terminal", spread=False, enabled=True
+    )
     assert pooled["live"] == (["replica-a"], 1, "analysis_jobs_terminal")
 
 

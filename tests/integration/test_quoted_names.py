@@ -130,4 +130,4 @@ async def test_status_names_the_statement_that_enables_the_trigger_again(
         conn.execute(statement.encode())
     async with await db.connect(url, "status", configure_session=False) as conn:
         trigger = await db.Database.dedicated(installed, conn).job_trigger()
-        assert trigger == ("my_reactor_jobs_terminal", True)
+        assert trigger == db.JobTrigger("my_reactor_jobs_terminal", spread=False, enabled=True)

@@ -7,6 +7,9 @@ import uuid
 import psycopg
 import pytest
 
+from reactor import db
+from reactor.mapping import REFERENCE
+from reactor.ownership import ALL_SHARES
 from reactor.service import Reactor
 from tests.helpers import Conn, client_save, early_writes, finish, new_job, worker_writes
 from tests.integration.conftest import StartReactor
@@ -176,10 +179,16 @@ async def test_a_stopping_replica_hands_its_jobs_over_at_once(
             await eventually(lambda: len(worker_writes(conn)) == len(jobs))
 
 
+@pytest.mark.parametrize("spread", [False, True], ids=["one channel", "spread"])
 async def test_the_others_hear_a_replica_leave_between_their_checks(
-    database_url: str, start_reactor: StartReactor
+    database_url: str, start_reactor: StartReactor, spread: bool
 ) -> None:
     # Health checks a minute apart: only the replica's own word can move its share so soon.
+    # Spread, its jobs were notified on its shares' channels alone: the other must LISTEN on
+    # them, then read from the queue what was notified before.
+    if spread:
+        async with await db.connect(database_url, "test") as c:
+            await db.migrate(c, REFERENCE.in_public(), spread=True)
     settings = {"grace": 1.0, "probe_interval": 60.0, "probe_timeout": 5.0}
     with psycopg.connect(database_url, autocommit=True) as conn:
         async with start_reactor(**settings) as leaving:
@@ -199,6 +208,10 @@ async def test_the_others_hear_a_replica_leave_between_their_checks(
                 await eventually(
                     lambda: staying.membership.live == {staying.replica_id}, timeout=2.0
                 )
+                if spread:
+                    listener = staying.listener
+                    assert listener is not None
+                    await eventually(lambda: listener.hears == ALL_SHARES, timeout=2.0)
                 # Its share comes due a second later and is recorded on time by the other.
                 await eventually(lambda: len(worker_writes(conn)) == len(jobs), timeout=5.0)
                 late = conn.execute(

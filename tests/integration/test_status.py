@@ -368,8 +368,16 @@ async def test_the_job_trigger_as_migrate_installed_it(
         "enabled": True,
         "channel": "analysis_jobs_terminal",
         "notifies": True,
+        "spread": False,
         "at_risk": False,
     }
+    assert (await trigger())["trigger"] == notifying
+    # --spread is kept by a plain migrate too, and --no-spread undoes it.
+    assert run_reactor("migrate", "--spread", env=reactor_env(database_url)).returncode == 0
+    assert (await trigger())["trigger"] == {**notifying, "spread": True}
+    await migrate(None)
+    assert (await trigger())["trigger"] == {**notifying, "spread": True}
+    assert run_reactor("migrate", "--no-spread", env=reactor_env(database_url)).returncode == 0
     assert (await trigger())["trigger"] == notifying
     assert run_reactor("migrate", "--no-notify", env=reactor_env(database_url)).returncode == 0
     quiet = {**notifying, "channel": "", "notifies": False}
@@ -385,5 +393,11 @@ async def test_the_job_trigger_as_migrate_installed_it(
     assert (await trigger())["trigger"] == notifying
     conn.execute("DROP TRIGGER reactor_job_update ON analysis_jobs")
     code, report = status_json(database_url)
-    missing = {"installed": False, "enabled": False, "channel": None, "notifies": False}
+    missing = {
+        "installed": False,
+        "enabled": False,
+        "channel": None,
+        "notifies": False,
+        "spread": False,
+    }
     assert (code, report["trigger"]) == (1, {**missing, "at_risk": True})

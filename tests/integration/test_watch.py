@@ -48,9 +48,11 @@ def job_trigger(reactor: Reactor) -> dict[str, float]:
 
 
 def heartbeat(conn: psycopg.Connection[tuple[object, ...]], reactor: Reactor) -> object:
-    return scalar(
-        conn, "SELECT heartbeat_at FROM reactor.replicas WHERE id = %s", (reactor.replica_id,)
-    )
+    """The replica's last heartbeat; None before its first."""
+    row = conn.execute(
+        "SELECT heartbeat_at FROM reactor.replicas WHERE id = %s", (reactor.replica_id,)
+    ).fetchone()
+    return None if row is None else row[0]
 
 
 async def next_heartbeat(conn: psycopg.Connection[tuple[object, ...]], reactor: Reactor) -> None:

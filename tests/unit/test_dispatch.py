@@ -11,7 +11,7 @@ import pytest
 from reactor.clock import FakeClock
 from reactor.dispatch import Answer, Dispatcher, WorkQueue
 from reactor.metrics import Metrics
-from reactor.ownership import Membership, owner
+from reactor.ownership import Membership, owner, share_of
 
 pytestmark = pytest.mark.anyio
 
@@ -24,7 +24,7 @@ def jobs_owned_by(replica: str, count: int, among: tuple[str, ...] = (ME, OTHER)
     while len(found) < count:
         job = f"job-{n}"
         n += 1
-        if owner(job, among) == replica:
+        if owner(share_of(job), among) == replica:
             found.append(job)
     return found
 

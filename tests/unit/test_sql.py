@@ -209,7 +209,9 @@ def test_notify_triggers_take_the_channel() -> None:
     assert "@channel@" in raw
     text = sql.render(raw, REFERENCE, channel="my_channel")
     assert not re.search(r"@\w+(\.\w+)?(\(\w*\))?@", text), "a slot left unfilled"
-    assert "job_changed_v1('my_channel')" in text
+    assert "job_changed_v1('my_channel', '')" in text
+    spread = sql.render(raw, REFERENCE, channel="my_channel", spread=True)
+    assert "job_changed_v1('my_channel', 'spread')" in spread
 
 
 def test_migrations_and_schema_have_no_unfilled_includes() -> None:
