@@ -205,9 +205,10 @@ class Listener:
         # The shares of the jobs whose channels to LISTEN on: those this replica owns, when
         # the trigger was installed with --spread and notifies each share on a channel of its
         # own. The main channel carries everything else (probes, replicas joining and leaving,
-        # the jobs of a trigger that does not spread).
-        self.shares = shares
-        self._share_channels = share_channels(self.channel)
+        # the jobs of a trigger that does not spread). A channel too long to take a share's
+        # suffix has none: no trigger can spread over it.
+        self._share_channels = share_channels(self.channel) or ()
+        self.shares = shares if self._share_channels else frozenset
         # The shares LISTENed on here; a share's channel is LISTENed on once this connection is
         # proven, a session of our own (through a pooler it would land on the app's).
         self._listening: frozenset[int] = frozenset()
@@ -244,11 +245,8 @@ class Listener:
 
     @property
     def hears(self) -> frozenset[int]:
-        """The shares whose channels this connection LISTENs on now (none while it is down, or
-        when the channel is too long to take a share's suffix)."""
-        if self.state == "connecting" or self._share_channels is None:
-            return frozenset()
-        return self._listening
+        """The shares whose channels this connection LISTENs on now (none while it is down)."""
+        return frozenset() if self.state == "connecting" else self._listening
 
     @property
     def checking(self) -> bool:
@@ -423,8 +421,7 @@ class Listener:
             self.on_listening()
 
     def _channels(self, shares: frozenset[int]) -> list[str]:
-        channels = self._share_channels
-        return [] if channels is None else [channels[share] for share in sorted(shares)]
+        return [self._share_channels[share] for share in sorted(shares)]
 
     async def _check(self, conn: db.AnyConnection) -> None:
         # The self-probe of the last check must be back by now; any notification since then

@@ -30,6 +30,7 @@ LIVENESS_PROBES = 3
 # How many shares the jobs fall in. A replica that owns them all LISTENs on this many channels
 # plus the main one.
 SHARES = 128
+ALL_SHARES = frozenset(range(SHARES))
 # A share's channel is the main one with ".<share>" appended; PostgreSQL names are 63 bytes.
 _CHANNEL_MAX = 63
 
@@ -63,9 +64,6 @@ def weight(replica: str, share: int) -> int:
 def owner(share: int, replicas: Iterable[str]) -> str | None:
     """The replica that claims the jobs of ``share`` among ``replicas``; None when none."""
     return max(replicas, key=lambda replica: weight(replica, share), default=None)
-
-
-ALL_SHARES = frozenset(range(SHARES))
 
 
 @dataclass(frozen=True)

@@ -511,6 +511,9 @@ WITH beat AS (
        AND r.id <> %(replica)s
        AND NOT {{replica_live}}
     RETURNING o.id
+), installed AS (
+    -- Read once, for both columns below (a CTE named twice is computed once).
+    SELECT t.channel, t.spread FROM ({{job_trigger}}) AS t WHERE t.enabled
 )
 SELECT pg_notification_queue_usage()::float8 AS queue_usage,
        coalesce((SELECT extract(epoch FROM now() - make_interval(secs => %(grace)s)
@@ -536,9 +539,8 @@ SELECT pg_notification_queue_usage()::float8 AS queue_usage,
               WHERE r.id <> %(replica)s AND {{replica_live}}
              UNION ALL SELECT %(replica)s
              ORDER BY 1) AS live_replicas,
-       (SELECT t.channel FROM ({{job_trigger}}) AS t WHERE t.enabled) AS trigger_channel,
-       coalesce((SELECT t.spread FROM ({{job_trigger}}) AS t WHERE t.enabled), false)
-           AS trigger_spread,
+       (SELECT channel FROM installed) AS trigger_channel,
+       coalesce((SELECT spread FROM installed), false) AS trigger_spread,
        (SELECT count(*) FROM probe)::int AS probes_sent,
        extract(epoch FROM clock_timestamp())::float8 AS database_time,
        (SELECT count(*) FROM @reactor@.set_aside s
