@@ -286,7 +286,9 @@ MEANINGS: dict[str, Meaning] = {
         unset="none",
     ),
     mapping.CONFIG_VARIABLE: Meaning(
-        "the TOML file that maps the reactor onto your own tables; every command reads it",
+        "the TOML file that maps the reactor onto your own tables, or several separated by `:`, "
+        "one job/artifact pair each, all served by one process (mapping.md, Many pairs); every "
+        "command reads it",
         unset="none: the reference tables",
     ),
     "REACTOR_LOG_LEVEL": Meaning(

@@ -16,12 +16,13 @@ import resource
 import signal
 import sys
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import replace
 
 import anyio
 import psycopg.errors
 from rich.console import Console
 
-from reactor import db, grants, hook_ops, logs, mapping, progress, sql, status, tracing
+from reactor import db, grants, hook_ops, logs, mapping, pairs, progress, sql, status, tracing
 from reactor.config import Settings
 from reactor.errors import (
     ConfigError,
@@ -29,14 +30,17 @@ from reactor.errors import (
     PrivilegeMissing,
     ReactorError,
     SchemaMissing,
+    UntrustedSchema,
     UsageError,
 )
 from reactor.hooks import check_hooks, open_hooks
 from reactor.install import Install
 from reactor.mapping import Mapping
 from reactor.metrics import Metrics
+from reactor.pairs import Pair
 from reactor.recorder import Recorder
-from reactor.service import Reactor, open_reactor
+from reactor.replica import Replica
+from reactor.service import open_reactors
 
 log = logging.getLogger("reactor")
 
@@ -122,6 +126,9 @@ def build_parser() -> argparse.ArgumentParser:
     state.add_argument("--json", action="store_true", help="print the stable JSON shape")
 
     hooks = commands.add_parser("hooks", help="list, re-queue or cancel follow-up hook calls")
+    hooks.add_argument(
+        "--pair", metavar="NAME", help="the pair's hooks (its reactor_schema), of several"
+    )
     actions = hooks.add_subparsers(dest="hooks_command", required=True, metavar="ACTION")
     listing = actions.add_parser(
         "list", help="pending, running and failed hook calls; exit 1 if any failed"
@@ -224,9 +231,10 @@ def _settings(args: argparse.Namespace) -> Settings:
     return Settings.from_env(os.environ, overrides)
 
 
-def _mapping() -> Mapping:
-    """The mapping every command runs on: the file REACTOR_CONFIG names, or the reference."""
-    return mapping.from_env(os.environ)
+def _pairs(args: argparse.Namespace, settings: Settings) -> tuple[Pair, ...]:
+    """The pairs every command runs on: the files REACTOR_CONFIG names, or the reference."""
+    flags = frozenset(name for name in _OVERRIDES if getattr(args, name, None) is not None)
+    return pairs.from_env(os.environ, settings, flags)
 
 
 async def _startup_connection(
@@ -246,12 +254,12 @@ async def _startup_connection(
     )
 
 
-async def _resolve(conn: db.AnyConnection, settings: Settings) -> Install:
-    """The install this command runs on: the mapping checked against the catalog and typed
-    by it, the reactor's schema current, the role holding every grant it needs."""
-    queries = db.Database.dedicated(Install.of(_mapping(), settings.channel), conn)
+async def _resolve(conn: db.AnyConnection, pair: Pair) -> Install:
+    """The install ``pair`` runs on: its mapping checked against the catalog and typed by it,
+    the reactor's schema current, the role holding every grant it needs."""
+    queries = db.Database.dedicated(Install.of(pair.mapping, pair.channel), conn)
     try:
-        install = Install.of(await db.fit(conn, queries.install.mapping), settings.channel)
+        install = Install.of(await db.fit(conn, queries.install.mapping), pair.channel)
         queries = db.Database.dedicated(install, conn)
         await db.require_schema(conn, install.schema)
         # Nothing runs on a schema that holds what its owner did not make.
@@ -265,6 +273,36 @@ async def _resolve(conn: db.AnyConnection, settings: Settings) -> Install:
     return install
 
 
+async def _resolve_served(
+    conn: db.AnyConnection, served: tuple[Pair, ...]
+) -> tuple[list[tuple[Pair, Install]], dict[str, ReactorError]]:
+    """(the pairs that can run, with their installs; the others, by name, and why not). A
+    pair's own trouble (its tables, its schema, its grants) leaves only that pair out, when
+    there are others; a lone pair's, or every pair's, is the command's error."""
+    resolved: list[tuple[Pair, Install]] = []
+    broken: dict[str, ReactorError] = {}
+    for pair in served:
+        try:
+            resolved.append((pair, await _resolve(conn, pair)))
+        except (ReactorError, psycopg.errors.InsufficientPrivilege) as error:
+            known = _pair_trouble(error)
+            if len(served) == 1 or known is None:
+                raise
+            broken[pair.name] = known
+    if not resolved:
+        raise next(iter(broken.values()))
+    return resolved, broken
+
+
+def _pair_trouble(error: BaseException) -> ReactorError | None:
+    """The error ``error`` stands for when it is one pair's own (its tables, its schema, its
+    grants), which leaves the other pairs alone; None when it is the whole command's."""
+    known = _known_error(error)
+    if isinstance(known, ConfigError | SchemaMissing | UntrustedSchema | PrivilegeMissing):
+        return known
+    return None
+
+
 async def cmd_run(args: argparse.Namespace) -> int:
     """``reactor run``: serve until SIGTERM/SIGINT, then drain and exit 0."""
     # The HTTP server (aiohttp, the page's templates) only here: the other commands start
@@ -272,6 +310,14 @@ async def cmd_run(args: argparse.Namespace) -> int:
     from reactor import http
 
     settings = _settings(args)
+    served = _pairs(args, settings)
+    if len(served) > 1 and settings.dashboard_addr is not None:
+        log.warning(
+            "the operator's page shows one pair; REACTOR_CONFIG names several, so it is off: "
+            "`reactor status` shows each",
+            extra={"pairs": ",".join(pair.name for pair in served)},
+        )
+        settings = replace(settings, dashboard_addr=None, dashboard_url=None)
     _raise_open_files_limit()
     tracing.configure()
     # Everything that can fail without the database fails first, in milliseconds: hooks are
@@ -279,26 +325,37 @@ async def cmd_run(args: argparse.Namespace) -> int:
     # Probes answer from then on: /healthz says "starting" while the database is checked,
     # /readyz waits until LISTEN is proven, and says "stopping" during the drain; the servers
     # close after it.
-    check_hooks(settings)
-    running: list[Reactor] = []
+    for pair in served:
+        check_hooks(pair.settings)
+    running: list[Replica] = []
     async with http.serving_replica(settings, lambda: running[0] if running else None):
         async with await _startup_connection(settings, "startup", standby="retry") as conn:
-            install = await _resolve(conn, settings)
-        async with open_reactor(settings, install) as reactor:
-            running.append(reactor)
-            log.info(
-                "starting",
-                extra={
-                    "database": settings.safe_database_url,
-                    "mode": settings.mode,
-                    "grace_s": settings.grace,
-                    "channel": install.channel,
-                    "hooks": ",".join(reactor.database.hooks) or None,
-                },
+            resolved, broken = await _resolve_served(conn, served)
+        for name, error in broken.items():
+            log.error("pair not served", extra={"pair": name, "error": str(error)})
+        async with open_reactors(
+            settings, [(pair.settings, install) for pair, install in resolved]
+        ) as reactors:
+            replica = Replica(
+                {pair.name: reactor for (pair, _), reactor in zip(resolved, reactors, strict=True)},
+                {name: str(error) for name, error in broken.items()},
             )
+            running.append(replica)
+            for (pair, install), reactor in zip(resolved, reactors, strict=True):
+                log.info(
+                    "starting",
+                    extra={
+                        "database": settings.safe_database_url,
+                        "mode": settings.mode,
+                        "grace_s": pair.settings.grace,
+                        "channel": install.channel,
+                        "hooks": ",".join(reactor.database.hooks) or None,
+                        **({"pair": pair.name} if len(served) > 1 else {}),
+                    },
+                )
             async with anyio.create_task_group() as tg:
-                tg.start_soon(_stop_on_signals, reactor, tg.cancel_scope)
-                await reactor.run()
+                tg.start_soon(_stop_on_signals, replica, tg.cancel_scope)
+                await replica.run()
                 tg.cancel_scope.cancel()
     return 0
 
@@ -316,7 +373,7 @@ def _raise_open_files_limit() -> None:
     log.debug("open files limit", extra={"soft": now, "hard": hard, "was": soft})
 
 
-async def _stop_on_signals(reactor: Reactor, scope: anyio.CancelScope) -> None:
+async def _stop_on_signals(reactor: Replica, scope: anyio.CancelScope) -> None:
     with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
         async for signum in signals:
             if reactor.stopping:
@@ -328,52 +385,58 @@ async def _stop_on_signals(reactor: Reactor, scope: anyio.CancelScope) -> None:
 
 
 async def cmd_migrate(args: argparse.Namespace) -> int:
-    """``reactor migrate``: apply (or print) the migrations, idempotently; or print grants."""
+    """``reactor migrate``: apply (or print) the migrations of every pair, idempotently; or
+    print the grants every pair needs."""
+    settings = Settings.from_env(os.environ, {"channel": args.channel})
+    served = _pairs(args, settings)
     if args.print_grants is not None:
-        # Text for the mapping: checked against the database when DATABASE_URL names one
+        # Text for each mapping: checked against the database when DATABASE_URL names one
         # (a custom mapping's id type comes from the catalog); else as the file says.
         grants.check_role(args.print_grants)
-        shape = _mapping()
-        if os.environ.get("REACTOR_CONFIG", "").strip():
-            shape = await _fit_for_print(Settings.from_env(os.environ), shape)
-        sys.stdout.write(grants.grant_script(args.print_grants, shape))
+        for pair in served:
+            shape = pair.mapping
+            if pair.mapping.source is not None:
+                shape = await _fit_for_print(settings, shape)
+            sys.stdout.write(grants.grant_script(args.print_grants, shape))
         return 0
-    settings = Settings.from_env(os.environ, {"channel": args.channel})
     if args.from_version and not args.print:
         raise ConfigError("--from goes with --print; `reactor migrate` finds the version itself")
     if not 0 <= args.from_version <= sql.latest_version():
         raise ConfigError(f"--from must be a schema version within 0..{sql.latest_version()}")
     if args.print:
-        install = Install.of(await _fit_for_print(settings, _mapping()), settings.channel)
-        sys.stdout.write(
-            db.migration_script(
-                install,
-                reference_schema=args.reference_schema,
-                applied=args.from_version,
-                notify=args.notify is not False,
-                spread=bool(args.spread),
+        for pair in served:
+            install = Install.of(await _fit_for_print(settings, pair.mapping), pair.channel)
+            sys.stdout.write(
+                db.migration_script(
+                    install,
+                    reference_schema=args.reference_schema,
+                    applied=args.from_version,
+                    notify=args.notify is not False,
+                    spread=bool(args.spread),
+                )
             )
-        )
         return 0
     async with await _startup_connection(settings, "migrate") as conn:
-        with progress.counting("migrate: reconcile pass", "jobs") as update:
-            migrated = await db.migrate(
-                conn,
-                _mapping(),
-                channel=settings.channel,
-                reference_schema=args.reference_schema,
-                notify=args.notify,
-                spread=args.spread,
-                on_progress=update,
-            )
-    applied = migrated.applied
-    if applied:
-        print(
-            f"applied migrations {', '.join(map(str, applied))}; schema is at version "
-            f"{sql.latest_version()}"
-        )
-    else:
-        print(f"schema is up to date at version {sql.latest_version()}")
+        for pair in served:
+            with progress.counting("migrate: reconcile pass", "jobs") as update:
+                migrated = await db.migrate(
+                    conn,
+                    pair.mapping,
+                    channel=pair.settings.channel,
+                    reference_schema=args.reference_schema,
+                    notify=args.notify,
+                    spread=args.spread,
+                    on_progress=update,
+                )
+            which = f"{pair.name}: " if len(served) > 1 else ""
+            applied = migrated.applied
+            if applied:
+                print(
+                    f"{which}applied migrations {', '.join(map(str, applied))}; schema is at "
+                    f"version {sql.latest_version()}"
+                )
+            else:
+                print(f"{which}schema is up to date at version {sql.latest_version()}")
     return 0
 
 
@@ -404,53 +467,70 @@ async def _fit_for_print(settings: Settings, shape: Mapping) -> Mapping:
 
 
 async def cmd_sweep(args: argparse.Namespace) -> int:
-    """``reactor sweep --once``: reconcile the whole job table, then drain the due backlog.
+    """``reactor sweep --once``: reconcile each pair's whole job table, then drain its due
+    backlog.
 
     One command repairs a restore or any other bypass of the triggers. stdout carries the
-    number of runs recorded, as always; what the pass found goes to stderr for the operator.
+    number of runs recorded over every pair, as always; what each pass found goes to stderr
+    for the operator.
     """
     settings = _settings(args)
+    served = _pairs(args, settings)
     tracing.configure()
+    async with await _startup_connection(settings, "startup") as conn:
+        resolved, broken = await _resolve_served(conn, served)
+    recorded, set_aside = 0, False
+    for pair, install in resolved:
+        which = f"pair {pair.name}: " if len(served) > 1 else ""
+        count, left = await _sweep(pair.settings, install, which)
+        recorded += count
+        set_aside |= left
+    print(recorded)
+    for name, error in broken.items():
+        print(f"reactor: pair {name}: not swept: {error}", file=sys.stderr)
+    if broken:
+        return max(error.exit_code for error in broken.values())
+    return 1 if set_aside else 0
+
+
+async def _sweep(settings: Settings, install: Install, which: str) -> tuple[int, bool]:
+    # (runs recorded, whether any job was set aside) for one pair.
     pool = db.make_pool(settings.require_database(), max_size=1)
     # The runs a sweep writes get their hook rows like any other (a running replica runs them).
-    async with open_hooks(settings, pool) as hooks:
-        async with await _startup_connection(settings, "startup") as conn:
-            install = await _resolve(conn, settings)
-        async with pool:
-            database = db.Database.pooled(install, pool, grace=settings.grace, hooks=list(hooks))
-            with progress.counting("sweep: reconcile pass", "jobs") as update:
-                found = await database.reconcile_pass("sweep", on_progress=update)
-            # A sweep is the operator's "everything, now": jobs set aside are tried again too.
-            await database.release_set_aside()
-            recorder = Recorder(database, Metrics())
-            recorded = (await recorder.drain(settings.batch_size)).recorded
+    async with open_hooks(settings, pool) as hooks, pool:
+        database = db.Database.pooled(install, pool, grace=settings.grace, hooks=list(hooks))
+        with progress.counting("sweep: reconcile pass", "jobs") as update:
+            found = await database.reconcile_pass("sweep", on_progress=update)
+        # A sweep is the operator's "everything, now": jobs set aside are tried again too.
+        await database.release_set_aside()
+        recorder = Recorder(database, Metrics())
+        recorded = (await recorder.drain(settings.batch_size)).recorded
     example = f" (e.g. job {found.example})" if found.found else ""
     print(
-        f"reactor: reconcile walked {found.examined} job(s) in "
+        f"reactor: {which}reconcile walked {found.examined} job(s) in "
         f"{found.seconds or 0.0:.1f}s and found {found.found} missing from the queue{example}; "
         f"recorded {recorded} run(s); jobs still inside their grace stay queued for the "
         "running reactors",
         file=sys.stderr,
     )
-    print(recorded)
     if recorder.set_aside:
         job_id, error = next(iter(recorder.set_aside.items()))
         print(
-            f"reactor: {len(recorder.set_aside)} job(s) cannot be written and are set aside "
-            f"(first: job {job_id}: {error}); `reactor status` lists them",
+            f"reactor: {which}{len(recorder.set_aside)} job(s) cannot be written and are set "
+            f"aside (first: job {job_id}: {error}); `reactor status` lists them",
             file=sys.stderr,
         )
-        return 1
-    return 0
+    return recorded, bool(recorder.set_aside)
 
 
 async def cmd_status(args: argparse.Namespace) -> int:
-    """``reactor status [--json]``: report, and exit 1 when something is at risk.
+    """``reactor status [--json]``: report on every pair, and exit 1 when something is at risk.
 
     On a hot standby it exits 3 with one line naming the fix, as every command does; --json
     still prints the report first, the standby among its risks, for whatever reads it.
     """
     settings = _settings(args)
+    served = _pairs(args, settings)
     # Two attempts, not five: someone is waiting at a terminal. A standby is accepted here, to
     # be reported rather than refused.
     async with await db.connect(
@@ -459,20 +539,40 @@ async def cmd_status(args: argparse.Namespace) -> int:
         standby = await db.standby_problem(conn)
         if standby is not None and not args.json:
             raise DatabaseReadOnly(standby)
-        try:
-            install = Install.of(await db.fit(conn, _mapping()), settings.channel)
-            report = await status.collect(conn, install, settings)
-        except SchemaMissing:
-            if standby is not None:  # the primary is the one to look at, and it may have it
-                raise DatabaseReadOnly(standby) from None
-            raise
-    if args.json:
-        print(json.dumps(status.as_json(report), indent=2))
+        reports: dict[str, status.Status] = {}
+        broken: dict[str, str] = {}
+        for pair in served:
+            try:
+                install = Install.of(await db.fit(conn, pair.mapping), pair.channel)
+                reports[pair.name] = await status.collect(conn, install, pair.settings)
+            except (ReactorError, psycopg.errors.InsufficientPrivilege) as error:
+                if standby is not None and isinstance(error, SchemaMissing):
+                    # The primary is the one to look at, and it may have it.
+                    raise DatabaseReadOnly(standby) from None
+                known = _pair_trouble(error)
+                if len(served) == 1 or known is None:
+                    raise
+                broken[pair.name] = str(known)
+    if len(served) == 1:
+        (report,) = reports.values()
+        if args.json:
+            print(json.dumps(status.as_json(report), indent=2))
+        else:
+            status.render(report, Console())
+    elif args.json:
+        print(json.dumps(status.pairs_as_json(reports, broken), indent=2))
     else:
-        status.render(report, Console())
+        console = Console()
+        for name, report in reports.items():
+            console.rule(f"pair {name}")
+            status.render(report, console)
+        for name, why in broken.items():
+            console.rule(f"pair {name}")
+            console.print(f"[red]at risk[/]: not served: {why}")
     if standby is not None:
         raise DatabaseReadOnly(standby)
-    return 1 if status.risks(report) else 0
+    at_risk = broken or any(status.risks(report) for report in reports.values())
+    return 1 if at_risk else 0
 
 
 async def cmd_hooks(args: argparse.Namespace) -> int:
@@ -487,6 +587,7 @@ async def cmd_hooks(args: argparse.Namespace) -> int:
     # No session settings, as for `reactor status`: DATABASE_URL may name a transaction pooler,
     # which would hand them on to the app's next transaction. Each statement here is one short
     # autocommit statement; the role's own bounds are enough for it.
+    pair = pairs.named(_pairs(args, settings), args.pair)
     async with await db.connect(
         settings.require_database(),
         "hooks",
@@ -495,7 +596,7 @@ async def cmd_hooks(args: argparse.Namespace) -> int:
         standby="refuse",
     ) as conn:
         try:
-            install = Install.of(await db.fit(conn, _mapping()), settings.channel)
+            install = Install.of(await db.fit(conn, pair.mapping), pair.channel)
             await db.require_schema(conn, install.schema)
             queries = db.Database.dedicated(install, conn)
             return await hook_ops.operate(
@@ -526,7 +627,15 @@ async def cmd_demo(args: argparse.Namespace) -> int:
         raise ConfigError("--jobs must be within 1..100000 and --save-ratio within 0..1")
     if not 0 <= args.grace <= 60 or not 1 <= args.replicas <= 8:
         raise ConfigError("--grace must be within 0..60 seconds and --replicas within 1..8")
-    shape = mapping.load(args.config) if args.config is not None else _mapping()
+    if args.config is not None:
+        shape = mapping.load(args.config)
+    else:
+        served = _pairs(args, Settings.from_env(os.environ))
+        if len(served) > 1:
+            raise ConfigError(
+                "reactor demo runs one pair; REACTOR_CONFIG names several: give --config FILE"
+            )
+        shape = served[0].mapping
     m, reference = shape.in_public(), mapping.REFERENCE
     own_tables = (m.jobs.table, m.runs.table) != (reference.jobs.table, reference.runs.table)
     if own_tables and args.schema is None:

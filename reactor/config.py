@@ -12,7 +12,7 @@ import math
 import re
 import urllib.parse
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import Any, Literal
 
 import psycopg.conninfo
@@ -122,6 +122,23 @@ class Settings:
         settings.check()
         return settings
 
+    def overridden(self, values: Mapping[str, Any], source: str) -> Settings:
+        """These settings with ``values`` (a pair's ``[reactor]`` table, read from ``source``)
+        in place of the environment's; only the keys of :data:`PAIR_SETTINGS` may differ."""
+        raw: dict[str, Any] = {}
+        for name, value in values.items():
+            if name not in PAIR_SETTINGS:
+                raise ConfigError(
+                    f"{source}: unknown key [reactor] {name}; a pair may set "
+                    + ", ".join(PAIR_SETTINGS)
+                )
+            if isinstance(value, bool) or not isinstance(value, str | int | float):
+                raise ConfigError(f"{source}: [reactor] {name} must be a string or a number")
+            raw[name] = _parse(name, f"{source}: [reactor] {name}", str(value))
+        settings = replace(self, **raw)
+        settings.check()
+        return settings
+
     def check(self) -> None:
         """Raise ConfigError for values that parse but make no sense together."""
         for name in ("database_url", "listen_database_url"):
@@ -184,6 +201,23 @@ def webhook_secret_variable(hook: str) -> str:
     REACTOR_WEBHOOK_SECRET_OPS_DIAG."""
     return WEBHOOK_SECRET_PREFIX + hook.upper().replace("-", "_")
 
+
+# The settings a pair's own ``[reactor]`` table may set (reactor.pairs): what is the pair's
+# business, its grace, its channel and its hooks; the rest (the database, the ports, the
+# cadence) belongs to the process that serves every pair.
+PAIR_SETTINGS = (
+    "grace",
+    "channel",
+    "batch_size",
+    "hooks",
+    "hook_timeout",
+    "hook_concurrency",
+    "hook_max_attempts",
+    "hook_backoff",
+    "hook_max_backoff",
+    "hook_retention",
+    "hook_lease_seconds",
+)
 
 ENVIRONMENT: dict[str, str] = {
     "database_url": "DATABASE_URL",

@@ -31,19 +31,40 @@ import math
 import os
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 import anyio
 import anyio.abc
 from aiohttp import web
+from prometheus_client import CollectorRegistry, Counter
 from prometheus_client.exposition import choose_encoder
 
 from reactor.config import Settings
 from reactor.dashboard import Dashboard, HostAllowlist, install
 from reactor.errors import ConfigError
+from reactor.replica import Replica
 from reactor.service import Reactor
 
 log = logging.getLogger(__name__)
+
+
+class Exposed(Protocol):
+    """What a replica's metrics give the servers: the registry /metrics encodes, and the
+    counter of the connections they dropped."""
+
+    @property
+    def registry(self) -> CollectorRegistry: ...
+    @property
+    def http_dropped(self) -> Counter: ...
+
+
+class Probed(Protocol):
+    """What the probes read: a pair's reactor, or a replica of several pairs."""
+
+    @property
+    def metrics(self) -> Exposed: ...
+    def health(self) -> tuple[bool, bool, str]: ...
+
 
 # How long closing may wait for requests in flight; probes answer in microseconds.
 SHUTDOWN_SECONDS = 2.0
@@ -76,7 +97,7 @@ DropReason = Literal["limit", "head_timeout"]
 # -- the applications --------------------------------------------------------------------------
 
 
-def probes_app(replica: Callable[[], Reactor | None], *, starting: bool = False) -> web.Application:
+def probes_app(replica: Callable[[], Probed | None], *, starting: bool = False) -> web.Application:
     """``/healthz``, ``/readyz`` and ``/metrics`` for whichever replica ``replica`` gives (503
     while there is none). ``starting``: none yet means the process is still checking the
     database, alive but not ready (``reactor run``'s first seconds); otherwise none runs (the
@@ -423,7 +444,7 @@ async def listening(
                 await server.wait_closed()
 
 
-def _door(server: str, replica: Callable[[], Reactor | None]) -> Door:
+def _door(server: str, replica: Callable[[], Probed | None]) -> Door:
     """A door whose drops are counted in the metrics of the replica shown, and a flood of
     connections over the cap logged once in a while."""
 
@@ -460,7 +481,7 @@ async def serving(
 
 @asynccontextmanager
 async def serving_probes(
-    replica: Callable[[], Reactor | None], addr: tuple[str, int] | None, *, starting: bool = False
+    replica: Callable[[], Probed | None], addr: tuple[str, int] | None, *, starting: bool = False
 ) -> AsyncIterator[tuple[str, int] | None]:
     """:func:`serving` for whichever replica ``replica`` gives (see :func:`probes_app`)."""
     if addr is None:
@@ -518,14 +539,20 @@ async def serve_http(
 
 @asynccontextmanager
 async def serving_replica(
-    settings: Settings, replica: Callable[[], Reactor | None]
+    settings: Settings, replica: Callable[[], Replica | None]
 ) -> AsyncIterator[None]:
     """What ``reactor run`` serves: the probes on REACTOR_HTTP_ADDR and the page on
     REACTOR_DASHBOARD_ADDR, each when set, from before ``replica`` gives the replica (the
-    database is being checked: the probes say starting) until the block ends."""
+    database is being checked: the probes say starting) until the block ends. The page shows
+    a replica of one pair; one of several serves the probes only (the page would show one)."""
+
+    def shown() -> Reactor | None:
+        running = replica()
+        return None if running is None else running.only
+
     async with (
         serving_probes(replica, settings.http_addr, starting=True),
-        serving_page(Dashboard(settings, None, replica), settings.dashboard_addr),
+        serving_page(Dashboard(settings, None, shown), settings.dashboard_addr),
     ):
         yield
 

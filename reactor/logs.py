@@ -11,6 +11,7 @@ import json
 import logging
 import math
 import sys
+from contextvars import ContextVar
 from datetime import UTC, datetime
 from typing import Any
 
@@ -18,9 +19,18 @@ from typing import Any
 _STANDARD = frozenset(vars(logging.makeLogRecord({}))) | {"message", "asctime", "taskName"}
 
 
+# The pair whose reactor logs, in a replica that serves several (reactor.replica sets it in
+# each pair's task, whose child tasks inherit it); None: the line is the process's own.
+PAIR: ContextVar[str | None] = ContextVar("reactor_pair", default=None)
+
+
 def fields_of(record: logging.LogRecord) -> dict[str, Any]:
-    """The structured fields a call site attached to ``record``."""
-    return {k: v for k, v in vars(record).items() if k not in _STANDARD and not k.startswith("_")}
+    """The structured fields a call site attached to ``record``, and the pair that logged it."""
+    found = {k: v for k, v in vars(record).items() if k not in _STANDARD and not k.startswith("_")}
+    pair = PAIR.get()
+    if pair is not None:
+        found.setdefault("pair", pair)
+    return found
 
 
 class JsonFormatter(logging.Formatter):

@@ -1,9 +1,10 @@
 """The mapping: which of the app's tables, columns and values the reactor reads and writes.
 
-``REACTOR_CONFIG`` names a TOML file (DESIGN.md §2); without one the reactor runs on the
-reference mapping, ``analysis_jobs``/``analysis_runs``. Parsing is pure and validates every key,
-so the rest of the code can trust a :class:`Mapping`. The catalog adds what the file does not
-say, the types of the columns (:meth:`Mapping.typed`), before any SQL is rendered from it.
+``REACTOR_CONFIG`` names a TOML file (DESIGN.md §2), or several (:mod:`reactor.pairs`); without
+one the reactor runs on the reference mapping, ``analysis_jobs``/``analysis_runs``. Parsing is
+pure and validates every key, so the rest of the code can trust a :class:`Mapping`. The catalog
+adds what the file does not say, the types of the columns (:meth:`Mapping.typed`), before any
+SQL is rendered from it.
 
 Every statement the reactor sends or installs is written once, in ``triggers/``, with named
 slots (``@jobs@``, ``@j.updated_at@``, ``@eligible(j)@``); :meth:`Mapping.slot` fills one. Names
@@ -16,7 +17,6 @@ A mapping is a value: a command resolves it once, with the catalog, into an inst
 
 from __future__ import annotations
 
-import os
 import re
 import tomllib
 from dataclasses import dataclass, field, replace
@@ -332,14 +332,13 @@ _JOB_KEYS = set(Jobs.__dataclass_fields__) - {"types"}
 _RUN_KEYS = set(Runs.__dataclass_fields__)
 
 
-def from_env(environ: dict[str, str] | os._Environ[str]) -> Mapping:
-    """The mapping ``REACTOR_CONFIG`` names, or the reference one when it is unset or empty."""
-    path = environ.get(CONFIG_VARIABLE, "").strip()
-    return load(path) if path else REFERENCE
-
-
 def load(path: str) -> Mapping:
     """Read and validate the file at ``path``; ConfigError names the first problem."""
+    return parse(read(path), source=path)
+
+
+def read(path: str) -> dict[str, Any]:
+    """The TOML document at ``path``; ConfigError when it cannot be read or parsed."""
     try:
         with open(path, "rb") as file:
             document = tomllib.load(file)
@@ -349,13 +348,14 @@ def load(path: str) -> Mapping:
         raise ConfigError(f"{CONFIG_VARIABLE}={path}: cannot read it ({error.strerror})") from None
     except tomllib.TOMLDecodeError as error:
         raise ConfigError(f"{CONFIG_VARIABLE}={path} is not valid TOML: {error}") from None
-    return parse(document, source=path)
+    return document
 
 
 def parse(document: dict[str, Any], *, source: str = "the mapping") -> Mapping:
-    """A validated mapping from a parsed TOML document."""
+    """A validated mapping from a parsed TOML document; its ``[reactor]`` table, the pair's own
+    settings, is :mod:`reactor.pairs`' to read."""
     where = f"{source}:"
-    _known(document, {"reactor_schema", "jobs", "runs"}, where, "")
+    _known(document, {"reactor_schema", "jobs", "runs", "reactor"}, where, "")
     schema = document.get("reactor_schema", "reactor")
     if not isinstance(schema, str) or not _SCHEMA.fullmatch(schema):
         raise ConfigError(f"{where} reactor_schema must be a lower-case identifier, e.g. reactor")

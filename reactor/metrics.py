@@ -6,7 +6,11 @@ labelled counter is touched at start, so dashboards show 0 rather than nothing.
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
 
 # Lateness is milliseconds when things work and up to a scan interval when they don't.
 _LATENESS_BUCKETS = (
@@ -185,13 +189,7 @@ class Metrics:
             "Deadlines that fired here for a job another live replica owns; it claims them.",
             registry=r,
         )
-        self.http_dropped = Counter(
-            "reactor_http_connections_dropped",
-            "HTTP connections closed before a request: limit, over the cap of open connections; "
-            "head_timeout, no complete request head in time.",
-            ["server", "reason"],
-            registry=r,
-        )
+        self.http_dropped = _http_dropped(r)
         # The children the hot path counts into, bound once: a labels() lookup per
         # notification or per recorded run costs a lock and a dict probe for nothing.
         self.notified = {
@@ -203,6 +201,55 @@ class Metrics:
             self.mode.labels(mode)
         for state in TRIGGER_STATES:
             self.job_trigger.labels(state)
-        for server in HTTP_SERVERS:
-            for reason in HTTP_DROP_REASONS:
-                self.http_dropped.labels(server, reason)
+
+
+class PairMetrics:
+    """The metrics of a replica that serves several pairs: each pair's reactor keeps its own
+    :class:`Metrics`, and one exposition shows them all, every sample labelled with its pair.
+    What belongs to the process, not to a pair (its HTTP servers), is counted once, here."""
+
+    def __init__(self, pairs: Mapping[str, Metrics]) -> None:
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(_Labelled({name: m.registry for name, m in pairs.items()}))
+        self.http_dropped = _http_dropped(self.registry)
+
+
+class _Labelled(Collector):
+    # A collector over the pairs' registries: one family per metric name, its samples from
+    # every pair with a pair label added.
+    def __init__(self, registries: Mapping[str, CollectorRegistry]) -> None:
+        self.registries = registries
+
+    def collect(self) -> Iterator[Metric]:
+        families: dict[str, Metric] = {}
+        for pair, registry in self.registries.items():
+            for family in registry.collect():
+                if family.name == _HTTP_DROPPED:
+                    continue
+                merged = families.get(family.name)
+                if merged is None:
+                    merged = families[family.name] = Metric(
+                        family.name, family.documentation, family.type, family.unit
+                    )
+                merged.samples.extend(
+                    sample._replace(labels={**sample.labels, "pair": pair})
+                    for sample in family.samples
+                )
+        yield from families.values()
+
+
+_HTTP_DROPPED = "reactor_http_connections_dropped"
+
+
+def _http_dropped(registry: CollectorRegistry) -> Counter:
+    counter = Counter(
+        _HTTP_DROPPED,
+        "HTTP connections closed before a request: limit, over the cap of open connections; "
+        "head_timeout, no complete request head in time.",
+        ["server", "reason"],
+        registry=registry,
+    )
+    for server in HTTP_SERVERS:
+        for reason in HTTP_DROP_REASONS:
+            counter.labels(server, reason)
+    return counter

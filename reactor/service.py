@@ -24,7 +24,7 @@ import contextlib
 import logging
 import math
 import uuid
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from datetime import datetime, timedelta
 
@@ -68,25 +68,63 @@ async def open_reactor(
     listen_dsn: str | None = None,
     instrument: Callable[[db.Database], db.Database] | None = None,
 ) -> AsyncIterator[Reactor]:
-    """One replica, wired: its pool, its hooks (parsed before anything connects, so a bad
-    REACTOR_HOOKS fails at once) and its queries, bound to ``install``. Not running yet: run it
-    with :meth:`Reactor.run`, or for a block with :meth:`Reactor.running`. The pool opens on
-    entry and closes on exit, once the replica has stopped.
+    """One replica of one pair, wired: its pool, its hooks (parsed before anything connects, so
+    a bad REACTOR_HOOKS fails at once) and its queries, bound to ``install``. Not running yet:
+    run it with :meth:`Reactor.run`, or for a block with :meth:`Reactor.running`. The pool opens
+    on entry and closes on exit, once the replica has stopped.
 
     ``instrument`` wraps the replica's queries (a benchmark counting its statements).
     """
-    pool = db.make_pool(settings.require_database(), max_size=POOL_SIZE)
-    async with open_hooks(settings, pool) as hooks, pool:
-        database = db.Database.pooled(install, pool, grace=settings.grace, hooks=list(hooks))
-        if instrument is not None:
-            database = instrument(database)
-        yield Reactor(
-            settings, database, metrics=metrics, clock=clock, listen_dsn=listen_dsn, hooks=hooks
-        )
+    async with open_reactors(
+        settings,
+        [(settings, install)],
+        metrics=Metrics if metrics is None else lambda: metrics,
+        clock=clock,
+        listen_dsn=listen_dsn,
+        instrument=instrument,
+    ) as (reactor,):
+        yield reactor
+
+
+@asynccontextmanager
+async def open_reactors(
+    settings: Settings,
+    served: Sequence[tuple[Settings, Install]],
+    *,
+    metrics: Callable[[], Metrics] = Metrics,
+    clock: Clock | None = None,
+    listen_dsn: str | None = None,
+    instrument: Callable[[db.Database], db.Database] | None = None,
+) -> AsyncIterator[list[Reactor]]:
+    """A reactor for each (pair's settings, install) of ``served``, all on one pool of
+    ``settings``' database, each with its own hooks and metrics (see :func:`open_reactor`)."""
+    pool = db.make_pool(
+        settings.require_database(),
+        max_size=POOL_SIZE + RECORD_CONCURRENCY * (len(served) - 1),
+    )
+    async with contextlib.AsyncExitStack() as stack:
+        hooks_of = [await stack.enter_async_context(open_hooks(own, pool)) for own, _ in served]
+        await stack.enter_async_context(pool)
+        reactors = []
+        for (own, install), hooks in zip(served, hooks_of, strict=True):
+            database = db.Database.pooled(install, pool, grace=own.grace, hooks=list(hooks))
+            if instrument is not None:
+                database = instrument(database)
+            reactors.append(
+                Reactor(
+                    own,
+                    database,
+                    metrics=metrics(),
+                    clock=clock,
+                    listen_dsn=listen_dsn,
+                    hooks=hooks,
+                )
+            )
+        yield reactors
 
 
 class Reactor:
-    """One replica of the reactor, running against ``database``."""
+    """One pair's reactor in a replica, running against ``database``."""
 
     def __init__(
         self,

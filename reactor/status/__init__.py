@@ -6,6 +6,10 @@
 (:mod:`.render`). Nothing here imports the running reactor. The command exits 1 when
 :func:`risks` finds anything, so a cron job or a CI step can alarm on the exit code alone.
 
+With several pairs (REACTOR_CONFIG names several files) the command shows a section per pair;
+its JSON is ``{"at_risk", "risks", "verdict", "pairs": {name: <the shape below>}}``, each risk
+prefixed with its pair, and the verdict the worst pair's.
+
 The JSON shape is stable; keys are only ever added. Durations are seconds (float), times are
 ISO 8601 from the database clock, and ``null`` means "unknown or not applicable"::
 
@@ -97,8 +101,8 @@ from reactor.status.model import (
     Status,
     collect,
 )
-from reactor.status.render import as_json, render
-from reactor.status.risks import duration, risks, verdict
+from reactor.status.render import as_json, pairs_as_json, render
+from reactor.status.risks import duration, risks, verdict, verdict_over
 
 __all__ = [
     "QUEUE_WARNING",
@@ -111,7 +115,9 @@ __all__ = [
     "as_json",
     "collect",
     "duration",
+    "pairs_as_json",
     "render",
     "risks",
     "verdict",
+    "verdict_over",
 ]

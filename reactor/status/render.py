@@ -3,6 +3,7 @@ people (a table)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import fields
 from datetime import datetime
 from typing import Any
@@ -12,7 +13,35 @@ from rich.table import Table
 from rich.text import Text
 
 from reactor.status.model import Status
-from reactor.status.risks import duration, risks, verdict
+from reactor.status.risks import duration, risks, verdict, verdict_over
+
+
+def pairs_as_json(
+    statuses: Mapping[str, Status], broken: Mapping[str, str] | None = None
+) -> dict[str, Any]:
+    """Several pairs' snapshots: the verdict over all of them, and each pair's own document
+    (the shape of :func:`as_json`) under ``pairs``, by name. ``broken``: the pairs whose
+    tables or schema do not fit, and why; each is at risk, and its document says only that."""
+    broken = broken or {}
+    found = [f"pair {name}: not served: {why}" for name, why in broken.items()]
+    found += [f"pair {name}: {risk}" for name, status in statuses.items() for risk in risks(status)]
+    state, reason = verdict_over(statuses)
+    if broken:
+        state, reason = "at risk", found[0]
+    documents: dict[str, Any] = {name: as_json(status) for name, status in statuses.items()}
+    for name, why in broken.items():
+        problem = f"not served: {why}"
+        documents[name] = {
+            "at_risk": True,
+            "risks": [problem],
+            "verdict": {"state": "at risk", "reason": problem},
+        }
+    return {
+        "at_risk": bool(found),
+        "risks": found,
+        "verdict": {"state": state, "reason": reason},
+        "pairs": documents,
+    }
 
 
 def as_json(status: Status) -> dict[str, Any]:

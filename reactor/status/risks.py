@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from reactor.status.model import Status
 
 
@@ -90,6 +92,17 @@ def verdict(status: Status) -> tuple[str, str]:
     return "ok", (
         f"nothing at risk: no job is past its {duration(status.grace)} grace without a run"
     )
+
+
+def verdict_over(statuses: Mapping[str, Status]) -> tuple[str, str]:
+    """(state, reason) over several pairs: the worst pair's, named; at risk before backlog
+    before ok, and the first pair by order among equals."""
+    found = [(name, *verdict(status)) for name, status in statuses.items()]
+    for state in ("at risk", "backlog"):
+        for name, pair_state, reason in found:
+            if pair_state == state:
+                return state, f"pair {name}: {reason}"
+    return "ok", "nothing at risk in " + ", ".join(statuses)
 
 
 def duration(seconds: float) -> str:

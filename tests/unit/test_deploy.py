@@ -31,7 +31,7 @@ RECONCILE_METRICS = {
     "reactor_reconcile_interval_seconds",
 }
 # What Grafana substitutes before a query reaches Prometheus.
-GRAFANA_VARIABLES = {"$__rate_interval": "5m", "$job": "reactor"}
+GRAFANA_VARIABLES = {"$__rate_interval": "5m", "$job": "reactor", "$pair": ".*"}
 
 
 def rules() -> list[dict[str, Any]]:

@@ -9,6 +9,8 @@ import tomllib
 import yaml
 
 from docs import generate
+from reactor import pairs
+from reactor.config import Settings
 from tests import tools
 
 DOCS = tools.ROOT / "docs"
@@ -52,9 +54,14 @@ def test_readme_keeps_the_newcomers_commands() -> None:
 
 def test_the_worked_example_is_the_mapping_the_suite_runs() -> None:
     page = (DOCS / "mapping.md").read_text(encoding="utf-8")
-    (example,) = re.findall(r"```toml\n(.*?)```", page, flags=re.DOTALL)
+    example, *others = re.findall(r"```toml\n(.*?)```", page, flags=re.DOTALL)
     second = (tools.ROOT / generate.SECOND_TOML).read_text(encoding="utf-8")
     assert tomllib.loads(example) == tomllib.loads(second)
+    # The files of "Many pairs": each one a pair the reactor would serve.
+    assert len(others) == 2
+    for text in others:
+        pair = pairs.several([("mapping.md", tomllib.loads(text))], Settings())[0]
+        assert pair.name.startswith("reactor")
 
 
 def test_every_variable_the_reactor_reads_is_documented() -> None:

@@ -15,9 +15,7 @@ UPPER = "0C6F3F1A-2B3C-4D8E-9A51-7F1C0B4E2D7A"
 SECOND = Path(__file__).parent.parent / "mappings" / "second.toml"
 
 
-def test_no_file_is_the_reference_mapping() -> None:
-    assert mapping.from_env({}) is mapping.REFERENCE
-    assert mapping.from_env({"REACTOR_CONFIG": "  "}) is mapping.REFERENCE
+def test_the_reference_mapping_is_the_reference() -> None:
     assert mapping.REFERENCE.is_reference
 
 

@@ -1,0 +1,172 @@
+"""Several job/artifact pairs served by one `reactor run`: the reference pair and the second
+mapping's, in one database, each recording its own jobs; a pair whose tables are broken costs
+only itself."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from tests.acceptance.conftest import reactor_env, run_reactor
+from tests.acceptance.test_cli import listening
+from tests.helpers import finish, new_job, worker_writes
+from tests.polling import wait_for
+
+Spawn = Callable[..., subprocess.Popen[str]]
+MAPPINGS = Path(__file__).parent.parent / "mappings"
+REPORTS = "reactor_reports"
+
+
+@pytest.fixture
+def two_pairs(database_url: str, tmp_path: Path) -> str:
+    """REACTOR_CONFIG for the reference pair and the second mapping's, both installed."""
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        conn.execute((MAPPINGS / "second.sql").read_text())
+    reference = tmp_path / "analysis.toml"
+    reference.write_text('reactor_schema = "reactor"\n')
+    reports = tmp_path / "reports.toml"
+    reports.write_text(
+        f'reactor_schema = "{REPORTS}"\n'
+        + (MAPPINGS / "second.toml").read_text()
+        + "\n[reactor]\ngrace = 0.4\n"
+    )
+    config = f"{reference}:{reports}"
+    migrated = run_reactor("migrate", env=reactor_env(database_url, REACTOR_CONFIG=config))
+    assert migrated.returncode == 0, migrated.stderr
+    assert f"{REPORTS}: applied migrations" in migrated.stdout
+    assert "reactor: schema is up to date" in migrated.stdout
+    return config
+
+
+def free_port() -> int:
+    with ThreadingHTTPServer(("127.0.0.1", 0), BaseHTTPRequestHandler) as probe:
+        return probe.server_address[1]
+
+
+def get(port: int, path: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read().decode()
+
+
+def add_report_job(conn: psycopg.Connection[Any], key: str) -> None:
+    conn.execute(
+        'INSERT INTO app."Job" ("reportKey", state, html, verdicts, "ownerId", "createdAt",'
+        ' "updatedAt")'
+        " VALUES (%s, 'done', '<p/>', '[\"ok\"]', gen_random_uuid(), now() AT TIME ZONE 'UTC',"
+        " now() AT TIME ZONE 'UTC')",
+        (key,),
+    )
+
+
+def reports(conn: psycopg.Connection[Any]) -> int:
+    row = conn.execute('SELECT count(*) FROM app."Report" WHERE origin = %s', ("system",))
+    return int(row.fetchone()[0])  # type: ignore[index]
+
+
+def test_one_process_serves_two_pairs(database_url: str, two_pairs: str, spawn: Spawn) -> None:
+    port = free_port()
+    env = reactor_env(
+        database_url,
+        REACTOR_CONFIG=two_pairs,
+        REACTOR_GRACE_SECONDS="0.3",
+        REACTOR_HTTP_ADDR=f"127.0.0.1:{port}",
+    )
+    proc = spawn("run", env=env)
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        wait_for(lambda: listening(conn, 2) or proc.poll() is not None, what="two listeners")
+        assert proc.poll() is None
+        job_id, _ = new_job(conn)
+        finish(conn, job_id)
+        add_report_job(conn, "quarterly")
+        wait_for(lambda: worker_writes(conn) and reports(conn) == 1, what="both pairs record")
+        assert len(worker_writes(conn)) == 1
+
+        assert wait_for(lambda: get(port, "/readyz")[0] == 200, what="ready")
+        _, metrics = get(port, "/metrics")
+        assert 'reactor_runs_recorded_total{pair="reactor",source="timer"} 1.0' in metrics
+        assert f'reactor_runs_recorded_total{{pair="{REPORTS}",source="timer"}} 1.0' in metrics
+
+        shown = run_reactor("status", "--json", env=env)
+        document = json.loads(shown.stdout)
+        assert set(document["pairs"]) == {"reactor", REPORTS}
+        assert document["pairs"][REPORTS]["trigger"]["channel"] == f"{REPORTS}_jobs_terminal"
+        assert document["pairs"][REPORTS]["jobs"]["grace_seconds"] == 0.4
+
+        unnamed = run_reactor("hooks", "list", env=env)
+        assert unnamed.returncode == 2
+        assert f"--pair reactor | {REPORTS}" in unnamed.stderr
+        named = run_reactor("hooks", "--pair", REPORTS, "list", "--json", env=env)
+        assert named.returncode == 0, named.stderr
+
+        proc.send_signal(signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=30)
+    assert proc.returncode == 0, stderr
+    lines = [json.loads(line) for line in stderr.splitlines()]
+    assert {line.get("pair") for line in lines if line["message"] == "stopped"} == {
+        "reactor",
+        REPORTS,
+    }
+
+
+def test_a_broken_pair_costs_only_itself(
+    database_url: str, two_pairs: str, tmp_path: Path, spawn: Spawn
+) -> None:
+    gone = tmp_path / "gone.toml"
+    gone.write_text('reactor_schema = "reactor_gone"\n[jobs]\ntable = "app.Gone"\n')
+    port = free_port()
+    env = reactor_env(
+        database_url,
+        REACTOR_CONFIG=f"{two_pairs}:{gone}",
+        REACTOR_GRACE_SECONDS="0.3",
+        REACTOR_HTTP_ADDR=f"127.0.0.1:{port}",
+    )
+    # The commands that read every pair report the broken one, and serve the others.
+    shown = run_reactor("status", "--json", env=env)
+    assert shown.returncode == 1, shown.stderr
+    document = json.loads(shown.stdout)
+    assert document["verdict"]["state"] == "at risk"
+    assert document["verdict"]["reason"].startswith("pair reactor_gone: not served:")
+    assert document["pairs"][REPORTS]["trigger"]["installed"]
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        add_report_job(conn, "swept")
+        conn.execute('UPDATE app."Job" SET "updatedAt" = "updatedAt" - interval \'1 hour\'')
+    swept = run_reactor("sweep", "--once", env=env)
+    assert swept.returncode == 2, swept.stderr
+    assert swept.stdout.strip() == "1"
+    assert "pair reactor_gone: not swept:" in swept.stderr
+
+    proc = spawn("run", env=env)
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        wait_for(lambda: listening(conn, 2) or proc.poll() is not None, what="two listeners")
+        assert proc.poll() is None
+        # Left out at start, and said so where an orchestrator looks.
+        status, body = get(port, "/readyz")
+        assert status == 503
+        assert "pair reactor_gone: not served" in json.loads(body)["reason"]
+
+        # Broken while it runs: the second pair's artifact table is dropped. The others record.
+        conn.execute('DROP TABLE app."Report"')
+        add_report_job(conn, "lost")
+        job_id, _ = new_job(conn)
+        finish(conn, job_id)
+        wait_for(lambda: worker_writes(conn), what="the reference pair records")
+        assert proc.poll() is None
+        proc.send_signal(signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=30)
+    assert proc.returncode == 0, stderr
+    left_out = [json.loads(line) for line in stderr.splitlines() if "pair not served" in line]
+    assert [line["pair"] for line in left_out] == ["reactor_gone"]
+    assert "app.Gone" in left_out[0]["error"] or "Gone" in left_out[0]["error"]

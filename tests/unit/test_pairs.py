@@ -1,0 +1,176 @@
+"""reactor.pairs: REACTOR_CONFIG names one pair or several, each file its own schema and
+settings; every mistake is one line naming the file."""
+
+from __future__ import annotations
+
+import logging
+import re
+from pathlib import Path
+
+import pytest
+from prometheus_client.exposition import generate_latest
+
+from reactor import logs, mapping, pairs
+from reactor.config import Settings
+from reactor.errors import ConfigError
+from reactor.metrics import Metrics, PairMetrics
+
+SECOND = (Path(__file__).parent.parent / "mappings" / "second.toml").read_text()
+ENV = Settings.from_env({"REACTOR_GRACE_SECONDS": "30", "REACTOR_HOOK_TIMEOUT_SECONDS": "60"})
+
+
+def write(tmp_path: Path, name: str, text: str) -> str:
+    path = tmp_path / name
+    path.write_text(text)
+    return str(path)
+
+
+def config(*paths: str) -> dict[str, str]:
+    return {"REACTOR_CONFIG": ":".join(paths)}
+
+
+@pytest.fixture
+def two(tmp_path: Path) -> dict[str, str]:
+    reference = write(tmp_path, "analysis.toml", 'reactor_schema = "reactor"\n')
+    second = write(
+        tmp_path,
+        "reports.toml",
+        'reactor_schema = "reactor_reports"\n'
+        + SECOND
+        + '\n[reactor]\ngrace = 5\nhooks = "judge=tests.hookmods:judge"\n',
+    )
+    return config(reference, second)
+
+
+def test_no_file_is_the_reference_pair() -> None:
+    for environ in ({}, {"REACTOR_CONFIG": " : "}):
+        (pair,) = pairs.from_env(environ, ENV)
+        assert pair.mapping is mapping.REFERENCE
+        assert (pair.name, pair.channel, pair.settings) == (
+            "reactor",
+            "analysis_jobs_terminal",
+            ENV,
+        )
+
+
+def test_one_file_keeps_its_meaning(tmp_path: Path) -> None:
+    (pair,) = pairs.from_env(config(write(tmp_path, "second.toml", SECOND)), ENV)
+    assert pair.name == "reactor"
+    assert pair.mapping.jobs.table == ("app", "Job")
+    assert pair.channel == "analysis_jobs_terminal"
+    channel = Settings.from_env({"REACTOR_CHANNEL": "mine"})
+    (pair,) = pairs.from_env(config(write(tmp_path, "second.toml", SECOND)), channel)
+    assert pair.channel == "mine"
+
+
+def test_several_files_are_several_pairs_each_with_its_own_settings(
+    two: dict[str, str],
+) -> None:
+    reference, reports = pairs.from_env(two, ENV)
+    assert (reference.name, reports.name) == ("reactor", "reactor_reports")
+    assert (reference.channel, reports.channel) == (
+        "analysis_jobs_terminal",
+        "reactor_reports_jobs_terminal",
+    )
+    # The file's [reactor] table changes its own pair; the environment gives the rest.
+    assert (reference.settings.grace, reports.settings.grace) == (30.0, 5.0)
+    assert (reference.settings.hooks, reports.settings.hooks) == ("", "judge=tests.hookmods:judge")
+    assert reports.settings.hook_timeout == 60.0
+    assert reference.settings == ENV
+    assert pairs.named((reference, reports), "reactor_reports") is reports
+
+
+@pytest.mark.parametrize(
+    ("files", "settings", "flags", "says"),
+    [
+        (("", 'reactor_schema = "b"\n'), ENV, (), "each names its own reactor_schema"),
+        (('reactor_schema = "b"\n', 'reactor_schema = "b"\n'), ENV, (), "is also"),
+        (
+            (
+                'reactor_schema = "a"\n[reactor]\nchannel = "c"\n',
+                'reactor_schema = "b"\n[reactor]\nchannel = "c"\n',
+            ),
+            ENV,
+            (),
+            "channel 'c' is also",
+        ),
+        (
+            ('reactor_schema = "a"\n', 'reactor_schema = "b"\n'),
+            Settings.from_env({"REACTOR_CHANNEL": "c"}),
+            (),
+            "REACTOR_CHANNEL (or --channel) names one channel",
+        ),
+        (
+            ('reactor_schema = "a"\n[reactor]\nmode = "poll"\n',),
+            ENV,
+            (),
+            "unknown key [reactor] mode",
+        ),
+        (('reactor_schema = "a"\n[reactor]\ngrace = "soon"\n',), ENV, (), "[reactor] grace='soon'"),
+        (('reactor_schema = "a"\n[reactor]\ngrace = true\n',), ENV, (), "a string or a number"),
+        (('reactor_schema = "a"\nreactor = 1\n',), ENV, (), "reactor must be a table"),
+        (("[reactor]\ngrace = 3\n",), ENV, ("grace",), "--grace is given"),
+    ],
+    ids=[
+        "no schema",
+        "same schema",
+        "same channel",
+        "one channel for all",
+        "not a pair's setting",
+        "bad value",
+        "wrong type",
+        "not a table",
+        "flag and file",
+    ],
+)
+def test_mistakes_name_the_file(
+    tmp_path: Path,
+    files: tuple[str, ...],
+    settings: Settings,
+    flags: tuple[str, ...],
+    says: str,
+) -> None:
+    paths = [write(tmp_path, f"pair{n}.toml", text) for n, text in enumerate(files)]
+    with pytest.raises(ConfigError) as raised:
+        pairs.from_env(config(*paths), settings, frozenset(flags))
+    assert says in str(raised.value)
+    if "REACTOR_CHANNEL" not in says and "--grace" not in says:
+        assert ".toml" in str(raised.value)
+
+
+def test_a_command_on_one_pair_of_several_is_told_which(two: dict[str, str]) -> None:
+    served = pairs.from_env(two, ENV)
+    with pytest.raises(ConfigError, match=re.escape("--pair reactor | reactor_reports")):
+        pairs.named(served, None)
+    with pytest.raises(ConfigError, match="no such pair"):
+        pairs.named(served, "reactor_nope")
+
+
+def test_every_pair_metric_carries_its_pair_and_the_process_counts_its_own_once() -> None:
+    first, second = Metrics(), Metrics()
+    first.recorded_by["timer"].inc(3)
+    second.recorded_by["scan"].inc(2)
+    merged = PairMetrics({"analysis": first, "reports": second})
+    merged.http_dropped.labels("probes", "limit").inc()
+    text = generate_latest(merged.registry).decode()
+    assert 'reactor_runs_recorded_total{pair="analysis",source="timer"} 3.0' in text
+    assert 'reactor_runs_recorded_total{pair="reports",source="scan"} 2.0' in text
+    # One family per name, whichever pair it came from.
+    assert text.count("# TYPE reactor_runs_recorded_total counter") == 1
+    dropped = [
+        line
+        for line in text.splitlines()
+        if line.startswith("reactor_http_connections_dropped_total")
+    ]
+    assert 'reactor_http_connections_dropped_total{reason="limit",server="probes"} 1.0' in dropped
+    assert not any("pair=" in line for line in dropped)
+
+
+def test_a_pairs_lines_name_it() -> None:
+    record = logging.makeLogRecord({"msg": "recorded", "job_id": "1"})
+    assert logs.fields_of(record) == {"job_id": "1"}
+    token = logs.PAIR.set("reports")
+    try:
+        assert logs.fields_of(record) == {"job_id": "1", "pair": "reports"}
+    finally:
+        logs.PAIR.reset(token)
