@@ -162,6 +162,12 @@ class Mapping:
                 return self.reactor_schema
             case "reactor_name":
                 return literal(self.reactor_schema)
+            case "audit" | "audit_write" | "audit_index":
+                # reactor.audit's objects: the pair's own, so that two pairs of one database
+                # are counted apart.
+                own = "" if self.reactor_schema == "reactor" else f"{self.reactor_schema}_"
+                suffix = {"audit": "", "audit_write": "_write", "audit_index": "_run_idx"}[name]
+                return identifier(f"{own}run_audit{suffix}")
             case "jobs":
                 return identifier(*jobs.table)
             case "runs":

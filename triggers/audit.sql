@@ -2,8 +2,9 @@
 -- database clock. Not part of the reactor's schema: `reactor demo`, the tests and the benchmarks
 -- install it to count lost, duplicate, clobbering and early writes from the database itself.
 -- Rendered through the mapping (reactor.audit.ddl), like every other statement: the ids take
--- the types of the mapped columns.
-CREATE TABLE IF NOT EXISTS run_audit (
+-- the types of the mapped columns, and each pair of a database has its own audit (@audit@:
+-- run_audit for the pair in the reactor schema, <schema>_run_audit for another).
+CREATE TABLE IF NOT EXISTS @audit@ (
     seq        bigserial PRIMARY KEY,
     op         text NOT NULL,
     run_id     @run_type@ NOT NULL,
@@ -14,25 +15,25 @@ CREATE TABLE IF NOT EXISTS run_audit (
 -- Deletions are recorded too (TRUNCATE as one row with the least ids of their types, which no
 -- write names): a run written again after the app deleted it is a new write, not a duplicate,
 -- and lands on no client row.
-CREATE INDEX IF NOT EXISTS run_audit_run_idx ON run_audit (run_id, seq);
-CREATE OR REPLACE FUNCTION run_audit_write() RETURNS trigger LANGUAGE plpgsql AS $$
+CREATE INDEX IF NOT EXISTS @audit_index@ ON @audit@ (run_id, seq);
+CREATE OR REPLACE FUNCTION @audit_write@() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     IF TG_OP = 'TRUNCATE' THEN
-        INSERT INTO run_audit (op, run_id, job_id)
+        INSERT INTO @audit@ (op, run_id, job_id)
         VALUES (TG_OP, @least_run@, @least_job@);
     ELSIF TG_OP = 'DELETE' THEN
-        INSERT INTO run_audit (op, run_id, job_id, saved_by)
+        INSERT INTO @audit@ (op, run_id, job_id, saved_by)
         VALUES (TG_OP, @OLD.key@, @OLD.job@, @OLD.saved_by@);
     ELSE
-        INSERT INTO run_audit (op, run_id, job_id, saved_by)
+        INSERT INTO @audit@ (op, run_id, job_id, saved_by)
         VALUES (TG_OP, @NEW.key@, @NEW.job@, @NEW.saved_by@);
     END IF;
     RETURN NULL;
 END $$;
 CREATE OR REPLACE TRIGGER run_audit AFTER INSERT OR UPDATE OR DELETE ON @runs@
-    FOR EACH ROW EXECUTE FUNCTION run_audit_write();
+    FOR EACH ROW EXECUTE FUNCTION @audit_write@();
 CREATE OR REPLACE TRIGGER run_audit_truncate AFTER TRUNCATE ON @runs@
-    FOR EACH STATEMENT EXECUTE FUNCTION run_audit_write();
+    FOR EACH STATEMENT EXECUTE FUNCTION @audit_write@();
 -- Stretches of time a test or benchmark caused a fault in (the server down, the network cut): a
 -- worker write whose wait overlaps one, due before it ended and written after it began, is
 -- left out of the lateness figures, which then show what the reactor does outside the faults.
@@ -53,11 +54,11 @@ WITH worker AS (
     SELECT a.*, @j.updated_at@ + make_interval(secs => %(grace)s) AS due_at,
            -- What the run row was just before this write: the run's previous event.
            (SELECT p.op || ':' || CASE WHEN p.saved_by = @worker@ THEN 'worker' ELSE 'client' END
-              FROM run_audit p
+              FROM @audit@ p
              WHERE p.seq < a.seq
                AND p.run_id IN (a.run_id, @least_run@)
              ORDER BY p.seq DESC LIMIT 1) AS before
-      FROM run_audit a JOIN @jobs@ j ON @j.id@ = a.job_id
+      FROM @audit@ a JOIN @jobs@ j ON @j.id@ = a.job_id
      WHERE a.saved_by = @worker@ AND a.op <> 'DELETE'
 ), late AS (
     SELECT extract(epoch FROM w.at - w.due_at)::float8 AS s
@@ -76,7 +77,7 @@ SELECT
     (SELECT count(*) FROM worker w
       WHERE EXISTS (SELECT 1 FROM worker e
                      WHERE e.run_id = w.run_id AND e.job_id = w.job_id AND e.seq < w.seq
-                       AND NOT EXISTS (SELECT 1 FROM run_audit g
+                       AND NOT EXISTS (SELECT 1 FROM @audit@ g
                                         WHERE g.seq > e.seq AND g.seq < w.seq
                                           AND g.op IN ('DELETE', 'TRUNCATE')
                                           AND g.run_id IN (w.run_id, @least_run@))))

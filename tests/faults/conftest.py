@@ -3,17 +3,21 @@ DSN, the fault proxy, reactor processes, the app, and the results table.
 
 Every scenario runs on the tables of each mapping that ``REACTOR_FAULT_MAPPING`` names
 (:data:`MAPPINGS`), with that mapping in force, and with ``REACTOR_FAULT_SPREAD=1`` on a job
-trigger installed with ``--spread``. Every scenario adds a row with ``report(...)``;
+trigger installed with ``--spread``; with ``REACTOR_FAULT_PAIRS=2`` every replica serves the
+other mapping's tables too, as a second pair beside the scenario's (:class:`Scenario` drives and
+judges it). Every scenario adds a row with ``report(...)``;
 at the end of the session the table is printed and, when ``REACTOR_FAULTS_REPORT`` names a
 file, written there as Markdown.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Literal, cast
 
@@ -23,7 +27,7 @@ import pytest
 from reactor.config import Settings
 from reactor.embedded import EmbeddedPostgres
 from reactor.install import Install
-from reactor.service import Reactor, open_reactor
+from reactor.service import Reactor, open_reactors
 from tests.conftest import FAULT_ROW, Server
 from tests.faults import tables as app_tables
 from tests.faults.proxy import FaultProxy
@@ -50,6 +54,11 @@ for _name in MAPPINGS:
 # REACTOR_FAULT_SPREAD=1: the job trigger of every scenario notifies each share of the jobs on a
 # channel of its own (`reactor migrate --spread`), as a fleet's should.
 SPREAD = os.environ.get("REACTOR_FAULT_SPREAD", "") not in ("", "0")
+# REACTOR_FAULT_PAIRS=2: every replica serves a second pair beside the scenario's (the other
+# mapping's tables, in a reactor schema of their own), driven alongside and judged on its own.
+PAIRS = int(os.environ.get("REACTOR_FAULT_PAIRS", "1") or "1")
+if PAIRS not in (1, 2):
+    raise ValueError(f"REACTOR_FAULT_PAIRS={PAIRS}: 1, or 2 for a companion pair")
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
@@ -66,7 +75,9 @@ class Templates:
 
     def __init__(self, server: Server, reference: str) -> None:
         self._server = server
-        self._made = {"reference": (reference, app_tables.REFERENCE)}
+        # The suite's own template holds the reference tables alone; with a companion pair,
+        # they get one of their own too.
+        self._made = {} if PAIRS == 2 else {"reference": (reference, app_tables.REFERENCE)}
 
     def __getitem__(self, name: str) -> tuple[str, Tables]:
         """(template database, the tables with their mapping typed)."""
@@ -76,7 +87,10 @@ class Templates:
             with psycopg.connect(self._server.admin_dsn, autocommit=True) as conn:
                 conn.execute(f"DROP DATABASE IF EXISTS {template}")
                 conn.execute(f"CREATE DATABASE {template}")
-            installed = app_tables.BY_NAME[name].install(self._server.dsn_for(template))
+            chosen = app_tables.BY_NAME[name]
+            if PAIRS == 2:
+                chosen = chosen.with_companion()
+            installed = chosen.install(self._server.dsn_for(template))
             self._made[name] = (template, installed)
         return self._made[name]
 
@@ -256,12 +270,18 @@ def reactor_at(tables: Tables) -> StartReactor:
             **overrides,
         }
         settings = Settings(**fields)
-        install = Install.of(tables.mapping, settings.channel)
+        served = [(settings, Install.of(tables.mapping, settings.channel))]
+        if tables.companion is not None:
+            # The second pair runs beside the first in the same replica, on its pool.
+            own = replace(settings, channel=None)
+            served.append((own, Install.of(tables.companion.mapping)))
         async with (
-            open_reactor(settings, install, listen_dsn=listen_dsn) as reactor,
-            reactor.running(),
+            open_reactors(settings, served, listen_dsn=listen_dsn) as reactors,
+            contextlib.AsyncExitStack() as running,
         ):
-            yield reactor
+            for reactor in reactors:
+                await running.enter_async_context(reactor.running())
+            yield reactors[0]
 
     return start
 

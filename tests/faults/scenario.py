@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import AsyncIterator, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import anyio
@@ -77,10 +77,21 @@ class Scenario:
     report: Report
     replicas: int
     grace: float = GRACE
+    # With a companion pair: its app beside each app of the scenario's, by the latter's id.
+    companions: dict[int, Workload] = field(default_factory=dict)
+    # The companion pair's judgements since the last row of the report.
+    companions_judged: list[Judgement] = field(default_factory=list)
 
     def app(self, seed: int, **options: float) -> Workload:
-        """The worker and the tabs, with this scenario's grace."""
-        return self.workload(grace=self.grace, seed=seed, **options)
+        """The worker and the tabs, with this scenario's grace; with a companion pair, its own
+        app too, driven alongside (see :meth:`drive`)."""
+        app = self.workload(grace=self.grace, seed=seed, **options)
+        if self.tables.companion is not None:
+            companion = Workload(
+                self.database_url, self.tables.companion, grace=self.grace, seed=seed + 1
+            )
+            self.companions[id(app)] = companion
+        return app
 
     @contextlib.asynccontextmanager
     async def fleet(
@@ -102,8 +113,17 @@ class Scenario:
             yield Fleet(started)
 
     async def drive(self, app: Workload, seconds: float, rate: float = RATE) -> None:
-        """The app finishes jobs at ``rate`` for ``seconds``, its tabs saving as they go."""
-        await anyio.to_thread.run_sync(app.drive, seconds, rate)
+        """The app finishes jobs at ``rate`` for ``seconds``, its tabs saving as they go (and
+        the companion pair's app beside it, at the same rate)."""
+        companion = self.companions.get(id(app))
+
+        async def drive(which: Workload) -> None:
+            await anyio.to_thread.run_sync(which.drive, seconds, rate)
+
+        async with anyio.create_task_group() as tg:
+            if companion is not None:
+                tg.start_soon(drive, companion)
+            await drive(app)
 
     async def finish(self, app: Workload, count: int) -> None:
         """``count`` jobs finish at once."""
@@ -116,15 +136,27 @@ class Scenario:
         within: float = 30.0,
         until: Callable[[Judgement], bool] = lambda j: j.clean,
     ) -> tuple[Judgement, float]:
-        """Let the tabs' last saves and the last grace pass, then ``settle``."""
+        """Let the tabs' last saves and the last grace pass, then ``settle``. A companion
+        pair is judged on its own tables, and must be clean whatever the scenario expects of
+        its own: its faults were the scenario's, and nothing else."""
         await anyio.to_thread.run_sync(app.quiesce)
-        return await settle(
+        judged = await settle(
             self.database_url,
             self.grace,
             within=within,
             mapping=self.tables.mapping,
             until=until,
         )
+        companion = self.companions.pop(id(app), None)
+        if companion is not None and self.tables.companion is not None:
+            await anyio.to_thread.run_sync(companion.quiesce)
+            theirs, _ = await settle(
+                self.database_url, self.grace, within=within, mapping=self.tables.companion.mapping
+            )
+            assert theirs.clean, f"the companion pair: {theirs}"
+            self.companions_judged.append(theirs)
+            companion.close()
+        return judged
 
     def conclude(
         self,
@@ -137,6 +169,10 @@ class Scenario:
     ) -> None:
         """Add the row to the session's table (its name says how many replicas, when not one),
         then hold the verdict: nothing lost, doubled, clobbered, early, wrong or stale."""
+        if self.companions_judged:
+            jobs = sum(judged.verdict.jobs for judged in self.companions_judged)
+            note += f"; companion pair clean, {jobs} jobs"
+            self.companions_judged.clear()
         self.report(
             name if self.replicas == 1 else f"{name} ({self.replicas} replicas)",
             cycles,

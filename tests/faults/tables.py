@@ -16,8 +16,9 @@ rendered by :meth:`Tables.render`.
 
 from __future__ import annotations
 
+import tempfile
 from dataclasses import dataclass, replace
-from functools import cached_property
+from functools import cache, cached_property
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,16 @@ from reactor.app import DOCUMENT, VERDICTS, App, JobId, RunKey
 from reactor.mapping import Mapping
 
 MAPPINGS = Path(__file__).resolve().parent.parent / "mappings"
+# The reactor schema of a companion pair.
+COMPANION_SCHEMA = "reactor_companion"
+
+
+@cache
+def _pair_files() -> Path:
+    # Where the files naming each pair's schema go: made once per process, when first asked.
+    return Path(tempfile.mkdtemp(prefix="reactor-pairs-"))
+
+
 Conn = psycopg.Connection[Any]
 
 DOC = DOCUMENT
@@ -60,11 +71,44 @@ class Tables:
     assigns_ids: bool = False
     # Typed by the catalog once installed (:meth:`install`); the file's until then.
     mapping: Mapping = mapping.REFERENCE
+    # The schema of the reactor's objects for these tables; None: the file's (reactor).
+    reactor_schema: str | None = None
+    # The other pair the same replicas serve beside these tables (REACTOR_FAULT_PAIRS=2).
+    companion: Tables | None = None
 
     @property
     def env(self) -> dict[str, str]:
-        """What a reactor process needs in its environment for these tables."""
+        """What a reactor process needs in its environment for these tables (and their
+        companion's)."""
+        if self.companion is not None:
+            return {"REACTOR_CONFIG": f"{self.pair_file()}:{self.companion.pair_file()}"}
         return {"REACTOR_CONFIG": str(self.config)} if self.config else {}
+
+    def each(self) -> tuple[Tables, ...]:
+        """These tables, and their companion's when they have one: the pairs a replica serves."""
+        return (self,) if self.companion is None else (self, self.companion)
+
+    def with_companion(self) -> Tables:
+        """These tables, with the other mapping's served beside them by the same replicas: a
+        second pair, in a reactor schema of its own."""
+        other = SECOND if self.name == "reference" else REFERENCE
+        return replace(self, companion=replace(other, reactor_schema=COMPANION_SCHEMA))
+
+    def pair_file(self) -> Path:
+        """A mapping file for these tables that names its reactor schema, as each of several
+        files in REACTOR_CONFIG must."""
+        path = _pair_files() / f"{self.name}-{self.loaded().reactor_schema}.toml"
+        if not path.exists():
+            text = self.config.read_text() if self.config else ""
+            path.write_text(f'reactor_schema = "{self.loaded().reactor_schema}"\n{text}')
+        return path
+
+    def loaded(self) -> Mapping:
+        """The mapping as its file says, in its reactor schema (untyped)."""
+        loaded = mapping.load(str(self.config)) if self.config else mapping.REFERENCE
+        if self.reactor_schema is not None:
+            loaded = replace(loaded, reactor_schema=self.reactor_schema)
+        return loaded
 
     @cached_property
     def app(self) -> App:
@@ -79,15 +123,21 @@ class Tables:
         migrate` does, then the audit; returns these tables with the mapping typed."""
         with psycopg.connect(dsn, autocommit=True) as conn:
             conn.execute(self.ddl)
-        typed = self.migrate(dsn)
+        typed = self._migrate(dsn, spread=None)
         with psycopg.connect(dsn, autocommit=True) as conn:
             conn.execute(audit.ddl(typed))
-        return replace(self, mapping=typed)
+        companion = None if self.companion is None else self.companion.install(dsn)
+        return replace(self, mapping=typed, companion=companion)
 
     def migrate(self, dsn: str, *, spread: bool | None = None) -> Mapping:
-        """`reactor migrate` (``--spread`` or ``--no-spread`` as ``spread`` says) at ``dsn``;
-        returns the mapping typed."""
-        loaded = mapping.load(str(self.config)) if self.config else mapping.REFERENCE
+        """`reactor migrate` (``--spread`` or ``--no-spread`` as ``spread`` says) at ``dsn``,
+        for the companion too; returns the mapping typed."""
+        if self.companion is not None:
+            self.companion.migrate(dsn, spread=spread)
+        return self._migrate(dsn, spread=spread)
+
+    def _migrate(self, dsn: str, *, spread: bool | None) -> Mapping:
+        loaded = self.loaded()
 
         async def migrate() -> Mapping:
             async with await db.connect(dsn, "test") as conn:
@@ -96,7 +146,10 @@ class Tables:
         return anyio.run(migrate, backend="asyncio")
 
     def adopt(self, conn: Conn) -> None:
-        """Give the database ``conn`` is in the settings these tables come with."""
+        """Give the database ``conn`` is in the settings these tables (and their companion's)
+        come with."""
+        if self.companion is not None:
+            self.companion.adopt(conn)
         if self.time_zone:
             conn.execute(
                 "DO $$ BEGIN EXECUTE format('ALTER DATABASE %I SET timezone = %L', "

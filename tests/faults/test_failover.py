@@ -132,18 +132,22 @@ def test_a_promoted_standby_takes_over_under_load_and_loses_nothing(
                 )
             both = multi_host(primary.dsn_for("app"), primary.port, standby.port)
             with connect(primary.dsn_for("app")) as conn:
-                conn.execute(tables.ddl)
+                for pair in tables.each():
+                    conn.execute(pair.ddl)
                 tables.adopt(conn)
             env = reactor_env(both, **tables.env)
             migrated = run_reactor("migrate", env=env)
             assert migrated.returncode == 0, migrated.stderr
             with connect(primary.dsn_for("app")) as conn:
-                conn.execute(audit.ddl(tables.mapping))
+                for pair in tables.each():
+                    conn.execute(audit.ddl(pair.mapping))
             reactor = replicas.start(replica_env(both, tables, REACTOR_GRACE_SECONDS=str(GRACE)))
             app = Workload(both, tables, grace=GRACE, seed=51)
             try:
                 with connect(primary.dsn_for("app")) as conn:
-                    wait_for(lambda: listeners(conn) == 1, 30, "the reactor listening")
+                    wait_for(
+                        lambda: listeners(conn) == len(tables.each()), 30, "the reactor listening"
+                    )
                 app.drive(2.0, RATE)
                 app.finish(10)  # their deadlines fall during the failover
                 before = len(app.finished)
@@ -156,7 +160,11 @@ def test_a_promoted_standby_takes_over_under_load_and_loses_nothing(
                 standby.promote()
                 promoted = time.monotonic()
                 with connect(standby.dsn_for("app")) as conn:
-                    wait_for(lambda: listeners(conn) == 1, 30, "the reactor on the new primary")
+                    wait_for(
+                        lambda: listeners(conn) == len(tables.each()),
+                        30,
+                        "the reactor on the new primary",
+                    )
                 listening = time.monotonic() - promoted
                 app.drive(3.0, RATE)
                 after = len(app.finished) - before

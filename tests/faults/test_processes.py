@@ -93,12 +93,16 @@ def _kill_nine(
             for cycle in range(cycles):
                 # Only replicas that are up: killing newborns before they listen leaves the
                 # fleet empty (a long run did that for 39 s; the scan then caught up).
-                wait_for(lambda: listeners(conn) >= 3, 30, "three replicas listening")
+                wait_for(
+                    lambda: listeners(conn) >= 3 * len(tables.each()),
+                    30,
+                    "three replicas listening",
+                )
                 time.sleep(rng.uniform(0.2, 1.5))  # a random moment in the traffic
                 victim = live.pop(rng.randrange(len(live)))
                 victim.kill()
                 live.append(replicas.start(env, f"r{cycle + 3}"))
-        wait_for(lambda: listeners(conn) >= 3, 30, "three replicas listening")
+        wait_for(lambda: listeners(conn) >= 3 * len(tables.each()), 30, "three replicas listening")
         app.quiesce()
         judgement, took = settled(database_url, tables)
         with contextlib.suppress(AssertionError):  # judged below, after the report

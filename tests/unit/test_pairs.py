@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import re
 from pathlib import Path
+from typing import cast
 
 import pytest
 from prometheus_client.exposition import generate_latest
@@ -14,6 +15,8 @@ from reactor import logs, mapping, pairs
 from reactor.config import Settings
 from reactor.errors import ConfigError
 from reactor.metrics import Metrics, PairMetrics
+from reactor.replica import Replica
+from reactor.service import Reactor
 
 SECOND = (Path(__file__).parent.parent / "mappings" / "second.toml").read_text()
 ENV = Settings.from_env({"REACTOR_GRACE_SECONDS": "30", "REACTOR_HOOK_TIMEOUT_SECONDS": "60"})
@@ -174,3 +177,48 @@ def test_a_pairs_lines_name_it() -> None:
         assert logs.fields_of(record) == {"job_id": "1", "pair": "reports"}
     finally:
         logs.PAIR.reset(token)
+
+
+class _Pair:
+    """What Replica reads of a pair's reactor to judge the whole: its health and metrics."""
+
+    def __init__(self, alive: bool, ready: bool, reason: str) -> None:
+        self.answer = (alive, ready, reason)
+        self.metrics = Metrics()
+        self.stopping = False
+
+    def health(self) -> tuple[bool, bool, str]:
+        return self.answer
+
+
+def replica(broken: dict[str, str] | None = None, **pairs: _Pair) -> Replica:
+    return Replica(cast(dict[str, Reactor], pairs), broken or {})
+
+
+def test_the_replica_is_ready_only_while_every_pair_is() -> None:
+    ok = _Pair(True, True, "ok")
+    assert replica(a=ok, b=ok).health() == (True, True, "ok")
+    waiting = _Pair(True, False, "LISTEN connection not up yet; polling")
+    assert replica(a=ok, b=waiting).health() == (
+        True,
+        False,
+        "pair b: LISTEN connection not up yet; polling",
+    )
+    # A wedged pair is worse than one not ready, whichever comes first.
+    wedged = _Pair(False, False, "stopping")
+    assert replica(a=waiting, b=wedged).health() == (False, False, "pair b: stopping")
+    # A pair left out at start is never ready.
+    assert replica({"c": "table app.Gone not found"}, a=ok).health() == (
+        True,
+        False,
+        "pair c: not served: table app.Gone not found",
+    )
+
+
+def test_a_replica_of_one_pair_is_that_pair() -> None:
+    only = _Pair(True, False, "starting")
+    one = replica(a=only)
+    assert one.only is cast(Reactor, only)
+    assert one.health() == (True, False, "starting")
+    assert one.metrics is only.metrics
+    assert isinstance(replica(a=only, b=only).metrics, PairMetrics)
