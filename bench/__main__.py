@@ -55,6 +55,7 @@ BENCHMARKS: dict[str, str] = {
     "page_render": "bench.page_render",
     "deadlines": "bench.deadlines",
     "idle": "bench.idle",
+    "pairs": "bench.pairs",
     "pinning": "bench.pinning",
     "outage": "bench.outage",
 }
