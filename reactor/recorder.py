@@ -180,6 +180,9 @@ class Recorder:
         # the row lock goes with it and the job is still ours to record.
         self.busy_retry = busy_retry
         self.error_retry = error_retry
+        # The error record statements fail with, as last logged; None while they succeed. A
+        # table that is gone fails every statement until it is back: said once, not for each.
+        self._failing: str | None = None
 
     async def record(self, job_ids: Sequence[str], alone: bool = False) -> Answer:
         """Record the due jobs among ``job_ids``; say which to try again, and when, and which
@@ -219,11 +222,17 @@ class Recorder:
                     await self._set_aside(job_ids[0], error)
                     return []
             self.metrics.record_errors.inc()
-            log.warning(
+            problem = first_line(error)
+            log.log(
+                logging.DEBUG if problem == self._failing else logging.WARNING,
                 "record failed, will retry",
-                extra={"jobs": len(job_ids), "error": first_line(error)},
+                extra={"jobs": len(job_ids), "error": problem},
             )
+            self._failing = problem
             return [(job_id, self.error_retry) for job_id in job_ids]
+        if self._failing is not None:
+            log.info("record statements succeed again", extra={"was": self._failing})
+            self._failing = None
         return self._digest(outcomes, "timer")
 
     async def _record_parts(self, job_ids: list[str], *, waits: bool, stuck: set[str]) -> Rearm:

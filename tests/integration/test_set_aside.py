@@ -172,3 +172,26 @@ async def test_a_running_reactor_sets_a_rejected_job_aside_and_records_the_next(
             await eventually(settled)
             sample = reactor.metrics.registry.get_sample_value
             await eventually(lambda: sample("reactor_set_aside_jobs") == 1)
+
+
+async def test_a_table_that_is_gone_is_said_once_not_at_every_statement(
+    database: db.Database, database_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    recorder = Recorder(database, Metrics())
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        jobs = [
+            str(add_job(conn, status="complete", results={"ok": i}, age=30)[0]) for i in range(3)
+        ]
+        conn.execute("ALTER TABLE analysis_runs RENAME TO analysis_runs_away")
+        caplog.set_level("DEBUG", logger="reactor.recorder")
+        for job in jobs:
+            answer = await recorder.record([job])
+            assert [job_id for job_id, _ in answer.retry] == [job]
+        failed = [r for r in caplog.records if r.getMessage() == "record failed, will retry"]
+        assert [r.levelname for r in failed] == ["WARNING", "DEBUG", "DEBUG"]
+        conn.execute("ALTER TABLE analysis_runs_away RENAME TO analysis_runs")
+        caplog.clear()
+        await recorder.record(jobs)
+        said = [r.getMessage() for r in caplog.records if r.levelname == "INFO"]
+        assert said.count("record statements succeed again") == 1
+        assert scalar(conn, "SELECT count(*) FROM analysis_runs") == 3
