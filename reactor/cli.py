@@ -627,27 +627,23 @@ async def cmd_demo(args: argparse.Namespace) -> int:
         raise ConfigError("--jobs must be within 1..100000 and --save-ratio within 0..1")
     if not 0 <= args.grace <= 60 or not 1 <= args.replicas <= 8:
         raise ConfigError("--grace must be within 0..60 seconds and --replicas within 1..8")
-    if args.config is not None:
-        shape = mapping.load(args.config)
-    else:
-        served = _pairs(args, Settings.from_env(os.environ))
-        if len(served) > 1:
+    # The demo runs with settings of its own: a file's [reactor] table does not apply.
+    named = os.environ if args.config is None else {mapping.CONFIG_VARIABLE: args.config}
+    shapes = [pair.mapping for pair in pairs.from_env(named, Settings())]
+    reference = mapping.REFERENCE
+    for m in (shape.in_public() for shape in shapes):
+        own_tables = (m.jobs.table, m.runs.table) != (reference.jobs.table, reference.runs.table)
+        if own_tables and args.schema is None:
             raise ConfigError(
-                "reactor demo runs one pair; REACTOR_CONFIG names several: give --config FILE"
+                f"the mapping names {m.jobs_shown} and {m.runs_shown}, which the demo's fresh "
+                "cluster lacks: give --schema FILE with the SQL that creates them "
+                "(pg_dump --schema-only)"
             )
-        shape = served[0].mapping
-    m, reference = shape.in_public(), mapping.REFERENCE
-    own_tables = (m.jobs.table, m.runs.table) != (reference.jobs.table, reference.runs.table)
-    if own_tables and args.schema is None:
-        raise ConfigError(
-            f"the mapping names {m.jobs_shown} and {m.runs_shown}, which the demo's fresh cluster "
-            "lacks: give --schema FILE with the SQL that creates them (pg_dump --schema-only)"
-        )
     addr: tuple[str, int] | None = demo.DEMO_HTTP_ADDR
     if args.http_addr is not None:
         addr = Settings.from_env({}, {"http_addr": args.http_addr}).http_addr
     return await demo.main(
-        shape,
+        shapes,
         jobs=args.jobs,
         grace=args.grace,
         save_ratio=args.save_ratio,

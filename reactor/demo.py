@@ -15,6 +15,7 @@ import random
 import signal
 import socket
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,7 +37,7 @@ from reactor.errors import ConfigError
 from reactor.install import Install
 from reactor.mapping import REFERENCE, Mapping
 from reactor.metrics import Metrics
-from reactor.service import Reactor, open_reactor
+from reactor.service import Reactor, open_reactors
 
 # Where the page is served while the demo runs: the reactor's own default for the page
 # (REACTOR_DASHBOARD_ADDR). The demo serves no probes: its replicas come and go.
@@ -100,7 +101,7 @@ class Scoreboard:
 
 
 async def main(
-    shape: Mapping = REFERENCE,
+    shapes: Mapping | Sequence[Mapping] = REFERENCE,
     *,
     jobs: int,
     grace: float,
@@ -115,14 +116,18 @@ async def main(
     ``http_addr`` (another free port when that one is taken) while it runs; with ``hold``, the
     cluster, a fresh fleet and the page stay up after the summary until SIGINT or SIGTERM.
 
-    It runs on the app's tables ``shape`` maps. ``schema`` creates them on the embedded
-    cluster first; without it the reference tables are created."""
+    It runs on the app's tables each of ``shapes`` maps: one pair, or several served by each
+    replica side by side (``jobs`` is per pair; the page shows one pair, so several have
+    none). ``schema`` creates them on the embedded cluster first; without it the reference
+    tables are created."""
+    shapes = (shapes,) if isinstance(shapes, Mapping) else tuple(shapes)
     console = Console(stderr=as_json)
     # The live view tells the story; per-run log lines would scroll it away.
     logging.getLogger("reactor").setLevel(logging.WARNING)
     started = time.monotonic()
+    each = f" in each of {len(shapes)} job/artifact pairs" if len(shapes) > 1 else ""
     console.print(
-        f"[bold]backstop-reactor demo[/]: {jobs} jobs, grace {grace:g} s, "
+        f"[bold]backstop-reactor demo[/]: {jobs} jobs{each}, grace {grace:g} s, "
         f"{replicas} replicas, tabs save {save_ratio:.0%}"
     )
     # Socket-only, in a folder of mode 0700: no one else on the machine may connect to this
@@ -131,28 +136,34 @@ async def main(
     await anyio.to_thread.run_sync(pg.start)
     try:
         console.print(f"embedded PostgreSQL {pg.version}, on a Unix socket only you can reach")
-        if shape.source is not None:
-            console.print(
-                f"the app's tables: {shape.jobs_shown} -> {shape.runs_shown}, "
-                f"mapped by {shape.source}"
-            )
+        for shape in shapes:
+            if shape.source is not None:
+                console.print(
+                    f"the app's tables: {shape.jobs_shown} -> {shape.runs_shown}, "
+                    f"mapped by {shape.source}"
+                )
+        pairs: list[Pair] = []
         async with await db.connect(pg.dsn, "demo") as conn:
             if schema is not None:
                 await _create_tables(conn, schema)
-            install = (await db.migrate(conn, shape, reference_schema=schema is None)).install
-            await audit.install(conn, install.mapping)
-            app = await App.fit(conn, install.mapping)
-        board = Scoreboard(jobs=jobs, replica_count=replicas)
+            for shape in shapes:
+                # The reference tables are made here unless the app's SQL made them.
+                reference = schema is None or shape.is_reference
+                install = (await db.migrate(conn, shape, reference_schema=reference)).install
+                await audit.install(conn, install.mapping)
+                pairs.append(Pair(install, await App.fit(conn, install.mapping)))
+        board = Scoreboard(jobs=jobs * len(pairs), replica_count=replicas)
         settings = Settings(database_url=pg.dsn, grace=grace, http_addr=None)
         async with db.make_pool(pg.dsn, max_size=2) as pool:
             # The page reads through a pool of its own: it shows the backlog growing while no
             # replica runs.
             page = Dashboard(
                 settings,
-                db.Database.pooled(install, pool, grace=grace),
+                db.Database.pooled(pairs[0].install, pool, grace=grace),
                 lambda: board.replicas[0] if board.replicas else None,
             )
-            async with http.serving_page(page, _free(http_addr), variable="--http-addr") as bound:
+            shown = _free(http_addr) if len(pairs) == 1 else None
+            async with http.serving_page(page, shown, variable="--http-addr") as bound:
                 if bound is not None:
                     console.print(f"the operator's page: {http.page_url(*bound)}")
                 with Live(
@@ -160,16 +171,31 @@ async def main(
                 ) as live:
                     async with anyio.create_task_group() as tg:
                         tg.start_soon(_refresh, live, board)
-                        await _play(app, settings, install, board, save_ratio)
+                        await _play(pairs, settings, board, save_ratio, jobs)
                         tg.cancel_scope.cancel()
+                verdicts: dict[str, audit.Verdict] = {}
                 async with await db.connect(pg.dsn, "demo") as conn:
-                    verdict = await audit.verdict(conn, install.mapping, grace)
-                _report(console, verdict, time.monotonic() - started, as_json)
+                    for pair in pairs:
+                        verdicts[pair.name] = await audit.verdict(conn, pair.install.mapping, grace)
+                _report(console, verdicts, time.monotonic() - started, as_json)
                 if hold:
-                    await _hold(console, pg, settings, install, board, bound)
+                    await _hold(console, pg, settings, pairs, board, bound)
     finally:
         await anyio.to_thread.run_sync(pg.cleanup)
-    return 0 if verdict.clean else 1
+    return 0 if all(verdict.clean for verdict in verdicts.values()) else 1
+
+
+@dataclass(frozen=True)
+class Pair:
+    """One job/artifact pair of the demo: its install, and the app that writes its tables."""
+
+    install: Install
+    app: App
+
+    @property
+    def name(self) -> str:
+        """The pair's name: its reactor schema."""
+        return self.install.schema
 
 
 def _free(addr: tuple[str, int] | None) -> tuple[str, int] | None:
@@ -188,7 +214,7 @@ async def _hold(
     console: Console,
     pg: EmbeddedPostgres,
     settings: Settings,
-    install: Install,
+    pairs: Sequence[Pair],
     board: Scoreboard,
     bound: tuple[str, int] | None,
 ) -> None:
@@ -197,7 +223,7 @@ async def _hold(
     # Said once it holds: the fleet is up and Ctrl-C is ours to handle.
     with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async with anyio.create_task_group() as tg:
-            fleet = await _start_fleet(tg, settings, install, board)
+            fleet = await _start_fleet(tg, settings, pairs, board)
             # The socket's folder lets in this user (and root) alone, which is what makes a
             # superuser without a password safe to hold up; the command says how to get in.
             console.print(f"holding: PostgreSQL{where} stay up; Ctrl-C ends it")
@@ -219,39 +245,43 @@ async def _refresh(live: Live, board: Scoreboard) -> None:
 
 
 async def _play(
-    app: App, settings: Settings, install: Install, board: Scoreboard, save_ratio: float
+    pairs: Sequence[Pair], settings: Settings, board: Scoreboard, save_ratio: float, jobs: int
 ) -> None:
-    """Worker, tabs, an outage and a recovery; returns once nothing is left to record."""
+    """Worker, tabs, an outage and a recovery; returns once nothing is left to record. With
+    several pairs the worker finishes a job of each in turn."""
     dsn = settings.require_database()
     rng = random.Random(7)
     async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as worker:
-        job_ids = await _create_jobs(app, worker, board.jobs)
+        job_ids = [await _create_jobs(pair.app, worker, jobs) for pair in pairs]
         async with anyio.create_task_group() as tg:
-            fleet = await _start_fleet(tg, settings, install, board)
+            fleet = await _start_fleet(tg, settings, pairs, board)
             board.phase = "worker finishing jobs; tabs saving most of them"
             rate = max(board.jobs / 4.0, 1.0)  # jobs per second: the worker takes about 4 s
-            for i, job_id in enumerate(job_ids):
-                if i == board.jobs * 2 // 5:
+            for i in range(jobs):
+                if i == jobs * 2 // 5:
                     await fleet.stop()
                     board.replicas, board.phase = [], "OUTAGE: no reactor replica running"
                     board.note("stopped every reactor replica: the timers they held are gone")
-                if i == board.jobs * 7 // 10:
-                    fleet = await _start_fleet(tg, settings, install, board)
+                if i == jobs * 7 // 10:
+                    fleet = await _start_fleet(tg, settings, pairs, board)
                     board.phase = "recovered: fresh replicas re-armed from the database"
                     board.note("started fresh replicas: startup scan + re-arm from the database")
-                # A few jobs end with nothing to show, and need no run.
-                empty = rng.random() < 0.03
-                verdicts = app.empty(app.verdicts[0]) if empty else VERDICTS
-                await worker.execute(
-                    *app.finish(job_id, failed=rng.random() < 0.1, verdicts=verdicts)
-                )
-                board.finished += 1
-                if not empty and rng.random() < save_ratio:
-                    delay = rng.uniform(0.05, settings.grace * 0.6)
-                    tg.start_soon(_tab_save, app, dsn, job_id, delay, board)
-                await anyio.sleep(1 / rate)
+                for pair, ids in zip(pairs, job_ids, strict=True):
+                    app, job_id = pair.app, ids[i]
+                    # A few jobs end with nothing to show, and need no run.
+                    empty = rng.random() < 0.03
+                    verdicts = app.empty(app.verdicts[0]) if empty else VERDICTS
+                    await worker.execute(
+                        *app.finish(job_id, failed=rng.random() < 0.1, verdicts=verdicts)
+                    )
+                    board.finished += 1
+                    if not empty and rng.random() < save_ratio:
+                        delay = rng.uniform(0.05, settings.grace * 0.6)
+                        tg.start_soon(_tab_save, app, dsn, job_id, delay, board)
+                    await anyio.sleep(1 / rate)
             board.phase = "waiting for the last grace windows"
-            await _wait_until_settled(app, worker, settings.grace)
+            for pair in pairs:
+                await _wait_until_settled(pair.app, worker, settings.grace)
             board.note("nothing left to record")
             await fleet.stop()
 
@@ -276,35 +306,41 @@ class Fleet:
 
 
 async def _start_fleet(
-    tg: anyio.abc.TaskGroup, settings: Settings, install: Install, board: Scoreboard
+    tg: anyio.abc.TaskGroup, settings: Settings, pairs: Sequence[Pair], board: Scoreboard
 ) -> Fleet:
     fleet = Fleet()
     for _ in range(board.replica_count):
-        metrics = Metrics()
-        board.metrics.append(metrics)
         done = anyio.Event()
-        reactor = await tg.start(_replica, settings, install, metrics, done)
-        board.replicas.append(reactor)
-        fleet.replicas.append((reactor, done))
+        reactors = await tg.start(_replica, settings, pairs, board, done)
+        board.replicas.extend(reactors)
+        fleet.replicas.extend((reactor, done) for reactor in reactors)
     board.note(f"{board.replica_count} reactor replicas listening")
     return fleet
 
 
 async def _replica(
     settings: Settings,
-    install: Install,
-    metrics: Metrics,
+    pairs: Sequence[Pair],
+    board: Scoreboard,
     done: anyio.Event,
     *,
-    task_status: anyio.abc.TaskStatus[Reactor],
+    task_status: anyio.abc.TaskStatus[list[Reactor]],
 ) -> None:
+    # One replica: a reactor for each pair, on one pool, as `reactor run` serves them.
+    def counted() -> Metrics:
+        metrics = Metrics()
+        board.metrics.append(metrics)
+        return metrics
+
+    served = [(settings, pair.install) for pair in pairs]
     try:
         async with (
-            open_reactor(settings, install, metrics=metrics) as reactor,
+            open_reactors(settings, served, metrics=counted) as reactors,
             anyio.create_task_group() as inner,
         ):
-            await inner.start(reactor.run)
-            task_status.started(reactor)
+            for reactor in reactors:
+                await inner.start(reactor.run)
+            task_status.started(reactors)
     finally:
         done.set()
 
@@ -352,35 +388,49 @@ async def _create_tables(conn: db.AnyConnection, schema: AppSchema) -> None:
         ) from None
 
 
-def _report(console: Console, v: audit.Verdict, elapsed: float, as_json: bool) -> None:
+def _report(
+    console: Console, verdicts: dict[str, audit.Verdict], elapsed: float, as_json: bool
+) -> None:
+    several = len(verdicts) > 1
     if as_json:
-        print(json.dumps({**v.as_dict(), "seconds": round(elapsed, 1)}))
+        if several:
+            by_pair = {name: v.as_dict() for name, v in verdicts.items()}
+            print(json.dumps({"pairs": by_pair, "seconds": round(elapsed, 1)}))
+        else:
+            (v,) = verdicts.values()
+            print(json.dumps({**v.as_dict(), "seconds": round(elapsed, 1)}))
         return
 
     def ms(seconds: float | None) -> str:
         return "-" if seconds is None else f"{seconds * 1000:.1f} ms"
 
-    table = Table(title="what the database says", show_header=False)
-    table.add_column(style="bold")
-    table.add_column(justify="right")
-    table.add_row("jobs", str(v.jobs))
-    table.add_row("saved by browser tabs", str(v.saved_by_client))
-    table.add_row("recorded by the reactor", str(v.saved_by_worker))
-    for name in ("lost", "dup", "clobbered", "early", "wrong"):
-        count = getattr(v, name)
-        table.add_row(_LABELS[name], f"[{'green' if count == 0 else 'red'}]{count}[/]")
-    table.add_row(
-        "lateness p50 / p99 / max",
-        f"{ms(v.lateness_p50)} / {ms(v.lateness_p99)} / {ms(v.lateness_max)}",
-    )
-    console.print(table)
-    if v.clean:
+    for name, v in verdicts.items():
+        title = f"what the database says of pair {name}" if several else "what the database says"
+        table = Table(title=title, show_header=False)
+        table.add_column(style="bold")
+        table.add_column(justify="right")
+        table.add_row("jobs", str(v.jobs))
+        table.add_row("saved by browser tabs", str(v.saved_by_client))
+        table.add_row("recorded by the reactor", str(v.saved_by_worker))
+        for label in ("lost", "dup", "clobbered", "early", "wrong"):
+            count = getattr(v, label)
+            table.add_row(_LABELS[label], f"[{'green' if count == 0 else 'red'}]{count}[/]")
+        table.add_row(
+            "lateness p50 / p99 / max",
+            f"{ms(v.lateness_p50)} / {ms(v.lateness_p99)} / {ms(v.lateness_max)}",
+        )
+        console.print(table)
+    if all(v.clean for v in verdicts.values()):
+        p50 = ms(next(iter(verdicts.values())).lateness_p50)
+        if several:
+            p50 = ", ".join(f"{ms(v.lateness_p50)} ({name})" for name, v in verdicts.items())
+        each = " in each pair" if several else ""
         console.print(
-            f"Every finished job that no tab saved got its run exactly once, without touching a "
-            f"tab's save, even across an outage of every replica. The reactor wrote "
-            f"{ms(v.lateness_p50)} after the grace window at the median (outage recovery "
-            f"included in the max); a {_SWEEP_TICK:.0f} s sweep waits about "
-            f"{_SWEEP_TICK / 2:.0f} s. ({elapsed:.0f} s in all)"
+            f"Every finished job that no tab saved got its run exactly once{each}, without "
+            f"touching a tab's save, even across an outage of every replica. The reactor "
+            f"wrote {p50} after the grace window at the median (outage recovery included in "
+            f"the max); a {_SWEEP_TICK:.0f} s sweep waits about {_SWEEP_TICK / 2:.0f} s. "
+            f"({elapsed:.0f} s in all)"
         )
     else:
         console.print("[red]An invariant was broken; the counts above say which.[/]")

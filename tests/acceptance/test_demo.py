@@ -57,6 +57,31 @@ def test_demo_runs_on_the_apps_own_tables() -> None:
     assert verdict["early"] == verdict["wrong"] == 0
 
 
+def test_demo_serves_two_pairs_from_each_replica(tmp_path: Path) -> None:
+    # The reference pair and the second mapping's, each replica serving both on one pool.
+    analysis = tmp_path / "analysis.toml"
+    analysis.write_text('reactor_schema = "reactor"\n')
+    reports = tmp_path / "reports.toml"
+    reports.write_text(
+        'reactor_schema = "reactor_reports"\n' + (MAPPINGS / "second.toml").read_text()
+    )
+    result = run_reactor(
+        "demo",
+        *("--jobs", "30", "--grace", "1", "--replicas", "2", "--json", "--http-addr", ""),
+        *("--config", f"{analysis}:{reports}", "--schema", str(MAPPINGS / "second.sql")),
+        env=reactor_env(None),
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    verdicts = json.loads(result.stdout.splitlines()[-1])["pairs"]
+    assert set(verdicts) == {"reactor", "reactor_reports"}
+    for verdict in verdicts.values():
+        assert verdict["jobs"] == 30
+        assert verdict["saved_by_client"] > 0
+        assert verdict["saved_by_worker"] > 0
+        assert verdict["lost"] == verdict["dup"] == verdict["clobbered"] == 0
+        assert verdict["early"] == verdict["wrong"] == 0
+
+
 @pytest.mark.parametrize(
     ("args", "line"),
     [
