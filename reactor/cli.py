@@ -290,7 +290,9 @@ async def _resolve_served(
                 raise
             broken[pair.name] = known
     if not resolved:
-        raise next(iter(broken.values()))
+        # None can run: the first one's trouble, named, is the command's error.
+        name, trouble = next(iter(broken.items()))
+        raise type(trouble)(f"pair {name}: {trouble}")
     return resolved, broken
 
 
@@ -387,18 +389,19 @@ async def _stop_on_signals(reactor: Replica, scope: anyio.CancelScope) -> None:
 async def cmd_migrate(args: argparse.Namespace) -> int:
     """``reactor migrate``: apply (or print) the migrations of every pair, idempotently; or
     print the grants every pair needs."""
-    settings = Settings.from_env(os.environ, {"channel": args.channel})
-    served = _pairs(args, settings)
     if args.print_grants is not None:
         # Text for each mapping: checked against the database when DATABASE_URL names one
-        # (a custom mapping's id type comes from the catalog); else as the file says.
+        # (a custom mapping's id type comes from the catalog); else as the file says. The
+        # reference mapping's needs no setting at all.
         grants.check_role(args.print_grants)
-        for pair in served:
+        for pair in pairs.from_env(os.environ, Settings()):
             shape = pair.mapping
             if pair.mapping.source is not None:
-                shape = await _fit_for_print(settings, shape)
+                shape = await _fit_for_print(Settings.from_env(os.environ), shape)
             sys.stdout.write(grants.grant_script(args.print_grants, shape))
         return 0
+    settings = Settings.from_env(os.environ, {"channel": args.channel})
+    served = _pairs(args, settings)
     if args.from_version and not args.print:
         raise ConfigError("--from goes with --print; `reactor migrate` finds the version itself")
     if not 0 <= args.from_version <= sql.latest_version():
@@ -476,13 +479,20 @@ async def cmd_sweep(args: argparse.Namespace) -> int:
     """
     settings = _settings(args)
     served = _pairs(args, settings)
+    # Before anything connects, as `reactor run` does: a bad hook is one line, at once.
+    for pair in served:
+        check_hooks(pair.settings)
     tracing.configure()
     async with await _startup_connection(settings, "startup") as conn:
         resolved, broken = await _resolve_served(conn, served)
     recorded, set_aside = 0, False
     for pair, install in resolved:
         which = f"pair {pair.name}: " if len(served) > 1 else ""
-        count, left = await _sweep(pair.settings, install, which)
+        token = logs.PAIR.set(pair.name if len(served) > 1 else None)
+        try:
+            count, left = await _sweep(pair.settings, install, which)
+        finally:
+            logs.PAIR.reset(token)
         recorded += count
         set_aside |= left
     print(recorded)

@@ -13,12 +13,13 @@ the defaults. Reading is pure and validates every file before anything connects.
 from __future__ import annotations
 
 from collections.abc import Mapping as Environ
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from reactor import mapping
 from reactor.config import Settings
 from reactor.errors import ConfigError
+from reactor.hooks.spec import webhook_secret_variables
 from reactor.mapping import CONFIG_VARIABLE, REFERENCE, Mapping
 
 
@@ -86,8 +87,40 @@ def several(
                     f"{source}: channel {pair.channel!r} is also {other.mapping.source}'s; "
                     "each pair's trigger needs a channel of its own"
                 )
+            if pair.mapping.runs.table == other.mapping.runs.table:
+                raise ConfigError(
+                    f"{source}: runs.table {pair.mapping.runs_shown} is also "
+                    f"{other.mapping.source}'s; each pair writes an artifact table of its own"
+                )
         pairs.append(pair)
-    return tuple(pairs)
+    return _own_secrets(tuple(pairs), settings)
+
+
+def _own_secrets(pairs: tuple[Pair, ...], settings: Settings) -> tuple[Pair, ...]:
+    # Each pair's hooks are checked on their own, and a REACTOR_WEBHOOK_SECRET_<NAME> must name
+    # a webhook hook: so each pair is given the secrets of its own webhooks, and a variable that
+    # names none of any pair's is the mistake it is for one pair.
+    wanted = {pair.name: webhook_secret_variables(pair.settings.hooks) for pair in pairs}
+    for variable in sorted(settings.webhook_secrets):
+        if not any(variable in own for own in wanted.values()):
+            raise ConfigError(
+                f"{variable} is set, but no pair's hooks have a webhook of that name (the "
+                "variable is REACTOR_WEBHOOK_SECRET_ and the name upper-cased, - as _)"
+            )
+    return tuple(
+        replace(
+            pair,
+            settings=replace(
+                pair.settings,
+                webhook_secrets={
+                    variable: secret
+                    for variable, secret in pair.settings.webhook_secrets.items()
+                    if variable in wanted[pair.name]
+                },
+            ),
+        )
+        for pair in pairs
+    )
 
 
 def named(pairs: tuple[Pair, ...], name: str | None) -> Pair:

@@ -154,6 +154,17 @@ async def open_hooks(
             await session.close()
 
 
+def webhook_secret_variables(text: str) -> frozenset[str]:
+    """The REACTOR_WEBHOOK_SECRET_<NAME> variables that may sign the webhook hooks of ``text``
+    (a REACTOR_HOOKS value), read without checking the rest of it."""
+    found = set()
+    for item in filter(None, (part.strip() for part in _SPLIT.split(text.strip()))):
+        name, sep, spec = item.partition("=")
+        if sep and spec.strip().partition(":")[0] == "webhook":
+            found.add(webhook_secret_variable(name.strip()))
+    return frozenset(found)
+
+
 def check_hooks(settings: Settings) -> None:
     """Raise ConfigError for anything wrong in REACTOR_HOOKS and its secrets, before anything
     connects (their modules are imported); the hooks themselves are made by open_hooks."""

@@ -125,7 +125,10 @@ def test_a_broken_pair_costs_only_itself(
     database_url: str, two_pairs: str, tmp_path: Path, spawn: Spawn
 ) -> None:
     gone = tmp_path / "gone.toml"
-    gone.write_text('reactor_schema = "reactor_gone"\n[jobs]\ntable = "app.Gone"\n')
+    gone.write_text(
+        'reactor_schema = "reactor_gone"\n'
+        '[jobs]\ntable = "app.Gone"\n[runs]\ntable = "app.GoneRuns"\n'
+    )
     port = free_port()
     env = reactor_env(
         database_url,

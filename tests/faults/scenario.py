@@ -126,7 +126,10 @@ class Scenario:
             await drive(app)
 
     async def finish(self, app: Workload, count: int) -> None:
-        """``count`` jobs finish at once."""
+        """``count`` jobs finish at once (and as many of the companion pair's)."""
+        companion = self.companions.get(id(app))
+        if companion is not None:
+            await anyio.to_thread.run_sync(companion.finish, count)
         await anyio.to_thread.run_sync(app.finish, count)
 
     async def verdict(
@@ -147,7 +150,7 @@ class Scenario:
             mapping=self.tables.mapping,
             until=until,
         )
-        companion = self.companions.pop(id(app), None)
+        companion = self.companions.get(id(app))
         if companion is not None and self.tables.companion is not None:
             await anyio.to_thread.run_sync(companion.quiesce)
             theirs, _ = await settle(

@@ -86,8 +86,14 @@ class Counting:
         return await self.on.fetch(query, params, row_factory, **options)
 
 
-def reinstall_triggers(conn: psycopg.Connection[tuple[object, ...]], channel: str) -> None:
-    conn.execute(REFERENCE_INSTALL.render(sql.repeatable().text, channel=channel))
+async def reinstall_triggers(conn: psycopg.Connection[tuple[object, ...]], channel: str) -> None:
+    await ddl(conn, REFERENCE_INSTALL.render(sql.repeatable().text, channel=channel))
+
+
+async def ddl(conn: psycopg.Connection[tuple[object, ...]], statement: str) -> None:
+    """``statement`` on the test's own connection, off the event loop: it waits for the table's
+    lock, and a statement of the running reactor that holds one must be able to finish."""
+    await anyio.to_thread.run_sync(conn.execute, statement)
 
 
 async def test_a_quiet_replica_checks_on_its_listen_connection_alone(
@@ -203,7 +209,7 @@ async def test_a_trigger_notifying_another_channel_is_named_and_polled(
         async with start_reactor(grace=GRACE, probe_interval=PROBE) as reactor:
             await eventually(lambda: reactor.health()[1])
             assert not reactor.polling
-            reinstall_triggers(conn, "someone_elses_channel")
+            await reinstall_triggers(conn, "someone_elses_channel")
             await eventually(lambda: job_trigger(reactor)["elsewhere"] == 1.0, timeout=3)
             alive, ready, reason = reactor.health()
             assert (alive, ready) == (True, False)
@@ -213,7 +219,7 @@ async def test_a_trigger_notifying_another_channel_is_named_and_polled(
             finish(conn, job_id)
             await eventually(lambda: run_row(conn, run_id))
             # Put back, the replica hears notifications again.
-            reinstall_triggers(conn, "analysis_jobs_terminal")
+            await reinstall_triggers(conn, "analysis_jobs_terminal")
             await eventually(lambda: job_trigger(reactor)["notifies"] == 1.0, timeout=3)
             assert reactor.health() == (True, True, "ok")
             assert not reactor.polling
@@ -227,10 +233,10 @@ async def test_a_missing_job_trigger_makes_the_replica_unready(
     with psycopg.connect(database_url, autocommit=True) as conn:
         async with start_reactor(probe_interval=PROBE) as reactor:
             await eventually(lambda: reactor.health()[1])
-            conn.execute("ALTER TABLE analysis_jobs DISABLE TRIGGER reactor_job_update")
+            await ddl(conn, "ALTER TABLE analysis_jobs DISABLE TRIGGER reactor_job_update")
             await eventually(lambda: job_trigger(reactor)["missing"] == 1.0, timeout=3)
             alive, ready, reason = reactor.health()
             assert (alive, ready) == (True, False)
             assert "reactor migrate" in reason
-            conn.execute("ALTER TABLE analysis_jobs ENABLE TRIGGER reactor_job_update")
+            await ddl(conn, "ALTER TABLE analysis_jobs ENABLE TRIGGER reactor_job_update")
             await eventually(lambda: reactor.health() == (True, True, "ok"), timeout=3)

@@ -14,6 +14,7 @@ from prometheus_client.exposition import generate_latest
 from reactor import logs, mapping, pairs
 from reactor.config import Settings
 from reactor.errors import ConfigError
+from reactor.hooks import check_hooks
 from reactor.metrics import Metrics, PairMetrics
 from reactor.replica import Replica
 from reactor.service import Reactor
@@ -99,6 +100,12 @@ def test_several_files_are_several_pairs_each_with_its_own_settings(
         ),
         (
             ('reactor_schema = "a"\n', 'reactor_schema = "b"\n'),
+            ENV,
+            (),
+            "each pair writes an artifact table of its own",
+        ),
+        (
+            ('reactor_schema = "a"\n', 'reactor_schema = "b"\n'),
             Settings.from_env({"REACTOR_CHANNEL": "c"}),
             (),
             "REACTOR_CHANNEL (or --channel) names one channel",
@@ -118,6 +125,7 @@ def test_several_files_are_several_pairs_each_with_its_own_settings(
         "no schema",
         "same schema",
         "same channel",
+        "same runs table",
         "one channel for all",
         "not a pair's setting",
         "bad value",
@@ -139,6 +147,26 @@ def test_mistakes_name_the_file(
     assert says in str(raised.value)
     if "REACTOR_CHANNEL" not in says and "--grace" not in says:
         assert ".toml" in str(raised.value)
+
+
+def test_each_pair_gets_the_secrets_of_its_own_webhooks(tmp_path: Path) -> None:
+    analysis = write(tmp_path, "analysis.toml", 'reactor_schema = "reactor"\n')
+    reports = write(
+        tmp_path,
+        "reports.toml",
+        'reactor_schema = "reactor_reports"\n'
+        + SECOND
+        + '\n[reactor]\nhooks = "judge=webhook:https://judge.internal/reports"\n',
+    )
+    signed = Settings.from_env({"REACTOR_WEBHOOK_SECRET_JUDGE": "s" * 32})
+    reference, second = pairs.from_env(config(analysis, reports), signed)
+    assert reference.settings.webhook_secrets == {}
+    assert second.settings.webhook_secrets == {"REACTOR_WEBHOOK_SECRET_JUDGE": "s" * 32}
+    check_hooks(reference.settings)
+    check_hooks(second.settings)
+    unused = Settings.from_env({"REACTOR_WEBHOOK_SECRET_JUGDE": "s" * 32})
+    with pytest.raises(ConfigError, match="REACTOR_WEBHOOK_SECRET_JUGDE is set, but no pair's"):
+        pairs.from_env(config(analysis, reports), unused)
 
 
 def test_a_command_on_one_pair_of_several_is_told_which(two: dict[str, str]) -> None:
