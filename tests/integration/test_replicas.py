@@ -157,7 +157,9 @@ async def test_replicas_split_the_claims_one_statement_per_job(
             r.metrics.registry.get_sample_value("reactor_deadlines_left_to_owner_total") or 0
             for r in replicas
         ]
-        assert sum(left) == 2 * len(jobs)
+        # Each heard every job and left the two thirds it does not own to their owners; a
+        # re-arm after a heartbeat that aged out on a loaded machine offers them again.
+        assert sum(left) >= 2 * len(jobs)
         assert len(worker_writes(conn)) == len(jobs)
 
 
