@@ -7,7 +7,7 @@ A page holds a generated part between two markers::
     <!-- end generated: NAME -->
 
 and this script rewrites what stands between them from the code: the CLI's options from
-``reactor.cli.build_parser()``, every setting from ``reactor.config.Settings``, the metrics
+``reactor.arguments.build_parser()``, every setting from ``reactor.config.Settings``, the metrics
 registry of ``reactor.metrics.Metrics``, the exit codes of ``reactor.errors``, the SQL that
 ``reactor migrate --print`` prints for ``tests/mappings/second.toml``, and README's diagram.
 Everything outside the markers is written by hand.
@@ -32,7 +32,7 @@ from typing import NamedTuple
 from prometheus_client import Counter, Histogram
 from prometheus_client.metrics import MetricWrapperBase
 
-from reactor import cli, config, db, errors, mapping, metrics, sql
+from reactor import arguments, config, db, errors, mapping, metrics, sql
 from reactor.install import Install
 
 DOCS = Path(__file__).resolve().parent
@@ -173,7 +173,7 @@ def _command_section(
 
 @functools.cache
 def _parser() -> argparse.ArgumentParser:
-    return cli.build_parser()
+    return arguments.build_parser()
 
 
 def cli_reference() -> str:

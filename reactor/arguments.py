@@ -1,0 +1,132 @@
+"""The ``reactor`` command line as a contract: its sub-commands, flags and help (DESIGN.md's CLI
+table); :mod:`reactor.cli` runs them. The CLI reference page is generated from it."""
+
+from __future__ import annotations
+
+import argparse
+
+# The flags that override an environment variable, by Settings field.
+OVERRIDES = ("grace", "scan_interval", "batch_size", "channel", "mode", "drain", "http_addr")
+
+LOG_FORMATS = ("json", "console")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser, with one sub-command per DESIGN.md's CLI table."""
+    parser = argparse.ArgumentParser(
+        prog="reactor",
+        description="Records every finished job's run in PostgreSQL, once, right after its grace.",
+    )
+    # No defaults here: argparse checks only what is typed, and the environment's values must
+    # be checked too (see _log_settings).
+    parser.add_argument(
+        "--log-level", help="debug, info, warning, error or critical (REACTOR_LOG_LEVEL; info)"
+    )
+    parser.add_argument(
+        "--log-format",
+        choices=LOG_FORMATS,
+        help="default: console on a terminal, json otherwise (REACTOR_LOG_FORMAT)",
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    run = commands.add_parser("run", help="run the sidecar until SIGTERM/SIGINT")
+    run.add_argument("--grace", type=str, help="seconds (REACTOR_GRACE_SECONDS)")
+    run.add_argument("--scan-interval", type=str, help="seconds (REACTOR_SCAN_INTERVAL_SECONDS)")
+    run.add_argument("--batch-size", type=str, help="rows per claim (REACTOR_BATCH_SIZE)")
+    run.add_argument("--channel", help="NOTIFY channel (REACTOR_CHANNEL)")
+    run.add_argument("--mode", help="listen or poll (REACTOR_MODE)")
+    run.add_argument("--drain", type=str, help="seconds (REACTOR_DRAIN_SECONDS)")
+    run.add_argument("--http-addr", help="HOST:PORT or empty (REACTOR_HTTP_ADDR)")
+
+    migrate = commands.add_parser("migrate", help="install or upgrade the reactor's SQL")
+    migrate.add_argument(
+        "--reference-schema", action="store_true", help="also create the app's two tables"
+    )
+    output = migrate.add_mutually_exclusive_group()
+    output.add_argument("--print", action="store_true", help="write the SQL to stdout instead")
+    output.add_argument(
+        "--print-grants",
+        metavar="ROLE",
+        help="write the GRANT statements the runtime role ROLE needs, and nothing else",
+    )
+    migrate.add_argument(
+        "--from",
+        dest="from_version",
+        type=int,
+        default=0,
+        metavar="VERSION",
+        help="with --print: only what comes after this applied schema version",
+    )
+    migrate.add_argument("--channel", help="NOTIFY channel (REACTOR_CHANNEL)")
+    migrate.add_argument(
+        "--notify",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="whether the job trigger notifies the reactors; --no-notify queues without it "
+        "and the reactors poll (default: keep what is installed, notify on a first install)",
+    )
+    migrate.add_argument(
+        "--spread",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="whether the job trigger notifies each share of the jobs on a channel of its own, "
+        "so that each replica of a fleet hears only its own (default: keep what is installed, "
+        "not on a first install)",
+    )
+
+    sweep = commands.add_parser(
+        "sweep", help="repair after a restore or bypass: a full reconcile pass, then a drain"
+    )
+    sweep.add_argument("--once", action="store_true", required=True, help="drain once and exit")
+    sweep.add_argument("--grace", type=str, help="seconds (REACTOR_GRACE_SECONDS)")
+    sweep.add_argument("--batch-size", type=str, help="rows per claim (REACTOR_BATCH_SIZE)")
+
+    state = commands.add_parser(
+        "status", help="backlog, trim-horizon risk, hooks, LISTEN replicas; exit 1 if at risk"
+    )
+    state.add_argument("--json", action="store_true", help="print the stable JSON shape")
+
+    hooks = commands.add_parser("hooks", help="list, re-queue or cancel follow-up hook calls")
+    hooks.add_argument(
+        "--pair", metavar="NAME", help="the pair's hooks (its reactor_schema), of several"
+    )
+    actions = hooks.add_subparsers(dest="hooks_command", required=True, metavar="ACTION")
+    listing = actions.add_parser(
+        "list", help="pending, running and failed hook calls; exit 1 if any failed"
+    )
+    listing.add_argument("--failed", action="store_true", help="only the parked (failed) ones")
+    listing.add_argument("--json", action="store_true", help="print the stable JSON shape")
+    listing.add_argument("--limit", type=str, default="100", help="most rows shown (100)")
+    retry = actions.add_parser(
+        "retry", help="re-queue failed or cancelled hook calls, on a fresh schedule"
+    )
+    retry.add_argument("--failed", action="store_true", help="every failed hook call")
+    retry.add_argument("ids", nargs="*", metavar="ID", help="row ids from `reactor hooks list`")
+    cancel = actions.add_parser("cancel", help="cancel pending or failed hook calls")
+    cancel.add_argument("ids", nargs="+", metavar="ID", help="row ids from `reactor hooks list`")
+
+    demo = commands.add_parser("demo", help="the whole loop on an embedded PostgreSQL")
+    demo.add_argument("--jobs", type=int, default=300, help="jobs the worker finishes")
+    demo.add_argument("--grace", type=float, default=2.0, help="grace window in seconds")
+    demo.add_argument("--save-ratio", type=float, default=0.7, help="share of jobs a tab saves")
+    demo.add_argument("--replicas", type=int, default=2, help="reactor replicas side by side")
+    demo.add_argument("--json", action="store_true", help="print the summary as JSON")
+    demo.add_argument(
+        "--hold",
+        action="store_true",
+        help="after the summary, keep the cluster and the page up until Ctrl-C",
+    )
+    demo.add_argument(
+        "--http-addr", help="HOST:PORT of the page, or empty for none (127.0.0.1:9188)"
+    )
+    demo.add_argument(
+        "--config",
+        metavar="FILE",
+        help="the mapping of the app's tables (as REACTOR_CONFIG, which it overrides)",
+    )
+    demo.add_argument(
+        "--schema",
+        metavar="FILE",
+        help="SQL that creates the app's tables first, e.g. pg_dump --schema-only of the app",
+    )
+    return parser
