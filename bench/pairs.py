@@ -594,23 +594,10 @@ def _result(
         )
     if not (met_goals["connections"] and met_goals["idle"]):
         notes.append(
-            "What would close the connection and idle goals: each pair's Reactor still opens "
-            "its own LISTEN connection and runs its own health check on it (one statement "
-            f"per probe interval per pair, {one.health_checks_per_min():.1f}/min for three). "
-            "One LISTEN session for every pair's channel would leave the process one pool plus "
-            "one LISTEN connection, and one health statement covering every pair (each pair's "
-            "heartbeat and overdue check in one round trip) would take the idle count back to "
-            "about one pair's."
-        )
-    pooled = one.connections.get("reactor-pool", 0)
-    if met_goals["connections"] is False and pooled + 1 > connection_goal:
-        own_pool = fleet.connections.get("reactor-pool", 0) / n
-        notes.append(
-            f"One LISTEN connection alone would still leave {pooled + 1} connections against "
-            f"the goal of {connection_goal:.1f}: the shared pool keeps {pooled} from start-up, "
-            f"one pair's own pool {own_pool:.1f} (nothing uses the pool while idle: these "
-            "opened before the window). What is left is that start-up growth: the pairs' first "
-            "duties run one after another, or a shorter max_idle, are the ways to close it."
+            "The connection or idle goal was missed: by application_name above, a LISTEN "
+            "connection per process and the pool's idle connections; the health checks "
+            f"({one.health_checks_per_min():.1f}/min in the one process) are one statement "
+            "per probe interval for every pair when the shared LISTEN session carries them."
         )
     return Result(
         name="pairs",
@@ -663,11 +650,11 @@ def _notes(
 ) -> list[str]:
     notes = [
         f"Connections at the end of the idle window, by application_name: one process "
-        f"{_listed(one.connections)}; a fleet per pair {_listed(fleet.connections)}. Besides "
-        "a LISTEN connection per pair, each pool keeps the connections its start-up opened "
-        "(every pair's first duties run at once; psycopg_pool closes an idle connection only "
-        "after max_idle, 10 min, longer than the window): the shared pool holds fewer than "
-        "three pools would, but more than one pair's.",
+        f"{_listed(one.connections)}; a fleet per pair {_listed(fleet.connections)}. The one "
+        "process holds one LISTEN connection for its three pairs; each pool grows at start "
+        "(every pair's first duties run at once) and closes one idle connection beyond its "
+        "first every 30 s (POOL_MAX_IDLE), so how far it has shrunk by the window's end "
+        "depends on when the pools opened.",
         f"What the one process sent while idle, per minute: {_top(one)}.",
         f"Idle figures come from one window of {window:g} s, one run, on a machine shared "
         "with the server; the reconcile pass (once per 10 min per pair) may or may not fall "

@@ -190,20 +190,43 @@ class Scheduler:
         """Run ``action`` as duty ``name`` for ``carrier`` if it holds the token now; True if it
         ran. A failure goes to ``on_failure`` and the duty's retry policy; on the listener's
         road it is raised too, since the connection it rode is suspect."""
-        if not self.cadence.begin(name, carrier, self.clock.now()):
+        if not self.begin(name, carrier):
             return False
         await self._carry_out(name, carrier, action)
         return True
 
+    def begin(self, name: str, carrier: Carrier) -> bool:
+        """Take the token for ``name`` if ``carrier`` may run it now (see :meth:`Cadence.begin`);
+        give it back with :meth:`end`."""
+        return self.cadence.begin(name, carrier, self.clock.now())
+
+    def end(
+        self,
+        name: str,
+        carrier: Carrier,
+        *,
+        ok: bool = True,
+        error: BaseException | None = None,
+        next_in: float | None = None,
+    ) -> None:
+        """Give the token for ``name`` back: done, or failed (not ``ok``, or with ``error``,
+        which ``on_failure`` is told of); a failure is retried by the duty's policy."""
+        if error is not None:
+            self.on_failure(name, carrier, error)
+        ok = ok and error is None
+        self.cadence.end(name, carrier, self.clock.now(), ok=ok, next_in=next_in)
+        self._wake.set()
+
     async def _carry_out(self, name: str, carrier: Carrier, action: Action) -> None:
-        ok, next_in = False, None
         try:
             next_in = await action()
-            ok = True
         except DATABASE_ERRORS as error:
-            self.on_failure(name, carrier, error)
+            self.end(name, carrier, error=error)
             if carrier == "listener":
                 raise
-        finally:
-            self.cadence.end(name, carrier, self.clock.now(), ok=ok, next_in=next_in)
-            self._wake.set()
+            return
+        except BaseException:
+            # Cancelled, or a bug: retried by the duty's policy, and nobody is told.
+            self.end(name, carrier, ok=False)
+            raise
+        self.end(name, carrier, next_in=next_in)

@@ -16,7 +16,6 @@ import resource
 import signal
 import sys
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import replace
 
 import anyio
 import psycopg.errors
@@ -188,13 +187,6 @@ async def cmd_run(args: argparse.Namespace) -> int:
 
     settings = _settings(args)
     served = _pairs(args, settings)
-    if len(served) > 1 and settings.dashboard_addr is not None:
-        log.warning(
-            "the operator's page shows one pair; REACTOR_CONFIG names several, so it is off: "
-            "`reactor status` shows each",
-            extra={"pairs": ",".join(pair.name for pair in served)},
-        )
-        settings = replace(settings, dashboard_addr=None, dashboard_url=None)
     _raise_open_files_limit()
     tracing.configure()
     # Everything that can fail without the database fails first, in milliseconds: hooks are
@@ -205,7 +197,11 @@ async def cmd_run(args: argparse.Namespace) -> int:
     for pair in served:
         check_hooks(pair.settings)
     running: list[Replica] = []
-    async with http.serving_replica(settings, lambda: running[0] if running else None):
+    async with http.serving_replica(
+        settings,
+        lambda: running[0] if running else None,
+        [pair.name for pair in served] if len(served) > 1 else (),
+    ):
         async with await _startup_connection(settings, "startup", standby="retry") as conn:
             resolved, broken = await _resolve_served(conn, served)
         for name, error in broken.items():

@@ -29,7 +29,7 @@ import asyncio
 import logging
 import math
 import os
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import asynccontextmanager, contextmanager
 from typing import Any, Literal, Protocol
 
@@ -496,10 +496,16 @@ async def serving_probes(
 
 @asynccontextmanager
 async def serving_page(
-    page: Dashboard, addr: tuple[str, int] | None, *, variable: str = "REACTOR_DASHBOARD_ADDR"
+    page: Dashboard,
+    addr: tuple[str, int] | None,
+    *,
+    variable: str = "REACTOR_DASHBOARD_ADDR",
+    counted: Callable[[], Probed | None] | None = None,
 ) -> AsyncIterator[tuple[str, int] | None]:
     """Serve the operator's page on ``addr`` (None: disabled) while the block runs; yields the
     bound (host, port). A port that cannot be bound raises ConfigError naming ``variable``.
+    Connections dropped are counted in ``counted``'s metrics (by default the page's first
+    pair's replica).
 
     The page answers to loopback names, the host it is bound to, and the host of
     REACTOR_DASHBOARD_URL; any other Host gets 421.
@@ -508,7 +514,7 @@ async def serving_page(
         yield None
         return
     hosts = HostAllowlist.for_page(addr[0], page.settings.dashboard_host)
-    door = _door("page", page.replica)
+    door = _door("page", counted or page.replica)
     async with listening(page_app(page, hosts), addr, variable=variable, door=door) as bound:
         log.info(
             "serving the operator's page",
@@ -539,20 +545,36 @@ async def serve_http(
 
 @asynccontextmanager
 async def serving_replica(
-    settings: Settings, replica: Callable[[], Replica | None]
+    settings: Settings, replica: Callable[[], Replica | None], pairs: Sequence[str] = ()
 ) -> AsyncIterator[None]:
     """What ``reactor run`` serves: the probes on REACTOR_HTTP_ADDR and the page on
     REACTOR_DASHBOARD_ADDR, each when set, from before ``replica`` gives the replica (the
-    database is being checked: the probes say starting) until the block ends. The page shows
-    a replica of one pair; one of several serves the probes only (the page would show one)."""
+    database is being checked: the probes say starting) until the block ends. With several
+    ``pairs`` the page shows one at a time, chosen by name."""
 
-    def shown() -> Reactor | None:
+    def pair(name: str | None) -> Callable[[], Reactor | None]:
+        def shown() -> Reactor | None:
+            running = replica()
+            if running is None:
+                return None
+            return running.only if name is None else running.reactors.get(name)
+
+        return shown
+
+    def absent(name: str) -> str:
         running = replica()
-        return None if running is None else running.only
+        if running is not None and name in running.broken:
+            return f"this pair is not served: {running.broken[name]}"
+        return "no replica runs yet: the database is being checked"
 
+    page = (
+        Dashboard.of_pairs(settings, {name: pair(name) for name in pairs}, absent=absent)
+        if len(pairs) > 1
+        else Dashboard(settings, None, pair(None))
+    )
     async with (
         serving_probes(replica, settings.http_addr, starting=True),
-        serving_page(Dashboard(settings, None, shown), settings.dashboard_addr),
+        serving_page(page, settings.dashboard_addr, counted=replica),
     ):
         yield
 

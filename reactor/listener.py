@@ -18,6 +18,12 @@ check is a duty of the service's cadence: this connection holds its token while 
 and the pool takes it back the moment it is not. Nothing else rides this connection: a poll or
 a scan that ran long here would stall the notifications and, past the probe's bound, kill them.
 
+One connection serves every pair of the replica (each a :class:`Subscriber`): it LISTENs on
+each pair's channels and hands a notification to the pair whose channel it came on, and its
+health check is one statement for all of them (:func:`reactor.db.health_of_pairs`), each pair's
+heartbeat and reads in its own schema. A pair whose part fails on its own (its tables broken)
+is benched: its checks go through the pool until one succeeds there, and the others stay here.
+
 The connection LISTENs on the main channel (probes, replicas joining and leaving, the jobs of a
 trigger that does not spread) and, when the trigger was installed with ``--spread``, once a
 probe proved the session, on the channel of each share of the jobs this replica owns. When the
@@ -46,19 +52,21 @@ import math
 import random
 import re
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from dataclasses import dataclass
 from datetime import datetime
-from typing import Literal
+from typing import Any, Literal
 
 import anyio
 import psycopg
 import psycopg.sql
 
-from reactor import db
+from reactor import db, logs
 from reactor.backoff import exponential, jittered
 from reactor.cadence import Scheduler
 from reactor.clock import Clock
 from reactor.config import Settings
+from reactor.db import DATABASE_ERRORS
 from reactor.errors import ConfigError, ReactorError
 from reactor.metrics import Metrics
 from reactor.ownership import share_channels
@@ -152,10 +160,7 @@ def change_statement(*, listen: list[str], unlisten: list[str]) -> psycopg.sql.C
     return psycopg.sql.SQL("; ").join(parts) if parts else None
 
 
-# The health check the listener runs on its proven connection: (connection, probe payload);
-# True when the statement sent the probe (it does not while the NOTIFY queue is half full).
-Check = Callable[[db.AnyConnection, str | None], Awaitable[bool]]
-# The poll the listener runs on its proven connection, as the pool would otherwise.
+# The poll a pair runs on the listener's proven connection, as the pool would otherwise.
 Poll = Callable[[db.AnyConnection], Awaitable[None]]
 
 
@@ -163,58 +168,106 @@ class ProbeLost(ReactorError):
     """A probe this session sent itself did not come back by the next check."""
 
 
+@dataclass(eq=False)
+class Subscriber:
+    """One pair's side of the LISTEN session: its channels, what it is told, and its duties.
+
+    ``ask`` gives the pair's health check parameters for this session (with the probe payload
+    when this pair's part sends it); ``saw`` takes the check's :class:`~reactor.db.Health` and
+    when it was sent (the listener's clock).
+    """
+
+    database: db.Database
+    metrics: Metrics
+    schedule: Scheduler
+    on_job: Callable[[str, float | None], None]
+    on_listening: Callable[[], None]
+    ask: Callable[[str | None], dict[str, Any]]
+    saw: Callable[[db.Health, float], None]
+    poll: Poll
+    on_left: Callable[[str], None] = lambda replica: None
+    on_joined: Callable[[str], None] = lambda replica: None
+    # True until the replica holds its share: a duty hastened then (its first heartbeat,
+    # which tells the others it joined) must not wait out a whole probe interval here.
+    settling: Callable[[], bool] = lambda: False
+    # The shares of the jobs whose channels to LISTEN on: those this replica owns, when the
+    # trigger was installed with --spread and notifies each share on a channel of its own.
+    shares: Callable[[], frozenset[int]] = frozenset
+    # The shares LISTENed on now.
+    listening: frozenset[int] = frozenset()
+    # The pair's name, for the lines logged on its behalf; None in a replica of one pair.
+    name: str | None = None
+    # True while this pair's statements fail on this session (its tables are broken): its
+    # duties go to the pool, and a check there that succeeds brings them back (readmit).
+    benched: bool = False
+
+    def __post_init__(self) -> None:
+        # Read once: every notification is parsed by them. A channel too long to take a
+        # share's suffix has none: no trigger can spread over it.
+        self.channel = self.database.install.channel
+        self.id_type = self.database.install.id_type
+        self.share_channels = share_channels(self.channel) or ()
+
+    def channels(self, shares: frozenset[int]) -> list[str]:
+        """The channels of ``shares``."""
+        return [self.share_channels[share] for share in sorted(shares)]
+
+    def owned(self) -> frozenset[int]:
+        """The shares to LISTEN on now (none when the channel cannot take a share's suffix)."""
+        return self.shares() if self.share_channels else frozenset()
+
+
+def _statement_failed(error: BaseException, conn: db.AnyConnection) -> bool:
+    # A statement failed on its own (a table or a grant gone), the session is fine: it costs
+    # only the pair whose statement it was. Anything else (the connection lost, a statement
+    # cut short by its bound) makes the session suspect.
+    return (
+        isinstance(error, psycopg.Error)
+        and not isinstance(error, psycopg.OperationalError)
+        and not conn.closed
+        and not conn.broken
+    )
+
+
+@contextlib.contextmanager
+def _on_behalf(subscriber: Subscriber) -> Iterator[None]:
+    # What runs here is the pair's: its lines name it (see reactor.logs).
+    token = logs.PAIR.set(subscriber.name) if subscriber.name is not None else None
+    try:
+        yield
+    finally:
+        if token is not None:
+            logs.PAIR.reset(token)
+
+
 class Listener:
-    """Keeps a LISTEN connection alive and hands job ids (with updated_at) to ``on_job``."""
+    """Keeps one LISTEN connection alive for the pairs subscribed to it, and hands each the job
+    ids (with updated_at) notified on its channels.
+
+    Its health check is one statement for every pair (their heartbeats, their reads), so that
+    a replica of several pairs costs the database what one pair does. A pair whose statements
+    fail there on their own (its tables broken) is benched: its checks go through the pool,
+    and the others' go on here.
+    """
 
     def __init__(
-        self,
-        settings: Settings,
-        database: db.Database,
-        metrics: Metrics,
-        *,
-        on_job: Callable[[str, float | None], None],
-        on_listening: Callable[[], None],
-        on_left: Callable[[str], None] = lambda replica: None,
-        on_joined: Callable[[str], None] = lambda replica: None,
-        check: Check,
-        poll: Poll,
-        schedule: Scheduler,
-        clock: Clock,
-        dsn: str,
-        settling: Callable[[], bool] = lambda: False,
-        shares: Callable[[], frozenset[int]] = frozenset,
+        self, settings: Settings, *, clock: Clock, dsn: str, subscribers: Sequence[Subscriber] = ()
     ) -> None:
         self.settings = settings
-        self.database = database
-        # Read once: every notification is parsed by them.
-        self.channel = database.install.channel
-        self.id_type = database.install.id_type
-        self.metrics = metrics
-        self.on_job = on_job
-        self.on_listening = on_listening
-        self.on_left = on_left
-        self.on_joined = on_joined
-        self.check = check
-        self.poll = poll
-        self.schedule = schedule
         self.clock = clock
         self.dsn = dsn
-        # True until the replica holds its share: a duty hastened then (its first heartbeat,
-        # which tells the others it joined) must not wait out a whole probe interval here.
-        self.settling = settling
-        # The shares of the jobs whose channels to LISTEN on: those this replica owns, when
-        # the trigger was installed with --spread and notifies each share on a channel of its
-        # own. The main channel carries everything else (probes, replicas joining and leaving,
-        # the jobs of a trigger that does not spread). A channel too long to take a share's
-        # suffix has none: no trigger can spread over it.
-        self._share_channels = share_channels(self.channel) or ()
-        self.shares = shares if self._share_channels else frozenset
-        # The shares LISTENed on here; a share's channel is LISTENed on once this connection is
-        # proven, a session of our own (through a pooler it would land on the app's).
-        self._listening: frozenset[int] = frozenset()
-        # Set by refresh(): the shares changed; the wait for notifications is cut short.
+        self.subscribers: list[Subscriber] = []
+        # The subscriber of each channel: its main one and each of its shares'.
+        self._routes: dict[str, Subscriber] = {}
+        # The channels this session LISTENs on now.
+        self._channels_on: frozenset[str] = frozenset()
+        # The health check of the pairs due, on this session (see check_together).
+        self.check = self.check_together
+        # Set by refresh(): the channels to LISTEN on changed; the wait is cut short.
         self._stale = False
         self._waiting: anyio.CancelScope | None = None
+        # The run's scope, cancelled once every subscriber has left.
+        self._lifetime: anyio.CancelScope | None = None
         # The setting the DSN came from, for the messages.
         self._source = (
             "REACTOR_LISTEN_DATABASE_URL" if dsn == settings.listen_database_url else "DATABASE_URL"
@@ -237,6 +290,13 @@ class Listener:
         # (pid, backend_start) of the last session a probe proved our own: after a reconnect it
         # may linger on the server.
         self._previous: tuple[int, datetime] | None = None
+        for subscriber in subscribers:
+            self.subscribe(subscriber)
+
+    @property
+    def channel(self) -> str:
+        """The main channels of the pairs subscribed, for the log."""
+        return ",".join(subscriber.channel for subscriber in self.subscribers)
 
     @property
     def delivering(self) -> bool:
@@ -246,16 +306,70 @@ class Listener:
     @property
     def hears(self) -> frozenset[int]:
         """The shares whose channels this connection LISTENs on now (none while it is down)."""
-        return frozenset() if self.state == "connecting" else self._listening
+        if self.state == "connecting":
+            return frozenset()
+        return frozenset().union(*(subscriber.listening for subscriber in self.subscribers))
 
     @property
     def checking(self) -> bool:
         """True while this connection carries the health check (it is proven)."""
         return self.state == "listening" and self.proven
 
+    def subscribe(self, subscriber: Subscriber) -> None:
+        """Deliver ``subscriber``'s channels to it from now on, and carry its duties."""
+        if subscriber.channel in self._routes:
+            raise ConfigError(f"two pairs notify one channel: {subscriber.channel}")
+        self.subscribers.append(subscriber)
+        self._routes[subscriber.channel] = subscriber
+        for channel in subscriber.share_channels:
+            self._routes[channel] = subscriber
+        subscriber.schedule.carry(self.checking)
+        self._follow_soon()
+
+    def unsubscribe(self, subscriber: Subscriber) -> None:
+        """Stop delivering to ``subscriber`` (its reactor stops); once none is left, the
+        listener ends."""
+        if subscriber not in self.subscribers:
+            return
+        self.subscribers.remove(subscriber)
+        self._routes = {
+            channel: other for channel, other in self._routes.items() if other is not subscriber
+        }
+        subscriber.schedule.carry(False)
+        if not self.subscribers and self._lifetime is not None:
+            self._lifetime.cancel()
+
+    def refresh(self, subscriber: Subscriber) -> bool:
+        """``subscriber``'s shares to LISTEN on may have changed: LISTEN on the ones gained,
+        and UNLISTEN the ones lost, without waiting for the next duty. True when this
+        connection will LISTEN on a share's channel it does not yet, and then re-arm from the
+        database (a share gained was never held here)."""
+        self._follow_soon()
+        return self.checking and bool(subscriber.owned() - subscriber.listening)
+
+    def readmit(self, subscriber: Subscriber) -> None:
+        """``subscriber``'s check succeeded through the pool: a benched pair's duties come back
+        to this session."""
+        if subscriber.benched:
+            subscriber.benched = False
+            log.info("the pair's checks ride the LISTEN connection again")
+            subscriber.schedule.carry(self.checking)
+
+    def _follow_soon(self) -> None:
+        self._stale = True
+        if self._waiting is not None:
+            # Delivered where psycopg waits on the socket, never inside a batch it read.
+            self._waiting.cancel()
+
     async def run(self) -> None:
-        """Listen for ever, reconnecting with jittered backoff. :attr:`settled` is set once the
-        first attempt is over, whether LISTEN came up or not."""
+        """Listen until every subscriber left, reconnecting with jittered backoff.
+        :attr:`settled` is set once the first attempt is over, whether LISTEN came up or not."""
+        if not self.subscribers:
+            return
+        with anyio.CancelScope() as self._lifetime:
+            await self._run()
+
+    async def _run(self) -> None:
         permanent = False
         while True:
             if self.failures:
@@ -293,32 +407,24 @@ class Listener:
                 with anyio.CancelScope(shield=True):
                     await conn.close()
 
-    def refresh(self) -> bool:
-        """The shares to LISTEN on may have changed: LISTEN on the ones gained, and UNLISTEN
-        the ones lost, without waiting for the next duty. True when this connection will LISTEN
-        on a share's channel it does not yet, and then re-arm from the database (a share
-        gained was never held here)."""
-        self._stale = True
-        if self._waiting is not None:
-            # Delivered where psycopg waits on the socket, never inside a batch it read.
-            self._waiting.cancel()
-        return self.checking and bool(self._channels(self.shares() - self._listening))
-
     async def _session(self, conn: db.AnyConnection) -> None:
         """LISTEN on ``conn`` until the connection fails (it raises)."""
-        self._listening = frozenset()
-        # The shares' channels follow once a probe proves the session.
-        self._stale = True
-        await conn.execute(listen_statement(self.channel))
+        self._channels_on = frozenset()
+        for subscriber in self.subscribers:
+            subscriber.listening = frozenset()
+        self._prove(False)
+        # The pairs' main channels now; the shares' follow once a probe proves the session.
+        await self._follow(conn)
         identity = await db.session_identity(conn)
         self.connections += 1
-        self._prove(False)
         if self.connections > 1:
-            self.metrics.reconnects.inc()
+            self._each_metrics(lambda metrics: metrics.reconnects.inc())
             log.info("listener reconnected", extra={"channel": self.channel})
         self._set_state("listening")
         # Re-arm from the database: anything notified while we were away is found.
-        self.on_listening()
+        for subscriber in list(self.subscribers):
+            with _on_behalf(subscriber):
+                subscriber.on_listening()
         self.settled.set()
         try:
             await self._listen(conn)
@@ -341,7 +447,7 @@ class Listener:
 
     def _failed(self, message: str, problem: str) -> None:
         self.failures += 1
-        self.metrics.listener_failures.inc()
+        self._each_metrics(lambda metrics: metrics.listener_failures.inc())
         self._prove(False)
         self.settled.set()
         # Once per state change: the same failure again is not news, and a wrong password
@@ -356,9 +462,9 @@ class Listener:
         await self._send_probe()
         configured = False
         while True:
-            if self._stale and self.proven:
+            if self._stale:
                 with anyio.fail_after(self.settings.probe_timeout):
-                    await self._follow_shares(conn)
+                    await self._follow(conn)
             wait = self._wait_time()
             wake = self.clock.now() + wait
             # Never left in the middle of a batch: psycopg drops what it has not yielded yet.
@@ -366,13 +472,13 @@ class Listener:
             # the check and the polls are taken up at once. Closed explicitly: the generator
             # holds the connection's lock. A refresh cancels only the wait on the socket.
             with anyio.CancelScope() as self._waiting:
-                if not (self._stale and self.proven):
+                if not self._stale:
                     arriving = conn.notifies(timeout=wait, stop_after=None if self.proven else 1)
                     async with contextlib.aclosing(arriving):
                         async for notify in arriving:
-                            self._receive(notify.payload)
+                            self._receive(notify.payload, notify.channel)
             self._waiting = None
-            if self._stale and self.proven:
+            if self._stale:
                 continue
             if not self.proven:
                 if self.clock.now() < wake:
@@ -396,34 +502,100 @@ class Listener:
                     await self._end_previous_session(conn)
                 conn.prepare_threshold = db.PREPARE_THRESHOLD
                 self._recovered()
-                self.schedule.carry(True)
+                # The shares' channels now, however the probe came back.
+                self._stale = True
+                self._carry(True)
                 # At once, not at the pool's next turn: this check's heartbeat names this
                 # session, which tells the others at once if this process is killed.
-                self.schedule.hasten("health")
-            await self.schedule.run_duty("health", "listener", lambda: self._check(conn))
-            # The poll too (a no-op unless the trigger does not notify): one connection that is
-            # already proven, rather than a pooled one checked at each checkout.
-            await self.schedule.run_duty("poll", "listener", lambda: self.poll(conn))
+                for subscriber in self.subscribers:
+                    subscriber.schedule.hasten("health")
+            if self._stale:
+                continue
+            await self._run_checks(conn)
+            # The polls too (a no-op unless the trigger does not notify): one connection that
+            # is already proven, rather than a pooled one checked at each checkout.
+            for subscriber in self._carried():
+                await self._run_poll(subscriber, conn)
 
-    async def _follow_shares(self, conn: db.AnyConnection) -> None:
-        # LISTEN first, re-arm after: a job of a gained share committed in between is heard,
-        # one committed before is read by the re-arm.
+    async def _follow(self, conn: db.AnyConnection) -> None:
+        # From the channels LISTENed on to those wanted now, in one round trip: each pair's
+        # main channel, and once a probe proved the session, the channels of its shares. LISTEN
+        # first, re-arm after: a job of a gained share committed in between is heard, one
+        # committed before is read by the re-arm.
         self._stale = False
-        shares = self.shares()
-        gained = self._channels(shares - self._listening)
+        wanted: set[str] = set()
+        gained: list[Subscriber] = []
+        for subscriber in self.subscribers:
+            shares = subscriber.owned() if self.proven else frozenset()
+            wanted.add(subscriber.channel)
+            wanted.update(subscriber.channels(shares))
+            if shares - subscriber.listening:
+                gained.append(subscriber)
+            subscriber.listening = shares
         statement = change_statement(
-            listen=gained, unlisten=self._channels(self._listening - shares)
+            listen=sorted(wanted - self._channels_on), unlisten=sorted(self._channels_on - wanted)
         )
         if statement is not None:
             await conn.execute(statement)
-        self._listening = shares
-        if gained:
-            self.on_listening()
+        self._channels_on = frozenset(wanted)
+        for subscriber in gained:
+            with _on_behalf(subscriber):
+                subscriber.on_listening()
 
-    def _channels(self, shares: frozenset[int]) -> list[str]:
-        return [self._share_channels[share] for share in sorted(shares)]
+    def _carried(self) -> list[Subscriber]:
+        # The pairs whose duties this session carries.
+        return [subscriber for subscriber in self.subscribers if not subscriber.benched]
 
-    async def _check(self, conn: db.AnyConnection) -> None:
+    async def _run_checks(self, conn: db.AnyConnection) -> None:
+        # One check covers every pair this session carries: one pair's coming due (or asked
+        # for early) brings the others' forward, so that they stay one statement.
+        carried = self._carried()
+        now = self.clock.now()
+        if not any("health" in s.schedule.cadence.due(now, "listener") for s in carried):
+            return
+        due = []
+        for subscriber in carried:
+            subscriber.schedule.hasten("health")
+            if subscriber.schedule.begin("health", "listener"):
+                due.append(subscriber)
+        failed: dict[Subscriber, BaseException] = {}
+        try:
+            failed = await self._check(conn, due)
+        except BaseException as error:
+            for subscriber in due:
+                told = error if isinstance(error, DATABASE_ERRORS) else None
+                subscriber.schedule.end("health", "listener", ok=False, error=told)
+            raise
+        for subscriber in due:
+            subscriber.schedule.end("health", "listener", error=failed.get(subscriber))
+            if subscriber in failed:
+                self._bench(subscriber, failed[subscriber])
+
+    async def _run_poll(self, subscriber: Subscriber, conn: db.AnyConnection) -> None:
+        try:
+            with _on_behalf(subscriber):
+                await subscriber.schedule.run_duty(
+                    "poll", "listener", lambda: subscriber.poll(conn)
+                )
+        except psycopg.Error as error:
+            if len(self.subscribers) == 1 or not _statement_failed(error, conn):
+                raise
+            self._bench(subscriber, error)
+
+    def _bench(self, subscriber: Subscriber, error: BaseException) -> None:
+        if not subscriber.benched:
+            with _on_behalf(subscriber):
+                log.warning(
+                    "the pair's statements fail on the LISTEN connection; its checks go through "
+                    "the pool",
+                    extra={"channel": subscriber.channel, "error": db.first_line(error)},
+                )
+        subscriber.benched = True
+        subscriber.schedule.carry(False)
+
+    async def _check(
+        self, conn: db.AnyConnection, due: list[Subscriber]
+    ) -> dict[Subscriber, BaseException]:
         # The self-probe of the last check must be back by now; any notification since then
         # proved delivery as well.
         if self._probe_token is not None and not self._heard:
@@ -433,10 +605,46 @@ class Listener:
         self._heard = False
         self._probe_sent = self.clock.now()
         with anyio.CancelScope(shield=True), anyio.fail_after(self.settings.probe_timeout):
-            sent = await self.check(conn, None if token is None else _PROBE + token)
+            sent, failed = await self.check(conn, due, None if token is None else _PROBE + token)
         # Expected back only when it went out: at a half-full NOTIFY queue the check skips it.
         if sent:
             self._probe_token = token
+        return failed
+
+    async def check_together(
+        self, conn: db.AnyConnection, due: list[Subscriber], probe: str | None
+    ) -> tuple[bool, dict[Subscriber, BaseException]]:
+        """The health check of the pairs ``due``, in one statement on ``conn``; the first
+        pair's part sends ``probe``. Returns whether the probe went out, and the pairs whose
+        own statements failed (when one pair's part fails the statement, each runs alone)."""
+        sent = self.clock.now()
+        asks = [
+            (subscriber.database, subscriber.ask(probe if index == 0 else None))
+            for index, subscriber in enumerate(due)
+        ]
+        try:
+            results: list[db.Health | BaseException] = list(await db.health_of_pairs(conn, asks))
+        except psycopg.Error as error:
+            if len(self.subscribers) == 1 or not _statement_failed(error, conn):
+                raise
+            results = []
+            for ask in asks:
+                try:
+                    results.extend(await db.health_of_pairs(conn, [ask]))
+                except psycopg.Error as alone:
+                    if not _statement_failed(alone, conn):
+                        raise
+                    results.append(alone)
+        failed: dict[Subscriber, BaseException] = {}
+        probes = 0
+        for subscriber, result in zip(due, results, strict=True):
+            if isinstance(result, BaseException):
+                failed[subscriber] = result
+            else:
+                probes += result.probes_sent
+                with _on_behalf(subscriber):
+                    subscriber.saw(result, sent)
+        return probes > 0, failed
 
     def _recovered(self) -> None:
         if self.problem is not None:
@@ -449,17 +657,35 @@ class Listener:
         # send the next one.
         now = self.clock.now()
         if self.proven:
-            duties = self.schedule.cadence.duties
-            next_at = min(duties["health"].next_at, duties["poll"].next_at)
+            carried = self._carried()
+            next_at = min(
+                (
+                    duty.next_at
+                    for subscriber in carried
+                    for name, duty in subscriber.schedule.cadence.duties.items()
+                    if name in ("health", "poll")
+                ),
+                default=now + self.settings.probe_interval,
+            )
             wait = max(0.01, next_at - now)
-            return min(wait, SETTLING_TICK) if self.settling() else wait
+            settling = any(subscriber.settling() for subscriber in carried)
+            return min(wait, SETTLING_TICK) if settling else wait
         if self._probe_token is not None:
             return max(0.01, self._probe_sent + self.settings.probe_timeout - now)
         return max(0.01, self._probe_sent + self.settings.probe_interval - now)
 
-    def _receive(self, payload: str) -> None:
+    def _receive(self, payload: str, channel: str | None = None) -> None:
+        subscriber = (
+            self._routes.get(channel) if channel is not None else next(iter(self.subscribers), None)
+        )
+        if subscriber is None:
+            return  # a channel of a pair that has stopped
+        with _on_behalf(subscriber):
+            self._deliver(subscriber, payload)
+
+    def _deliver(self, subscriber: Subscriber, payload: str) -> None:
         if payload.startswith(_PROBE):
-            self.metrics.notified["probe"].inc()
+            subscriber.metrics.notified["probe"].inc()
             if payload[len(_PROBE) :] != self._probe_token:
                 # Another replica's probe: as good a proof of delivery as any notification.
                 self._heard = True
@@ -472,23 +698,23 @@ class Listener:
             return
         self._heard = True
         if payload.startswith(_LEFT):
-            self.metrics.notified["left"].inc()
-            self.on_left(payload[len(_LEFT) : len(_LEFT) + 64])
+            subscriber.metrics.notified["left"].inc()
+            subscriber.on_left(payload[len(_LEFT) : len(_LEFT) + 64])
             return
         if payload.startswith(_JOINED):
-            self.metrics.notified["joined"].inc()
-            self.on_joined(payload[len(_JOINED) : len(_JOINED) + 64])
+            subscriber.metrics.notified["joined"].inc()
+            subscriber.on_joined(payload[len(_JOINED) : len(_JOINED) + 64])
             return
-        hint = parse_hint(payload, self.id_type)
+        hint = parse_hint(payload, subscriber.id_type)
         if hint is None:
-            self.metrics.notified["rejected"].inc()
+            subscriber.metrics.notified["rejected"].inc()
             log.warning(
                 "ignored a notification that names no job",
-                extra={"channel": self.channel, "payload": payload[:80]},
+                extra={"channel": subscriber.channel, "payload": payload[:80]},
             )
             return
-        self.metrics.notified["accepted"].inc()
-        self.on_job(*hint)
+        subscriber.metrics.notified["accepted"].inc()
+        subscriber.on_job(*hint)
 
     def _check_probe(self) -> None:
         late = self.clock.now() - self._probe_sent > self.settings.probe_timeout
@@ -505,26 +731,38 @@ class Listener:
             self._set_state("degraded")
 
     async def _send_probe(self) -> None:
+        if not self.subscribers:
+            return
         token = uuid.uuid4().hex
         self._probe_sent = self.clock.now()
         try:
             # Bounded: while the pool waits for a connection, this loop reads nothing.
             with anyio.CancelScope(shield=True), anyio.fail_after(self.settings.probe_timeout):
-                await self.database.notify(_PROBE + token)
+                await self.subscribers[0].database.notify(_PROBE + token)
         except (psycopg.Error, OSError, TimeoutError) as error:
             log.warning("could not send the delivery probe", extra={"error": db.first_line(error)})
             return
         self._probe_token = token
 
+    def _each_metrics(self, update: Callable[[Metrics], object]) -> None:
+        # The session is every pair's: each pair's metrics show it.
+        for subscriber in self.subscribers:
+            update(subscriber.metrics)
+
     def _set_state(self, state: State) -> None:
         self.state = state
-        self.metrics.listener_up.set(1 if state == "listening" else 0)
+        up = 1 if state == "listening" else 0
+        self._each_metrics(lambda metrics: metrics.listener_up.set(up))
         if state != "listening":
-            self.schedule.carry(False)
+            self._carry(False)
+
+    def _carry(self, listener: bool) -> None:
+        for subscriber in self.subscribers:
+            subscriber.schedule.carry(listener and not subscriber.benched)
 
     def _prove(self, proven: bool) -> None:
         self.proven = proven
         if not proven:
-            # The check goes back to the pool at once; it comes back once a probe proves a
+            # The checks go back to the pool at once; they come back once a probe proves a
             # connection again and the session is configured.
-            self.schedule.carry(False)
+            self._carry(False)

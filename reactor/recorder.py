@@ -35,6 +35,7 @@ import psycopg
 import psycopg.errors
 
 from reactor import tracing
+from reactor.backoff import exponential
 from reactor.db import DATABASE_ERRORS, Database, JobOutcome, first_line
 from reactor.dispatch import Answer
 from reactor.metrics import Metrics
@@ -61,6 +62,22 @@ def is_row_error(error: BaseException) -> TypeGuard[psycopg.Error]:
     """True when ``error`` is one that the data of a row in the statement can cause."""
     state = getattr(error, "sqlstate", None)
     return isinstance(error, psycopg.Error) and state is not None and state[:2] in ROW_ERROR_CLASSES
+
+
+# A record statement that fails on the pair's own objects (SQLSTATE class 42: a table or a
+# column gone, a grant revoked) fails the same way for every job until someone repairs it. Its
+# jobs are then tried again later each time such a statement fails in a row, doubling from the
+# error retry up to this, so a broken pair's backlog does not cycle every second through the
+# process and the pool it shares with the others. Any other failure (the database away, a
+# statement cut short) keeps the short retry: it is over in seconds.
+MAX_BROKEN_RETRY = 30.0
+BROKEN_CLASSES = frozenset({"42"})
+
+
+def is_broken_error(error: BaseException) -> bool:
+    """True when ``error`` says the statement does not fit the database's objects or grants."""
+    state = getattr(error, "sqlstate", None)
+    return isinstance(error, psycopg.Error) and state is not None and state[:2] in BROKEN_CLASSES
 
 
 # How long a statement for several jobs waits on a row lock before it is split. A tab's save
@@ -183,6 +200,8 @@ class Recorder:
         # The error record statements fail with, as last logged; None while they succeed. A
         # table that is gone fails every statement until it is back: said once, not for each.
         self._failing: str | None = None
+        # Record statements that failed on the pair's objects in a row (see MAX_BROKEN_RETRY).
+        self._broken = 0
 
     async def record(self, job_ids: Sequence[str], alone: bool = False) -> Answer:
         """Record the due jobs among ``job_ids``; say which to try again, and when, and which
@@ -229,11 +248,20 @@ class Recorder:
                 extra={"jobs": len(job_ids), "error": problem},
             )
             self._failing = problem
-            return [(job_id, self.error_retry) for job_id in job_ids]
+            delay = self._retry_after(error)
+            return [(job_id, delay) for job_id in job_ids]
         if self._failing is not None:
             log.info("record statements succeed again", extra={"was": self._failing})
             self._failing = None
+        self._broken = 0
         return self._digest(outcomes, "timer")
+
+    def _retry_after(self, error: BaseException) -> float:
+        if not is_broken_error(error):
+            self._broken = 0
+            return self.error_retry
+        self._broken += 1
+        return exponential(self._broken, first=self.error_retry, cap=MAX_BROKEN_RETRY)
 
     async def _record_parts(self, job_ids: list[str], *, waits: bool, stuck: set[str]) -> Rearm:
         return await each_part(

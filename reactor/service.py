@@ -27,6 +27,7 @@ import uuid
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from datetime import datetime, timedelta
+from typing import Any
 
 import anyio
 import anyio.abc
@@ -39,7 +40,7 @@ from reactor.dbclock import DatabaseClock
 from reactor.dispatch import Dispatcher, WorkQueue
 from reactor.hooks import Hook, HookRetention, HookRunner, open_hooks
 from reactor.install import Install
-from reactor.listener import Listener
+from reactor.listener import Listener, Subscriber
 from reactor.metrics import Metrics
 from reactor.ownership import LIVENESS_PROBES, Membership, Roster
 from reactor.reconcile import MAX_ERROR_WAIT, Reconciler
@@ -97,11 +98,23 @@ async def open_reactors(
     instrument: Callable[[db.Database], db.Database] | None = None,
 ) -> AsyncIterator[list[Reactor]]:
     """A reactor for each (pair's settings, install) of ``served``, all on one pool of
-    ``settings``' database, each with its own hooks and metrics (see :func:`open_reactor`)."""
+    ``settings``' database, each with its own hooks and metrics (see :func:`open_reactor`).
+
+    Several pairs share one LISTEN session too, and one health check on it: it runs from entry
+    until every reactor has stopped (or the block ends), so a replica costs the database about
+    what one pair does.
+    """
     pool = db.make_pool(
         settings.require_database(),
         max_size=POOL_SIZE + RECORD_CONCURRENCY * (len(served) - 1),
     )
+    shared: Listener | None = None
+    if len(served) > 1 and settings.mode == "listen":
+        shared = Listener(
+            settings,
+            clock=clock or SystemClock(),
+            dsn=listen_dsn or settings.listen_database_url or settings.require_database(),
+        )
     async with contextlib.AsyncExitStack() as stack:
         hooks_of = [await stack.enter_async_context(open_hooks(own, pool)) for own, _ in served]
         await stack.enter_async_context(pool)
@@ -118,8 +131,13 @@ async def open_reactors(
                     clock=clock,
                     listen_dsn=listen_dsn,
                     hooks=hooks,
+                    listener=shared,
                 )
             )
+        if shared is not None:
+            listening = await stack.enter_async_context(anyio.create_task_group())
+            listening.start_soon(shared.run)
+            stack.callback(listening.cancel_scope.cancel)
         yield reactors
 
 
@@ -135,6 +153,7 @@ class Reactor:
         clock: Clock | None = None,
         listen_dsn: str | None = None,
         hooks: Mapping[str, Hook] | None = None,
+        listener: Listener | None = None,
     ) -> None:
         self.settings = settings
         self.database = database
@@ -188,23 +207,31 @@ class Reactor:
             self.cadence, self.clock, self._duties(), on_failure=self._duty_failed
         )
         self.listener: Listener | None = None
+        # The pair's side of the LISTEN session: its own, or one shared by the pairs of a
+        # replica (see open_reactors), which runs it.
+        self.subscriber = Subscriber(
+            database,
+            self.metrics,
+            self.schedule,
+            on_job=self._on_notified,
+            on_listening=lambda: self.request_scan(rearm=True),
+            ask=self._ask_health,
+            saw=self._saw,
+            poll=self._poll,
+            on_left=self._on_replica_left,
+            on_joined=self._on_replica_joined,
+            settling=lambda: not self.holding,
+            shares=self._heard_shares,
+            name=None if listener is None else database.install.schema,
+        )
+        self._owns_listener = listener is None
         if settings.mode == "listen":
-            self.listener = Listener(
+            self.listener = listener or Listener(
                 settings,
-                database,
-                self.metrics,
-                on_job=self._on_notified,
-                on_listening=lambda: self.request_scan(rearm=True),
-                on_left=self._on_replica_left,
-                on_joined=self._on_replica_joined,
-                check=self._check_on,
-                poll=self._poll,
-                schedule=self.schedule,
                 clock=self.clock,
                 dsn=listen_dsn or settings.listen_database_url or settings.require_database(),
-                settling=lambda: not self.holding,
-                shares=self._heard_shares,
             )
+            self.listener.subscribe(self.subscriber)
         self._health_check = db.HealthCheck(
             replica=self.replica_id,
             liveness=LIVENESS_PROBES * settings.probe_interval,
@@ -330,6 +357,8 @@ class Reactor:
         log.info("stopping: intake closed, draining", extra={"drain_s": self.settings.drain})
         self._stopping.set()
         self._intake.cancel()
+        if self.listener is not None:
+            self.listener.unsubscribe(self.subscriber)
         self._work.deadline = anyio.current_time() + self.settings.drain
         self.dispatcher.close()
         self.schedule.close()
@@ -350,7 +379,8 @@ class Reactor:
                     work.start_soon(self.dispatcher.run, work)
                     work.start_soon(self.schedule.run, work)
                     if self.listener is not None:
-                        intake.start_soon(self._listen)
+                        if self._owns_listener:
+                            intake.start_soon(self._listen)
                         await self._first_listen_attempt(self.listener)
                     task_status.started()
             intake.cancel_scope.cancel()
@@ -395,35 +425,36 @@ class Reactor:
 
     # The duties.
 
-    async def _check_on(self, conn: db.AnyConnection, probe: str | None) -> bool:
-        # The listener's road: the check on its own connection, with its probe if any.
-        health = await self._check(probe, conn)
-        return health.probes_sent > 0
+    def _ask_health(self, probe: str | None) -> dict[str, Any]:
+        # The check's parameters on the LISTEN connection, a session of our own.
+        return db.health_params(
+            self.database.install,
+            self.database.grace,
+            self._health_check,
+            probe,
+            own_session=True,
+            holding=self._holding,
+        )
 
     def _queries(self, conn: db.AnyConnection | None) -> db.Database:
         # A duty's queries: on the pool, or on the connection the listener carries it on.
         return self.database if conn is None else self.database.using(conn)
 
     async def _check_pooled(self) -> None:
-        await self._check()
-
-    async def _check(
-        self, probe: str | None = None, conn: db.AnyConnection | None = None
-    ) -> db.Health:
         sent = self.clock.now()
         with anyio.fail_after(self.settings.probe_timeout):
-            on = self._queries(conn)
-            health = await on.health(
-                self._health_check,
-                probe=probe,
-                own_session=conn is not None,
-                holding=self._holding,
-            )
+            health = await self.database.health(self._health_check, holding=self._holding)
+        self._saw(health, sent)
+        if self.listener is not None:
+            self.listener.readmit(self.subscriber)
+
+    def _saw(self, health: db.Health, sent: float) -> None:
+        # What a check read, on either road, sent at ``sent``.
         self.db_clock.observe(health.database_time, sent, self.clock.now())
         spread = self.vitals.trigger_spread
         self.vitals.saw(health)
         if self.vitals.trigger_spread != spread and self.listener is not None:
-            self.listener.refresh()
+            self.listener.refresh(self.subscriber)
         if health.reconcile_requested and self.reconciler is not None:
             self.schedule.hasten("reconcile")
         if health.hooks_expired:
@@ -432,7 +463,6 @@ class Reactor:
             # A dead replica's running hook calls are due now: run them again at once.
             self.hook_runner.wake()
         self._see_lost(self.roster.heartbeats(frozenset(health.live_replicas)))
-        return health
 
     def _duty_failed(self, name: str, carrier: Carrier, error: BaseException) -> None:
         if name == "health":
@@ -558,7 +588,7 @@ class Reactor:
         # grace (by the database's deadlines, so a job touched since its notification is aimed
         # right), and the scan records whatever came due. When the trigger spreads, a proven
         # listener first LISTENs on the shares we gained, then asks for it.
-        rearms = self.listener is not None and self.listener.refresh()
+        rearms = self.listener is not None and self.listener.refresh(self.subscriber)
         if lost and not rearms:
             self.request_scan(rearm=True)
 

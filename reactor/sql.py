@@ -6,6 +6,7 @@ Pure loading and text assembly; nothing here connects to a database.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cache
 from importlib.resources import files
@@ -19,6 +20,13 @@ _INCLUDE = re.compile(r"\{\{(\w+)\}\}")
 # A slot the mapping fills: @jobs@, @j.updated_at@ (a column of row j), @eligible(j)@.
 _SLOT = re.compile(r"@(?:(\w+)\.)?(\w+)(?:\((\w*)\))?@")
 _MIGRATION = re.compile(r"(\d{4})_(\w+)\.sql")
+# A psycopg placeholder, or a literal % written twice.
+_PLACEHOLDER = re.compile(r"%(?:%|\((\w+)\)s)")
+# The name of a common table expression of a statement's top-level WITH, as the named queries
+# lay it out: "WITH beat AS (" and "), gone AS (" each on a line of its own.
+_CTE = re.compile(r"^(?:WITH|\),) (\w+) AS \($", re.MULTILINE)
+# Where the top-level WITH ends and the statement's one SELECT begins.
+_LAST_CTE_END = "\n)\nSELECT "
 
 
 @dataclass(frozen=True)
@@ -142,6 +150,59 @@ def templates(filename: str = "queries.sql") -> dict[str, str]:
         return _INCLUDE.sub(splice, text)
 
     return {name: expand(body) for name, body in named.items()}
+
+
+def part_name(name: str, index: int) -> str:
+    """What ``name`` (a parameter, a common table expression) is called in part ``index`` of
+    a :func:`union`."""
+    return f"{name}__p{index}"
+
+
+def union_template(template: str, index: int) -> str:
+    """``template`` (a named query as written: one top-level WITH, then one SELECT of one row)
+    as part ``index`` of a :func:`union`: its parameters and its common table expressions get
+    the part's suffix (:func:`part_name`), so that the parts of several pairs can share one
+    WITH. Slots stay open; nothing a mapping fills in is touched."""
+    names = _CTE.findall(template)
+    if not template.startswith("WITH ") or not names or _LAST_CTE_END not in template:
+        raise ValueError("a part of a union is one WITH and one SELECT")
+    # One pass: a slot is left as it is, a placeholder and a name of the WITH get the suffix.
+    tokens = re.compile(rf"{_SLOT.pattern}|{_PLACEHOLDER.pattern}|\b({'|'.join(names)})\b")
+
+    def rename(match: re.Match[str]) -> str:
+        placeholder, cte = match.group(4, 5)
+        if placeholder is not None:
+            return f"%({part_name(placeholder, index)})s"
+        return match.group(0) if cte is None else part_name(cte, index)
+
+    return tokens.sub(rename, template)
+
+
+def union(parts: Sequence[str]) -> str:
+    """One statement of the rendered ``parts`` (each made by :func:`union_template`): their
+    common table expressions under one WITH, then each part's row, in order, with its index as
+    column ``part``. PostgreSQL takes a data-modifying WITH only at the top of a statement, so
+    the parts are spliced rather than nested."""
+    withs, selects = [], []
+    for index, text in enumerate(parts):
+        head, _, select = text.rpartition(_LAST_CTE_END)
+        withs.append(head.removeprefix("WITH ") + "\n)")
+        selects.append(f"SELECT {index} AS part, {select}")
+    return "WITH " + ",\n".join(withs) + "\n" + "\nUNION ALL\n".join(selects) + "\nORDER BY part"
+
+
+@cache
+def union_query(name: str, mappings: tuple[Mapping, ...], filename: str = "queries.sql") -> str:
+    """The named query ``name``, run once for each of ``mappings`` in one statement (see
+    :func:`union`), ready for the driver; part ``i`` takes its parameters under
+    :func:`part_name`."""
+    template = templates(filename)[name]
+    return union(
+        [
+            render(union_template(template, index), mapping, parameters=True)
+            for index, mapping in enumerate(mappings)
+        ]
+    )
 
 
 def _blocks(filename: str, kind: str) -> dict[str, str]:

@@ -3,13 +3,16 @@ each admitted by :mod:`.guard` before any body is read."""
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import secrets
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
+from urllib.parse import urlencode
 
 from aiohttp import hdrs, web
 
@@ -46,12 +49,35 @@ _HEADERS = {
 }
 
 
+@dataclass(frozen=True)
+class Shown:
+    """One pair as the page shows it: its name (None in a replica of one pair), the reactor
+    whose memory the page shows (None while none runs), where its report is read and its
+    actions go (None: the reactor's own queries), and its report."""
+
+    name: str | None
+    replica: Callable[[], Reactor | None]
+    database: db.Database | None
+    source: StatusSource
+
+    def queries(self) -> db.Database | None:
+        """Where the page reads and acts: its own database, else the replica's; None while
+        neither exists."""
+        if self.database is not None:
+            return self.database
+        reactor = self.replica()
+        return None if reactor is None else reactor.database
+
+
 class Dashboard:
-    """The page's state in one process: the report, the sessions, the throttle and the notes.
+    """The page's state in one process: each pair's report, the sessions, the throttle and the
+    notes.
 
     ``replica`` gives the reactor whose memory the page shows (None while none runs: the
     demo's outage, or ``reactor run`` checking the database); the report and the actions go
-    through ``database``, or the replica's own when that is None.
+    through ``database``, or the replica's own when that is None. A replica of several pairs
+    shows one at a time (:meth:`of_pairs`): ``?pair=NAME`` chooses it, the first by default,
+    and the page links to the others.
     """
 
     def __init__(
@@ -63,25 +89,71 @@ class Dashboard:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.settings = settings
-        self.database = database
-        self.replica = replica
         self.clock = clock
-        self.source = StatusSource(settings, self.queries)
         self.auth = Auth(settings.dashboard_token, clock=clock)
         self.throttle = Throttle()
         self._token = settings.dashboard_token
         self._notes: OrderedDict[str, tuple[str, bool]] = OrderedDict()
+        # The reactor whose metrics count the page's dropped connections: the first pair's.
+        self.replica = replica
+        self.shown: dict[str | None, Shown] = {}
+        self._show(None, replica, database)
 
-    def queries(self) -> db.Database | None:
-        """Where the page reads and acts: its own database, else the replica's; None while
-        neither exists."""
-        if self.database is not None:
-            return self.database
-        reactor = self.replica()
-        return None if reactor is None else reactor.database
+    @classmethod
+    def of_pairs(
+        cls,
+        settings: Settings,
+        replicas: Mapping[str, Callable[[], Reactor | None]],
+        *,
+        absent: Callable[[str], str],
+        clock: Callable[[], float] = time.monotonic,
+    ) -> Dashboard:
+        """The page of a replica that serves several pairs, each read through its reactor;
+        ``absent(name)`` says why a pair has none (not started yet, or not served)."""
+        names = list(replicas)
+        page = cls(settings, None, replicas[names[0]], clock=clock)
+        page.shown = {}
+        for name in names:
+            page._show(name, replicas[name], None, absent=functools.partial(absent, name))
+        return page
 
-    def _acting(self) -> db.Database:
-        database = self.queries()
+    def _show(
+        self,
+        name: str | None,
+        replica: Callable[[], Reactor | None],
+        database: db.Database | None,
+        *,
+        absent: Callable[[], str] | None = None,
+    ) -> None:
+        source = StatusSource(self.settings, lambda: None)
+        if absent is not None:
+            source.absent = absent
+        shown = Shown(name, replica, database, source)
+        source.queries = shown.queries
+        self.shown[name] = shown
+
+    @property
+    def source(self) -> StatusSource:
+        """The first pair's report (the only one's, in a replica of one pair)."""
+        return next(iter(self.shown.values())).source
+
+    def _pair(self, request: web.Request) -> Shown:
+        # The pair a request is about: ``pair`` in its query, the first when it names none.
+        if len(self.shown) == 1:
+            return next(iter(self.shown.values()))
+        name = request.query.get("pair")
+        if name is None:
+            return next(iter(self.shown.values()))
+        shown = self.shown.get(name)
+        if shown is None:
+            raise web.HTTPNotFound(
+                text=f"no pair {name[:64]!r} here; pairs: {', '.join(map(str, self.shown))}\n",
+                headers=_HEADERS,
+            )
+        return shown
+
+    def _acting(self, shown: Shown) -> db.Database:
+        database = shown.queries()
         if database is None:
             raise UsageError("no replica runs yet: the database is being checked; try again")
         return database
@@ -97,24 +169,30 @@ class Dashboard:
         app.router.add_post("/actions/hooks/cancel", self.cancel_hooks)
         app.router.add_post("/actions/set-aside/release", self.release_set_aside)
 
-    async def document(self) -> tuple[Snapshot, dict[str, Any]]:
-        """What /api/status serves: the report with this replica's view added."""
-        snapshot = await self.source.get()
+    async def document(self, shown: Shown | None = None) -> tuple[Snapshot, dict[str, Any]]:
+        """What /api/status serves for ``shown`` (the first pair by default): the report with
+        this replica's view added, and in a replica of several pairs, which pair it is."""
+        shown = shown or next(iter(self.shown.values()))
+        snapshot = await shown.source.get()
         body: dict[str, Any] = dict(snapshot.document or {})
-        body["replica"] = replica_view(self.replica())
+        body["replica"] = replica_view(shown.replica())
+        if shown.name is not None:
+            body["pair"] = shown.name
+            body["pairs"] = list(self.shown)
         if snapshot.error is not None:
             body["error"] = snapshot.error
         return snapshot, body
 
     async def api_status(self, request: web.Request) -> web.Response:
         """``GET /api/status``: the document as JSON; 503 when no report could be read yet."""
-        snapshot, body = await self.document()
+        snapshot, body = await self.document(self._pair(request))
         response = web.json_response(body, status=200 if snapshot.document else 503)
         return self._masked(response)
 
     async def page(self, request: web.Request) -> web.Response:
         """``GET /``: the page."""
-        snapshot, body = await self.document()
+        shown = self._pair(request)
+        snapshot, body = await self.document(shown)
         session = request.cookies.get(COOKIE)
         signed_in = self.auth.session_ok(session)
         actions: Literal["none", "sign in", "yes"] = "none"
@@ -127,7 +205,9 @@ class Dashboard:
             actions=actions,
             form_token=self.auth.form_token(session) if signed_in and session else None,
             note=note,
-            now=self.source.clock(),
+            now=shown.source.clock(),
+            pair=shown.name,
+            pairs=[name for name in self.shown if name is not None],
         )
         response = web.Response(text=html, content_type="text/html", headers=_HEADERS)
         return self._masked(response)
@@ -178,13 +258,14 @@ class Dashboard:
     async def retry_hooks(self, request: web.Request) -> web.Response:
         """``POST /actions/hooks/retry`` with ``id`` fields: ``reactor hooks retry ID...``."""
         who = self._admit(request)
+        shown = self._pair(request)
         form = await self._form(request, who)
         ids = hook_ops.parse_ids([str(v) for v in form.getall("id", [])])
-        changes = await self._acting().retry_hooks(ids)
+        changes = await self._acting(shown).retry_hooks(ids)
         message = hook_ops.judge_changes(
             changes, verb="re-queued", allowed=hook_ops.RETRYABLE, result="pending"
         )
-        reactor = self.replica()
+        reactor = shown.replica()
         if reactor is not None and reactor.hook_runner is not None:
             reactor.hook_runner.wake()  # due now: no need to wait for the runner's next look
         return self._done(request, who, "hooks retry", {"hook_ids": ids}, message)
@@ -192,9 +273,10 @@ class Dashboard:
     async def cancel_hooks(self, request: web.Request) -> web.Response:
         """``POST /actions/hooks/cancel`` with ``id`` fields: ``reactor hooks cancel ID...``."""
         who = self._admit(request)
+        shown = self._pair(request)
         form = await self._form(request, who)
         ids = hook_ops.parse_ids([str(v) for v in form.getall("id", [])])
-        changes = await self._acting().cancel_hooks(ids)
+        changes = await self._acting(shown).cancel_hooks(ids)
         message = hook_ops.judge_changes(
             changes, verb="cancelled", allowed=hook_ops.CANCELLABLE, result="cancelled"
         )
@@ -203,9 +285,10 @@ class Dashboard:
     async def release_set_aside(self, request: web.Request) -> web.Response:
         """``POST /actions/set-aside/release`` with ``job_id``: try that job again now."""
         who = self._admit(request)
+        shown = self._pair(request)
         form = await self._form(request, who)
         job_id = str(form.get("job_id", ""))
-        database = self._acting()
+        database = self._acting(shown)
         # A job id of the install's type, in its canonical form, as a notification's is read.
         job = parse_payload(job_id, database.install.id_type)
         if job is None:
@@ -213,7 +296,7 @@ class Dashboard:
         released = await database.release_set_aside_job(job)
         if not released:
             raise UsageError(f"job {job} is not set aside; nothing was released")
-        reactor = self.replica()
+        reactor = shown.replica()
         if reactor is not None:
             reactor.request_scan()  # it is due: the scan takes it at once
         message = f"released job {job}: it is tried again now"
@@ -292,11 +375,13 @@ class Dashboard:
     def _done(
         self, request: web.Request, who: Who, action: str, touched: dict[str, Any], message: str
     ) -> web.Response:
-        self.source.invalidate()
+        shown = self._pair(request)
+        shown.source.invalidate()
         log.info(
             "dashboard action",
             extra={
                 "action": action,
+                **({"pair": shown.name} if shown.name is not None else {}),
                 **touched,
                 "result": message,
                 "by": who,
@@ -305,7 +390,7 @@ class Dashboard:
         )
         if who == "bearer":
             return web.json_response({"message": message}, headers=_HEADERS)
-        raise web.HTTPSeeOther(f"/?note={self._note(message, ok=True)}", headers=_HEADERS)
+        raise web.HTTPSeeOther(self._back(shown, self._note(message, ok=True)), headers=_HEADERS)
 
     def refused(self, request: web.Request, error: UsageError) -> web.Response:
         """An action the database turned down (unknown ids, a row in the wrong state)."""
@@ -313,7 +398,14 @@ class Dashboard:
         log.info("dashboard action refused", extra={"path": request.path, "result": message})
         if request.headers.get("Authorization"):
             return web.json_response({"error": message}, status=409, headers=_HEADERS)
-        raise web.HTTPSeeOther(f"/?note={self._note(message, ok=False)}", headers=_HEADERS)
+        shown = self._pair(request)
+        raise web.HTTPSeeOther(self._back(shown, self._note(message, ok=False)), headers=_HEADERS)
+
+    @staticmethod
+    def _back(shown: Shown, note: str) -> str:
+        # The page of the pair acted on, with the action's outcome.
+        query = {"note": note} if shown.name is None else {"pair": shown.name, "note": note}
+        return "/?" + urlencode(query)
 
     def _note(self, message: str, *, ok: bool) -> str:
         key = secrets.token_urlsafe(9)

@@ -43,10 +43,13 @@ class StatusSource:
         ttl: float = REPORT_TTL,
         timeout: float = REPORT_TIMEOUT,
         clock: Callable[[], float] = time.monotonic,
+        absent: Callable[[], str] = lambda: "no replica runs yet: the database is being checked",
     ) -> None:
         self.settings = settings
-        # Where the report is read: the pooled queries of the install shown (None: not yet).
+        # Where the report is read: the pooled queries of the install shown (None: not yet,
+        # and ``absent`` says why).
         self.queries = queries
+        self.absent = absent
         self.ttl = ttl
         self.timeout = timeout
         self.clock = clock
@@ -78,7 +81,7 @@ class StatusSource:
         started = self.clock()
         database = self.queries()
         if database is None:
-            return self._failed("no replica runs yet: the database is being checked")
+            return self._failed(self.absent())
         try:
             with anyio.fail_after(self.timeout):
                 async with database.pool.connection(timeout=self.timeout) as conn:

@@ -8,6 +8,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Literal
+from urllib.parse import urlencode
 
 from jinja2 import Environment, PackageLoader, StrictUndefined, select_autoescape
 
@@ -182,8 +183,11 @@ def render_page(
     form_token: str | None,
     note: tuple[str, bool] | None,
     now: float,
+    pair: str | None = None,
+    pairs: Sequence[str] = (),
 ) -> str:
-    """The page's HTML, from the document alone (and how this request may act)."""
+    """The page's HTML, from the document alone (and how this request may act); ``pair``:
+    the pair shown, one of ``pairs`` in a replica of several (None: the replica's only one)."""
     document = snapshot.document
     template = _ENV.get_template("dashboard.html")
     return template.render(
@@ -199,6 +203,10 @@ def render_page(
         form_token=form_token,
         note=note,
         refresh=REFRESH_SECONDS,
+        pair=pair,
+        pairs=pairs,
+        # What each of the page's own links and forms carries, so they stay on this pair.
+        pair_query="" if pair is None else "?" + urlencode({"pair": pair}),
     )
 
 

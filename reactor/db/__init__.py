@@ -43,6 +43,7 @@ from reactor.db.queries import (
     RECONCILE_LEASE,
     Database,
     HealthCheck,
+    health_of_pairs,
     health_params,
 )
 from reactor.db.rows import (
@@ -117,6 +118,7 @@ __all__ = [
     "end_listener_session",
     "first_line",
     "fit",
+    "health_of_pairs",
     "health_params",
     "is_own_session",
     "make_pool",

@@ -21,7 +21,7 @@ import psycopg
 from psycopg.rows import AsyncRowFactory, class_row, dict_row, kwargs_row, tuple_row
 from psycopg_pool import AsyncConnectionPool
 
-from reactor import grants
+from reactor import grants, sql
 from reactor.db.calls import Connector, Dedicated, Pooled
 from reactor.db.rows import (
     Health,
@@ -85,6 +85,25 @@ def health_params(
         "channel": install.channel,
         "probe": probe,
     }
+
+
+async def health_of_pairs(
+    conn: AnyConnection, asks: Sequence[tuple[Database, dict[str, Any]]]
+) -> list[Health]:
+    """The ``health`` query of each (pair's queries, their :func:`health_params`) of ``asks``,
+    in one statement on ``conn``: one :class:`Health` for each, in order. One pair's is its own
+    statement, as :meth:`Database.health` runs it."""
+    if len(asks) == 1:
+        database, params = asks[0]
+        return await database.using(conn).run("health", params, class_row(Health))
+    query = sql.union_query("health", tuple(database.install.mapping for database, _ in asks))
+    merged = {
+        sql.part_name(name, index): value
+        for index, (_, params) in enumerate(asks)
+        for name, value in params.items()
+    }
+    rows = await Dedicated(conn).fetch(query, merged, dict_row)
+    return [Health(**{key: value for key, value in row.items() if key != "part"}) for row in rows]
 
 
 @dataclass(frozen=True)

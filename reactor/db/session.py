@@ -308,6 +308,14 @@ def _is_transient(error: BaseException) -> bool:
     return isinstance(error, psycopg.OperationalError) and not _PERMANENT.search(str(error))
 
 
+# Seconds a connection beyond the first may stay unused before the pool closes it (psycopg_pool
+# closes one such connection per period). A replica's start runs each pair's first duties at once
+# and opens several; idle, it needs one: closed after half a minute rather than psycopg_pool's
+# ten, the connections a burst opened do not outstay it. Reopening one costs a connect, at most
+# once a period.
+POOL_MAX_IDLE = 30.0
+
+
 def make_pool(dsn: str, *, max_size: int) -> AsyncConnectionPool[AnyConnection]:
     """The pool for everything but LISTEN; connections are checked before use, and configured
     by :func:`configure_pooled` when they open."""
@@ -315,6 +323,7 @@ def make_pool(dsn: str, *, max_size: int) -> AsyncConnectionPool[AnyConnection]:
         conninfo(dsn, "pool"),
         min_size=1,
         max_size=max_size,
+        max_idle=POOL_MAX_IDLE,
         kwargs={"autocommit": True},
         configure=configure_pooled,
         check=_check_connection,

@@ -76,17 +76,45 @@ def reports(conn: psycopg.Connection[Any]) -> int:
     return int(row.fetchone()[0])  # type: ignore[index]
 
 
+def listener_sessions(conn: psycopg.Connection[Any]) -> set[int]:
+    rows = conn.execute(
+        "SELECT pid FROM pg_stat_activity WHERE application_name = 'reactor-listener'"
+        " AND datname = current_database()"
+    ).fetchall()
+    return {pid for (pid,) in rows}
+
+
+def heartbeat_sessions(conn: psycopg.Connection[Any], *schemas: str) -> set[int]:
+    """The sessions the heartbeats of ``schemas`` name; empty until each names one."""
+    named: set[int] = set()
+    for schema in schemas:
+        rows = conn.execute(
+            f"SELECT session_pid FROM {schema}.replicas WHERE session_pid IS NOT NULL"
+        ).fetchall()
+        if not rows:
+            return set()
+        named.update(pid for (pid,) in rows)
+    return named
+
+
+def heartbeat_at(conn: psycopg.Connection[Any], schema: str) -> Any:
+    row = conn.execute(f"SELECT max(heartbeat_at) FROM {schema}.replicas").fetchone()
+    assert row is not None
+    return row[0]
+
+
 def test_one_process_serves_two_pairs(database_url: str, two_pairs: str, spawn: Spawn) -> None:
-    port = free_port()
+    port, page = free_port(), free_port()
     env = reactor_env(
         database_url,
         REACTOR_CONFIG=two_pairs,
         REACTOR_GRACE_SECONDS="0.3",
         REACTOR_HTTP_ADDR=f"127.0.0.1:{port}",
+        REACTOR_DASHBOARD_ADDR=f"127.0.0.1:{page}",
     )
     proc = spawn("run", env=env)
     with psycopg.connect(database_url, autocommit=True) as conn:
-        wait_for(lambda: listening(conn, 2) or proc.poll() is not None, what="two listeners")
+        wait_for(lambda: listening(conn) or proc.poll() is not None, what="a listener")
         assert proc.poll() is None
         job_id, _ = new_job(conn)
         finish(conn, job_id)
@@ -95,6 +123,9 @@ def test_one_process_serves_two_pairs(database_url: str, two_pairs: str, spawn: 
         assert len(worker_writes(conn)) == 1
 
         assert wait_for(lambda: get(port, "/readyz")[0] == 200, what="ready")
+        # One LISTEN session serves both pairs, and one check on it beats for both.
+        assert listener_sessions(conn) == heartbeat_sessions(conn, "reactor", REPORTS)
+        assert len(listener_sessions(conn)) == 1
         _, metrics = get(port, "/metrics")
         assert 'reactor_runs_recorded_total{pair="reactor",source="timer"} 1.0' in metrics
         assert f'reactor_runs_recorded_total{{pair="{REPORTS}",source="timer"}} 1.0' in metrics
@@ -104,6 +135,19 @@ def test_one_process_serves_two_pairs(database_url: str, two_pairs: str, spawn: 
         assert set(document["pairs"]) == {"reactor", REPORTS}
         assert document["pairs"][REPORTS]["trigger"]["channel"] == f"{REPORTS}_jobs_terminal"
         assert document["pairs"][REPORTS]["jobs"]["grace_seconds"] == 0.4
+
+        # The page shows one pair at a time, the first by default, and links to the other.
+        status, first = get(page, "/")
+        assert status == 200
+        assert f'href="/?pair={REPORTS}"' in first
+        assert '<b aria-current="page">reactor</b>' in first
+        status, body = get(page, f"/api/status?pair={REPORTS}")
+        assert status == 200
+        shown = json.loads(body)
+        assert (shown["pair"], shown["pairs"]) == (REPORTS, ["reactor", REPORTS])
+        assert shown["trigger"]["channel"] == f"{REPORTS}_jobs_terminal"
+        assert shown["replica"]["ready"]
+        assert get(page, "/api/status?pair=nope")[0] == 404
 
         unnamed = run_reactor("hooks", "list", env=env)
         assert unnamed.returncode == 2
@@ -153,23 +197,36 @@ def test_a_broken_pair_costs_only_itself(
 
     proc = spawn("run", env=env)
     with psycopg.connect(database_url, autocommit=True) as conn:
-        wait_for(lambda: listening(conn, 2) or proc.poll() is not None, what="two listeners")
+        wait_for(
+            lambda: heartbeat_sessions(conn, "reactor", REPORTS) or proc.poll() is not None,
+            what="both pairs beat on the LISTEN session",
+        )
         assert proc.poll() is None
+        session = listener_sessions(conn)
         # Left out at start, and said so where an orchestrator looks.
         status, body = get(port, "/readyz")
         assert status == 503
         assert "pair reactor_gone: not served" in json.loads(body)["reason"]
 
-        # Broken while it runs: the second pair's artifact table is dropped. The others record.
+        # Broken while it runs: the second pair's artifact table and its reactor schema's
+        # tables are dropped, so its every statement fails. The others record, and their
+        # LISTEN session and its checks go on.
         conn.execute('DROP TABLE app."Report"')
+        conn.execute(f"DROP SCHEMA {REPORTS} CASCADE")
         add_report_job(conn, "lost")
+        beat = heartbeat_at(conn, "reactor")
         job_id, _ = new_job(conn)
         finish(conn, job_id)
         wait_for(lambda: worker_writes(conn), what="the reference pair records")
+        wait_for(lambda: heartbeat_at(conn, "reactor") > beat, what="the reference pair beats")
+        assert listener_sessions(conn) == session
+        assert heartbeat_sessions(conn, "reactor") == session
         assert proc.poll() is None
         proc.send_signal(signal.SIGTERM)
         _, stderr = proc.communicate(timeout=30)
     assert proc.returncode == 0, stderr
+    benched = [json.loads(line) for line in stderr.splitlines() if "through the pool" in line]
+    assert [line.get("pair") for line in benched] == [REPORTS]
     left_out = [json.loads(line) for line in stderr.splitlines() if "pair not served" in line]
     assert [line["pair"] for line in left_out] == ["reactor_gone"]
     assert "app.Gone" in left_out[0]["error"] or "Gone" in left_out[0]["error"]

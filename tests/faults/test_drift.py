@@ -62,7 +62,7 @@ def test_drift_with_kill_nine_and_a_postgres_restart(
     with connect(database_url) as conn:
         first = replicas.start(env, "r0")
         replicas.start(env, "r1")
-        wait_for(lambda: listeners(conn) >= 2 * len(tables.each()), 30, "two replicas listening")
+        wait_for(lambda: listeners(conn) >= 2, 30, "two replicas listening")
     with app.running(20.0):
         wait_for(
             lambda: scalar_at(database_url, runs) > 20,

@@ -65,7 +65,7 @@ def test_fifty_thousand_jobs_in_a_minute(
             ids = [tables.add_job(conn, doc="<p>" + "x" * 300 + "</p>")[0] for _ in range(JOBS)]
         env = replica_env(database_url, tables, REACTOR_GRACE_SECONDS=str(GRACE))
         started = [replicas.start(env, f"load{i}") for i in range(3)]
-        wait_for(lambda: listeners(conn) >= 3 * len(tables.each()), 30, "three replicas listening")
+        wait_for(lambda: listeners(conn) >= 3, 30, "three replicas listening")
         postmaster = server.embedded.postmaster_pid() if server.embedded else None
         sampler = Sampler([r.pid for r in started], postmaster)
         sampler.sample()

@@ -13,6 +13,7 @@ import time
 import pytest
 
 from reactor import db
+from reactor.listener import Subscriber
 from reactor.service import Reactor
 from tests.faults.proxy import FaultProxy
 from tests.faults.scenario import Scenario
@@ -138,14 +139,16 @@ async def test_partition_during_the_listeners_check_is_noticed_within_the_probe_
         assert listener is not None
         check = listener.check
 
-        async def health(conn: db.AnyConnection, probe: str | None) -> bool:
+        async def health(
+            conn: db.AnyConnection, due: list[Subscriber], probe: str | None
+        ) -> tuple[bool, dict[Subscriber, BaseException]]:
             # The cut lands exactly as the first replica's next health check leaves on its
             # LISTEN connection (with the probe notification, unless other replicas' probes
             # arrived meanwhile).
             if not cut:
                 proxy.partition()
                 cut.append(time.monotonic())
-            return await check(conn, probe)
+            return await check(conn, due, probe)
 
         listener.check = health
         await eventually(lambda: cut, timeout=5)

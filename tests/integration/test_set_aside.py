@@ -184,14 +184,26 @@ async def test_a_table_that_is_gone_is_said_once_not_at_every_statement(
         ]
         conn.execute("ALTER TABLE analysis_runs RENAME TO analysis_runs_away")
         caplog.set_level("DEBUG", logger="reactor.recorder")
+        delays = []
         for job in jobs:
             answer = await recorder.record([job])
             assert [job_id for job_id, _ in answer.retry] == [job]
+            delays.append(answer.retry[0][1])
         failed = [r for r in caplog.records if r.getMessage() == "record failed, will retry"]
         assert [r.levelname for r in failed] == ["WARNING", "DEBUG", "DEBUG"]
+        # Each failure in a row puts the jobs off longer: the pair's backlog does not cycle.
+        assert delays == [1.0, 2.0, 4.0]
         conn.execute("ALTER TABLE analysis_runs_away RENAME TO analysis_runs")
         caplog.clear()
         await recorder.record(jobs)
         said = [r.getMessage() for r in caplog.records if r.levelname == "INFO"]
         assert said.count("record statements succeed again") == 1
         assert scalar(conn, "SELECT count(*) FROM analysis_runs") == 3
+        # Repaired, a later failure starts from the short retry again.
+        conn.execute("ALTER TABLE analysis_runs RENAME TO analysis_runs_away")
+        try:
+            job = str(add_job(conn, status="complete", results={"ok": 9}, age=30)[0])
+            answer = await recorder.record([job])
+            assert answer.retry == [(job, 1.0)]
+        finally:
+            conn.execute("ALTER TABLE analysis_runs_away RENAME TO analysis_runs")

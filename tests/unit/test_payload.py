@@ -18,7 +18,9 @@ from reactor.clock import FakeClock
 from reactor.config import Settings
 from reactor.errors import ConfigError
 from reactor.install import Install
-from reactor.listener import Listener, parse_hint, parse_payload
+from reactor.listener import Listener, Subscriber, parse_hint, parse_payload
+from reactor.metrics import Metrics
+from reactor.ownership import share_of
 
 JOB = "5f0c6a2e-1b7d-4c3e-9a8f-0123456789ab"
 CANONICAL = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
@@ -136,23 +138,53 @@ def test_garbage_is_no_hint() -> None:
 # -- what the listener does with payloads ---------------------------------------------------------
 
 
-def make_listener(channel: str = "analysis_jobs_terminal") -> tuple[Listener, list[str]]:
-    jobs: list[str] = []
-    settings = Settings.from_env({"REACTOR_CHANNEL": channel})
-    install = Install.of(mapping.REFERENCE, settings.channel)
-    listener = Listener(
-        settings,
+def make_subscriber(channel: str, jobs: list[str]) -> Subscriber:
+    install = Install.of(mapping.REFERENCE, channel)
+    return Subscriber(
         db.Database(install, cast(Any, MagicMock())),
+        Metrics(),
         cast(Any, MagicMock()),
         on_job=lambda job_id, updated_at: jobs.append(job_id),
         on_listening=lambda: None,
-        check=cast(Any, MagicMock()),
+        ask=cast(Any, MagicMock()),
+        saw=cast(Any, MagicMock()),
         poll=cast(Any, MagicMock()),
-        schedule=cast(Any, MagicMock()),
-        clock=FakeClock(),
-        dsn="host=unused",
     )
+
+
+def make_listener(channel: str = "analysis_jobs_terminal") -> tuple[Listener, list[str]]:
+    jobs: list[str] = []
+    settings = Settings.from_env({"REACTOR_CHANNEL": channel})
+    subscriber = make_subscriber(channel, jobs)
+    listener = Listener(settings, clock=FakeClock(), dsn="host=unused", subscribers=[subscriber])
     return listener, jobs
+
+
+def test_each_pairs_notifications_go_to_that_pair() -> None:
+    first: list[str] = []
+    second: list[str] = []
+    one, two = make_subscriber("first_done", first), make_subscriber("second_done", second)
+    listener = Listener(
+        Settings.from_env({}), clock=FakeClock(), dsn="host=unused", subscribers=[one, two]
+    )
+    other = str(uuid.uuid4())
+    listener._receive(JOB, "first_done")
+    listener._receive(other, two.share_channels[share_of(other)])
+    listener._receive(str(uuid.uuid4()), "nobody_done")
+    assert (first, second) == ([JOB], [other])
+    # A probe proves the one session, whichever pair's channel it came on.
+    listener._probe_token = "abc"
+    listener._receive("probe:abc", "second_done")
+    assert listener.proven
+    listener.unsubscribe(two)
+    listener._receive(str(uuid.uuid4()), "second_done")
+    assert second == [other]
+
+
+def test_two_pairs_on_one_channel_are_refused() -> None:
+    listener, _ = make_listener("same")
+    with pytest.raises(ConfigError):
+        listener.subscribe(make_subscriber("same", []))
 
 
 def test_receive_hands_canonical_ids_to_on_job() -> None:

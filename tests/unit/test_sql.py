@@ -252,3 +252,51 @@ def test_sql_run_without_parameters_keeps_one_percent() -> None:
     assert sql.render("SELECT @x@", PERCENT, values={"x": "'%'"}, parameters=True) == (
         "SELECT '%%'"
     )
+
+
+# -- one statement for several pairs ------------------------------------------------------------
+
+PART = """WITH probe AS (
+    SELECT @j.probe@ FROM @jobs@ j WHERE @j.id@ = %(probe)s AND note LIKE 'a%%'
+), other AS (
+    SELECT 1 AS one FROM probe
+)
+SELECT (SELECT count(*) FROM other) AS n, %(probe)s AS probe_again"""
+
+
+def test_a_part_renames_its_names_and_parameters_not_the_slots() -> None:
+    part = sql.union_template(PART, 1)
+    assert "WITH probe__p1 AS (" in part
+    assert "), other__p1 AS (" in part
+    assert "FROM probe__p1\n" in part
+    assert part.count("%(probe__p1)s") == 2
+    # What a mapping fills in is its own, and a literal % stays written twice.
+    assert "@j.probe@" in part
+    assert "LIKE 'a%%'" in part
+    assert "probe_again" in part
+
+
+def test_a_template_that_is_not_one_with_and_one_select_is_refused() -> None:
+    with pytest.raises(ValueError, match="one WITH and one SELECT"):
+        sql.union_template("SELECT 1", 0)
+
+
+def test_a_union_holds_every_part_once_in_order() -> None:
+    parts = [sql.union_template(PART, index) for index in range(3)]
+    statement = sql.union(parts)
+    assert statement.startswith("WITH probe__p0 AS (")
+    assert statement.count(" AS (") == 6
+    selects = re.findall(r"^(?:UNION ALL\n)?SELECT (\d) AS part,", statement, re.MULTILINE)
+    assert selects == ["0", "1", "2"]
+    assert statement.endswith("ORDER BY part")
+
+
+def test_the_health_check_of_two_pairs_takes_each_pairs_parameters() -> None:
+    second = mapping.load(str(Path(__file__).parents[1] / "mappings" / "second.toml"))
+    statement = sql.union_query("health", (REFERENCE, second))
+    single = set(re.findall(r"%\((\w+)\)s", QUERIES["health"]))
+    assert set(re.findall(r"%\((\w+)\)s", statement)) == {
+        sql.part_name(name, index) for name in single for index in (0, 1)
+    }
+    assert f"{second.reactor_schema}.replicas" in statement
+    assert "reactor.replicas" in statement
