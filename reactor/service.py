@@ -104,12 +104,12 @@ async def open_reactors(
     until every reactor has stopped (or the block ends), so a replica costs the database about
     what one pair does.
     """
-    pool = db.make_pool(
-        settings.require_database(),
-        max_size=POOL_SIZE + RECORD_CONCURRENCY * (len(served) - 1),
-    )
+    # Each pair may hold what a replica of its own would, and no more: one whose statements
+    # hang leaves the others theirs.
+    pool = db.make_pool(settings.require_database(), max_size=POOL_SIZE * len(served))
+    several = len(served) > 1
     shared: Listener | None = None
-    if len(served) > 1 and settings.mode == "listen":
+    if several and settings.mode == "listen":
         shared = Listener(
             settings,
             clock=clock or SystemClock(),
@@ -120,7 +120,13 @@ async def open_reactors(
         await stack.enter_async_context(pool)
         reactors = []
         for (own, install), hooks in zip(served, hooks_of, strict=True):
-            database = db.Database.pooled(install, pool, grace=own.grace, hooks=list(hooks))
+            database = db.Database.pooled(
+                install,
+                pool,
+                grace=own.grace,
+                hooks=list(hooks),
+                share=anyio.CapacityLimiter(POOL_SIZE) if several else None,
+            )
             if instrument is not None:
                 database = instrument(database)
             reactors.append(

@@ -5,6 +5,7 @@ through the pool (:class:`Pooled`), or on a connection of the caller's own (:cla
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeAlias, TypeVar, overload
@@ -210,10 +211,13 @@ class Connector(Protocol):
 @dataclass(frozen=True, slots=True)
 class Pooled:
     """Each query on a connection of ``pool``, run as :func:`call` runs it, within ``timeout``
-    seconds (None: the caller bounds the wait)."""
+    seconds (None: the caller bounds the wait). ``share``, when given, caps the connections
+    these queries hold at once: one pair's share of a pool that several pairs use, so that
+    statements of one that hang (its tables locked) leave the others their connections."""
 
     pool: AsyncConnectionPool[AnyConnection]
     timeout: float | None = CALL_TIMEOUT
+    share: anyio.CapacityLimiter | None = None
 
     async def fetch(
         self,
@@ -226,10 +230,14 @@ class Pooled:
         """Run ``query`` on a pooled connection; see :meth:`Connector.fetch`."""
         # The bound covers waiting for a connection and the whole call made on it.
         with anyio.fail_after(self.timeout):
-            async with self.pool.connection() as conn:
+            async with self._turn(), self.pool.connection() as conn:
                 return await call(
                     conn, query, params, lock_timeout=lock_timeout, row_factory=row_factory
                 )
+
+    def _turn(self) -> contextlib.AbstractAsyncContextManager[object]:
+        # Waiting for the share counts against the same bound as waiting for the pool.
+        return self.share if self.share is not None else contextlib.nullcontext()
 
 
 @dataclass(frozen=True, slots=True)

@@ -129,9 +129,11 @@ class Database:
         *,
         grace: float = 0.0,
         hooks: Sequence[str] = (),
+        share: anyio.CapacityLimiter | None = None,
     ) -> Database:
-        """The queries through ``pool``, each as :func:`~.session.call` runs it."""
-        return cls(install, Pooled(pool), grace, tuple(hooks))
+        """The queries through ``pool``, each as :func:`~.session.call` runs it; ``share``
+        caps the connections they hold at once (see :class:`~.calls.Pooled`)."""
+        return cls(install, Pooled(pool, share=share), grace, tuple(hooks))
 
     @classmethod
     def dedicated(cls, install: Install, conn: AnyConnection, *, grace: float = 0.0) -> Database:
