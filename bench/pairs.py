@@ -63,7 +63,8 @@ from reactor.config import Settings
 from reactor.db.session import POOL_MAX_IDLE
 from reactor.install import Install
 from reactor.mapping import REFERENCE
-from reactor.service import Reactor, open_reactor, open_reactors
+from reactor.replica import open_reactor, open_reactors
+from reactor.service import Reactor
 
 TITLE = "Many job/artifact pairs, one sidecar: connections, idle cost and lateness per pair"
 GOAL = (

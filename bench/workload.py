@@ -27,7 +27,8 @@ from reactor.app import App
 from reactor.config import Settings
 from reactor.install import REFERENCE_INSTALL, Install
 from reactor.mapping import REFERENCE
-from reactor.service import Reactor, open_reactor
+from reactor.replica import open_reactor
+from reactor.service import Reactor
 
 # The worker of the eager design writes the run itself at finalize, in the same transaction;
 # it never overwrites a client row.

@@ -25,3 +25,20 @@ def jittered(delay: float, rand: float, *, low: float, high: float) -> float:
     """``delay`` scaled into [``low`` x, ``high`` x] as ``rand`` goes from 0 to 1 (``rand`` is
     uniform in [0, 1) in production, chosen in tests)."""
     return delay * (low + (high - low) * rand)
+
+
+# Reconnect backoff: the first retry within BACKOFF_BASE seconds, doubling per failure up to a
+# cap; a problem retrying cannot fix (a wrong password, a missing role) is retried rarely.
+BACKOFF_BASE = 0.2
+BACKOFF_CAP = 5.0
+BACKOFF_CAP_PERMANENT = 60.0
+
+
+def backoff(failures: int, *, cap: float, base: float = BACKOFF_BASE, rand: float) -> float:
+    """Seconds to wait before reconnect attempt ``failures + 1``; ``rand`` in [0, 1) jitters it.
+
+    Exponential from ``base``, at most ``cap``, and never below half of that (so a burst of
+    replicas spreads out, but none retries in a tight loop).
+    """
+    delay = exponential(failures, first=base, cap=cap)
+    return jittered(delay, rand, low=0.5, high=1.0)

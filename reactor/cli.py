@@ -39,8 +39,7 @@ from reactor.mapping import Mapping
 from reactor.metrics import Metrics
 from reactor.pairs import Pair
 from reactor.recorder import Recorder
-from reactor.replica import Replica
-from reactor.service import open_reactors
+from reactor.replica import Replica, open_reactors
 
 log = logging.getLogger("reactor")
 

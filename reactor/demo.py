@@ -37,7 +37,8 @@ from reactor.errors import ConfigError
 from reactor.install import Install
 from reactor.mapping import REFERENCE, Mapping
 from reactor.metrics import Metrics
-from reactor.service import Reactor, open_reactors
+from reactor.replica import open_reactors
+from reactor.service import Reactor
 
 # Where the page is served while the demo runs: the reactor's own default for the page
 # (REACTOR_DASHBOARD_ADDR). The demo serves no probes: its replicas come and go.

@@ -50,26 +50,24 @@ import contextlib
 import logging
 import math
 import random
-import re
 import uuid
-from collections.abc import Awaitable, Callable, Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
 from datetime import datetime
-from typing import Any, Literal
+from typing import Literal
 
 import anyio
 import psycopg
 import psycopg.sql
 
-from reactor import db, logs
-from reactor.backoff import exponential, jittered
-from reactor.cadence import Scheduler
+from reactor import db
+from reactor.backoff import BACKOFF_BASE, BACKOFF_CAP, BACKOFF_CAP_PERMANENT, backoff
 from reactor.clock import Clock
 from reactor.config import Settings
 from reactor.db import DATABASE_ERRORS
 from reactor.errors import ConfigError, ReactorError
 from reactor.metrics import Metrics
-from reactor.ownership import share_channels
+from reactor.payload import change_statement, parse_hint
+from reactor.subscriber import Subscriber, check_pairs, on_behalf, statement_failed
 
 log = logging.getLogger(__name__)
 
@@ -84,160 +82,9 @@ _JOINED = "joined:"
 # only a wake-up, no statement, and only until the first re-arm has read the queue.
 SETTLING_TICK = 0.05
 
-# Reconnect backoff: the first retry within BACKOFF_BASE seconds, doubling per failure up to a
-# cap; a problem retrying cannot fix (a wrong password, a missing role) is retried rarely.
-BACKOFF_BASE = 0.2
-BACKOFF_CAP = 5.0
-BACKOFF_CAP_PERMANENT = 60.0
-
-
-def backoff(failures: int, *, cap: float, base: float = BACKOFF_BASE, rand: float) -> float:
-    """Seconds to wait before reconnect attempt ``failures + 1``; ``rand`` in [0, 1) jitters it.
-
-    Exponential from ``base``, at most ``cap``, and never below half of that (so a burst of
-    replicas spreads out, but none retries in a tight loop).
-    """
-    delay = exponential(failures, first=base, cap=cap)
-    return jittered(delay, rand, low=0.5, high=1.0)
-
-
-_UUID = re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}")
-_BIGINT = re.compile(r"-?[0-9]{1,19}")
-# A text id is taken as sent, up to this long: the trigger sends what the column holds.
-_TEXT_ID_MAX = 512
-
-
-def parse_payload(payload: str, id_type: str) -> str | None:
-    """The job id a payload names, in the canonical text form of ``id_type`` (uuid, bigint or
-    text; a uuid's lower-case form), or None if it names none.
-
-    Only the trigger's exact form is accepted: uuid.UUID alone would also take braces, URNs
-    and non-ASCII digits.
-    """
-    if id_type == "text":
-        return payload if 0 < len(payload) <= _TEXT_ID_MAX else None
-    if len(payload) > 64:  # a job id is at most 36 characters; don't even strip a flood
-        return None
-    text = payload.strip()
-    if id_type == "bigint":
-        return str(int(text)) if _BIGINT.fullmatch(text) else None
-    return text.lower() if _UUID.fullmatch(text) else None
-
-
-_EPOCH = re.compile(r"[0-9]{1,12}(?:\.[0-9]{1,9})?")
-
-
-def parse_hint(payload: str, id_type: str) -> tuple[str, float | None] | None:
-    """The job a payload names and, when it carries it, the job's updated_at as unix seconds.
-
-    The trigger sends ``<job id>@<updated_at>``; a bare job id (an older trigger) is accepted
-    too, without a time. Anything else names no job.
-    """
-    # The time is after the last "@": a text id may hold one.
-    job, sep, at = payload.rpartition("@")
-    if not sep:
-        job = payload
-    job_id = parse_payload(job, id_type)
-    if job_id is None:
-        return None
-    if not sep:
-        return job_id, None
-    return (job_id, float(at)) if _EPOCH.fullmatch(at) else None
-
-
-def listen_statement(channel: str) -> psycopg.sql.Composed:
-    """LISTEN on ``channel``."""
-    # Quoted: pg_notify() takes the name verbatim, LISTEN would fold its case.
-    return psycopg.sql.SQL("LISTEN {}").format(psycopg.sql.Identifier(channel))
-
-
-def change_statement(*, listen: list[str], unlisten: list[str]) -> psycopg.sql.Composed | None:
-    """The LISTENs and UNLISTENs that take a session from one set of channels to another, as
-    one simple-protocol round trip; None when there is nothing to change."""
-    parts = [listen_statement(name) for name in listen] + [
-        psycopg.sql.SQL("UNLISTEN {}").format(psycopg.sql.Identifier(name)) for name in unlisten
-    ]
-    return psycopg.sql.SQL("; ").join(parts) if parts else None
-
-
-# The poll a pair runs on the listener's proven connection, as the pool would otherwise.
-Poll = Callable[[db.AnyConnection], Awaitable[None]]
-
 
 class ProbeLost(ReactorError):
     """A probe this session sent itself did not come back by the next check."""
-
-
-@dataclass(eq=False)
-class Subscriber:
-    """One pair's side of the LISTEN session: its channels, what it is told, and its duties.
-
-    ``ask`` gives the pair's health check parameters for this session (with the probe payload
-    when this pair's part sends it); ``saw`` takes the check's :class:`~reactor.db.Health` and
-    when it was sent (the listener's clock).
-    """
-
-    database: db.Database
-    metrics: Metrics
-    schedule: Scheduler
-    on_job: Callable[[str, float | None], None]
-    on_listening: Callable[[], None]
-    ask: Callable[[str | None], dict[str, Any]]
-    saw: Callable[[db.Health, float], None]
-    poll: Poll
-    on_left: Callable[[str], None] = lambda replica: None
-    on_joined: Callable[[str], None] = lambda replica: None
-    # True until the replica holds its share: a duty hastened then (its first heartbeat,
-    # which tells the others it joined) must not wait out a whole probe interval here.
-    settling: Callable[[], bool] = lambda: False
-    # The shares of the jobs whose channels to LISTEN on: those this replica owns, when the
-    # trigger was installed with --spread and notifies each share on a channel of its own.
-    shares: Callable[[], frozenset[int]] = frozenset
-    # The shares LISTENed on now.
-    listening: frozenset[int] = frozenset()
-    # The pair's name, for the lines logged on its behalf; None in a replica of one pair.
-    name: str | None = None
-    # True while this pair's statements fail on this session (its tables are broken): its
-    # duties go to the pool, and a check there that succeeds brings them back (readmit).
-    benched: bool = False
-
-    def __post_init__(self) -> None:
-        # Read once: every notification is parsed by them. A channel too long to take a
-        # share's suffix has none: no trigger can spread over it.
-        self.channel = self.database.install.channel
-        self.id_type = self.database.install.id_type
-        self.share_channels = share_channels(self.channel) or ()
-
-    def channels(self, shares: frozenset[int]) -> list[str]:
-        """The channels of ``shares``."""
-        return [self.share_channels[share] for share in sorted(shares)]
-
-    def owned(self) -> frozenset[int]:
-        """The shares to LISTEN on now (none when the channel cannot take a share's suffix)."""
-        return self.shares() if self.share_channels else frozenset()
-
-
-def _statement_failed(error: BaseException, conn: db.AnyConnection) -> bool:
-    # A statement failed on its own (a table or a grant gone), the session is fine: it costs
-    # only the pair whose statement it was. Anything else (the connection lost, a statement
-    # cut short by its bound) makes the session suspect.
-    return (
-        isinstance(error, psycopg.Error)
-        and not isinstance(error, psycopg.OperationalError)
-        and not conn.closed
-        and not conn.broken
-    )
-
-
-@contextlib.contextmanager
-def _on_behalf(subscriber: Subscriber) -> Iterator[None]:
-    # What runs here is the pair's: its lines name it (see reactor.logs).
-    token = logs.PAIR.set(subscriber.name) if subscriber.name is not None else None
-    try:
-        yield
-    finally:
-        if token is not None:
-            logs.PAIR.reset(token)
 
 
 class Listener:
@@ -423,7 +270,7 @@ class Listener:
         self._set_state("listening")
         # Re-arm from the database: anything notified while we were away is found.
         for subscriber in list(self.subscribers):
-            with _on_behalf(subscriber):
+            with on_behalf(subscriber):
                 subscriber.on_listening()
         self.settled.set()
         try:
@@ -539,7 +386,7 @@ class Listener:
             await conn.execute(statement)
         self._channels_on = frozenset(wanted)
         for subscriber in gained:
-            with _on_behalf(subscriber):
+            with on_behalf(subscriber):
                 subscriber.on_listening()
 
     def _carried(self) -> list[Subscriber]:
@@ -573,18 +420,18 @@ class Listener:
 
     async def _run_poll(self, subscriber: Subscriber, conn: db.AnyConnection) -> None:
         try:
-            with _on_behalf(subscriber):
+            with on_behalf(subscriber):
                 await subscriber.schedule.run_duty(
                     "poll", "listener", lambda: subscriber.poll(conn)
                 )
         except psycopg.Error as error:
-            if len(self.subscribers) == 1 or not _statement_failed(error, conn):
+            if not (self._isolates and statement_failed(error, conn)):
                 raise
             self._bench(subscriber, error)
 
     def _bench(self, subscriber: Subscriber, error: BaseException) -> None:
         if not subscriber.benched:
-            with _on_behalf(subscriber):
+            with on_behalf(subscriber):
                 log.warning(
                     "the pair's statements fail on the LISTEN connection; its checks go through "
                     "the pool",
@@ -614,37 +461,14 @@ class Listener:
     async def check_together(
         self, conn: db.AnyConnection, due: list[Subscriber], probe: str | None
     ) -> tuple[bool, dict[Subscriber, BaseException]]:
-        """The health check of the pairs ``due``, in one statement on ``conn``; the first
-        pair's part sends ``probe``. Returns whether the probe went out, and the pairs whose
-        own statements failed (when one pair's part fails the statement, each runs alone)."""
-        sent = self.clock.now()
-        asks = [
-            (subscriber.database, subscriber.ask(probe if index == 0 else None))
-            for index, subscriber in enumerate(due)
-        ]
-        try:
-            results: list[db.Health | BaseException] = list(await db.health_of_pairs(conn, asks))
-        except psycopg.Error as error:
-            if len(self.subscribers) == 1 or not _statement_failed(error, conn):
-                raise
-            results = []
-            for ask in asks:
-                try:
-                    results.extend(await db.health_of_pairs(conn, [ask]))
-                except psycopg.Error as alone:
-                    if not _statement_failed(alone, conn):
-                        raise
-                    results.append(alone)
-        failed: dict[Subscriber, BaseException] = {}
-        probes = 0
-        for subscriber, result in zip(due, results, strict=True):
-            if isinstance(result, BaseException):
-                failed[subscriber] = result
-            else:
-                probes += result.probes_sent
-                with _on_behalf(subscriber):
-                    subscriber.saw(result, sent)
-        return probes > 0, failed
+        """The health check of the pairs ``due`` on ``conn`` (see :func:`check_pairs`)."""
+        return await check_pairs(conn, due, probe, sent=self.clock.now(), isolate=self._isolates)
+
+    @property
+    def _isolates(self) -> bool:
+        # A statement that fails on its own costs only its pair when there are others; a lone
+        # pair's failure makes the session suspect, as it always did.
+        return len(self.subscribers) > 1
 
     def _recovered(self) -> None:
         if self.problem is not None:
@@ -680,7 +504,7 @@ class Listener:
         )
         if subscriber is None:
             return  # a channel of a pair that has stopped
-        with _on_behalf(subscriber):
+        with on_behalf(subscriber):
             self._deliver(subscriber, payload)
 
     def _deliver(self, subscriber: Subscriber, payload: str) -> None:

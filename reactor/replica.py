@@ -12,17 +12,112 @@ of one pair shows them as they always were.
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from contextlib import asynccontextmanager
 
 import anyio
 import anyio.abc
 
-from reactor import logs
+from reactor import db, logs
+from reactor.clock import Clock, SystemClock
+from reactor.config import Settings
+from reactor.hooks import open_hooks
+from reactor.install import Install
+from reactor.listener import Listener
 from reactor.metrics import Metrics, PairMetrics
-from reactor.service import Reactor
+from reactor.service import POOL_SIZE, Reactor
 
 log = logging.getLogger(__name__)
+
+
+@asynccontextmanager
+async def open_reactor(
+    settings: Settings,
+    install: Install,
+    *,
+    metrics: Metrics | None = None,
+    clock: Clock | None = None,
+    listen_dsn: str | None = None,
+    instrument: Callable[[db.Database], db.Database] | None = None,
+) -> AsyncIterator[Reactor]:
+    """One replica of one pair, wired: its pool, its hooks (parsed before anything connects, so
+    a bad REACTOR_HOOKS fails at once) and its queries, bound to ``install``. Not running yet:
+    run it with :meth:`Reactor.run`, or for a block with :meth:`Reactor.running`. The pool opens
+    on entry and closes on exit, once the replica has stopped.
+
+    ``instrument`` wraps the replica's queries (a benchmark counting its statements).
+    """
+    async with open_reactors(
+        settings,
+        [(settings, install)],
+        metrics=Metrics if metrics is None else lambda: metrics,
+        clock=clock,
+        listen_dsn=listen_dsn,
+        instrument=instrument,
+    ) as (reactor,):
+        yield reactor
+
+
+@asynccontextmanager
+async def open_reactors(
+    settings: Settings,
+    served: Sequence[tuple[Settings, Install]],
+    *,
+    metrics: Callable[[], Metrics] = Metrics,
+    clock: Clock | None = None,
+    listen_dsn: str | None = None,
+    instrument: Callable[[db.Database], db.Database] | None = None,
+) -> AsyncIterator[list[Reactor]]:
+    """A reactor for each (pair's settings, install) of ``served``, all on one pool of
+    ``settings``' database, each with its own hooks and metrics (see :func:`open_reactor`).
+
+    Several pairs share one LISTEN session too, and one health check on it: it runs from entry
+    until every reactor has stopped (or the block ends), so a replica costs the database about
+    what one pair does.
+    """
+    # Each pair may hold what a replica of its own would, and no more: one whose statements
+    # hang leaves the others theirs.
+    pool = db.make_pool(settings.require_database(), max_size=POOL_SIZE * len(served))
+    several = len(served) > 1
+    shared: Listener | None = None
+    if several and settings.mode == "listen":
+        shared = Listener(
+            settings,
+            clock=clock or SystemClock(),
+            dsn=listen_dsn or settings.listen_database_url or settings.require_database(),
+        )
+    async with contextlib.AsyncExitStack() as stack:
+        hooks_of = [await stack.enter_async_context(open_hooks(own, pool)) for own, _ in served]
+        await stack.enter_async_context(pool)
+        reactors = []
+        for (own, install), hooks in zip(served, hooks_of, strict=True):
+            database = db.Database.pooled(
+                install,
+                pool,
+                grace=own.grace,
+                hooks=list(hooks),
+                share=anyio.CapacityLimiter(POOL_SIZE) if several else None,
+            )
+            if instrument is not None:
+                database = instrument(database)
+            reactors.append(
+                Reactor(
+                    own,
+                    database,
+                    metrics=metrics(),
+                    clock=clock,
+                    listen_dsn=listen_dsn,
+                    hooks=hooks,
+                    listener=shared,
+                )
+            )
+        if shared is not None:
+            listening = await stack.enter_async_context(anyio.create_task_group())
+            listening.start_soon(shared.run)
+            stack.callback(listening.cancel_scope.cancel)
+        yield reactors
 
 
 class Replica:

@@ -24,7 +24,7 @@ import contextlib
 import logging
 import math
 import uuid
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from datetime import datetime, timedelta
 from typing import Any
@@ -38,13 +38,13 @@ from reactor.clock import Clock, SystemClock
 from reactor.config import Settings
 from reactor.dbclock import DatabaseClock
 from reactor.dispatch import Dispatcher, WorkQueue
-from reactor.hooks import Hook, HookRetention, HookRunner, open_hooks
-from reactor.install import Install
-from reactor.listener import Listener, Subscriber
+from reactor.hooks import Hook, HookRetention, HookRunner
+from reactor.listener import Listener
 from reactor.metrics import Metrics
 from reactor.ownership import LIVENESS_PROBES, Membership, Roster
 from reactor.reconcile import MAX_ERROR_WAIT, Reconciler
 from reactor.recorder import Recorder
+from reactor.subscriber import Subscriber
 from reactor.vitals import Vitals
 
 log = logging.getLogger(__name__)
@@ -57,94 +57,6 @@ POOL_SIZE = RECORD_CONCURRENCY + 3
 
 # Most queued jobs one poll offers; more (a burst) are read by the next poll, from where it ended.
 POLL_LIMIT = 10_000
-
-
-@asynccontextmanager
-async def open_reactor(
-    settings: Settings,
-    install: Install,
-    *,
-    metrics: Metrics | None = None,
-    clock: Clock | None = None,
-    listen_dsn: str | None = None,
-    instrument: Callable[[db.Database], db.Database] | None = None,
-) -> AsyncIterator[Reactor]:
-    """One replica of one pair, wired: its pool, its hooks (parsed before anything connects, so
-    a bad REACTOR_HOOKS fails at once) and its queries, bound to ``install``. Not running yet:
-    run it with :meth:`Reactor.run`, or for a block with :meth:`Reactor.running`. The pool opens
-    on entry and closes on exit, once the replica has stopped.
-
-    ``instrument`` wraps the replica's queries (a benchmark counting its statements).
-    """
-    async with open_reactors(
-        settings,
-        [(settings, install)],
-        metrics=Metrics if metrics is None else lambda: metrics,
-        clock=clock,
-        listen_dsn=listen_dsn,
-        instrument=instrument,
-    ) as (reactor,):
-        yield reactor
-
-
-@asynccontextmanager
-async def open_reactors(
-    settings: Settings,
-    served: Sequence[tuple[Settings, Install]],
-    *,
-    metrics: Callable[[], Metrics] = Metrics,
-    clock: Clock | None = None,
-    listen_dsn: str | None = None,
-    instrument: Callable[[db.Database], db.Database] | None = None,
-) -> AsyncIterator[list[Reactor]]:
-    """A reactor for each (pair's settings, install) of ``served``, all on one pool of
-    ``settings``' database, each with its own hooks and metrics (see :func:`open_reactor`).
-
-    Several pairs share one LISTEN session too, and one health check on it: it runs from entry
-    until every reactor has stopped (or the block ends), so a replica costs the database about
-    what one pair does.
-    """
-    # Each pair may hold what a replica of its own would, and no more: one whose statements
-    # hang leaves the others theirs.
-    pool = db.make_pool(settings.require_database(), max_size=POOL_SIZE * len(served))
-    several = len(served) > 1
-    shared: Listener | None = None
-    if several and settings.mode == "listen":
-        shared = Listener(
-            settings,
-            clock=clock or SystemClock(),
-            dsn=listen_dsn or settings.listen_database_url or settings.require_database(),
-        )
-    async with contextlib.AsyncExitStack() as stack:
-        hooks_of = [await stack.enter_async_context(open_hooks(own, pool)) for own, _ in served]
-        await stack.enter_async_context(pool)
-        reactors = []
-        for (own, install), hooks in zip(served, hooks_of, strict=True):
-            database = db.Database.pooled(
-                install,
-                pool,
-                grace=own.grace,
-                hooks=list(hooks),
-                share=anyio.CapacityLimiter(POOL_SIZE) if several else None,
-            )
-            if instrument is not None:
-                database = instrument(database)
-            reactors.append(
-                Reactor(
-                    own,
-                    database,
-                    metrics=metrics(),
-                    clock=clock,
-                    listen_dsn=listen_dsn,
-                    hooks=hooks,
-                    listener=shared,
-                )
-            )
-        if shared is not None:
-            listening = await stack.enter_async_context(anyio.create_task_group())
-            listening.start_soon(shared.run)
-            stack.callback(listening.cancel_scope.cancel)
-        yield reactors
 
 
 class Reactor:
@@ -214,7 +126,7 @@ class Reactor:
         )
         self.listener: Listener | None = None
         # The pair's side of the LISTEN session: its own, or one shared by the pairs of a
-        # replica (see open_reactors), which runs it.
+        # replica (see reactor.replica.open_reactors), which runs it.
         self.subscriber = Subscriber(
             database,
             self.metrics,

@@ -22,7 +22,7 @@ from reactor.dashboard.guard import COOKIE, Auth, HostAllowlist, Throttle, Who, 
 from reactor.dashboard.source import Snapshot, StatusSource
 from reactor.dashboard.view import render_login, render_page, replica_view
 from reactor.errors import UsageError
-from reactor.listener import parse_payload
+from reactor.payload import parse_payload
 
 if TYPE_CHECKING:
     from multidict import MultiDictProxy

@@ -27,7 +27,8 @@ import pytest
 from reactor.config import Settings
 from reactor.embedded import EmbeddedPostgres
 from reactor.install import Install
-from reactor.service import Reactor, open_reactors
+from reactor.replica import open_reactors
+from reactor.service import Reactor
 from tests.conftest import FAULT_ROW, Server
 from tests.faults import tables as app_tables
 from tests.faults.proxy import FaultProxy

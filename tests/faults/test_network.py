@@ -13,8 +13,8 @@ import time
 import pytest
 
 from reactor import db
-from reactor.listener import Subscriber
 from reactor.service import Reactor
+from reactor.subscriber import Subscriber
 from tests.faults.proxy import FaultProxy
 from tests.faults.scenario import Scenario
 from tests.faults.support import with_port

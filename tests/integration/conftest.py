@@ -12,7 +12,8 @@ from reactor import db
 from reactor.config import Settings
 from reactor.install import Install
 from reactor.mapping import REFERENCE
-from reactor.service import Reactor, open_reactor
+from reactor.replica import open_reactor
+from reactor.service import Reactor
 
 StartReactor = Callable[..., AbstractAsyncContextManager[Reactor]]
 

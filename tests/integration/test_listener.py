@@ -17,7 +17,7 @@ import psycopg.conninfo
 import pytest
 
 from reactor import db
-from reactor.listener import BACKOFF_BASE, BACKOFF_CAP, backoff
+from reactor.backoff import BACKOFF_BASE, BACKOFF_CAP, backoff
 from tests.faults.proxy import FaultProxy
 from tests.faults.support import host_port, with_port
 from tests.helpers import finish, new_job, run_row

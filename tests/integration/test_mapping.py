@@ -25,10 +25,10 @@ from docs import generate
 from reactor import db, grants, mapping, sql, status
 from reactor.config import Settings
 from reactor.install import Install
-from reactor.listener import parse_hint
 from reactor.metrics import Metrics
+from reactor.payload import parse_hint
 from reactor.recorder import Recorder
-from reactor.service import open_reactor
+from reactor.replica import open_reactor
 from tests.acceptance.conftest import reactor_env, run_reactor
 from tests.helpers import Conn
 from tests.polling import eventually

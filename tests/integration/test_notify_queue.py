@@ -22,7 +22,7 @@ from reactor.config import Settings
 from reactor.embedded import EmbeddedPostgres
 from reactor.install import REFERENCE_INSTALL
 from reactor.mapping import REFERENCE
-from reactor.service import open_reactor
+from reactor.replica import open_reactor
 from tests.faults.support import judge
 from tests.helpers import AUDIT_SQL, Conn
 from tests.polling import eventually

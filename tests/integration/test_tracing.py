@@ -32,7 +32,8 @@ from reactor import tracing
 from reactor.config import Settings
 from reactor.hooks import HookCall, WebhookHook
 from reactor.install import REFERENCE_INSTALL
-from reactor.service import Reactor, open_reactor
+from reactor.replica import open_reactor
+from reactor.service import Reactor
 from reactor.signature import SIGNATURE_HEADER, verify_signature
 from tests import hookmods
 from tests.helpers import finish, new_job
@@ -431,7 +432,7 @@ _SCRIPT = textwrap.dedent(
     from reactor import cli  # noqa: F401
     from reactor.config import Settings
     from reactor.install import REFERENCE_INSTALL
-    from reactor.service import open_reactor
+    from reactor.replica import open_reactor
     from tests import hookmods
 
     JOB = (

@@ -9,7 +9,7 @@ import pytest
 
 from reactor import mapping, sql
 from reactor.errors import ConfigError
-from reactor.listener import parse_hint, parse_payload
+from reactor.payload import parse_hint, parse_payload
 
 UPPER = "0C6F3F1A-2B3C-4D8E-9A51-7F1C0B4E2D7A"
 SECOND = Path(__file__).parent.parent / "mappings" / "second.toml"

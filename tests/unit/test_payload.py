@@ -18,9 +18,11 @@ from reactor.clock import FakeClock
 from reactor.config import Settings
 from reactor.errors import ConfigError
 from reactor.install import Install
-from reactor.listener import Listener, Subscriber, parse_hint, parse_payload
+from reactor.listener import Listener
 from reactor.metrics import Metrics
 from reactor.ownership import share_of
+from reactor.payload import parse_hint, parse_payload
+from reactor.subscriber import Subscriber
 
 JOB = "5f0c6a2e-1b7d-4c3e-9a8f-0123456789ab"
 CANONICAL = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")

@@ -1,0 +1,69 @@
+"""What a notification says, read without trusting it, and the LISTEN statements; pure.
+
+A payload is only a hint that a job may need its timer: only the trigger's exact form names a
+job, anything else names none.
+"""
+
+from __future__ import annotations
+
+import re
+
+import psycopg.sql
+
+_UUID = re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}")
+_BIGINT = re.compile(r"-?[0-9]{1,19}")
+# A text id is taken as sent, up to this long: the trigger sends what the column holds.
+_TEXT_ID_MAX = 512
+
+
+def parse_payload(payload: str, id_type: str) -> str | None:
+    """The job id a payload names, in the canonical text form of ``id_type`` (uuid, bigint or
+    text; a uuid's lower-case form), or None if it names none.
+
+    Only the trigger's exact form is accepted: uuid.UUID alone would also take braces, URNs
+    and non-ASCII digits.
+    """
+    if id_type == "text":
+        return payload if 0 < len(payload) <= _TEXT_ID_MAX else None
+    if len(payload) > 64:  # a job id is at most 36 characters; don't even strip a flood
+        return None
+    text = payload.strip()
+    if id_type == "bigint":
+        return str(int(text)) if _BIGINT.fullmatch(text) else None
+    return text.lower() if _UUID.fullmatch(text) else None
+
+
+_EPOCH = re.compile(r"[0-9]{1,12}(?:\.[0-9]{1,9})?")
+
+
+def parse_hint(payload: str, id_type: str) -> tuple[str, float | None] | None:
+    """The job a payload names and, when it carries it, the job's updated_at as unix seconds.
+
+    The trigger sends ``<job id>@<updated_at>``; a bare job id (an older trigger) is accepted
+    too, without a time. Anything else names no job.
+    """
+    # The time is after the last "@": a text id may hold one.
+    job, sep, at = payload.rpartition("@")
+    if not sep:
+        job = payload
+    job_id = parse_payload(job, id_type)
+    if job_id is None:
+        return None
+    if not sep:
+        return job_id, None
+    return (job_id, float(at)) if _EPOCH.fullmatch(at) else None
+
+
+def listen_statement(channel: str) -> psycopg.sql.Composed:
+    """LISTEN on ``channel``."""
+    # Quoted: pg_notify() takes the name verbatim, LISTEN would fold its case.
+    return psycopg.sql.SQL("LISTEN {}").format(psycopg.sql.Identifier(channel))
+
+
+def change_statement(*, listen: list[str], unlisten: list[str]) -> psycopg.sql.Composed | None:
+    """The LISTENs and UNLISTENs that take a session from one set of channels to another, as
+    one simple-protocol round trip; None when there is nothing to change."""
+    parts = [listen_statement(name) for name in listen] + [
+        psycopg.sql.SQL("UNLISTEN {}").format(psycopg.sql.Identifier(name)) for name in unlisten
+    ]
+    return psycopg.sql.SQL("; ").join(parts) if parts else None
