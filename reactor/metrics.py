@@ -77,6 +77,12 @@ class Metrics:
         self.record_errors = Counter(
             "reactor_record_errors", "Record statements that failed and were retried.", registry=r
         )
+        self.writes_failing = Gauge(
+            "reactor_writes_failing",
+            "1 while this pair's record statements fail on its own objects (a column, a table "
+            "or a privilege gone): nothing is written, and /readyz says so.",
+            registry=r,
+        )
         self.record_timeouts = Counter(
             "reactor_record_timeouts",
             "Record statements that hit a lock or statement timeout; batches are then split.",

@@ -36,9 +36,11 @@ import psycopg.errors
 
 from reactor import tracing
 from reactor.backoff import exponential
+from reactor.clock import Clock, SystemClock
 from reactor.db import DATABASE_ERRORS, Database, JobOutcome, first_line
 from reactor.dispatch import Answer
 from reactor.metrics import Metrics
+from reactor.writes import WriteHealth, is_broken_state
 
 log = logging.getLogger(__name__)
 
@@ -64,20 +66,18 @@ def is_row_error(error: BaseException) -> TypeGuard[psycopg.Error]:
     return isinstance(error, psycopg.Error) and state is not None and state[:2] in ROW_ERROR_CLASSES
 
 
-# A record statement that fails on the pair's own objects (SQLSTATE class 42: a table or a
-# column gone, a grant revoked) fails the same way for every job until someone repairs it. Its
-# jobs are then tried again later each time such a statement fails in a row, doubling from the
-# error retry up to this, so a broken pair's backlog does not cycle every second through the
-# process and the pool it shares with the others. Any other failure (the database away, a
-# statement cut short) keeps the short retry: it is over in seconds.
+# A record statement that fails on the pair's own objects (reactor.writes.BROKEN_CLASSES: a
+# table or a column gone, a grant revoked) fails the same way for every job until someone
+# repairs it. Its jobs are then tried again later each time such a statement fails in a row,
+# doubling from the error retry up to this, so a broken pair's backlog does not cycle every
+# second through the process and the pool it shares with the others. Any other failure (the
+# database away, a statement cut short) keeps the short retry: it is over in seconds.
 MAX_BROKEN_RETRY = 30.0
-BROKEN_CLASSES = frozenset({"42"})
 
 
 def is_broken_error(error: BaseException) -> bool:
     """True when ``error`` says the statement does not fit the database's objects or grants."""
-    state = getattr(error, "sqlstate", None)
-    return isinstance(error, psycopg.Error) and state is not None and state[:2] in BROKEN_CLASSES
+    return isinstance(error, psycopg.Error) and is_broken_state(error.sqlstate)
 
 
 # How long a statement for several jobs waits on a row lock before it is split. A tab's save
@@ -183,9 +183,14 @@ class Recorder:
         busy_retry: float = 1.0,
         error_retry: float = 1.0,
         on_recorded: Callable[[], None] | None = None,
+        clock: Clock | None = None,
+        writes: WriteHealth | None = None,
     ) -> None:
         self.db = db
         self.metrics = metrics
+        self.clock = clock or SystemClock()
+        # Whether the record statements, the timers' and the scan's, can write at all.
+        self.writes = writes or WriteHealth()
         # Called after a statement that wrote runs: their hooks are queued, wake the runner.
         self.on_recorded = on_recorded
         self.batch_lock_timeout = BATCH_LOCK_TIMEOUT
@@ -242,6 +247,7 @@ class Recorder:
                     return []
             self.metrics.record_errors.inc()
             problem = first_line(error)
+            self._failed(error)
             log.log(
                 logging.DEBUG if problem == self._failing else logging.WARNING,
                 "record failed, will retry",
@@ -250,11 +256,29 @@ class Recorder:
             self._failing = problem
             delay = self._retry_after(error)
             return [(job_id, delay) for job_id in job_ids]
+        self._succeeded()
+        return self._digest(outcomes, "timer")
+
+    def _failed(self, error: BaseException) -> None:
+        was = self.writes.problem
+        self.writes.failed(first_line(error), getattr(error, "sqlstate", None), self.clock.now())
+        problem = self.writes.problem
+        self.metrics.writes_failing.set(problem is not None)
+        if problem is not None and was is None:
+            log.error(
+                "record statements fail on the pair's own objects and nothing is written; "
+                "not ready until one succeeds (run `reactor migrate`, or restore what the "
+                "error names)",
+                extra={"error": problem},
+            )
+
+    def _succeeded(self) -> None:
         if self._failing is not None:
             log.info("record statements succeed again", extra={"was": self._failing})
             self._failing = None
         self._broken = 0
-        return self._digest(outcomes, "timer")
+        self.writes.succeeded()
+        self.metrics.writes_failing.set(0)
 
     def _retry_after(self, error: BaseException) -> float:
         if not is_broken_error(error):
@@ -279,7 +303,12 @@ class Recorder:
         drained = Drained()
         left_out = set(skip)
         while True:
-            outcomes = await self._oldest(batch_size, left_out, drained)
+            try:
+                outcomes = await self._oldest(batch_size, left_out, drained)
+            except psycopg.Error as error:
+                self._failed(error)
+                raise
+            self._succeeded()
             taken = [o for o in outcomes if o.outcome != "deferred"]
             self.metrics.scan_rows.inc(len(taken))
             self._digest(outcomes, "scan")

@@ -46,6 +46,7 @@ from reactor.reconcile import MAX_ERROR_WAIT, Reconciler
 from reactor.recorder import Recorder
 from reactor.subscriber import Subscriber
 from reactor.vitals import Vitals
+from reactor.writes import WriteHealth
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +84,9 @@ class Reactor:
         self.replica_id = f"reactor-{uuid.uuid4().hex[:12]}"
         self.roster = Roster(self.replica_id)
         self.db_clock = DatabaseClock()
-        self.vitals = Vitals(settings, database.install, self.metrics, self.clock)
+        # Whether the record statements can write: the recorder judges it, /readyz reports it.
+        self.writes = WriteHealth()
+        self.vitals = Vitals(settings, database.install, self.metrics, self.clock, self.writes)
         self.hook_runner: HookRunner | None = None
         if hooks:
             self.hook_runner = HookRunner(
@@ -100,6 +103,8 @@ class Reactor:
             database,
             self.metrics,
             on_recorded=self.hook_runner.wake if self.hook_runner else None,
+            clock=self.clock,
+            writes=self.writes,
         )
         self.queue = WorkQueue(self.replica_id, capacity=settings.max_pending)
         self.dispatcher = Dispatcher(
@@ -352,6 +357,7 @@ class Reactor:
             probe,
             own_session=True,
             holding=self._holding,
+            write_error=self.writes.problem,
         )
 
     def _queries(self, conn: db.AnyConnection | None) -> db.Database:
@@ -361,7 +367,9 @@ class Reactor:
     async def _check_pooled(self) -> None:
         sent = self.clock.now()
         with anyio.fail_after(self.settings.probe_timeout):
-            health = await self.database.health(self._health_check, holding=self._holding)
+            health = await self.database.health(
+                self._health_check, holding=self._holding, write_error=self.writes.problem
+            )
         self._saw(health, sent)
         if self.listener is not None:
             self.listener.readmit(self.subscriber)

@@ -17,6 +17,7 @@ from reactor.install import Install
 from reactor.listener import Listener
 from reactor.metrics import TRIGGER_STATES, Metrics
 from reactor.status.model import QUEUE_WARNING
+from reactor.writes import WriteHealth
 
 log = logging.getLogger(__name__)
 
@@ -42,9 +43,15 @@ class Vitals:
     """The database's health as the last checks saw it."""
 
     def __init__(
-        self, settings: Settings, install: Install, metrics: Metrics, clock: Clock
+        self,
+        settings: Settings,
+        install: Install,
+        metrics: Metrics,
+        clock: Clock,
+        writes: WriteHealth | None = None,
     ) -> None:
         self.settings = settings
+        self.writes = writes or WriteHealth()
         self.install = install
         self.metrics = metrics
         self.clock = clock
@@ -160,8 +167,9 @@ class Vitals:
             log.info("the job trigger notifies this replica's channel again", extra=extra)
 
     def readiness(self, listener: Listener | None) -> tuple[bool, str]:
-        """(ready, reason): ready when the database answered the last check and, in listen
-        mode, LISTEN is up and proven and the trigger notifies its channel."""
+        """(ready, reason): ready when the database answered the last check, the record
+        statements can write and, in listen mode, LISTEN is up and proven and the trigger
+        notifies its channel."""
         if self.database_ok is False and self.read_only:
             return (
                 False,
@@ -170,6 +178,10 @@ class Vitals:
             )
         if not self.database_ok:
             return False, "database unreachable" if self.database_ok is False else "starting"
+        unwritable = self.writes.problem
+        if unwritable is not None:
+            # Everything else may be well: a pair that cannot write is not ready.
+            return False, f"record statements fail, nothing is written: {unwritable}"
         state = self.trigger
         if state == "missing":
             return False, "the job trigger is missing or disabled; run `reactor migrate`"

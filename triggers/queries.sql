@@ -451,7 +451,8 @@ SELECT pass AS number,
 -- The replica's one periodic statement, every probe interval; on the LISTEN connection while it
 -- is up, so that the same round trip proves that connection alive. It is this replica's
 -- heartbeat, and reads back the live set: the others' heartbeats within %(liveness)s seconds,
--- and this one. It sends the probe notification %(probe)s on %(channel)s when one is given (the
+-- and this one. The heartbeat carries the grace the replica runs with and, while its record
+-- statements cannot write, their error (%(write_error)s): `reactor status` reads both. It sends the probe notification %(probe)s on %(channel)s when one is given (the
 -- listener heard nothing since its last check), unless the NOTIFY queue is half full. And it
 -- reads what the loops would otherwise each ask on a timer of their own:
 -- - queue_usage: NOTIFY queue pressure;
@@ -479,10 +480,13 @@ SELECT pass AS number,
 -- until %(holding)s: it holds its share (its first re-arm read the queue), so that no job is
 -- dropped by the others before it is held here.
 WITH beat AS (
-    INSERT INTO @reactor@.replicas (id, session_pid)
-    SELECT %(replica)s, CASE WHEN %(own_session)s THEN pg_backend_pid() END
+    INSERT INTO @reactor@.replicas (id, session_pid, grace_seconds, write_error)
+    SELECT %(replica)s, CASE WHEN %(own_session)s THEN pg_backend_pid() END,
+           %(grace)s, %(write_error)s::text
      WHERE %(holding)s
-    ON CONFLICT (id) DO UPDATE SET heartbeat_at = now(), session_pid = excluded.session_pid
+    ON CONFLICT (id) DO UPDATE
+       SET heartbeat_at = now(), session_pid = excluded.session_pid,
+           grace_seconds = excluded.grace_seconds, write_error = excluded.write_error
     RETURNING xmax = 0 AS joined
 ), announce AS (
     SELECT pg_notify(%(channel)s, 'joined:' || %(replica)s)

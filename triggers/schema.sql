@@ -166,7 +166,9 @@ CREATE TABLE IF NOT EXISTS @reactor@.replicas (
     id            text PRIMARY KEY,
     started_at    timestamptz NOT NULL DEFAULT now(),
     heartbeat_at  timestamptz NOT NULL DEFAULT now(),
-    session_pid   integer
+    session_pid   integer,
+    grace_seconds float8,
+    write_error   text
 );
 
 -- What the mapping shapes (the trigger functions, outranks_v1, queue_runs_v2, the triggers and

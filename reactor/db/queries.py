@@ -72,12 +72,15 @@ def health_params(
     *,
     own_session: bool = False,
     holding: bool = True,
+    write_error: str | None = None,
 ) -> dict[str, Any]:
     """The parameters of the ``health`` query; ``own_session`` when it runs on the replica's
-    LISTEN connection, ``holding`` once it holds its share (see :meth:`Database.health`)."""
+    LISTEN connection, ``holding`` once it holds its share, ``write_error`` while its record
+    statements cannot write (see :meth:`Database.health`)."""
     return {
         "own_session": own_session,
         "holding": holding,
+        "write_error": write_error,
         "grace": grace,
         "replica": check.replica,
         "liveness": check.liveness,
@@ -319,16 +322,24 @@ class Database:
         probe: str | None = None,
         own_session: bool = False,
         holding: bool = True,
+        write_error: str | None = None,
     ) -> Health:
         """The replica's periodic check, and its heartbeat; see the ``health`` query.
 
         ``probe``: a payload to notify on the install's channel in the same round trip.
         ``own_session`` when this runs on the replica's LISTEN connection, a session of its
         own: the heartbeat names it. ``holding`` False: the replica has not read its share yet,
-        and writes no heartbeat, so nobody counts it as an owner.
+        and writes no heartbeat, so nobody counts it as an owner. ``write_error``: what its
+        record statements fail with while they cannot write, for `reactor status`.
         """
         params = health_params(
-            self.install, self.grace, check, probe, own_session=own_session, holding=holding
+            self.install,
+            self.grace,
+            check,
+            probe,
+            own_session=own_session,
+            holding=holding,
+            write_error=write_error,
         )
         return (await self.run("health", params, class_row(Health)))[0]
 

@@ -24,7 +24,8 @@ ISO 8601 from the database clock, and ``null`` means "unknown or not applicable"
       "jobs": {
         "due": 0,                    # need a run and are past REACTOR_GRACE_SECONDS
         "in_grace": 0,               # need a run, still inside the grace window
-        "grace_seconds": 120.0,
+        "grace_seconds": 120.0,      # the grace the live replicas publish in their heartbeat
+        "own_grace_seconds": null,   # this command's REACTOR_GRACE_SECONDS when it differs
         "oldest_due": null,          # or {"job_id": "...", "age_seconds": 3600.0}; age is
                                      # since the job's updated_at
         "trim_horizon_seconds": 86400.0,
@@ -54,7 +55,9 @@ ISO 8601 from the database clock, and ``null`` means "unknown or not applicable"
         "live": 2,
         "rows": [{"id": "reactor-...", "started_at": "...", "heartbeat_age_seconds": 1.2,
                   "listens": true,   # its heartbeat rides its LISTEN session
-                  "live": true}]     # fresh heartbeat, and that session still there
+                  "live": true,      # fresh heartbeat, and that session still there
+                  "grace_seconds": 120.0,  # the grace it runs with
+                  "write_error": null}]    # what its record statements fail with: at risk
       },
       "schema": {"version": 5, "required": 5, "behind": false},
       "trigger": {                   # the job trigger on analysis_jobs

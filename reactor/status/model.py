@@ -44,6 +44,8 @@ class Replica:
     heartbeat_age: float  # seconds since its last health check, by the database clock
     listens: bool  # its heartbeat rides its LISTEN session
     live: bool  # the health check's rule: a fresh heartbeat, and that session still there
+    grace: float | None = None  # the grace it runs with; None before migration 18
+    write_error: str | None = None  # what its record statements fail with, while they fail
 
 
 @dataclass(frozen=True)
@@ -124,6 +126,14 @@ class Status:
     # What the reactor's schema holds, or allows, that its owner did not make: `reactor run`
     # and `sweep` refuse to start while any is there (see triggers/trust.sql).
     untrusted: tuple[str, ...] = ()
+    # This command's own REACTOR_GRACE_SECONDS, when the live replicas run with another grace
+    # (which `grace` then is): the report's split at the grace is theirs.
+    own_grace: float | None = None
+
+    @property
+    def unwritable(self) -> tuple[Replica, ...]:
+        """The live replicas whose record statements fail on the pair's own objects."""
+        return tuple(r for r in self.replicas if r.live and r.write_error)
 
     @property
     def trigger_at_risk(self) -> bool:
@@ -187,8 +197,17 @@ async def _collect(conn: db.AnyConnection, queries: db.Database, settings: Setti
     version = await db.schema_version(conn, install.schema)
     if version is None:
         raise SchemaMissing("the database has no reactor schema; run `reactor migrate`")
+    replicas = []
+    if version >= REPLICA_SESSIONS_VERSION:
+        rows = await queries.fetch_dicts(
+            "status_replicas",
+            {"liveness": LIVENESS_PROBES * settings.probe_interval},
+            filename="dashboard.sql",
+        )
+        replicas = [Replica(**row) for row in rows]
+    grace = running_grace(replicas, settings.grace)
     jobs_query = "status_jobs" if server["pending_queue"] else "status_jobs_unqueued"
-    jobs = await _one(queries, jobs_query, {"grace": settings.grace})
+    jobs = await _one(queries, jobs_query, {"grace": grace})
     hooks = Hooks(outbox=False)
     if server["hook_outbox"]:
         counts = await _one(queries, "status_hooks")
@@ -217,16 +236,10 @@ async def _collect(conn: db.AnyConnection, queries: db.Database, settings: Setti
         {"application_name": db.LISTENER_APPLICATION_NAME},
         filename="status.sql",
     )
-    replicas = []
-    if version >= REPLICA_SESSIONS_VERSION:
-        replicas = await queries.fetch_dicts(
-            "status_replicas",
-            {"liveness": LIVENESS_PROBES * settings.probe_interval},
-            filename="dashboard.sql",
-        )
     return Status(
         checked_at=server["checked_at"],
-        grace=settings.grace,
+        grace=grace,
+        own_grace=None if grace == settings.grace else settings.grace,
         trim_horizon=settings.trim_horizon,
         mode=settings.mode,
         due=jobs["due"],
@@ -250,11 +263,18 @@ async def _collect(conn: db.AnyConnection, queries: db.Database, settings: Setti
         else tuple(
             SetAsideJob(**{**job, "error": redact.scrub(job["error"])}) for job in held["first"]
         ),
-        replicas=tuple(Replica(**row) for row in replicas),
+        replicas=tuple(replicas),
         untrusted=tuple(await queries.untrusted()),
         jobs_table=install.mapping.jobs_shown,
         enable_trigger=_enable_trigger(install),
     )
+
+
+def running_grace(replicas: list[Replica], own: float) -> float:
+    """The grace the live replicas run with (the longest, should they differ: no job is due to
+    all of them before it); ``own``, this command's setting, when none publishes one."""
+    published = [r.grace for r in replicas if r.live and r.grace is not None]
+    return max(published) if published else own
 
 
 def _enable_trigger(install: Install) -> str:

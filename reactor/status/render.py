@@ -58,6 +58,7 @@ def as_json(status: Status) -> dict[str, Any]:
             "due": status.due,
             "in_grace": status.in_grace,
             "grace_seconds": status.grace,
+            "own_grace_seconds": status.own_grace,
             "oldest_due": None
             if status.oldest_job_id is None
             else {"job_id": status.oldest_job_id, "age_seconds": status.oldest_age},
@@ -87,6 +88,8 @@ def as_json(status: Status) -> dict[str, Any]:
                     "heartbeat_age_seconds": r.heartbeat_age,
                     "listens": r.listens,
                     "live": r.live,
+                    "grace_seconds": r.grace,
+                    "write_error": r.write_error,
                 }
                 for r in status.replicas
             ],
@@ -160,9 +163,14 @@ def render(status: Status, console: Console) -> None:
         state = Text("AT RISK", style="bold red") if risky else Text(note, style="green")
         table.add_row(check, value, state)
 
+    grace = f"the {duration(status.grace)} grace"
+    if status.own_grace is not None:
+        grace += (
+            f" the replicas run with (REACTOR_GRACE_SECONDS here: {duration(status.own_grace)})"
+        )
     row(
         "jobs needing a run",
-        f"{status.due} due, {status.in_grace} inside the {duration(status.grace)} grace",
+        f"{status.due} due, {status.in_grace} inside {grace}",
         False,
         note="ok" if not status.due else "backlog",
     )

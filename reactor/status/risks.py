@@ -15,6 +15,12 @@ def risks(status: Status) -> list[str]:
             f"{problem}; `reactor run` and `sweep` refuse to start until it is gone (the "
             "definer functions would run it with the owner's rights)"
         )
+    for replica in status.unwritable:
+        found.append(
+            f"replica {replica.id} writes nothing: its record statements fail with "
+            f"{replica.write_error!r}; run `reactor migrate`, or restore the column, table or "
+            "grant the error names"
+        )
     if status.in_recovery:
         found.append(
             "the database is a read-only hot standby: no reactor can record a run here, and "

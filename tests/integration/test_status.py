@@ -66,6 +66,7 @@ def test_clean_database_exits_zero(database_url: str, conn: psycopg.Connection[A
         "due": 0,
         "in_grace": 0,
         "grace_seconds": 5.0,
+        "own_grace_seconds": None,
         "oldest_due": None,
         "trim_horizon_seconds": 3600.0,
         "at_risk": False,
