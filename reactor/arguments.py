@@ -125,7 +125,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--role",
         metavar="NAME",
         help="also print the runtime role's CREATE ROLE and grants on stdout (alone: for the "
-        "pairs REACTOR_CONFIG names)",
+        "mapping files in force)",
     )
     init.add_argument(
         "-o", dest="output", metavar="FILE", help="write the mapping to FILE, a new file"

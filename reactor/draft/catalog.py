@@ -20,7 +20,9 @@ _TYPMOD = re.compile(r"\(\d+(?:,\d+)?\)")
 # CHECK ((status = ANY (ARRAY[0, 1, 2])))   CHECK (((state = 'a'::text) OR (state = 'b'::text)))
 _STRING = re.compile(r"'((?:[^']|'')*)'")
 _INTEGERS = re.compile(r"= ANY \(ARRAY\[(-?\d+(?:, -?\d+)*)\]\)")
-_INTEGER_EQUALS = re.compile(r"= (-?\d+)\)")
+_INTEGER_EQUALS = re.compile(r"(?<![<>!])= (-?\d+)\)")
+# A check that excludes or bounds values lists none that a row may hold.
+_NOT_A_LIST = re.compile(r"<>|!=|<|>|\bNOT\b|\bALL\b|~~")
 
 _TABLES = """
 SELECT c.oid, n.nspname, c.relname, c.relkind = 'p'
@@ -130,6 +132,8 @@ def checked_values(definitions: list[str], type_name: str) -> tuple[str | int, .
     may hold: the first check that lists any. ``reactor migrate`` evaluates each terminal value
     against every check, so a value read wrongly here is refused there, never written."""
     for definition in definitions:
+        if _NOT_A_LIST.search(definition):
+            continue
         if type_name in INTEGER_TYPES:
             listed = _INTEGERS.search(definition)
             numbers = listed.group(1).split(", ") if listed else _INTEGER_EQUALS.findall(definition)

@@ -133,7 +133,7 @@ MIGRATES = [DJANGO, SQLALCHEMY, HANDWRITTEN]
 AWAITS_FIT = [RAILS, PRISMA]
 
 
-def _by_name(apps: list[App]) -> Any:
+def _by_name(apps: list[App]) -> pytest.MarkDecorator:
     return pytest.mark.parametrize("app", apps, ids=[app.name for app in apps])
 
 
