@@ -105,6 +105,32 @@ def build_parser() -> argparse.ArgumentParser:
     cancel = actions.add_parser("cancel", help="cancel pending or failed hook calls")
     cancel.add_argument("ids", nargs="+", metavar="ID", help="row ids from `reactor hooks list`")
 
+    init = commands.add_parser(
+        "init",
+        help="draft the mapping file of the app's own tables from the catalog; exit 2 while a "
+        "TODO remains",
+    )
+    init.add_argument(
+        "--jobs", metavar="TABLE", help="the job table (schema.table; unqualified: public)"
+    )
+    init.add_argument(
+        "--runs", metavar="TABLE", help="the artifact table (schema.table; unqualified: public)"
+    )
+    init.add_argument(
+        "--terminal",
+        metavar="V1,V2,...",
+        help="the status values of a finished job (numbers for an integer status)",
+    )
+    init.add_argument(
+        "--role",
+        metavar="NAME",
+        help="also print the runtime role's CREATE ROLE and grants on stdout (alone: for the "
+        "mapping files in force)",
+    )
+    init.add_argument(
+        "-o", dest="output", metavar="FILE", help="write the mapping to FILE, a new file"
+    )
+
     demo = commands.add_parser("demo", help="the whole loop on an embedded PostgreSQL")
     demo.add_argument("--jobs", type=int, default=300, help="jobs the worker finishes")
     demo.add_argument("--grace", type=float, default=2.0, help="grace window in seconds")

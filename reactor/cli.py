@@ -24,6 +24,7 @@ from rich.console import Console
 from reactor import db, grants, hook_ops, logs, mapping, pairs, progress, sql, status, tracing
 from reactor.arguments import LOG_FORMATS, OVERRIDES, build_parser
 from reactor.config import Settings
+from reactor.draft.command import cmd_init
 from reactor.errors import (
     ConfigError,
     DatabaseReadOnly,
@@ -550,4 +551,5 @@ _COMMANDS: dict[str, Callable[[argparse.Namespace], Awaitable[int]]] = {
     "status": cmd_status,
     "hooks": cmd_hooks,
     "demo": cmd_demo,
+    "init": cmd_init,
 }
