@@ -98,7 +98,8 @@ def walk_indexes(conn: Conn) -> list[str]:
 
 
 async def test_each_export_gets_its_report_once_written_by_one_column(onetoone_url: str) -> None:
-    assert ONETOONE.one_to_one and ONETOONE.jobs.created_at is None
+    assert ONETOONE.one_to_one
+    assert ONETOONE.jobs.created_at is None
     install = (await migrate(onetoone_url, ONETOONE)).install
     with psycopg.connect(onetoone_url, autocommit=True) as conn:
         due = add(conn)
@@ -165,7 +166,7 @@ async def test_without_a_predicate_the_primary_key_is_the_walk_index(onetoone_ur
     assert migrated.skipped == [("app.exports_reactor_run_idx", "exports_pkey")]
     with psycopg.connect(onetoone_url, autocommit=True) as conn:
         assert walk_indexes(conn) == ["exports_pkey"]
-        export = add(conn)
+        add(conn)
     assert await drain(migrated.install, onetoone_url) == 1
 
 
