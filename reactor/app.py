@@ -25,7 +25,7 @@ import psycopg
 
 from reactor import sql
 from reactor.errors import ConfigError
-from reactor.mapping import Mapping
+from reactor.mapping import Mapping, Terminal
 from reactor.quote import identifier, literal
 
 # What a job's documents hold by default: a document it starts with, and the verdicts it gets.
@@ -82,7 +82,7 @@ class App:
     mapping: Mapping
     own_columns: tuple[tuple[str, str], ...] = ()
     assigns_ids: bool = False
-    running: str = "running"
+    running: Terminal = "running"
 
     # -- what the mapping does not say ---------------------------------------------------------
 
@@ -96,7 +96,13 @@ class App:
         if table is None:
             raise ConfigError(f"table {mapping.jobs_shown} not found")
         labels = await enum_labels(conn, table.oid, jobs.status)
-        running = next((v for v in labels or ("running", "queued") if v not in jobs.terminal), "")
+        # An integer status (Rails' enum) runs as the first small number that is not terminal.
+        candidates: tuple[Terminal, ...] = (
+            tuple(labels or ("running", "queued"))
+            if isinstance(jobs.terminal[0], str)
+            else (1, 0, 2, 3)
+        )
+        running = next((v for v in candidates if v not in jobs.terminal), "")
         if not running:
             raise ConfigError(
                 f"{mapping.jobs_shown}.{jobs.status} has no value but the terminal ones; the "
@@ -108,7 +114,8 @@ class App:
                     f"{mapping.jobs_shown}.{name} is {jobs.type_of(name)}; the app writes "
                     "documents of text or json types only"
                 )
-        mapped = {jobs.id, jobs.run, jobs.status, jobs.created_at, jobs.updated_at, *jobs.not_null}
+        mapped = {jobs.id, jobs.run, jobs.status, jobs.updated_at, *jobs.not_null}
+        mapped |= {jobs.created_at} if jobs.created_at else set()
         own = []
         for column in table.columns.values():
             if column.name in mapped or not column.not_null or column.filled:
@@ -145,7 +152,7 @@ class App:
         """What a tab's save writes to saved_by."""
         return self.mapping.runs.client[0]
 
-    def status(self, *, failed: bool = False) -> str:
+    def status(self, *, failed: bool = False) -> Terminal:
         """A terminal status: the first the mapping names, or the last for a failed job."""
         terminal = self.mapping.jobs.terminal
         return terminal[-1] if failed else terminal[0]
@@ -298,7 +305,8 @@ class App:
             case "now":
                 return text(self._now(jobs.updated_at))
             case "running":
-                return text(literal(self.running))
+                running = self.running
+                return str(running) if isinstance(running, int) else text(literal(running))
             case "doc":
                 return text(identifier(self.documents[0]))
             case "results":
@@ -333,14 +341,18 @@ class App:
         jobs = self.mapping.jobs
         if with_id:
             yield jobs.id, "n.job"
-        yield jobs.run, "n.run"
+        if not self.mapping.one_to_one:
+            # Else the run key is the job's id, written above or assigned by the database.
+            yield jobs.run, "n.run"
         yield jobs.status, "%(status)s"
         for column in self.documents:
             yield column, f"%(document)s::{jobs.type_of(column)}"
         for column in self.verdicts:
             yield column, f"%(verdicts)s::{jobs.type_of(column)}"
-        for column, age in ((jobs.created_at, "created"), (jobs.updated_at, "updated")):
-            yield column, f"{self._now(column)} - make_interval(secs => %({age})s)"
+        times = ((jobs.created_at, "created"), (jobs.updated_at, "updated"))
+        for time, age in times:
+            if time is not None:
+                yield time, f"{self._now(time)} - make_interval(secs => %({age})s)"
         # The app's own columns' SQL, written for a statement that runs with parameters.
         yield from ((column, value.replace("%", "%%")) for column, value in self.own_columns)
 

@@ -311,6 +311,8 @@ async def cmd_migrate(args: argparse.Namespace) -> int:
                 )
             else:
                 print(f"{which}schema is up to date at version {sql.latest_version()}")
+            for wanted, existing in migrated.skipped:
+                print(f"{which}did not build {wanted}: the table's own {existing} does the same")
     return 0
 
 

@@ -29,6 +29,9 @@ from reactor.quote import identifier, literal
 
 CONFIG_VARIABLE = "REACTOR_CONFIG"
 
+# A status value as the file gives it: a string (text, varchar, an enum's label) or an integer.
+Terminal = str | int
+
 # The id types whose values keep one text form from the database to a notification and back.
 ID_TYPES = ("uuid", "bigint", "text")
 # The least value of each, where the reconcile's walk starts: its key compares as (run, id) >.
@@ -48,9 +51,11 @@ class Jobs:
     id: str = "id"
     run: str = "run_id"
     status: str = "status"
-    terminal: tuple[str, ...] = ("complete", "failed")
+    # Strings for a text or enum status, integers for an integer one (db.fit checks which).
+    terminal: tuple[Terminal, ...] = ("complete", "failed")
     updated_at: str = "updated_at"
-    created_at: str = "created_at"
+    # None only where each job is its own run (Mapping.one_to_one): nothing to order.
+    created_at: str | None = "created_at"
     deleted_at: str | None = "deleted_at"
     not_null: tuple[str, ...] = ("doc_html", "results")
     not_empty: tuple[str, ...] = ("results",)
@@ -124,6 +129,12 @@ class Mapping:
         return replace(self, jobs=replace(self.jobs, types=tuple(sorted(types.items()))))
 
     @property
+    def one_to_one(self) -> bool:
+        """Whether each job is its own run (``jobs.run`` names the job's id): the artifact is
+        keyed by the job's id, and no two jobs share a run, so none is ever re-analysed."""
+        return self.jobs.run == self.jobs.id
+
+    @property
     def default_channel(self) -> str:
         """The NOTIFY channel when REACTOR_CHANNEL is unset: each reactor schema its own, so
         that two sidecars in one database do not hear each other's jobs."""
@@ -189,22 +200,24 @@ class Mapping:
             case "jobs_schema_name":
                 return literal(jobs.table[0])
             case "terminal":
-                return "(" + ", ".join(literal(value) for value in jobs.terminal) + ")"
+                return "(" + ", ".join(_status_literal(value) for value in jobs.terminal) + ")"
             case "worker":
                 return literal(runs.worker)
             case "saved_by_values":
                 values = (*runs.client, runs.worker)
                 return "(" + ", ".join(literal(value) for value in values) + ")"
             case "run_columns":
-                written = (runs.key, runs.job, runs.saved_by, *(c for c, _ in runs.columns))
+                written = (*self._run_keys, runs.saved_by, *(c for c, _ in runs.columns))
                 return ", ".join(identifier(c) for c in written)
             case "run_values":
                 return ", ".join(value_of(expression) for _, expression in runs.columns)
             case "client":
                 return literal(runs.client[0])
             case "run_updates":
-                # Every written column but saved_by, which each writer sets to its own value.
-                updated = (runs.job, *(c for c, _ in runs.columns))
+                # Every written column but saved_by, which each writer sets to its own value,
+                # and the key, which the conflict found equal. A one-to-one artifact whose
+                # columns are all the reactor's own sets its key to itself: SET needs one.
+                updated = (*self._run_keys[1:], *(c for c, _ in runs.columns)) or (runs.key,)
                 return ",\n           ".join(
                     f"{identifier(c)} = EXCLUDED.{identifier(c)}" for c in updated
                 )
@@ -212,6 +225,11 @@ class Mapping:
         if column is None:
             raise KeyError(f"unknown slot @{name}@")
         return identifier(column)
+
+    @property
+    def _run_keys(self) -> tuple[str, ...]:
+        # The run key, then the job: one column when the artifact is keyed by the job's id.
+        return tuple(dict.fromkeys((self.runs.key, self.runs.job)))
 
     def _logical_column(self, name: str) -> str | None:
         jobs, runs = self.jobs, self.runs
@@ -248,6 +266,16 @@ class Mapping:
             return self.eligible(alias or None)
         if name == "walked":
             return self.walked(alias or None)
+        if name == "keys":
+            # Row alias's run_id and id as the artifact's key columns take them (_run_keys).
+            return f"{alias}.run_id" + ("" if len(self._run_keys) == 1 else f", {alias}.id")
+        # Which of two jobs of one run is the later (rank), by created_at, ties broken by id;
+        # where each job is its own run created_at may be left out: none to rank against.
+        created = None if self.jobs.created_at is None else self._column("created_at", alias)
+        if name == "rank":
+            return f"({', '.join(filter(None, (created, self._column('id', alias))))})"
+        if name == "created":
+            return created or "NULL::timestamptz"
         if name == "share":
             return share_sql(f"{alias}.{identifier(self.jobs.id)}")
         if name == "bytes":
@@ -297,6 +325,12 @@ def value_of(expression: str) -> str:
     checks it: in parentheses, so that what is checked is what runs (a subquery, a row or an
     alias would read one way alone and another in a select list)."""
     return f"({expression})"
+
+
+def _status_literal(value: Terminal) -> str:
+    # An integer bare, so that it compares with an integer column as one; a string untyped, so
+    # that it takes the column's type, text or enum.
+    return str(value) if isinstance(value, int) else literal(value)
 
 
 def _size(column: str, type_name: str) -> str:
@@ -388,9 +422,11 @@ def parse(document: dict[str, Any], *, source: str = "the mapping") -> Mapping:
         id=_column(jobs, "id", where, "jobs", reference_jobs.id),
         run=_column(jobs, "run", where, "jobs", reference_jobs.run),
         status=_column(jobs, "status", where, "jobs", reference_jobs.status),
-        terminal=_values(jobs, "terminal", where, "jobs", reference_jobs.terminal),
+        terminal=_terminal(jobs, where, reference_jobs.terminal),
         updated_at=_column(jobs, "updated_at", where, "jobs", reference_jobs.updated_at),
-        created_at=_column(jobs, "created_at", where, "jobs", reference_jobs.created_at),
+        created_at=_column(
+            jobs, "created_at", where, "jobs", _created_default(jobs, reference_jobs)
+        ),
         deleted_at=_column(jobs, "deleted_at", where, "jobs", None)
         if jobs
         else reference_jobs.deleted_at,
@@ -419,6 +455,12 @@ def parse(document: dict[str, Any], *, source: str = "the mapping") -> Mapping:
                 f"{where} [runs.columns] {column} is written by the reactor itself "
                 "(runs.key, runs.job or runs.saved_by); remove it from [runs.columns]"
             )
+    if parsed_runs.key == parsed_runs.job and parsed_jobs.run != parsed_jobs.id:
+        raise ConfigError(
+            f"{where} runs.key and runs.job both name {parsed_runs.key}, so the artifact is keyed "
+            f"by the job's id: set jobs.run = {parsed_jobs.id!r} (jobs.id) too, or name the "
+            "column that holds the job's id in runs.job"
+        )
     if parsed_runs.worker in parsed_runs.client:
         raise ConfigError(f"{where} runs.worker {parsed_runs.worker!r} is also in runs.client")
     for name in parsed_jobs.not_empty:
@@ -490,6 +532,30 @@ def _values(
     if not isinstance(value, list) or not value or not all(isinstance(v, str) for v in value):
         raise ConfigError(f"{where} {section}.{key} must be a non-empty list of strings")
     return tuple(value)
+
+
+def _terminal(
+    table: dict[str, Any], where: str, default: tuple[Terminal, ...]
+) -> tuple[Terminal, ...]:
+    value = table.get("terminal", list(default))
+    # bool is an int to Python, never a status to PostgreSQL's integer columns.
+    texts = isinstance(value, list) and all(isinstance(v, str) for v in value)
+    numbers = isinstance(value, list) and all(
+        isinstance(v, int) and not isinstance(v, bool) for v in value
+    )
+    if not value or not (texts or numbers):
+        raise ConfigError(
+            f"{where} jobs.terminal must be a non-empty list of strings (a text or enum status) "
+            'or of integers (an integer status), e.g. ["complete", "failed"] or [3, 4]'
+        )
+    return tuple(value)
+
+
+def _created_default(jobs: dict[str, Any], reference: Jobs) -> str | None:
+    # Left out where each job is its own run (jobs.run names jobs.id): no two jobs of one run
+    # to order. Elsewhere the reference's name, which db.fit requires the table to have.
+    run = jobs.get("run", reference.run)
+    return None if run == jobs.get("id", reference.id) else reference.created_at
 
 
 def _value(table: dict[str, Any], key: str, where: str, default: str) -> str:

@@ -24,7 +24,7 @@ BEGIN
        AND NOT EXISTS (SELECT 1
                          FROM @jobs@ rj, @jobs@ j
                         WHERE @rj.id@ = $2 AND @j.id@ = $1
-                          AND (@rj.created_at@, @rj.id@) >= (@j.created_at@, @j.id@));
+                          AND @rank(rj)@ >= @rank(j)@);
 END
 $$;
 

@@ -21,7 +21,7 @@
  AND @r.job@ <> @j.id@
  AND NOT EXISTS (SELECT 1 FROM @jobs@ rj
                   WHERE @rj.id@ = @r.job@
-                    AND (@rj.created_at@, @rj.id@) >= (@j.created_at@, @j.id@)))
+                    AND @rank(rj)@ >= @rank(j)@))
 
 -- fragment: walked
 -- The part of "needs a run" that the reconcile's walk index holds: the soft delete and the
@@ -90,7 +90,7 @@ newest AS (
     -- The run's other columns are the mapping's expressions over the job row j, read again
     -- here (it is locked by the claim) rather than carried through the claim's rows.
     INSERT INTO @runs@ AS r (@run_columns@)
-    SELECT n.run_id, n.id, @worker@, @run_values@
+    SELECT @keys(n)@, @worker@, @run_values@
       FROM newest n JOIN @jobs@ j ON @j.id@ = n.id
      ORDER BY n.run_id
     ON CONFLICT (@key@) DO UPDATE
@@ -137,7 +137,7 @@ WITH wanted AS (
     -- By the given ids, not a semi-join with wanted: with statistics that still see few
     -- finished jobs (a fresh database, a bulk finish) the planner turned that join into a walk
     -- of the whole walk index for every claim.
-    SELECT @j.id@ AS id, @j.run@ AS run_id, @j.created_at@ AS created_at,
+    SELECT @j.id@ AS id, @j.run@ AS run_id, @created(j)@ AS created_at,
            @j.updated_at@ AS updated_at
       FROM @jobs@ j
      WHERE @j.id@ = ANY(%(ids)s::@job_type@[])
@@ -195,7 +195,7 @@ WITH queued AS (
      LIMIT %(limit)s
        FOR UPDATE OF p SKIP LOCKED
 ), claimable AS (
-    SELECT @j.id@ AS id, @j.run@ AS run_id, @j.created_at@ AS created_at,
+    SELECT @j.id@ AS id, @j.run@ AS run_id, @created(j)@ AS created_at,
            @j.updated_at@ AS updated_at, q.since, @bytes(j)@ AS bytes
       FROM @jobs@ j JOIN queued q ON q.job_id = @j.id@
      WHERE {{needs_run}}

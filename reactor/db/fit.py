@@ -18,9 +18,11 @@ from psycopg.rows import dict_row
 from reactor import mapping as mapping_module
 from reactor.db.session import AnyConnection
 from reactor.errors import ConfigError, SchemaMissing
-from reactor.mapping import ID_TYPES, Mapping
+from reactor.mapping import ID_TYPES, Mapping, Terminal
 
 _TIMES = ("timestamp with time zone", "timestamp without time zone")
+_TEXTS = ("text", "character varying")
+_INTEGERS = ("smallint", "integer", "bigint")
 _TYPMOD = re.compile(r"\(\d+(?:,\d+)?\)")
 
 
@@ -88,7 +90,15 @@ async def fit(
     job_run = column(jobs, jobs_map.run, "jobs.run")
     status = column(jobs, jobs_map.status, "jobs.status")
     times = [column(jobs, jobs_map.updated_at, "jobs.updated_at")]
-    times.append(column(jobs, jobs_map.created_at, "jobs.created_at"))
+    if jobs_map.created_at is not None:
+        if jobs_map.created_at not in jobs.columns and not mapping.one_to_one:
+            raise ConfigError(
+                f"{jobs.shown} has no column {jobs_map.created_at} (jobs.created_at in {where}): "
+                f"several jobs can share a run (jobs.run = {jobs_map.run} is not jobs.id), and "
+                "created_at orders them, so that a re-analysis replaces the earlier job's run; "
+                "name the column that holds when a job was created, or add it"
+            )
+        times.append(column(jobs, jobs_map.created_at, "jobs.created_at"))
     if jobs_map.deleted_at:
         times.append(column(jobs, jobs_map.deleted_at, "jobs.deleted_at"))
     documents = [column(jobs, name, "jobs.not_null") for name in jobs_map.not_null]
@@ -132,18 +142,7 @@ async def fit(
             )
     if jobs_map.time_zone:
         await _check_zone(conn, jobs_map.time_zone)
-    if status.type not in ("text", "character varying"):
-        if not status.enum:
-            raise ConfigError(
-                f"{jobs.shown}.{status.name} is {status.type}; the status must be text or an enum"
-            )
-        labels = await enum_labels(conn, jobs.oid, status.name)
-        missing = [value for value in jobs_map.terminal if value not in labels]
-        if missing:
-            raise ConfigError(
-                f"jobs.terminal names {', '.join(missing)}, which the enum {status.type} of "
-                f"{jobs.shown}.{status.name} lacks; its values are {', '.join(labels)}"
-            )
+    await _check_status(conn, jobs, status, jobs_map.terminal)
     if not await _unique_on(conn, runs.oid, run_key.name):
         raise ConfigError(
             f"{runs.shown}.{run_key.name} (runs.key) has no unique index on it alone; add one "
@@ -218,6 +217,84 @@ async def describe(conn: AnyConnection, name: tuple[str, ...]) -> Table | None:
         for row in await cur.fetchall()
     }
     return Table(oid, schema, relname, partitioned, columns)
+
+
+async def _check_status(
+    conn: AnyConnection, jobs: Table, status: Column, terminal: tuple[Terminal, ...]
+) -> None:
+    """The status column is one the reactor compares with ``terminal``, and each terminal value
+    is one a row can hold: of the column's type, an enum's label, allowed by its CHECKs."""
+    shown = f"{jobs.shown}.{status.name}"
+    numbers = isinstance(terminal[0], int)
+    if status.type in _INTEGERS:
+        if not numbers:
+            raise ConfigError(
+                f"{shown} is {status.type}: give jobs.terminal as integers, the values the app "
+                "stores for its finished jobs (e.g. terminal = [3, 4])"
+            )
+    elif status.type in _TEXTS or status.enum:
+        if numbers:
+            raise ConfigError(
+                f"{shown} is {status.type}: give jobs.terminal as strings, the values the app "
+                'stores for its finished jobs (e.g. terminal = ["complete", "failed"])'
+            )
+    else:
+        raise ConfigError(
+            f"{shown} is {status.type}; the status must be text, varchar, an enum or an integer"
+        )
+    if status.enum:
+        labels = await enum_labels(conn, jobs.oid, status.name)
+        missing = [str(value) for value in terminal if value not in labels]
+        if missing:
+            raise ConfigError(
+                f"jobs.terminal names {', '.join(missing)}, which the enum {status.type} of "
+                f"{shown} lacks; its values are {', '.join(labels)}"
+            )
+    await _check_terminal_allowed(conn, jobs, status, terminal)
+
+
+async def _check_terminal_allowed(
+    conn: AnyConnection, jobs: Table, status: Column, terminal: tuple[Terminal, ...]
+) -> None:
+    """Each terminal value passes every CHECK constraint on the status column alone, as
+    PostgreSQL itself evaluates it: the constraint's own expression (pg_get_expr) over a one-row
+    table whose one column has the status column's name and type, holding the value. Never run
+    for real: a READ ONLY transaction, rolled back. A constraint that cannot be evaluated so
+    (it calls a function that fails without a row of the table) is left to the app."""
+    cur = await conn.execute(
+        "SELECT c.conname, pg_get_constraintdef(c.oid), pg_get_expr(c.conbin, c.conrelid),"
+        "       format_type(a.atttypid, a.atttypmod)"
+        "  FROM pg_constraint c JOIN pg_attribute a"
+        "    ON a.attrelid = c.conrelid AND a.attname = %s"
+        " WHERE c.conrelid = %s AND c.contype = 'c' AND c.conkey = ARRAY[a.attnum]"
+        " ORDER BY c.conname",
+        (status.name, jobs.oid),
+    )
+    for name, definition, expression, type_name in await cur.fetchall():
+        # The value as text, cast to the column's type as a row's would be; a CHECK passes
+        # when its expression is not false (NULL passes, as PostgreSQL has it).
+        # The catalog's text runs with a parameter: its own % are literal ('a%' in a LIKE).
+        expression, type_name = expression.replace("%", "%%"), type_name.replace("%", "%%")
+        query = (
+            f"SELECT ({expression}) IS NOT FALSE"
+            f" FROM (SELECT CAST(%(value)s::text AS {type_name}) AS"
+            f" {psycopg.sql.Identifier(status.name).as_string(None)}) AS row_of_status"
+        )
+        for value in terminal:
+            try:
+                async with conn.transaction(force_rollback=True):
+                    await conn.execute("SET TRANSACTION READ ONLY")
+                    found = await (await conn.execute(query, {"value": str(value)})).fetchone()
+            except psycopg.errors.InsufficientPrivilege:
+                raise
+            except psycopg.Error:
+                break
+            if found is not None and not found[0]:
+                raise ConfigError(
+                    f"jobs.terminal names {value!r}, which no row of {jobs.shown} can hold: "
+                    f"its constraint {name} is {definition}; name the values the app stores "
+                    "for its finished jobs"
+                )
 
 
 async def _check_zone(conn: AnyConnection, zone: str) -> None:

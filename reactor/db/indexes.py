@@ -83,10 +83,13 @@ def walk_index(install: Install) -> Index:
     jobs = install.mapping.jobs
     schema, table = jobs.table[0], jobs.table[-1]
     walked = install.mapping.walked(None)
+    # Where each job is its own run the key is the id alone: (id, id) would copy the id's
+    # index, and without a predicate it is the primary key (migrate skips what is there).
+    columns = (jobs.id,) if install.mapping.one_to_one else (jobs.run, jobs.id)
     return Index(
         f"{table}_reactor_run_idx"[:MAX_NAME],
         (schema, table),
-        (jobs.run, jobs.id),
+        columns,
         None if walked == "true" else walked,
     )
 

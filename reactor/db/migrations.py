@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import anyio
 import psycopg
@@ -62,6 +62,9 @@ class Migrated:
 
     install: Install
     applied: list[int]
+    # The indexes it did not build because the table has one that does the same, as
+    # (the index it would have built, the table's own).
+    skipped: list[tuple[str, str]] = field(default_factory=list)
 
 
 async def schema_version(conn: AnyConnection, schema: str) -> int | None:
@@ -237,8 +240,16 @@ async def migrate(
             repeatable.text, channel=install.channel if notify else "", spread=spread
         )
         await _migration_transaction(conn, text)
+        skipped = []
         for step in indexes.repeatable(install):
-            await _build(conn, step)
+            copied = await _copied_by(conn, step) if isinstance(step, Index) else None
+            if copied is None or not isinstance(step, Index):
+                await _build(conn, step)
+                continue
+            skipped.append((readable(step.table[0], step.name), copied))
+            # One an earlier migrate built before it looked (the (id, id) of a one-to-one job
+            # table) is a copy too.
+            await _build(conn, DropIndex(step.table[0], step.name))
         # Nothing was made meanwhile by another role: the definer functions are trusted now.
         await queries.require_trusted()
         # After an install, the pass queues what finished before the triggers existed: that is
@@ -247,7 +258,7 @@ async def migrate(
         await queries.reconcile_pass(owner, on_progress=on_progress)
     finally:
         await conn.execute("SELECT pg_advisory_unlock(%s)", (_MIGRATE_LOCK,))
-    return Migrated(install, done)
+    return Migrated(install, done, skipped)
 
 
 def _spreadable(install: Install, spread: bool) -> bool:
@@ -350,6 +361,61 @@ async def _build(conn: AnyConnection, step: Step) -> None:
         log.warning("dropping an invalid index left by an earlier build: %s", step.qualified)
         await _unbounded(conn, f"DROP INDEX CONCURRENTLY IF EXISTS {step.qualified}")
     await _unbounded(conn, step.create())
+
+
+async def _copied_by(conn: AnyConnection, index: Index) -> str | None:
+    """The name of an index of ``index``'s table, other than itself, that does what it would:
+    a valid btree whose leading key columns are its columns, in order, over the same rows (no
+    predicate where it has none, the same one where it has one). None when there is none."""
+    predicate = None if index.predicate is None else await _deparsed(conn, index)
+    if index.predicate is not None and predicate is None:
+        return None
+    cur = await conn.execute(
+        """
+        SELECT c.relname::text
+          FROM pg_index i
+          JOIN pg_class c ON c.oid = i.indexrelid
+          JOIN pg_am am ON am.oid = c.relam
+         WHERE i.indrelid = to_regclass(%(table)s) AND i.indisvalid AND am.amname = 'btree'
+           AND c.relname <> %(name)s AND i.indnkeyatts >= cardinality(%(columns)s::text[])
+           AND ARRAY(SELECT a.attname::text
+                       FROM generate_series(0, cardinality(%(columns)s::text[]) - 1) AS k(n)
+                       JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = i.indkey[k.n]
+                      ORDER BY k.n) = %(columns)s::text[]
+           AND pg_get_expr(i.indpred, i.indrelid) IS NOT DISTINCT FROM %(predicate)s
+         ORDER BY i.indisprimary DESC, c.relname
+         LIMIT 1
+        """,
+        {
+            "table": identifier(*index.table),
+            "name": index.name,
+            "columns": list(index.columns),
+            "predicate": predicate,
+        },
+    )
+    row = await cur.fetchone()
+    return None if row is None else str(row[0])
+
+
+async def _deparsed(conn: AnyConnection, index: Index) -> str | None:
+    """``index``'s predicate as PostgreSQL prints an index's (pg_get_expr), to compare with the
+    table's own indexes' without parsing SQL: from the same index on an empty temporary copy of
+    the table's columns, rolled back. None when it cannot be made (no TEMP privilege)."""
+    copy = identifier("pg_temp", "reactor_index_predicate")
+    columns = ", ".join(identifier(column) for column in index.columns)
+    try:
+        async with conn.transaction(force_rollback=True):
+            await conn.execute(f"CREATE TEMPORARY TABLE {copy} (LIKE {identifier(*index.table)})")
+            await conn.execute(f"CREATE INDEX ON {copy} ({columns}) WHERE {index.predicate}")
+            cur = await conn.execute(
+                "SELECT pg_get_expr(i.indpred, i.indrelid) FROM pg_index i"
+                " WHERE i.indrelid = to_regclass(%s)",
+                (copy,),
+            )
+            row = await cur.fetchone()
+    except psycopg.Error:
+        return None
+    return None if row is None else str(row[0])
 
 
 async def _unbounded(conn: AnyConnection, statement: str) -> None:

@@ -81,6 +81,39 @@ CASES = [
         "jobs.terminal names done",
     ),
     (
+        "terminal value a CHECK refuses",
+        "ALTER TABLE analysis_jobs ADD CONSTRAINT status_values"
+        " CHECK (status IN ('queued', 'running', 'complete', 'error'))",
+        "[jobs]\nterminal = ['complete', 'failed']\nnot_null = ['doc_html']\n",
+        "jobs.terminal names 'failed', which no row of analysis_jobs can hold: its constraint "
+        "status_values",
+    ),
+    (
+        "strings for an integer status",
+        "ALTER TABLE analysis_jobs ALTER COLUMN status TYPE smallint USING 0",
+        None,
+        "give jobs.terminal as integers",
+    ),
+    (
+        "integer terminal value a CHECK refuses",
+        "ALTER TABLE analysis_jobs ALTER COLUMN status TYPE integer USING 0;"
+        " ALTER TABLE analysis_jobs ADD CHECK (status BETWEEN 0 AND 3)",
+        "[jobs]\nterminal = [3, 4]\nnot_null = ['doc_html']\n",
+        "jobs.terminal names 4, which no row of analysis_jobs can hold",
+    ),
+    (
+        "no created_at where jobs share a run",
+        "ALTER TABLE analysis_jobs DROP COLUMN created_at",
+        None,
+        "several jobs can share a run (jobs.run = run_id is not jobs.id)",
+    ),
+    (
+        "key and job one column, run not the id",
+        "",
+        "[runs]\nkey = 'id'\njob = 'id'\n",
+        "set jobs.run = 'id' (jobs.id) too",
+    ),
+    (
         "an id type the reactor cannot carry",
         "ALTER TABLE analysis_jobs ALTER COLUMN id TYPE numeric USING 0",
         None,

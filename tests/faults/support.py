@@ -44,7 +44,7 @@ WITH newest AS (
     SELECT DISTINCT ON (@j.run@) @j.run@ AS run, @j.id@ AS id
       FROM @jobs@ j
      WHERE @eligible(j)@
-     ORDER BY @j.run@, @j.created_at@ DESC, @j.id@ DESC
+     ORDER BY @j.run@, @created(j)@ DESC, @j.id@ DESC
 )
 SELECT count(*)::int
   FROM @runs@ r JOIN newest n ON n.run = @r.key@

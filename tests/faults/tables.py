@@ -197,7 +197,7 @@ class Tables:
         """The ``n``-th of a few run keys chosen in a known order."""
         return self.app.nth_run(n)
 
-    def status(self, *, failed: bool = False) -> str:
+    def status(self, *, failed: bool = False) -> str | int:
         """A terminal status: the first the mapping names, or the other for a failed job."""
         return self.app.status(failed=failed)
 
@@ -278,4 +278,12 @@ SECOND = Tables(
     job_columns=(("ownerId", OWNER),),
     assigns_ids=True,
 )
-BY_NAME = {tables.name: tables for tables in (REFERENCE, SECOND)}
+# Django's one-to-one artifact: each export is its own run (tests/mappings/onetoone).
+ONETOONE = Tables(
+    "onetoone",
+    (MAPPINGS / "onetoone.sql").read_text(),
+    config=MAPPINGS / "onetoone.toml",
+    job_columns=(("owner_id", "7"),),
+    assigns_ids=True,
+)
+BY_NAME = {tables.name: tables for tables in (REFERENCE, SECOND, ONETOONE)}

@@ -245,6 +245,8 @@ def test_a_50_mb_document_never_travels_to_python(
 async def test_one_run_shared_by_twenty_jobs(
     database_url: str, tables: Tables, reactor_at: StartReactor, report: Report
 ) -> None:
+    if tables.loaded().one_to_one:
+        pytest.skip("each job is its own run in a one-to-one mapping: no run has two jobs")
     rng = random.Random(33)
     async with reactor_at(database_url, grace=GRACE) as reactor:
         # Settled first: a startup poll or re-arm scan would arm or claim part of the first

@@ -212,6 +212,8 @@ def apply(op: Op, model: Model, real: Database) -> None:
 @pytest.mark.filterwarnings("ignore::hypothesis.errors.HypothesisDeprecationWarning")
 @pytest.mark.second_mapping
 def test_precedence_matches_the_model(database_url: str, tables: Tables) -> None:
+    if tables.loaded().one_to_one:
+        pytest.skip("each job is its own run in a one-to-one mapping: no run has two jobs")
     with (
         anyio.from_thread.start_blocking_portal("asyncio") as portal,
         connect(database_url) as conn,
