@@ -210,7 +210,9 @@ class Mapping:
                 written = (*self._run_keys, runs.saved_by, *(c for c, _ in runs.columns))
                 return ", ".join(identifier(c) for c in written)
             case "run_values":
-                return ", ".join(value_of(expression) for _, expression in runs.columns)
+                # Each with its leading comma, after the reactor's own columns: a mapping whose
+                # [runs.columns] is empty writes those alone.
+                return "".join(f", {value_of(expression)}" for _, expression in runs.columns)
             case "client":
                 return literal(runs.client[0])
             case "run_updates":

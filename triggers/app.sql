@@ -56,7 +56,7 @@ DELETE FROM @jobs@ WHERE @id@ = ANY(%(jobs)s::@job_type@[])
 -- with the client's saved_by (%(by)s; NULL is a legacy row, which counts as the client's),
 -- over whatever is there: the client's save always wins.
 INSERT INTO @runs@ AS r (@run_columns@)
-SELECT @keys(k)@, %(by)s, @run_values@
+SELECT @keys(k)@, %(by)s@run_values@
   FROM @jobs@ j CROSS JOIN LATERAL (SELECT @j.run@ AS run_id, @j.id@ AS id) k
  WHERE @j.id@ = ANY(%(jobs)s::@job_type@[])
 ON CONFLICT (@key@) DO UPDATE

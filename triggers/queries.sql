@@ -90,7 +90,7 @@ newest AS (
     -- The run's other columns are the mapping's expressions over the job row j, read again
     -- here (it is locked by the claim) rather than carried through the claim's rows.
     INSERT INTO @runs@ AS r (@run_columns@)
-    SELECT @keys(n)@, @worker@, @run_values@
+    SELECT @keys(n)@, @worker@@run_values@
       FROM newest n JOIN @jobs@ j ON @j.id@ = n.id
      ORDER BY n.run_id
     ON CONFLICT (@key@) DO UPDATE

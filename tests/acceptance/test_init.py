@@ -212,7 +212,6 @@ def test_a_confirmed_draft_migrates_and_its_role_applies(
     _migrates_as_it_stands(empty_database_url, app, tmp_path)
 
 
-@pytest.mark.skip(reason="needs one-to-one mappings and integer status in db.fit (issue 40 1-3)")
 @_by_name(AWAITS_FIT)
 def test_the_drafts_of_integer_status_and_no_created_at_migrate(
     empty_database_url: str, app: App, tmp_path: Path

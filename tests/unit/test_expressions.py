@@ -87,4 +87,4 @@ def test_the_mapping_names_the_column_in_one_line() -> None:
 
 def test_the_statements_use_each_expression_in_parentheses() -> None:
     m = mapping.parse({"runs": {"columns": {"doc_html": "j.doc_html", "results": "j.results"}}})
-    assert m.slot("run_values", None, None) == "(j.doc_html), (j.results)"
+    assert m.slot("run_values", None, None) == ", (j.doc_html), (j.results)"

@@ -247,8 +247,8 @@ def test_every_named_query_keeps_percent_signs_for_placeholders(filename: str) -
 
 def test_sql_run_without_parameters_keeps_one_percent() -> None:
     # Migrations and the printed script go to the server as they are.
-    text = sql.render("SELECT @run_values@ FROM @jobs@ j", PERCENT)
-    assert text == """SELECT (coalesce(j.title, '100%(hooks)s')) FROM "public"."jobs 100%" j"""
+    text = sql.render("SELECT 1@run_values@ FROM @jobs@ j", PERCENT)
+    assert text == """SELECT 1, (coalesce(j.title, '100%(hooks)s')) FROM "public"."jobs 100%" j"""
     assert sql.render("SELECT @x@", PERCENT, values={"x": "'%'"}, parameters=True) == (
         "SELECT '%%'"
     )
