@@ -38,7 +38,8 @@ def test_the_first_hint_waits_the_linger_for_others_to_join_it() -> None:
     taken = batch.take(10.005)
     assert taken is not None
     assert taken.jobs == ["a", "b"]
-    assert batch.due_at() is None and len(batch) == 0
+    assert batch.due_at() is None
+    assert len(batch) == 0
 
 
 def test_a_job_hinted_twice_is_verified_once() -> None:
@@ -46,7 +47,8 @@ def test_a_job_hinted_twice_is_verified_once() -> None:
     for _ in range(3):
         batch.add_job("a", 0.0)
     taken = batch.take(1.0)
-    assert taken is not None and taken.jobs == ["a"]
+    assert taken is not None
+    assert taken.jobs == ["a"]
 
 
 def test_a_full_batch_goes_at_once_and_the_rest_follows_without_a_linger() -> None:
@@ -55,12 +57,15 @@ def test_a_full_batch_goes_at_once_and_the_rest_follows_without_a_linger() -> No
         batch.add_job(job, 5.0)
     assert batch.due_at() == -math.inf
     first = batch.take(5.0)
-    assert first is not None and first.jobs == ids(250)[:100]
+    assert first is not None
+    assert first.jobs == ids(250)[:100]
     second = batch.take(5.0)
-    assert second is not None and second.jobs == ids(250)[100:200]
+    assert second is not None
+    assert second.jobs == ids(250)[100:200]
     # Under a batch left: it goes at once too (it waited its linger already).
     third = batch.take(5.0)
-    assert third is not None and third.jobs == ids(250)[200:]
+    assert third is not None
+    assert third.jobs == ids(250)[200:]
     assert batch.take(5.0) is None
 
 
