@@ -15,8 +15,9 @@ channel. So a notification only names something to look up, never something to a
 Hints are verified in batches: the first one to arrive in an empty buffer starts a short wait
 (:data:`LINGER`), so that a burst costs one statement per batch rather than one per job; a full
 batch goes at once. When the buffer is full (a flood, whether forged or not), further job hints
-are dropped and counted, and once it has drained the reactor re-reads the queue (its re-arm): a
-real job whose hint was dropped is found there, and the scan remains the backstop of both.
+are dropped and counted, and the reactor re-reads the queue (its re-arm) every
+:data:`REREAD_EVERY` seconds meanwhile and once it has drained: a real job whose hint was
+dropped, or waits behind the flood, is found there, and the scan remains the backstop of both.
 
 :class:`HintBatch` and :class:`Tally` are pure: no I/O, no clock; what needs the time takes
 ``now``. :class:`Verifier` is their async shell.
@@ -46,6 +47,10 @@ BATCH = 2_000
 CAPACITY = 20_000
 # Most membership claims waiting: a live set is a handful of replicas.
 REPLICA_CAPACITY = 256
+# While job hints are dropped at a full buffer, the queue is read again at most this often (and
+# once the buffer has drained): a real job hinted behind a flood is armed from there, not from
+# its hint, which the flood holds back in the NOTIFY queue.
+REREAD_EVERY = 1.0
 # Lines about what the channel brought that the reactor ignores: at most one per this many
 # seconds for each kind, with the count since the last one.
 LOG_INTERVAL = 10.0
@@ -84,6 +89,7 @@ class HintBatch:
         self.replicas_dropped = 0
         # Whether job hints were dropped since the last time :meth:`missed` said so.
         self._missed = False
+        self._reread_at = -math.inf
 
     def __len__(self) -> int:
         """Hints waiting: job ids and membership claims."""
@@ -137,13 +143,15 @@ class HintBatch:
         self._since = now - self.linger if self._jobs else None
         return Batch(jobs, replicas)
 
-    def missed(self) -> bool:
-        """True, once, when job hints were dropped and the buffer has drained since: the queue
-        should be read again now (while it is still full, a re-read would race the flood)."""
-        if self._missed and not self._jobs:
-            self._missed = False
-            return True
-        return False
+    def missed(self, now: float) -> bool:
+        """True when job hints were dropped since the last time it said so, and the buffer has
+        drained or the last re-read is :data:`REREAD_EVERY` old: the queue should be read
+        again now."""
+        if not self._missed or (self._jobs and now - self._reread_at < REREAD_EVERY):
+            return False
+        self._missed = False
+        self._reread_at = now
+        return True
 
 
 class Tally:
@@ -233,7 +241,7 @@ class Verifier:
                 await self.clock.sleep_until(math.inf if due is None else due, self._wake)
                 continue
             await self._verify(batch)
-            if self.pending.missed():
+            if self.pending.missed(self.clock.now()):
                 self._reread()
 
     async def _verify(self, batch: Batch) -> None:
