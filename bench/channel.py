@@ -34,7 +34,7 @@ def rss_kb(pid: int) -> int:
 
 
 def metric(port: int, name: str) -> float:
-    body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30).read().decode()
     return sum(
         float(line.rsplit(" ", 1)[1])
         for line in body.splitlines()

@@ -51,6 +51,9 @@ REPLICA_CAPACITY = 256
 # once the buffer has drained): a real job hinted behind a flood is armed from there, not from
 # its hint, which the flood holds back in the NOTIFY queue.
 REREAD_EVERY = 1.0
+# A batch with this many job hints naming no queued job is a flood too: real hints wait behind it
+# in the NOTIFY queue, so the queue is read again as when hints are dropped.
+FLOOD = 500
 # Lines about what the channel brought that the reactor ignores: at most one per this many
 # seconds for each kind, with the count since the last one.
 LOG_INTERVAL = 10.0
@@ -142,6 +145,11 @@ class HintBatch:
         # What is left (a flood) goes as the next batch, without another linger.
         self._since = now - self.linger if self._jobs else None
         return Batch(jobs, replicas)
+
+    def flooded(self, unverified: int) -> None:
+        """A batch held ``unverified`` job hints that named no queued job."""
+        if unverified >= FLOOD:
+            self._missed = True
 
     def missed(self, now: float) -> bool:
         """True when job hints were dropped since the last time it said so, and the buffer has
@@ -264,6 +272,7 @@ class Verifier:
         for job, due_in in found.jobs:
             self._arm(job, due_in)
         self._count("job", len(batch.jobs) - len(found.jobs), now)
+        self.pending.flooded(len(batch.jobs) - len(found.jobs))
         forged = 0
         for replica, left in batch.replicas.items():
             if left == (replica in found.live):

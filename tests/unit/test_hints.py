@@ -203,3 +203,11 @@ async def test_forged_claims_are_logged_at_most_once_per_interval(
     assert 1 <= len(lines) <= 45 / LOG_INTERVAL + 2
     assert sum(cast(Any, r).count for r in lines) == 4_500
     assert heard.joined == []
+
+
+def test_a_batch_of_made_up_hints_asks_for_a_reread_too() -> None:
+    batch = HintBatch()
+    batch.flooded(10)
+    assert not batch.missed(0.0), "a few stale hints are not a flood"
+    batch.flooded(1_000)
+    assert batch.missed(0.0)
