@@ -531,11 +531,7 @@ class Listener:
             return
         hint = parse_hint(payload, subscriber.id_type)
         if hint is None:
-            subscriber.metrics.notified["rejected"].inc()
-            log.warning(
-                "ignored a notification that names no job",
-                extra={"channel": subscriber.channel, "payload": payload[:80]},
-            )
+            subscriber.rejected(payload, self.clock.now())
             return
         subscriber.metrics.notified["accepted"].inc()
         subscriber.on_job(*hint)

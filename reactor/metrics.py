@@ -47,7 +47,13 @@ class Metrics:
         self.registry = registry or CollectorRegistry()
         r = self.registry
         self.notifications = Counter(
-            "reactor_notifications", "Notifications received, by result.", ["result"], registry=r
+            "reactor_notifications",
+            "Notifications received, by result: accepted (named a job), rejected (named nothing: "
+            "garbage), unverified (named no queued job, or a replica joining or leaving that its "
+            "heartbeat contradicts), dropped (a job hint over the buffer of hints waiting to be "
+            "verified), probe, left, joined.",
+            ["result"],
+            registry=r,
         )
         self.deadlines_pending = Gauge(
             "reactor_deadlines_pending", "Jobs with an armed deadline timer.", registry=r
@@ -200,7 +206,15 @@ class Metrics:
         # notification or per recorded run costs a lock and a dict probe for nothing.
         self.notified = {
             result: self.notifications.labels(result)
-            for result in ("accepted", "rejected", "probe", "left", "joined")
+            for result in (
+                "accepted",
+                "rejected",
+                "unverified",
+                "dropped",
+                "probe",
+                "left",
+                "joined",
+            )
         }
         self.recorded_by = {source: self.recorded.labels(source) for source in ("timer", "scan")}
         for mode in ("listen", "poll"):

@@ -38,6 +38,7 @@ from reactor.clock import Clock, SystemClock
 from reactor.config import Settings
 from reactor.dbclock import DatabaseClock
 from reactor.dispatch import Dispatcher, WorkQueue
+from reactor.hints import Verifier
 from reactor.hooks import Hook, HookRetention, HookRunner
 from reactor.listener import Listener
 from reactor.metrics import Metrics
@@ -115,6 +116,18 @@ class Reactor:
             concurrency=RECORD_CONCURRENCY,
             batch_size=settings.batch_size,
         )
+        # Nothing the channel says is acted on before the tables confirm it: any role that
+        # can connect can NOTIFY (see reactor.hints).
+        self.verifier = Verifier(
+            database,
+            self.clock,
+            liveness=LIVENESS_PROBES * settings.probe_interval,
+            arm=lambda job_id, due_in: self.dispatcher.offer(job_id, due_in + 0.001, notified=True),
+            left=self._on_replica_left,
+            joined=self._on_replica_joined,
+            reread=lambda: self.request_scan(rearm=True),
+            on_unverified=self._count_unverified,
+        )
         self.reconciler: Reconciler | None = None
         if settings.reconcile_interval > 0:
             self.reconciler = Reconciler(
@@ -141,8 +154,8 @@ class Reactor:
             ask=self._ask_health,
             saw=self._saw,
             poll=self._poll,
-            on_left=self._on_replica_left,
-            on_joined=self._on_replica_joined,
+            on_left=lambda replica: self.verifier.replica(replica, left=True),
+            on_joined=lambda replica: self.verifier.replica(replica, left=False),
             settling=lambda: not self.holding,
             shares=self._heard_shares,
             name=None if listener is None else database.install.schema,
@@ -284,6 +297,7 @@ class Reactor:
             self.listener.unsubscribe(self.subscriber)
         self._work.deadline = anyio.current_time() + self.settings.drain
         self.dispatcher.close()
+        self.verifier.close()
         self.schedule.close()
         if self._work_group is not None:
             # Hand this replica's jobs over now, not after the drain: its timers stop here.
@@ -300,6 +314,7 @@ class Reactor:
                 async with anyio.create_task_group() as work:
                     self._work_group = work
                     work.start_soon(self.dispatcher.run, work)
+                    work.start_soon(self.verifier.run)
                     work.start_soon(self.schedule.run, work)
                     if self.listener is not None:
                         if self._owns_listener:
@@ -389,6 +404,8 @@ class Reactor:
             # A dead replica's running hook calls are due now: run them again at once.
             self.hook_runner.wake()
         self._see_lost(self.roster.heartbeats(frozenset(health.live_replicas)))
+        self.subscriber.report(self.clock.now())
+        self.verifier.report()
 
     def _duty_failed(self, name: str, carrier: Carrier, error: BaseException) -> None:
         if name == "health":
@@ -476,25 +493,25 @@ class Reactor:
     # What the listener hears.
 
     def _on_notified(self, job_id: str, updated_at: float | None) -> None:
-        # A full grace from receipt is never early: updated_at is set before the commit, and the
-        # notification comes after it. Aiming at updated_at + grace by the database clock is
-        # earlier by however long the app's transaction ran after setting updated_at; the
-        # record statement decides in database time whichever way the timer was aimed.
-        delay = self.settings.grace
-        if updated_at is not None:
-            deadline = self.db_clock.local(updated_at + self.settings.grace)
-            if deadline is not None:
-                delay = min(delay, deadline - self.clock.now())
-        self.dispatcher.offer(job_id, delay, notified=True)
+        # Verified against the queue before it is armed, at the deadline the job row gives:
+        # the hint's own updated_at is the sender's word. A job another live replica owns is
+        # left to it unverified: it costs nothing here.
+        if job_id in self.queue or self.queue.membership.owns(job_id):
+            self.verifier.job(job_id)
+        else:
+            self.dispatcher.offer(job_id, self.settings.grace, notified=True)
+
+    def _count_unverified(self, kind: str, count: int) -> None:
+        self.metrics.notified["dropped" if kind == "dropped" else "unverified"].inc(count)
 
     def _on_replica_left(self, replica: str) -> None:
-        # Another replica stopped cleanly and said so: its jobs are ours now, not at our next
-        # check. Our own word comes back to us too.
+        # Another replica stopped cleanly and said so, and its heartbeat row is gone: its jobs
+        # are ours now, not at our next check. Our own word comes back to us too.
         self._see_lost(self.roster.left(replica))
 
     def _on_replica_joined(self, replica: str) -> None:
-        # A new replica wrote its first heartbeat: its share is its own from now on, rather
-        # than claimed by two until our next check.
+        # A new replica wrote its first heartbeat, and it is live by it: its share is its own
+        # from now on, rather than claimed by two until our next check.
         if self.roster.joined(replica):
             self._membership_changed(frozenset())
 

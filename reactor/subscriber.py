@@ -4,16 +4,20 @@ channels, what it is told, its duties, and whether its statements fail there on 
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Awaitable, Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
 
 from reactor import db, logs
 from reactor.cadence import Scheduler
+from reactor.hints import LOG_INTERVAL, Tally
 from reactor.metrics import Metrics
 from reactor.ownership import share_channels
+
+log = logging.getLogger(__name__)
 
 # The poll a pair runs on the listener's proven connection, as the pool would otherwise.
 Poll = Callable[[db.AnyConnection], Awaitable[None]]
@@ -51,6 +55,9 @@ class Subscriber:
     # True while this pair's statements fail on this session (its tables are broken): its
     # duties go to the pool, and a check there that succeeds brings them back (readmit).
     benched: bool = False
+    # The payloads that named nothing, logged at most once per interval with their count: any
+    # role that can connect can send them, as many as it likes.
+    garbage: Tally = field(default_factory=Tally)
 
     def __post_init__(self) -> None:
         # Read once: every notification is parsed by them. A channel too long to take a
@@ -62,6 +69,28 @@ class Subscriber:
     def channels(self, shares: frozenset[int]) -> list[str]:
         """The channels of ``shares``."""
         return [self.share_channels[share] for share in sorted(shares)]
+
+    def rejected(self, payload: str, now: float) -> None:
+        """``payload`` came on this pair's channel at ``now`` and names nothing."""
+        self.metrics.notified["rejected"].inc()
+        self._tell_rejected(self.garbage.note(now), payload)
+
+    def report(self, now: float) -> None:
+        """Log the count of payloads that named nothing, once its interval has passed."""
+        self._tell_rejected(self.garbage.due(now), None)
+
+    def _tell_rejected(self, count: int, payload: str | None) -> None:
+        if count:
+            log.warning(
+                "ignored notifications that name no job",
+                extra={
+                    "channel": self.channel,
+                    "count": count,
+                    "interval_s": LOG_INTERVAL,
+                    # The one that made the line, cut short: the sender chose it.
+                    "payload": None if payload is None else payload[:80],
+                },
+            )
 
     def owned(self) -> frozenset[int]:
         """The shares to LISTEN on now (none when the channel cannot take a share's suffix)."""

@@ -283,6 +283,22 @@ SELECT @j.id@::text AS job_id,
  ORDER BY @j.updated_at@
  LIMIT %(limit)s
 
+-- name: verify_hints
+-- What the channel said, checked against the tables before anything is armed by it (any role
+-- that can connect can NOTIFY): of the notified job ids %(jobs)s, those queued, with the seconds
+-- until each is due by the job's own updated_at (a hint's time is never trusted); of the
+-- replicas %(replicas)s said to have joined or left, those live by their heartbeats. By the
+-- queue's primary key, one probe per id.
+SELECT 'job' AS kind, p.job_id::text AS id,
+       extract(epoch FROM @j.updated_at@ + make_interval(secs => %(grace)s) - clock_timestamp())
+           ::float8 AS due_in
+  FROM @reactor@.pending p JOIN @jobs@ j ON @j.id@ = p.job_id
+ WHERE p.job_id = ANY(%(jobs)s::@job_type@[])
+UNION ALL
+SELECT 'replica', r.id, NULL
+  FROM @reactor@.replicas r
+ WHERE r.id = ANY(%(replicas)s::text[]) AND {{replica_live}}
+
 -- name: poll_queue
 -- The timers' road when no notification can be relied on (REACTOR_MODE=poll, a trigger that does
 -- not notify, a LISTEN that is down): the queued jobs whose deadline, since + grace by the

@@ -58,6 +58,7 @@ from reactor.db.rows import (
     ReconcileOutcome,
     ReconcilePass,
     ReconcileStep,
+    Verified,
 )
 from reactor.db.session import (
     DATABASE_ERRORS,
@@ -109,6 +110,7 @@ __all__ = [
     "ReconcileStep",
     "StandbyPolicy",
     "Target",
+    "Verified",
     "call",
     "configure",
     "configure_pooled",

@@ -33,6 +33,7 @@ from reactor.db.rows import (
     QueuedJob,
     ReconcilePass,
     ReconcileStep,
+    Verified,
 )
 from reactor.db.session import AnyConnection, first_line
 from reactor.errors import PrivilegeMissing, UntrustedSchema
@@ -249,6 +250,22 @@ class Database:
         """(job id, seconds until due) for jobs that need a run and are inside their grace."""
         rows = await self.run("upcoming", {"grace": self.grace, "limit": limit}, dict_row)
         return [(row["job_id"], row["due_in"]) for row in rows]
+
+    async def verify_hints(
+        self, job_ids: Sequence[str], replicas: Sequence[str], *, liveness: float
+    ) -> Verified:
+        """Of ``job_ids``, those queued with the seconds until each is due; of ``replicas``,
+        those whose heartbeat is within ``liveness`` seconds (see the ``verify_hints`` query)."""
+        params = {
+            "grace": self.grace,
+            "jobs": list(job_ids),
+            "replicas": list(replicas),
+            "liveness": liveness,
+        }
+        rows = await self.run("verify_hints", params, dict_row)
+        jobs = [(row["id"], row["due_in"]) for row in rows if row["kind"] == "job"]
+        live = frozenset(row["id"] for row in rows if row["kind"] == "replica")
+        return Verified(jobs, live)
 
     async def poll_queue(
         self, low: datetime | None, *, ahead: float, limit: int

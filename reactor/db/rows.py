@@ -171,3 +171,12 @@ class HookChange:
     id: int
     status: str | None  # before the change; None: no row has this id
     changed: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Verified:
+    """What the verify_hints statement found: the notified jobs that are queued, with the
+    seconds until each is due, and the replicas named that are live by their heartbeats."""
+
+    jobs: list[tuple[str, float]]
+    live: frozenset[str]

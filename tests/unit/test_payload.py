@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import re
 import uuid
 from typing import Any, cast
@@ -281,3 +282,23 @@ def test_listen_names_exactly_the_channel_pg_notify_uses(
         return  # refusing such a channel up front would be a fix too
     statement = listen_statement(monkeypatch, channel)
     assert channel_listened_to(statement) == channel
+
+
+def test_garbage_is_counted_and_logged_at_most_once_per_interval(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    listener, jobs = make_listener()
+    caplog.set_level(logging.WARNING, logger="reactor.subscriber")
+    for n in range(20_000):
+        listener._receive(f"garbage-{n}")
+    subscriber = listener.subscribers[0]
+    assert subscriber.metrics.notified["rejected"]._value.get() == 20_000
+    lines = [r for r in caplog.records if r.name == "reactor.subscriber"]
+    assert len(lines) == 1, "the first at once, the rest counted"
+    # The health check reports what is left once the interval passed; the clock did not move.
+    subscriber.report(listener.clock.now())
+    assert len([r for r in caplog.records if r.name == "reactor.subscriber"]) == 1
+    subscriber.report(listener.clock.now() + 10.0)
+    lines = [r for r in caplog.records if r.name == "reactor.subscriber"]
+    assert [cast(Any, r).count for r in lines] == [1, 19_999]
+    assert jobs == []

@@ -1,0 +1,155 @@
+"""What a stranger on the channel costs `reactor run`: log bytes for 20,000 garbage payloads and
+for 45 s of forged `joined:`, and RSS before and after 200,000 made-up job hints, each sent by a
+role with no grants, while real jobs finish; on an embedded PostgreSQL.
+
+    uv run python -m bench.channel [--joined-seconds 45]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+import uuid
+
+import psycopg
+import psycopg.conninfo
+
+from reactor.embedded import EmbeddedPostgres
+
+CHANNEL = "analysis_jobs_terminal"
+GRACE = 1.0
+
+
+def rss_kb(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    raise RuntimeError("no VmRSS")
+
+
+def metric(port: int, name: str) -> float:
+    body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30).read().decode()
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in body.splitlines()
+        if line.startswith(name) and not line.startswith("#")
+    )
+
+
+def real_job_lateness(conn: psycopg.Connection[tuple[object, ...]]) -> float:
+    """Finish one job and wait for its run: seconds from updated_at + grace to its run."""
+    job, run = uuid.uuid4(), uuid.uuid4()
+    conn.execute(
+        "INSERT INTO analysis_jobs (id, run_id, status, doc_html) VALUES (%s, %s, 'running', 'x')",
+        (job, run),
+    )
+    conn.execute(
+        "UPDATE analysis_jobs SET status='complete', results='{\"a\":1}', updated_at=now() "
+        "WHERE id=%s",
+        (job,),
+    )
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        row = conn.execute(
+            "SELECT extract(epoch FROM r.created_at - j.updated_at)::float8 - %s "
+            "FROM analysis_runs r JOIN analysis_jobs j ON j.run_id = r.id WHERE j.id = %s",
+            (GRACE, job),
+        ).fetchone()
+        if row is not None:
+            return float(row[0])  # type: ignore[arg-type]
+        time.sleep(0.05)
+    raise RuntimeError("the real job was never recorded")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--joined-seconds", type=float, default=45.0)
+    args = parser.parse_args()
+    with EmbeddedPostgres(trust_localhost=True) as pg:
+        admin = pg.dsn
+        with psycopg.connect(admin, autocommit=True) as conn:
+            conn.execute("CREATE ROLE stranger LOGIN")
+        stranger = psycopg.conninfo.make_conninfo(admin, user="stranger")
+        env = {
+            **os.environ,
+            "DATABASE_URL": admin,
+            "REACTOR_GRACE_SECONDS": str(GRACE),
+            "REACTOR_HTTP_ADDR": "127.0.0.1:19387",
+            "REACTOR_DASHBOARD_ADDR": "",
+        }
+        subprocess.run(
+            [sys.executable, "-m", "reactor", "migrate", "--reference-schema"], env=env, check=True
+        )
+        with (
+            tempfile.NamedTemporaryFile("w+b", suffix=".log") as log,
+            psycopg.connect(admin, autocommit=True) as conn,
+        ):
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "reactor", "run"], env=env, stderr=log, stdout=log
+            )
+            try:
+                time.sleep(5)  # started, LISTEN proven, first heartbeat
+                print(f"real job before: {real_job_lateness(conn):+.3f} s after its deadline")
+
+                def log_bytes() -> int:
+                    return os.path.getsize(log.name)
+
+                with psycopg.connect(stranger, autocommit=True) as s:
+                    start = log_bytes()
+                    s.execute(
+                        "SELECT count(pg_notify(%s, 'garbage-' || g)) "
+                        "FROM generate_series(1, 20000) g",
+                        (CHANNEL,),
+                    )
+                    lateness = real_job_lateness(conn)
+                    time.sleep(11)  # the count's line comes at the next interval
+                    rejected = metric(19387, 'reactor_notifications_total{result="rejected"}')
+                    print(
+                        f"20,000 garbage payloads: {log_bytes() - start} bytes of log; "
+                        f"rejected={rejected:.0f}; real job {lateness:+.3f} s"
+                    )
+
+                    start, sent, until = log_bytes(), 0, time.monotonic() + args.joined_seconds
+                    while time.monotonic() < until:
+                        s.execute("SELECT pg_notify(%s, %s)", (CHANNEL, f"joined:fake-{sent}"))
+                        sent += 1
+                    lateness = real_job_lateness(conn)
+                    print(
+                        f"{args.joined_seconds:.0f} s of forged joined: ({sent} sent): "
+                        f"{log_bytes() - start} bytes of log; real job {lateness:+.3f} s"
+                    )
+
+                    before = rss_kb(proc.pid)
+                    s.execute(
+                        "SELECT count(pg_notify(%s, gen_random_uuid()::text || '@' || "
+                        "extract(epoch FROM now())::text)) FROM generate_series(1, 200000)",
+                        (CHANNEL,),
+                    )
+                    lateness = real_job_lateness(conn)
+                    name = "reactor_notifications_total"
+                    while (
+                        metric(19387, name + '{result="unverified"}')
+                        + metric(19387, name + '{result="dropped"}')
+                        < 200_000
+                    ):
+                        time.sleep(0.2)
+                    after = rss_kb(proc.pid)
+                    pending = metric(19387, "reactor_deadlines_pending")
+                    print(
+                        f"200,000 made-up hints: RSS {before / 1024:.1f} -> {after / 1024:.1f} MB "
+                        f"({(after - before) / 1024:+.1f}); deadlines pending {pending:.0f}; "
+                        f"real job {lateness:+.3f} s"
+                    )
+            finally:
+                proc.terminate()
+                proc.wait(30)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,213 @@
+"""reactor.hints: hints wait in a bounded buffer for one statement per batch; what the tables do
+not confirm is counted and logged at most once per interval."""
+
+from __future__ import annotations
+
+import logging
+import math
+import uuid
+from typing import Any, cast
+from unittest.mock import MagicMock
+
+import pytest
+
+from reactor import db
+from reactor.clock import FakeClock
+from reactor.hints import LOG_INTERVAL, HintBatch, Tally, Verifier
+
+
+def ids(count: int) -> list[str]:
+    return [str(uuid.UUID(int=n)) for n in range(count)]
+
+
+# -- HintBatch -----------------------------------------------------------------------------------
+
+
+def test_nothing_is_due_while_nothing_waits() -> None:
+    batch = HintBatch()
+    assert batch.due_at() is None
+    assert batch.take(100.0) is None
+
+
+def test_the_first_hint_waits_the_linger_for_others_to_join_it() -> None:
+    batch = HintBatch(linger=0.005)
+    batch.add_job("a", 10.0)
+    batch.add_job("b", 10.004)
+    assert batch.due_at() == pytest.approx(10.005)
+    assert batch.take(10.004) is None
+    taken = batch.take(10.005)
+    assert taken is not None
+    assert taken.jobs == ["a", "b"]
+    assert batch.due_at() is None
+    assert len(batch) == 0
+
+
+def test_a_job_hinted_twice_is_verified_once() -> None:
+    batch = HintBatch()
+    for _ in range(3):
+        batch.add_job("a", 0.0)
+    taken = batch.take(1.0)
+    assert taken is not None
+    assert taken.jobs == ["a"]
+
+
+def test_a_full_batch_goes_at_once_and_the_rest_follows_without_a_linger() -> None:
+    batch = HintBatch(batch=100, linger=0.005, capacity=1_000)
+    for job in ids(250):
+        batch.add_job(job, 5.0)
+    assert batch.due_at() == -math.inf
+    first = batch.take(5.0)
+    assert first is not None
+    assert first.jobs == ids(250)[:100]
+    second = batch.take(5.0)
+    assert second is not None
+    assert second.jobs == ids(250)[100:200]
+    # Under a batch left: it goes at once too (it waited its linger already).
+    third = batch.take(5.0)
+    assert third is not None
+    assert third.jobs == ids(250)[200:]
+    assert batch.take(5.0) is None
+
+
+def test_a_flood_is_bounded_and_the_drops_ask_for_one_reread_once_drained() -> None:
+    batch = HintBatch(capacity=1_000, batch=500)
+    accepted = sum(batch.add_job(job, 0.0) for job in ids(200_000))
+    assert accepted == 1_000
+    assert batch.dropped == 199_000
+    assert len(batch) == 1_000
+    # A job already waiting is not a drop.
+    assert batch.add_job(ids(1)[0], 0.0)
+    # The first drop: read the queue at once, then at most once a second while it stays full.
+    assert batch.missed(0.0)
+    batch.add_job("one-more", 0.5)
+    assert not batch.missed(0.5)
+    assert batch.missed(1.0)
+    batch.add_job("and-another", 1.1)
+    batch.take(1.2)
+    assert not batch.missed(1.2)
+    batch.take(1.3)
+    assert batch.missed(1.3), "drained: at once"
+    assert not batch.missed(9.0), "said once"
+
+
+def test_the_last_word_of_a_replica_wins_and_the_claims_are_bounded() -> None:
+    batch = HintBatch(replica_capacity=2)
+    assert batch.add_replica("r1", left=False, now=0.0)
+    assert batch.add_replica("r1", left=True, now=0.0)
+    assert batch.add_replica("r2", left=False, now=0.0)
+    assert not batch.add_replica("fake-3", left=False, now=0.0)
+    assert batch.replicas_dropped == 1
+    taken = batch.take(1.0)
+    assert taken is not None
+    assert taken.jobs == []
+    assert taken.replicas == {"r1": True, "r2": False}
+
+
+# -- Tally ---------------------------------------------------------------------------------------
+
+
+def test_a_tally_logs_the_first_at_once_then_once_per_interval_with_the_count() -> None:
+    tally = Tally(interval=10.0)
+    assert tally.note(0.0) == 1
+    lines = [tally.note(n * 0.0001) for n in range(1, 20_000)]
+    assert not any(lines)
+    assert tally.due(9.9) == 0
+    assert tally.due(10.0) == 19_999
+    assert tally.due(30.0) == 0, "nothing unlogged"
+    assert tally.note(31.0, 5) == 5
+    assert tally.total == 20_005
+
+
+def test_a_steady_stream_gives_one_line_per_interval() -> None:
+    tally = Tally(interval=10.0)
+    # 45 s of forged messages, one every 10 ms.
+    lines = [count for n in range(4_500) if (count := tally.note(n * 0.01))]
+    assert len(lines) == 5
+    assert sum(lines) + tally.due(math.inf) == 4_500
+
+
+# -- Verifier.apply ------------------------------------------------------------------------------
+
+
+class Heard:
+    def __init__(self) -> None:
+        self.armed: list[tuple[str, float]] = []
+        self.left: list[str] = []
+        self.joined: list[str] = []
+        self.unverified: dict[str, int] = {}
+
+    def verifier(self, clock: FakeClock) -> Verifier:
+        def count(kind: str, n: int) -> None:
+            self.unverified[kind] = self.unverified.get(kind, 0) + n
+
+        return Verifier(
+            cast(Any, MagicMock(spec=db.Database)),
+            clock,
+            liveness=15.0,
+            arm=lambda job, due_in: self.armed.append((job, due_in)),
+            left=self.left.append,
+            joined=self.joined.append,
+            reread=lambda: None,
+            on_unverified=count,
+        )
+
+
+def test_only_queued_jobs_are_armed_at_the_due_time_the_tables_give() -> None:
+    heard, clock = Heard(), FakeClock()
+    verifier = heard.verifier(clock)
+    real, made_up = ids(2)
+    verifier.job(real)
+    verifier.job(made_up)
+    batch = verifier.pending.take(1.0)
+    assert batch is not None
+    verifier.apply(batch, db.Verified([(real, 119.5)], frozenset()))
+    assert heard.armed == [(real, 119.5)]
+    assert heard.unverified == {"job": 1}
+
+
+def test_membership_claims_count_only_when_the_heartbeats_agree() -> None:
+    heard, clock = Heard(), FakeClock()
+    verifier = heard.verifier(clock)
+    verifier.replica("alive", left=True)  # forged: its heartbeat is fresh
+    verifier.replica("fake-1", left=False)  # forged: no heartbeat
+    verifier.replica("gone", left=True)  # true: its row was deleted
+    verifier.replica("new", left=False)  # true: its first heartbeat is in
+    batch = verifier.pending.take(1.0)
+    assert batch is not None
+    verifier.apply(batch, db.Verified([], frozenset({"alive", "new"})))
+    assert heard.left == ["gone"]
+    assert heard.joined == ["new"]
+    assert heard.unverified == {"replica": 2}
+
+
+@pytest.mark.anyio
+async def test_forged_claims_are_logged_at_most_once_per_interval(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    heard, clock = Heard(), FakeClock()
+    verifier = heard.verifier(clock)
+    caplog.set_level(logging.WARNING, logger="reactor.hints")
+    for n in range(4_500):  # 45 s, one every 10 ms
+        verifier.replica(f"fake-{n}", left=False)
+        batch = verifier.pending.take(clock.now() + 1)
+        assert batch is not None
+        verifier.apply(batch, db.Verified([], frozenset()))
+        if n % 100 == 0:
+            verifier.report()
+        await clock.advance(0.01)
+    verifier.report()
+    assert sum(cast(Any, r).count for r in caplog.records) < 4_500, "the rest waits its turn"
+    await clock.advance(LOG_INTERVAL)
+    verifier.report()
+    lines = [r for r in caplog.records if r.name == "reactor.hints"]
+    assert 1 <= len(lines) <= 45 / LOG_INTERVAL + 2
+    assert sum(cast(Any, r).count for r in lines) == 4_500
+    assert heard.joined == []
+
+
+def test_a_batch_of_made_up_hints_asks_for_a_reread_too() -> None:
+    batch = HintBatch()
+    batch.flooded(10)
+    assert not batch.missed(0.0), "a few stale hints are not a flood"
+    batch.flooded(1_000)
+    assert batch.missed(0.0)
