@@ -45,6 +45,9 @@ _SHAPES = {
     "port": re.compile(r"[0-9,]*"),
     "dbname": re.compile(r"[^@:]*"),
 }
+# A URL connection string up to its query or fragment: its authority, and its dbname when a "/"
+# in the password ended the authority early.
+_URL_DSN = re.compile(r"postgres(?:ql)?://([^?#]*)", re.IGNORECASE)
 # A secret parameter's "name=" inside another value: a lost space glued it there.
 _GLUED = re.compile("|".join(sorted(redact.DSN_SECRET_PARAMS)) + r"\s*=", re.IGNORECASE)
 
@@ -408,23 +411,37 @@ _PARSERS: dict[str, Any] = {
 
 
 def check_dsn(dsn: str, source: str) -> None:
-    """Raise ConfigError if ``dsn`` is not a libpq connection string or URL."""
+    """Raise ConfigError if ``dsn`` is not a libpq connection string or URL, or is one that a
+    character left unencoded broke (see :func:`malformed_dsn`)."""
+    if malformed_dsn(dsn):
+        # Neither the DSN nor libpq's message (which quotes the text around the fault) is
+        # shown: either may hold the password. Nor is any word that holds a fragment a short
+        # password could be: the message is ours alone.
+        raise ConfigError(
+            f"{source} is not a valid connection string; write postgresql://user:secret@host:5432"
+            "/dbname with every @, : and / in the user or secret percent-encoded (@ as %40, : as "
+            "%3A, / as %2F), or key=value pairs with a value that holds spaces, quotes or "
+            "backslashes quoted (key='it\\'s')"
+        ) from None
+
+
+def malformed_dsn(dsn: str) -> bool:
+    """True when ``dsn`` does not parse, holds two ``@`` in a URL's authority, or parses into a
+    host, port or dbname that cannot be one.
+
+    A URL's userinfo ends at its first ``@``, and a password's unencoded ``@`` or ``/`` leaves
+    its tail to the host, the port or the dbname: ``postgresql://u:p@ss@host/db`` would connect
+    to a host named ``ss@host`` and libpq would quote it. Everything up to the query is taken
+    for the authority here, since an unencoded ``/`` may have cut the real one short.
+    """
     try:
         params = psycopg.conninfo.conninfo_to_dict(dsn)
     except (psycopg.ProgrammingError, UnicodeDecodeError):  # the latter: a URL's "%db"
-        # Neither the DSN nor libpq's message (which quotes the text around the fault) is
-        # shown: either may hold the password.
-        raise ConfigError(
-            f"{source} is not a valid connection string; use postgresql://user@host:5432/dbname "
-            "(in key=value form, quote a value with spaces, quotes or backslashes: "
-            "password='it\\'s here')"
-        ) from None
-    # "port= password=x" parses with the password as the port; libpq would then echo it.
-    port = str(params.get("port", ""))
-    if not all(part.isdigit() for part in port.split(",") if part):
-        raise ConfigError(
-            f"{source} has a port that is not a number; use postgresql://user@host:5432/dbname"
-        )
+        return True
+    url = _URL_DSN.match(dsn)
+    if url and url.group(1).count("@") > 1:
+        return True
+    return any(_malformed(key, str(value)) for key, value in params.items())
 
 
 def redact_dsn(dsn: str) -> str:
@@ -436,13 +453,9 @@ def redact_dsn(dsn: str) -> str:
     host, port or dbname that cannot be one (a URL broken by a password's unencoded "@" or "/")
     or into a value holding ``password=`` (a lost space glued it there).
     """
-    try:
-        params = psycopg.conninfo.conninfo_to_dict(dsn)
-    except (psycopg.ProgrammingError, UnicodeDecodeError):  # the latter: a URL's "%db"
+    if malformed_dsn(dsn):
         return UNPARSABLE_DSN
-    values = {key: str(value) for key, value in params.items()}
-    if any(_malformed(key, value) for key, value in values.items()):
-        return UNPARSABLE_DSN
+    values = {key: str(value) for key, value in psycopg.conninfo.conninfo_to_dict(dsn).items()}
     shown = {k: redact.MASK if k in redact.DSN_SECRET_PARAMS else v for k, v in values.items()}
     return psycopg.conninfo.make_conninfo(**shown)
 
