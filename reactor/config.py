@@ -25,10 +25,11 @@ Mode = Literal["listen", "poll"]
 # LISTEN takes an identifier; keep to the plain kind so it never needs quoting games.
 _CHANNEL = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
 
-# REACTOR_WEBHOOK_SECRET_<NAME> signs the webhook hook NAME with a secret of its own (see
-# webhook_secret_variable), so that no receiver holds the key to forge calls to the others.
+# REACTOR_WEBHOOK_SECRET_<PAIR>_<HOOK> (or, for a hook name one pair alone has, _<HOOK>) signs
+# that webhook hook with a secret of its own (reactor.hooks.secrets), so that no receiver
+# holds the key to forge calls to the others. A pair's name and a hook's are 63 at most.
 WEBHOOK_SECRET_PREFIX = "REACTOR_WEBHOOK_SECRET_"
-_SECRET_SUFFIX = re.compile(r"[A-Z0-9_]{1,63}")
+_SECRET_SUFFIX = re.compile(r"[A-Z0-9_]{1,127}")
 
 # What a malformed DSN is shown as: one that does not parse, or parses into a value that cannot
 # be what its key says. No rule can tell which of its fragments are secret, so none is shown.
@@ -69,7 +70,9 @@ class Settings:
     hooks: str = field(default="", repr=False)  # webhook URLs may carry credentials
     webhook_secret: str | None = field(default=None, repr=False)
     # REACTOR_WEBHOOK_SECRET_<NAME>, by variable name: a webhook's own secret, which takes
-    # precedence over webhook_secret for that hook.
+    # precedence over webhook_secret for that hook. In a pair's settings (reactor.pairs), the
+    # secret each of its webhooks reads, under REACTOR_WEBHOOK_SECRET_<HOOK> whichever variable
+    # gave it, and no other.
     webhook_secrets: Mapping[str, str] = field(default_factory=dict, repr=False, hash=False)
     hook_timeout: float = 120.0
     hook_concurrency: int = 4
@@ -262,8 +265,10 @@ def _webhook_secrets(environ: Mapping[str, str]) -> dict[str, str]:
             continue
         if not _SECRET_SUFFIX.fullmatch(variable.removeprefix(WEBHOOK_SECRET_PREFIX)):
             raise ConfigError(
-                f"{variable}: the part after {WEBHOOK_SECRET_PREFIX} is a hook's name "
-                "upper-cased, with - written as _ (ops-diag: REACTOR_WEBHOOK_SECRET_OPS_DIAG)"
+                f"{variable}: the part after {WEBHOOK_SECRET_PREFIX} is a hook's name, or a "
+                "pair's and a hook's, upper-cased, with - written as _ (hook ops-diag: "
+                "REACTOR_WEBHOOK_SECRET_OPS_DIAG; of pair reactor: "
+                "REACTOR_WEBHOOK_SECRET_REACTOR_OPS_DIAG)"
             )
         found[variable] = value.strip()
     return found
