@@ -15,7 +15,7 @@ Start is refused (ConfigError, exit 2) when:
 - ``REACTOR_WEBHOOK_SECRET_<HOOK>`` is set and two pairs have a webhook hook HOOK;
 - ``REACTOR_WEBHOOK_SECRET`` is set and two pairs have webhook hooks;
 - a variable would sign the webhooks of two pairs (names that meet: pair ``a``'s hook ``b_c``
-  and pair ``a_b``'s hook ``c`` both read ``REACTOR_WEBHOOK_SECRET_A_B_C``), or two webhooks of
+  and pair ``a_b``'s hook ``c`` both read the one ending ``_A_B_C``), or two webhooks of
   one pair (``ops-diag`` and ``ops_diag``) alike;
 - a ``REACTOR_WEBHOOK_SECRET_<...>`` is set that no webhook reads (a typo, or a key left
   behind when the hook's own name was set), since it would otherwise lie there for a hook
@@ -38,8 +38,7 @@ _EACH = WEBHOOK_SECRET_PREFIX + "<PAIR>_<HOOK>"
 
 def pair_secret_variable(pair: str, hook: str) -> str:
     """The variable that holds webhook ``hook`` of pair ``pair``'s own secret: hook
-    ``ops-diag`` of pair ``reactor_reports`` reads REACTOR_WEBHOOK_SECRET_REACTOR_REPORTS_OPS_DIAG.
-    """
+    ``ops-diag`` of pair ``reactor`` reads REACTOR_WEBHOOK_SECRET_REACTOR_OPS_DIAG."""
     return webhook_secret_variable(f"{pair}_{hook}")
 
 
