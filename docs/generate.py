@@ -225,12 +225,17 @@ MEANINGS: dict[str, Meaning] = {
     ),
     "REACTOR_HOOKS": Meaning("follow-up hooks, `name=spec,...`"),
     "REACTOR_WEBHOOK_SECRET": Meaning(
-        "HMAC key for webhooks without one of their own", unset="none"
+        "HMAC key for webhooks without one of their own; with several pairs, only while one "
+        "pair alone has webhooks",
+        unset="none",
     ),
     _WEBHOOK_SECRETS: Meaning(
         "HMAC key of webhook hook HOOK alone (its name upper-cased, `-` as `_`: `ops-diag` "
-        "reads `REACTOR_WEBHOOK_SECRET_OPS_DIAG`); empty counts as unset; one that names no "
-        "webhook hook stops startup",
+        "reads `REACTOR_WEBHOOK_SECRET_OPS_DIAG`), after its pair's own "
+        "`REACTOR_WEBHOOK_SECRET_<PAIR>_<HOOK>` (the reference pair's `reactor`: "
+        "`REACTOR_WEBHOOK_SECRET_REACTOR_OPS_DIAG`); with several pairs, only for a name one pair "
+        "alone gives a webhook (hooks.md, Verifying webhook signatures); empty counts as "
+        "unset; one that no webhook reads stops startup",
         unset="`REACTOR_WEBHOOK_SECRET`",
     ),
     "REACTOR_HOOK_TIMEOUT_SECONDS": Meaning("one attempt's time limit"),

@@ -25,10 +25,11 @@ Mode = Literal["listen", "poll"]
 # LISTEN takes an identifier; keep to the plain kind so it never needs quoting games.
 _CHANNEL = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
 
-# REACTOR_WEBHOOK_SECRET_<NAME> signs the webhook hook NAME with a secret of its own (see
-# webhook_secret_variable), so that no receiver holds the key to forge calls to the others.
+# REACTOR_WEBHOOK_SECRET_<PAIR>_<HOOK> (or, for a hook name one pair alone has, _<HOOK>) signs
+# that webhook hook with a secret of its own (reactor.hooks.secrets), so that no receiver
+# holds the key to forge calls to the others. A pair's name and a hook's are 63 at most.
 WEBHOOK_SECRET_PREFIX = "REACTOR_WEBHOOK_SECRET_"
-_SECRET_SUFFIX = re.compile(r"[A-Z0-9_]{1,63}")
+_SECRET_SUFFIX = re.compile(r"[A-Z0-9_]{1,127}")
 
 # What a malformed DSN is shown as: one that does not parse, or parses into a value that cannot
 # be what its key says. No rule can tell which of its fragments are secret, so none is shown.
@@ -45,6 +46,9 @@ _SHAPES = {
     "port": re.compile(r"[0-9,]*"),
     "dbname": re.compile(r"[^@:]*"),
 }
+# A URL connection string up to its query or fragment: its authority, and its dbname when a "/"
+# in the password ended the authority early.
+_URL_DSN = re.compile(r"postgres(?:ql)?://([^?#]*)", re.IGNORECASE)
 # A secret parameter's "name=" inside another value: a lost space glued it there.
 _GLUED = re.compile("|".join(sorted(redact.DSN_SECRET_PARAMS)) + r"\s*=", re.IGNORECASE)
 
@@ -66,7 +70,9 @@ class Settings:
     hooks: str = field(default="", repr=False)  # webhook URLs may carry credentials
     webhook_secret: str | None = field(default=None, repr=False)
     # REACTOR_WEBHOOK_SECRET_<NAME>, by variable name: a webhook's own secret, which takes
-    # precedence over webhook_secret for that hook.
+    # precedence over webhook_secret for that hook. In a pair's settings (reactor.pairs), the
+    # secret each of its webhooks reads, under REACTOR_WEBHOOK_SECRET_<HOOK> whichever variable
+    # gave it, and no other.
     webhook_secrets: Mapping[str, str] = field(default_factory=dict, repr=False, hash=False)
     hook_timeout: float = 120.0
     hook_concurrency: int = 4
@@ -259,8 +265,10 @@ def _webhook_secrets(environ: Mapping[str, str]) -> dict[str, str]:
             continue
         if not _SECRET_SUFFIX.fullmatch(variable.removeprefix(WEBHOOK_SECRET_PREFIX)):
             raise ConfigError(
-                f"{variable}: the part after {WEBHOOK_SECRET_PREFIX} is a hook's name "
-                "upper-cased, with - written as _ (ops-diag: REACTOR_WEBHOOK_SECRET_OPS_DIAG)"
+                f"{variable}: the part after {WEBHOOK_SECRET_PREFIX} is a hook's name, or a "
+                "pair's and a hook's, upper-cased, with - written as _ (hook ops-diag: "
+                "REACTOR_WEBHOOK_SECRET_OPS_DIAG; of pair reactor: "
+                "REACTOR_WEBHOOK_SECRET_REACTOR_OPS_DIAG)"
             )
         found[variable] = value.strip()
     return found
@@ -408,23 +416,37 @@ _PARSERS: dict[str, Any] = {
 
 
 def check_dsn(dsn: str, source: str) -> None:
-    """Raise ConfigError if ``dsn`` is not a libpq connection string or URL."""
+    """Raise ConfigError if ``dsn`` is not a libpq connection string or URL, or is one that a
+    character left unencoded broke (see :func:`malformed_dsn`)."""
+    if malformed_dsn(dsn):
+        # Neither the DSN nor libpq's message (which quotes the text around the fault) is
+        # shown: either may hold the password. Nor is any word that holds a fragment a short
+        # password could be: the message is ours alone.
+        raise ConfigError(
+            f"{source} is not a valid connection string; write postgresql://user:secret@host:5432"
+            "/dbname with every @, : and / in the user or secret percent-encoded (@ as %40, : as "
+            "%3A, / as %2F), or key=value pairs with a value that holds spaces, quotes or "
+            "backslashes quoted (key='it\\'s')"
+        ) from None
+
+
+def malformed_dsn(dsn: str) -> bool:
+    """True when ``dsn`` does not parse, holds two ``@`` in a URL's authority, or parses into a
+    host, port or dbname that cannot be one.
+
+    A URL's userinfo ends at its first ``@``, and a password's unencoded ``@`` or ``/`` leaves
+    its tail to the host, the port or the dbname: ``postgresql://u:p@ss@host/db`` would connect
+    to a host named ``ss@host`` and libpq would quote it. Everything up to the query is taken
+    for the authority here, since an unencoded ``/`` may have cut the real one short.
+    """
     try:
         params = psycopg.conninfo.conninfo_to_dict(dsn)
     except (psycopg.ProgrammingError, UnicodeDecodeError):  # the latter: a URL's "%db"
-        # Neither the DSN nor libpq's message (which quotes the text around the fault) is
-        # shown: either may hold the password.
-        raise ConfigError(
-            f"{source} is not a valid connection string; use postgresql://user@host:5432/dbname "
-            "(in key=value form, quote a value with spaces, quotes or backslashes: "
-            "password='it\\'s here')"
-        ) from None
-    # "port= password=x" parses with the password as the port; libpq would then echo it.
-    port = str(params.get("port", ""))
-    if not all(part.isdigit() for part in port.split(",") if part):
-        raise ConfigError(
-            f"{source} has a port that is not a number; use postgresql://user@host:5432/dbname"
-        )
+        return True
+    url = _URL_DSN.match(dsn)
+    if url and url.group(1).count("@") > 1:
+        return True
+    return any(_malformed(key, str(value)) for key, value in params.items())
 
 
 def redact_dsn(dsn: str) -> str:
@@ -436,13 +458,9 @@ def redact_dsn(dsn: str) -> str:
     host, port or dbname that cannot be one (a URL broken by a password's unencoded "@" or "/")
     or into a value holding ``password=`` (a lost space glued it there).
     """
-    try:
-        params = psycopg.conninfo.conninfo_to_dict(dsn)
-    except (psycopg.ProgrammingError, UnicodeDecodeError):  # the latter: a URL's "%db"
+    if malformed_dsn(dsn):
         return UNPARSABLE_DSN
-    values = {key: str(value) for key, value in params.items()}
-    if any(_malformed(key, value) for key, value in values.items()):
-        return UNPARSABLE_DSN
+    values = {key: str(value) for key, value in psycopg.conninfo.conninfo_to_dict(dsn).items()}
     shown = {k: redact.MASK if k in redact.DSN_SECRET_PARAMS else v for k, v in values.items()}
     return psycopg.conninfo.make_conninfo(**shown)
 

@@ -17,9 +17,10 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from reactor import mapping
-from reactor.config import Settings
+from reactor.config import Settings, webhook_secret_variable
 from reactor.errors import ConfigError
-from reactor.hooks.spec import webhook_secret_variables
+from reactor.hooks.secrets import SHARED_SECRET, resolve
+from reactor.hooks.spec import webhook_names
 from reactor.mapping import CONFIG_VARIABLE, REFERENCE, Mapping
 
 
@@ -50,9 +51,9 @@ def from_env(
     paths = [path.strip() for path in environ.get(CONFIG_VARIABLE, "").split(":")]
     paths = [path for path in paths if path]
     if not paths:
-        return (Pair(REFERENCE, settings),)
+        return _own_secrets((Pair(REFERENCE, settings),), settings)
     if len(paths) == 1:
-        return (_pair(_read(paths[0]), settings, flags),)
+        return _own_secrets((_pair(_read(paths[0]), settings, flags),), settings)
     if settings.channel is not None:
         raise ConfigError(
             "REACTOR_CHANNEL (or --channel) names one channel, and REACTOR_CONFIG names several "
@@ -97,26 +98,28 @@ def several(
 
 
 def _own_secrets(pairs: tuple[Pair, ...], settings: Settings) -> tuple[Pair, ...]:
-    # Each pair's hooks are checked on their own, and a REACTOR_WEBHOOK_SECRET_<NAME> must name
-    # a webhook hook: so each pair is given the secrets of its own webhooks, and a variable that
-    # names none of any pair's is the mistake it is for one pair.
-    wanted = {pair.name: webhook_secret_variables(pair.settings.hooks) for pair in pairs}
-    for variable in sorted(settings.webhook_secrets):
-        if not any(variable in own for own in wanted.values()):
-            raise ConfigError(
-                f"{variable} is set, but no pair's hooks have a webhook of that name (the "
-                "variable is REACTOR_WEBHOOK_SECRET_ and the name upper-cased, - as _)"
-            )
+    # Each pair is given the secrets its own webhooks read, and no other (reactor.hooks.secrets
+    # says which those are, and refuses what would let a pair read another's): its hooks are
+    # then made from its settings alone, as a single pair's always were.
+    found = dict(settings.webhook_secrets)
+    if settings.webhook_secret is not None:
+        found[SHARED_SECRET] = settings.webhook_secret
+    chosen = resolve({pair.name: webhook_names(pair.settings.hooks) for pair in pairs}, found)
     return tuple(
         replace(
             pair,
             settings=replace(
                 pair.settings,
+                # A hook's secret under its name without the pair, as parse_hooks looks it up;
+                # the shared one stays the fallback of the hooks that read it.
                 webhook_secrets={
-                    variable: secret
-                    for variable, secret in pair.settings.webhook_secrets.items()
-                    if variable in wanted[pair.name]
+                    webhook_secret_variable(hook): found[variable]
+                    for hook, variable in chosen[pair.name].items()
+                    if variable != SHARED_SECRET
                 },
+                webhook_secret=(
+                    settings.webhook_secret if SHARED_SECRET in chosen[pair.name].values() else None
+                ),
             ),
         )
         for pair in pairs

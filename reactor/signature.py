@@ -5,9 +5,11 @@ request it sends carries::
 
     X-Reactor-Signature: t=<unix seconds>,v1=<hex HMAC-SHA256(secret, "<t>.<raw body>")>
 
-The secret is the hook's own ``REACTOR_WEBHOOK_SECRET_<NAME>`` (its name upper-cased, ``-``
-written ``_``: hook ``ops-diag`` reads ``REACTOR_WEBHOOK_SECRET_OPS_DIAG``), or else the shared
-``REACTOR_WEBHOOK_SECRET``. Give each receiver a secret of its own: a receiver holds the key it
+The secret is the first set of its pair's ``REACTOR_WEBHOOK_SECRET_<PAIR>_<HOOK>``, the hook's
+``REACTOR_WEBHOOK_SECRET_<HOOK>`` and the shared ``REACTOR_WEBHOOK_SECRET`` (names upper-cased,
+``-`` written ``_``: hook ``ops-diag`` reads ``REACTOR_WEBHOOK_SECRET_OPS_DIAG``); with several
+pairs, the names without the pair only where one pair alone could mean them
+(``reactor.hooks.secrets``). Give each receiver a secret of its own: a receiver holds the key it
 verifies with, and with a shared one it could sign calls to every other receiver.
 
 Signing the timestamp with the body lets a receiver refuse a captured request replayed later:

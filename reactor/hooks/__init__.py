@@ -30,8 +30,9 @@ Kinds:
   fails the attempt (:class:`PermanentFailure`: parked at once).
 - ``notify:channel``: ``pg_notify(channel, json)``, for a worker that judges on its own.
 - ``webhook:url``: a JSON POST, signed (:mod:`reactor.signature`) with the hook's own
-  ``REACTOR_WEBHOOK_SECRET_<NAME>`` (the name upper-cased, ``-`` as ``_``) or else the shared
-  ``REACTOR_WEBHOOK_SECRET``; unsigned when neither is set. 2xx is success; redirects are never
+  secret (:mod:`reactor.hooks.secrets`: its pair's ``REACTOR_WEBHOOK_SECRET_<PAIR>_<HOOK>``,
+  its ``REACTOR_WEBHOOK_SECRET_<HOOK>``, or the shared ``REACTOR_WEBHOOK_SECRET``); unsigned
+  when none is set. 2xx is success; redirects are never
   followed; :func:`webhook_verdict` says which other statuses are permanent.
 
 Nothing a hook reports is shown whole: URLs are cut to scheme, host and path, and configured

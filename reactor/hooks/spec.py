@@ -154,15 +154,17 @@ async def open_hooks(
             await session.close()
 
 
-def webhook_secret_variables(text: str) -> frozenset[str]:
-    """The REACTOR_WEBHOOK_SECRET_<NAME> variables that may sign the webhook hooks of ``text``
-    (a REACTOR_HOOKS value), read without checking the rest of it."""
-    found = set()
+def webhook_names(text: str) -> tuple[str, ...]:
+    """The names of the webhook hooks of ``text`` (a REACTOR_HOOKS value), read without checking
+    the rest of it (parse_hooks does); what is not a hook's name is left out, since it may be
+    a stray URL's credentials."""
+    found: list[str] = []
     for item in filter(None, (part.strip() for part in _SPLIT.split(text.strip()))):
-        name, sep, spec = item.partition("=")
-        if sep and spec.strip().partition(":")[0] == "webhook":
-            found.add(webhook_secret_variable(name.strip()))
-    return frozenset(found)
+        name, sep, spec = (part.strip() for part in item.partition("="))
+        webhook = sep and spec.partition(":")[0] == "webhook"
+        if webhook and _NAME.fullmatch(name) and name not in found:
+            found.append(name)
+    return tuple(found)
 
 
 def check_hooks(settings: Settings) -> None:

@@ -5,11 +5,14 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
+import uuid
 from collections.abc import Callable
 from typing import Any
+from urllib.parse import quote
 
 import psycopg
 import pytest
+from psycopg import sql
 
 from reactor import db
 from tests import pgbouncer as bouncer
@@ -196,6 +199,55 @@ def test_malformed_dsn_exit_2_without_password() -> None:
     env = reactor_env("postgresql://app:s3cret@[::1:5432/x")
     line = assert_one_clean_line(run_reactor("run", env=env), 2)
     assert "s3cret" not in line
+
+
+# A password holding every character that means something in a URL's authority.
+AWKWARD_PASSWORD = "p@ss:w/rd"
+
+
+@pytest.mark.parametrize("command", ["status", "run"])
+@pytest.mark.parametrize(
+    "dsn",
+    [
+        f"postgresql://u:{AWKWARD_PASSWORD}@127.0.0.1/db",
+        "postgresql://u:p@ss@127.0.0.1:1/db?connect_timeout=1",
+        f"host=127.0.0.1 port=1 password='{AWKWARD_PASSWORD} dbname=db",
+    ],
+)
+def test_a_dsn_its_password_broke_exit_2_naming_the_fix_and_no_part_of_it(
+    command: str, dsn: str
+) -> None:
+    # Refused before anything connects: the broken URL would have libpq resolve a host named
+    # after the password's tail, and say so.
+    line = assert_one_clean_line(run_reactor(command, env=reactor_env(dsn)), 2)
+    assert "percent-encoded (@ as %40" in line
+    for fragment in ("p@ss", "ss:w", "w/rd", "rd", "ss"):
+        assert fragment not in line, (fragment, line)
+
+
+def test_a_dsn_with_its_password_percent_encoded_connects(database_url: str) -> None:
+    # The role's name holds them too: a user that decoded wrong would not exist.
+    role = f"rx@:/{uuid.uuid4().hex[:8]}"
+    admin = psycopg.connect(database_url, autocommit=True)
+    with admin:
+        admin.execute(
+            sql.SQL("CREATE ROLE {} LOGIN SUPERUSER PASSWORD {}").format(
+                sql.Identifier(role), sql.Literal(AWKWARD_PASSWORD)
+            )
+        )
+        try:
+            params = psycopg.conninfo.conninfo_to_dict(database_url)
+            host = str(params.get("host") or "127.0.0.1")
+            dsn = (
+                f"postgresql://{quote(role, safe='')}:{quote(AWKWARD_PASSWORD, safe='')}"
+                f"@{quote(host, safe='')}:{params['port']}/{params['dbname']}"
+            )
+            for encoded in ("%40", "%3A", "%2F"):
+                assert encoded in dsn
+            result = run_reactor("status", env=reactor_env(dsn))
+            assert result.returncode == 0, result.stderr
+        finally:
+            admin.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
 
 
 def test_wrong_password_exit_2_without_password(database_url: str, server: Any) -> None:

@@ -454,6 +454,54 @@ def test_malformed_dsn_with_an_unterminated_quoted_password_hides_all_of_it() ->
         assert word not in str(error)
 
 
+# The password p@ss:w/rd, every character of it that means something in a URL left unencoded.
+BROKEN_PASSWORD = "p@ss:w/rd"
+BROKEN_FRAGMENTS = ("p@ss", "ss:w", "w/rd", "rd", "ss", "p@")
+
+
+@pytest.mark.parametrize(
+    "dsn",
+    [
+        f"postgresql://u:{BROKEN_PASSWORD}@127.0.0.1/db",
+        # The tail past the second "@" lands in the host: libpq would resolve "ss@127.0.0.1".
+        "postgresql://u:p@ss@127.0.0.1/db",
+        "postgresql://u:p@ss@127.0.0.1:5432/db?sslmode=disable",
+        # A "/" ends the authority early: "u:p@ss:5" is user, password, host and port, and the
+        # tail, "@" and all, the dbname; libpq would name host "ss" in its error.
+        "postgresql://u:p@ss:5/rd@127.0.0.1/db",
+        f"host=127.0.0.1 password='{BROKEN_PASSWORD}",  # an unterminated quote
+    ],
+)
+def test_a_dsn_a_password_broke_is_refused_naming_the_fix_and_no_part_of_it(dsn: str) -> None:
+    message = str(rejects("DATABASE_URL", dsn))
+    assert "percent-encoded (@ as %40" in message
+    assert "\n" not in message
+    for fragment in BROKEN_FRAGMENTS:
+        assert fragment not in message, (fragment, message)
+    assert redact_dsn(dsn) == UNPARSABLE_DSN
+
+
+@pytest.mark.parametrize(
+    "dsn",
+    [
+        "postgresql://u:p%40ss%3Aw%2Frd@127.0.0.1:5432/db",
+        "postgresql://u%40corp:p%40ss@db.internal/db?sslmode=require",
+        "postgresql://u@%2Fvar%2Frun%2Fpostgresql/db",
+        "postgresql://u@[::1]:5432/db",
+        "postgresql:///db?host=/var/run/postgresql",
+        "postgresql://u:p%40ss@db1:5432,db2:5433/db",
+        # key=value needs no encoding: the same password is well formed there.
+        f"host=127.0.0.1 password={BROKEN_PASSWORD} dbname=db",
+        f"host=127.0.0.1 password='{BROKEN_PASSWORD} x' dbname=db",
+    ],
+)
+def test_a_dsn_with_its_special_characters_encoded_is_accepted(dsn: str) -> None:
+    assert load(DATABASE_URL=dsn).database_url == dsn
+    redacted = redact_dsn(dsn)
+    assert "p%40ss" not in redacted
+    assert "p@ss" not in redacted
+
+
 def test_empty_port_is_libpq_default_port() -> None:
     # libpq: "An empty string ... specifies the default port number", so this is a valid DSN.
     assert load(DATABASE_URL="host=x port=").database_url == "host=x port="

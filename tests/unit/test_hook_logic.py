@@ -33,6 +33,12 @@ from reactor.hooks import (
     webhook_verdict,
 )
 from reactor.hooks.guard import LoopGuard
+from reactor.hooks.secrets import (
+    SHARED_SECRET,
+    pair_secret_variable,
+    resolve,
+    secret_variables,
+)
 
 SECRET = "Zq9-pl4nted~S3cret"  # no character that splits a URL, and no identifier either
 
@@ -251,6 +257,182 @@ def test_a_secret_two_hook_names_share_is_refused() -> None:
     )
     assert "'ops-diag' and 'ops_diag'" in message
     assert SECRET not in message
+
+
+# -- which variable signs which pair's webhook ------------------------------------------------
+
+
+def test_a_pairs_webhook_reads_its_own_name_first_then_the_hooks_then_the_shared_one() -> None:
+    assert pair_secret_variable("reactor_reports", "ops-diag") == (
+        "REACTOR_WEBHOOK_SECRET_REACTOR_REPORTS_OPS_DIAG"
+    )
+    assert secret_variables("reactor", "ops") == (
+        "REACTOR_WEBHOOK_SECRET_REACTOR_OPS",
+        "REACTOR_WEBHOOK_SECRET_OPS",
+        "REACTOR_WEBHOOK_SECRET",
+    )
+    one = {"reactor": ["ops", "judge", "audit"]}
+    chosen = resolve(
+        one,
+        {"REACTOR_WEBHOOK_SECRET_REACTOR_OPS", "REACTOR_WEBHOOK_SECRET_JUDGE", SHARED_SECRET},
+    )
+    assert chosen == {
+        "reactor": {
+            "ops": "REACTOR_WEBHOOK_SECRET_REACTOR_OPS",
+            "judge": "REACTOR_WEBHOOK_SECRET_JUDGE",
+            "audit": SHARED_SECRET,
+        }
+    }
+    assert resolve(one, set()) == {"reactor": {}}  # unsigned
+
+
+def test_several_pairs_each_read_their_own_and_the_names_one_pair_alone_could_mean() -> None:
+    webhooks = {"reactor": ["ops", "judge"], "reactor_reports": ["ops"], "quiet": []}
+    chosen = resolve(
+        webhooks,
+        {
+            "REACTOR_WEBHOOK_SECRET_REACTOR_OPS",
+            "REACTOR_WEBHOOK_SECRET_REACTOR_REPORTS_OPS",
+            "REACTOR_WEBHOOK_SECRET_JUDGE",  # judge: reactor's alone
+        },
+    )
+    assert chosen == {
+        "reactor": {
+            "ops": "REACTOR_WEBHOOK_SECRET_REACTOR_OPS",
+            "judge": "REACTOR_WEBHOOK_SECRET_JUDGE",
+        },
+        "reactor_reports": {"ops": "REACTOR_WEBHOOK_SECRET_REACTOR_REPORTS_OPS"},
+        "quiet": {},
+    }
+    # The shared one, where one pair alone has webhooks.
+    assert resolve({"reactor": ["ops"], "quiet": []}, {SHARED_SECRET}) == {
+        "reactor": {"ops": SHARED_SECRET},
+        "quiet": {},
+    }
+
+
+TWO_OPS = {"reactor": ["ops"], "reactor_reports": ["ops-diag", "ops"]}
+
+
+@pytest.mark.parametrize(
+    ("webhooks", "variables", "says"),
+    [
+        # Pair B names a hook like pair A's: the name without the pair is either's.
+        (
+            TWO_OPS,
+            {"REACTOR_WEBHOOK_SECRET_OPS"},
+            "REACTOR_WEBHOOK_SECRET_OPS is set, and pairs reactor and reactor_reports both have "
+            "a webhook hook of that name",
+        ),
+        # ... even when one pair has its own: the other would read a key meant for A's.
+        (
+            TWO_OPS,
+            {"REACTOR_WEBHOOK_SECRET_OPS", "REACTOR_WEBHOOK_SECRET_REACTOR_OPS"},
+            "set REACTOR_WEBHOOK_SECRET_<PAIR>_<HOOK> for each (REACTOR_WEBHOOK_SECRET_REACTOR_OPS"
+            " and REACTOR_WEBHOOK_SECRET_REACTOR_REPORTS_OPS) and unset REACTOR_WEBHOOK_SECRET_OPS",
+        ),
+        (
+            {"reactor": ["ops"], "reactor_reports": ["judge"]},
+            {SHARED_SECRET},
+            "REACTOR_WEBHOOK_SECRET is set, and pairs reactor and reactor_reports both have "
+            "webhook hooks",
+        ),
+        (
+            {"reactor": ["ops"], "reactor_reports": ["judge"]},
+            {SHARED_SECRET, "REACTOR_WEBHOOK_SECRET_REACTOR_OPS"},
+            "unset REACTOR_WEBHOOK_SECRET",
+        ),
+        # Names that meet: pair a's hook b_c and pair a_b's hook c.
+        (
+            {"a": ["b_c"], "a_b": ["c"]},
+            {"REACTOR_WEBHOOK_SECRET_A_B_C"},
+            "REACTOR_WEBHOOK_SECRET_A_B_C would sign webhooks of pairs a and a_b alike",
+        ),
+        # Pair A's own name is pair B's hook named to meet it.
+        (
+            {"reactor": ["ops"], "reactor_reports": ["reactor_ops"]},
+            {"REACTOR_WEBHOOK_SECRET_REACTOR_OPS"},
+            "would sign webhooks of pairs reactor and reactor_reports alike",
+        ),
+        (
+            {"reactor": ["ops-diag", "ops_diag"]},
+            {"REACTOR_WEBHOOK_SECRET_REACTOR_OPS_DIAG"},
+            "would sign webhook hooks 'ops-diag' and 'ops_diag' alike",
+        ),
+        # A key no webhook reads: a typo, or one left behind once the pair's own was set.
+        (
+            {"reactor": ["ops"]},
+            {"REACTOR_WEBHOOK_SECRET_REACTOR_OPS", "REACTOR_WEBHOOK_SECRET_OPS"},
+            "REACTOR_WEBHOOK_SECRET_OPS is set, but no webhook hook reads it",
+        ),
+        (
+            {"reactor": ["ops"], "reactor_reports": []},
+            {"REACTOR_WEBHOOK_SECRET_REACTOR_REPORTS_OPS"},
+            "REACTOR_WEBHOOK_SECRET_REACTOR_REPORTS_OPS is set, but no webhook hook reads it",
+        ),
+    ],
+)
+def test_a_variable_two_pairs_could_read_is_refused(
+    webhooks: dict[str, list[str]], variables: set[str], says: str
+) -> None:
+    with pytest.raises(ConfigError) as caught:
+        resolve(webhooks, variables)
+    assert says in str(caught.value)
+    assert "\n" not in str(caught.value)
+
+
+@given(
+    st.dictionaries(
+        st.sampled_from(["a", "a_b", "reactor", "reactor_reports", "b"]),
+        st.lists(st.sampled_from(["b", "c", "b_c", "ops", "reactor_ops", "ops-diag"]), unique=True),
+        max_size=3,
+    ),
+    st.sets(
+        st.sampled_from(
+            [
+                SHARED_SECRET,
+                *(
+                    f"REACTOR_WEBHOOK_SECRET_{suffix}"
+                    for suffix in (
+                        "B",
+                        "C",
+                        "B_C",
+                        "A_B_C",
+                        "OPS",
+                        "REACTOR_OPS",
+                        "OPS_DIAG",
+                        "REACTOR_REPORTS_OPS",
+                        "A_B",
+                        "A_C",
+                        "REACTOR_OPS_DIAG",
+                    )
+                ),
+            ]
+        )
+    ),
+)
+def test_no_pair_ever_reads_a_variable_another_pair_reads(
+    webhooks: dict[str, list[str]], variables: set[str]
+) -> None:
+    try:
+        chosen = resolve(webhooks, variables)
+    except ConfigError:
+        return
+    owner: dict[str, str] = {}
+    for pair, signed in chosen.items():
+        for hook, variable in signed.items():
+            assert variable in variables
+            assert variable in secret_variables(pair, hook)
+            assert owner.setdefault(variable, pair) == pair
+            if len(webhooks) > 1 and variable != pair_secret_variable(pair, hook):
+                # A name without the pair: no other pair has what it would sign.
+                others = [p for p, hooks in webhooks.items() if p != pair and hooks]
+                if variable == SHARED_SECRET:
+                    assert not others
+                else:
+                    assert not any(
+                        variable in secret_variables(p, h)[1:2] for p in others for h in webhooks[p]
+                    )
 
 
 # -- the retry schedule --------------------------------------------------------------------------

@@ -165,8 +165,80 @@ def test_each_pair_gets_the_secrets_of_its_own_webhooks(tmp_path: Path) -> None:
     check_hooks(reference.settings)
     check_hooks(second.settings)
     unused = Settings.from_env({"REACTOR_WEBHOOK_SECRET_JUGDE": "s" * 32})
-    with pytest.raises(ConfigError, match="REACTOR_WEBHOOK_SECRET_JUGDE is set, but no pair's"):
+    with pytest.raises(ConfigError, match="REACTOR_WEBHOOK_SECRET_JUGDE is set, but no webhook"):
         pairs.from_env(config(analysis, reports), unused)
+
+
+def both_name_ops(tmp_path: Path) -> dict[str, str]:
+    """Two pairs, the second's file naming a webhook hook like the first's."""
+    analysis = write(
+        tmp_path,
+        "analysis.toml",
+        'reactor_schema = "reactor"\n[reactor]\nhooks = "ops=webhook:https://ops.internal/a"\n',
+    )
+    reports = write(
+        tmp_path,
+        "reports.toml",
+        'reactor_schema = "reactor_reports"\n'
+        + SECOND
+        + '\n[reactor]\nhooks = "ops=webhook:https://elsewhere.example/b"\n',
+    )
+    return config(analysis, reports)
+
+
+def test_a_pairs_file_naming_a_hook_like_anothers_is_not_handed_its_secret(
+    tmp_path: Path,
+) -> None:
+    two = both_name_ops(tmp_path)
+    for environ in (
+        {"REACTOR_WEBHOOK_SECRET_OPS": "a" * 32},
+        {"REACTOR_WEBHOOK_SECRET": "a" * 32},
+        {"REACTOR_WEBHOOK_SECRET_OPS": "a" * 32, "REACTOR_WEBHOOK_SECRET_REACTOR_OPS": "b" * 32},
+    ):
+        with pytest.raises(ConfigError) as refused:
+            pairs.from_env(two, Settings.from_env(environ))
+        message = str(refused.value)
+        assert "pairs reactor and reactor_reports both have" in message
+        assert "REACTOR_WEBHOOK_SECRET_<PAIR>_<HOOK>" in message
+        assert "a" * 32 not in message
+    own = Settings.from_env(
+        {
+            "REACTOR_WEBHOOK_SECRET_REACTOR_OPS": "a" * 32,
+            "REACTOR_WEBHOOK_SECRET_REACTOR_REPORTS_OPS": "b" * 32,
+        }
+    )
+    analysis, reports = pairs.from_env(two, own)
+    # Each pair's settings hold its own webhook's secret, and no other.
+    assert analysis.settings.webhook_secrets == {"REACTOR_WEBHOOK_SECRET_OPS": "a" * 32}
+    assert reports.settings.webhook_secrets == {"REACTOR_WEBHOOK_SECRET_OPS": "b" * 32}
+    assert analysis.settings.webhook_secret is None
+    assert reports.settings.webhook_secret is None
+    check_hooks(analysis.settings)
+    check_hooks(reports.settings)
+
+
+def test_one_pair_reads_the_names_it_always_did_and_its_own(tmp_path: Path) -> None:
+    one = write(
+        tmp_path,
+        "one.toml",
+        'reactor_schema = "reactor_reports"\n'
+        + SECOND
+        + '\n[reactor]\nhooks = "ops=webhook:https://o/x,judge=webhook:https://j/x,'
+        + 'audit=webhook:https://a/x"\n',
+    )
+    environ = {
+        "REACTOR_WEBHOOK_SECRET": "s" * 32,
+        "REACTOR_WEBHOOK_SECRET_JUDGE": "j" * 32,
+        "REACTOR_WEBHOOK_SECRET_REACTOR_REPORTS_OPS": "o" * 32,
+    }
+    (pair,) = pairs.from_env(config(one), Settings.from_env(environ))
+    assert pair.settings.webhook_secrets == {
+        "REACTOR_WEBHOOK_SECRET_OPS": "o" * 32,
+        "REACTOR_WEBHOOK_SECRET_JUDGE": "j" * 32,
+    }
+    assert pair.settings.webhook_secret == "s" * 32  # audit's
+    (reference,) = pairs.from_env({}, Settings.from_env({"REACTOR_WEBHOOK_SECRET": "s" * 32}))
+    assert reference.settings.webhook_secret is None  # no webhook reads it
 
 
 def test_a_command_on_one_pair_of_several_is_told_which(two: dict[str, str]) -> None:
