@@ -299,10 +299,14 @@ class Verifier:
         if not count:
             return
         message = {
-            "job": "ignored notifications naming no queued job",
+            # Mostly the app's own: a job saved or touched in the few milliseconds before its
+            # hint was checked, a status changed between two finished values. Counted, said
+            # at info; the flood and the contradicted membership messages are a stranger's.
+            "job": "ignored notifications naming no queued job (settled first, or not ours)",
             "replica": "ignored notifications of replicas joining or leaving that their "
             "heartbeats contradict",
             "dropped": "dropped job notifications while too many waited to be verified; the "
             "queue is read again",
         }[kind]
-        log.warning(message, extra={"count": count, "interval_s": LOG_INTERVAL})
+        level = logging.INFO if kind == "job" else logging.WARNING
+        log.log(level, message, extra={"count": count, "interval_s": LOG_INTERVAL})

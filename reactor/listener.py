@@ -81,6 +81,9 @@ _JOINED = "joined:"
 # While the replica settles (see Listener.settling), how often the listener looks at its duties:
 # only a wake-up, no statement, and only until the first re-arm has read the queue.
 SETTLING_TICK = 0.05
+# Notifications handled between two turns of the event loop while a batch is read: a timer or a
+# statement due meanwhile waits at most this many (a few hundred microseconds' work).
+TURN_EVERY = 64
 
 
 class ProbeLost(ReactorError):
@@ -121,6 +124,8 @@ class Listener:
         )
         self.state: State = "connecting"
         self.connections = 0
+        # Notifications read on the session, over its life.
+        self.received = 0
         self._probe_token: str | None = None
         self._probe_sent = -math.inf
         # Whether anything arrived since the last check (then no probe is needed).
@@ -324,6 +329,13 @@ class Listener:
                     async with contextlib.aclosing(arriving):
                         async for notify in arriving:
                             self._receive(notify.payload, notify.channel)
+                            self.received += 1
+                            if not self.received % TURN_EVERY:
+                                # psycopg yields a whole batch read from the socket without a
+                                # turn of the event loop: under a flood (anyone may NOTIFY)
+                                # the timers would wait for it. Not a cancellation point, so
+                                # no notification of the batch is dropped.
+                                await anyio.lowlevel.cancel_shielded_checkpoint()
             self._waiting = None
             if self._stale:
                 continue

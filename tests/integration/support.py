@@ -107,6 +107,12 @@ def recorded(reactor: Reactor, source: str) -> float:
     return value or 0.0
 
 
+def hints_ignored(reactor: Reactor) -> float:
+    """Job hints the reactor checked against the queue and found naming no queued job: a
+    notification for a job that needs no run (or no longer) is dropped there, never armed."""
+    return float(reactor.metrics.notified["unverified"]._value.get())
+
+
 def claims_skipped(reactor: Reactor) -> float:
     """reactor_claims_skipped_total of one reactor."""
     return reactor.metrics.registry.get_sample_value("reactor_claims_skipped_total") or 0.0
