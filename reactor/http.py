@@ -28,6 +28,7 @@ startup, and close on exit, after the reactor has drained. Neither installs a si
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import os
 import socket
@@ -338,9 +339,11 @@ async def listening(
     *,
     variable: str,
     door: Door,
-) -> AsyncIterator[tuple[str, int]]:
+    optional: bool = False,
+) -> AsyncIterator[tuple[str, int] | None]:
     """Serve ``app`` on ``addr`` through ``door`` while the block runs; yields the bound
-    (host, port). A port that cannot be bound raises ConfigError naming ``variable``."""
+    (host, port). A port that cannot be bound raises ConfigError naming ``variable``; but
+    ``optional``, one that is taken yields None, and nothing is served."""
     host, port = addr
     # access_log=None: probes every few seconds would drown the reactor's own log lines.
     runner = web.AppRunner(
@@ -362,6 +365,9 @@ async def listening(
         except OSError as error:
             # asyncio words it "error while attempting to bind on address ...: <reason>".
             reason = os.strerror(error.errno) if error.errno else str(error)
+            if optional and error.errno == errno.EADDRINUSE:
+                yield None
+                return
             raise ConfigError(
                 f"{variable}={_show(host, port)}: cannot listen: {reason}; "
                 "choose another address, or set it empty to disable"
@@ -440,6 +446,7 @@ async def serving_probes(
     door = _door("probes", replica)
     app = probes_app(replica, starting=starting)
     async with listening(app, addr, variable="REACTOR_HTTP_ADDR", door=door) as bound:
+        assert bound is not None  # not optional: a port that is taken raised
         log.info("serving /healthz, /readyz and /metrics", extra={"http_addr": _show(*bound)})
         yield bound
 
@@ -451,11 +458,13 @@ async def serving_page(
     *,
     variable: str = "REACTOR_DASHBOARD_ADDR",
     counted: Callable[[], Probed | None] | None = None,
+    optional: bool = False,
 ) -> AsyncIterator[tuple[str, int] | None]:
     """Serve the operator's page on ``addr`` (None: disabled) while the block runs; yields the
-    bound (host, port). A port that cannot be bound raises ConfigError naming ``variable``.
-    Connections dropped are counted in ``counted``'s metrics (by default the page's first
-    pair's replica).
+    bound (host, port). A port that cannot be bound raises ConfigError naming ``variable``;
+    but ``optional`` (``addr`` is the default, not the operator's choice), one that is taken
+    logs a warning and yields None: the page is not worth a replica. Connections dropped are
+    counted in ``counted``'s metrics (by default the page's first pair's replica).
 
     The page answers to loopback names, the host it is bound to, and the host of
     REACTOR_DASHBOARD_URL; any other Host gets 421.
@@ -465,7 +474,16 @@ async def serving_page(
         return
     hosts = HostAllowlist.for_page(addr[0], page.settings.dashboard_host)
     door = _door("page", counted or page.replica)
-    async with listening(page_app(page, hosts), addr, variable=variable, door=door) as bound:
+    app = page_app(page, hosts)
+    async with listening(app, addr, variable=variable, door=door, optional=optional) as bound:
+        if bound is None:
+            log.warning(
+                "not serving the operator's page: its default address is taken, most likely "
+                f"by another replica on this host; set {variable} to serve it elsewhere",
+                extra={"dashboard_addr": _show(*addr)},
+            )
+            yield None
+            return
         log.info(
             "serving the operator's page",
             extra={
@@ -498,9 +516,10 @@ async def serving_replica(
     settings: Settings, replica: Callable[[], Replica | None], pairs: Sequence[str] = ()
 ) -> AsyncIterator[None]:
     """What ``reactor run`` serves: the probes on REACTOR_HTTP_ADDR and the page on
-    REACTOR_DASHBOARD_ADDR, each when set, from before ``replica`` gives the replica (the
-    database is being checked: the probes say starting) until the block ends. With several
-    ``pairs`` the page shows one at a time, chosen by name."""
+    REACTOR_DASHBOARD_ADDR (unless its default address is taken), each when set, from before
+    ``replica`` gives the replica (the database is being checked: the probes say starting)
+    until the block ends. With several ``pairs`` the page shows one at a time, chosen by
+    name."""
 
     def pair(name: str | None) -> Callable[[], Reactor | None]:
         def shown() -> Reactor | None:
@@ -524,7 +543,12 @@ async def serving_replica(
     )
     async with (
         serving_probes(replica, settings.http_addr, starting=True),
-        serving_page(page, settings.dashboard_addr, counted=replica),
+        serving_page(
+            page,
+            settings.dashboard_addr,
+            counted=replica,
+            optional=not settings.dashboard_addr_chosen,
+        ),
     ):
         yield
 
