@@ -310,6 +310,9 @@ async def cmd_migrate(args: argparse.Namespace) -> int:
                 )
             else:
                 print(f"{which}schema is up to date at version {sql.latest_version()}")
+            owners = await db.owners_note(conn, pair.mapping)
+            if owners is not None:
+                print(f"{which}{owners}")
     return 0
 
 
