@@ -280,8 +280,8 @@ async def owners_note(conn: AnyConnection, mapping: Mapping) -> str | None:
     for table in (mapping.jobs.table, mapping.runs.table):
         found = await describe(conn, table)
         if found is not None:
-            owned.append(f"{found.shown} belongs to {found.owner}")
-    return "as a superuser: " + ", ".join(owned) if owned else None
+            owned.append(f"{readable(found.schema, found.name)} belongs to {found.owner}")
+    return "migrated as a superuser: " + ", ".join(owned) if owned else None
 
 
 async def _check_zone(conn: AnyConnection, zone: str) -> None:
