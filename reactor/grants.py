@@ -32,7 +32,7 @@ class Privilege:
 
     kind: Kind  # schema: USAGE on a schema; table: a table privilege; any_column: see below
     privilege: str  # USAGE, SELECT, INSERT, UPDATE or EXECUTE
-    schema: str | None  # None: the app's tables, found through the search_path
+    schema: str | None  # None for a schema, whose name is ``name``
     name: str  # the schema's, the table's or the function's name
     # For any_column: the column granted. PostgreSQL is satisfied by the privilege on any
     # column (or on the table), so the check accepts any; the grant names the one we chose.
@@ -48,7 +48,8 @@ class Privilege:
         if self.kind == "function":
             assert self.schema is not None
             return f"FUNCTION {readable(self.schema, self.name)}({self.args})"
-        return readable(self.schema, self.name) if self.schema else readable(self.name)
+        assert self.schema is not None
+        return readable(self.schema, self.name)
 
     @property
     def grant(self) -> str:
@@ -85,27 +86,27 @@ def groups(mapping: Mapping) -> tuple[Group, ...]:
     )
 
 
-def _located(table: tuple[str, ...]) -> tuple[str | None, str]:
-    # A table in public is named as the app names it, through the search_path.
-    if len(table) == 1 or table[0] == "public":
-        return None, table[-1]
-    return table[0], table[1]
+def _located(table: tuple[str, ...]) -> tuple[str, str]:
+    # Always qualified: a GRANT on a bare name, run as the owner, could land on a table of the
+    # same name in a schema earlier in the owner's search_path.
+    return ("public", table[0]) if len(table) == 1 else (table[0], table[1])
 
 
 def _groups(
-    jobs_schema: str | None,
+    jobs_schema: str,
     jobs: str,
-    runs_schema: str | None,
+    runs_schema: str,
     runs: str,
     updated_at: str,
     id_type: str,
     reactor: str,
 ) -> tuple[Group, ...]:
-    # One grant each: a group prints as one GRANT on one object.
+    # One grant each: a group prints as one GRANT on one object. Every role may use public
+    # unless that is revoked; the app's own use of it says it is not.
     app_schemas = tuple(
         Group("The schema of the app's tables.", (Privilege("schema", "USAGE", None, schema),))
         for schema in dict.fromkeys((jobs_schema, runs_schema))
-        if schema is not None
+        if schema != "public"
     )
     return (
         Group(
@@ -135,6 +136,11 @@ def _groups(
         Group(
             "Startup checks the applied schema version (the migrations run as the owner).",
             _table(reactor, "schema_version", "SELECT"),
+        ),
+        Group(
+            "Startup checks that the tables the mapping names are the ones `reactor migrate`\n"
+            "installed the triggers on, by the oids it recorded.",
+            _table(reactor, "app_tables", "SELECT"),
         ),
         Group(
             "The queue of jobs that may need a run, filled by the app's trigger and by the\n"
