@@ -38,8 +38,6 @@ HOOK = "judge"
 # How many jobs of each kind the app finishes.
 RECORDED = 4  # the worker's alone: the reactor writes their runs
 SAVED = 3  # the client saves them inside the grace
-# The audit's table and the sequence of its key, rendered for a mapping.
-AUDIT_OBJECTS = "@audit@"
 
 
 @dataclass(frozen=True)
@@ -103,7 +101,7 @@ def _audited(url: str, path: Path) -> App:
             return drafted, await App.fit(conn, drafted)
 
     drafted, app = anyio.run(typed, backend="asyncio")
-    table = sql.render(AUDIT_OBJECTS, drafted)
+    table = sql.render("@audit@", drafted)
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute(audit.ddl(drafted))
         (sequence,) = conn.execute(
@@ -154,7 +152,6 @@ def _play(url: str, app: App) -> Played:
             (run,) = conn.execute(*app.run_of(recorded[0])).fetchone() or ()
             again = create(1, runs=[run])
             conn.execute(*app.finish(*again))
-            return Played(RECORDED, SAVED)
     return Played(RECORDED, SAVED)
 
 
@@ -227,6 +224,7 @@ def test_the_draft_records_every_run_the_app_leaves(
                 "reactor listening",
             )
         assert reactor.alive(), reactor.log.read_text()
+        listening = time.time() - began
         played = _play(url, app)
         try:
             judgement = _settled(url, app)
@@ -242,7 +240,10 @@ def test_the_draft_records_every_run_the_app_leaves(
     finally:
         replicas.close()
     cells = report_cells(f"corpus: {schema.name}", 1, judgement, recovery=None, unhooked=0)
-    note = f"init to the first worker-written artifact {first:.2f} s (grace {GRACE} s)"
+    note = (
+        f"init to the first worker-written artifact {first:.2f} s (to `reactor run` listening "
+        f"{listening:.2f} s; grace {GRACE} s)"
+    )
     request.node.user_properties.append((FAULT_ROW, (cells, note)))
     assert judgement.clean, str(judgement)
     verdict = judgement.verdict
