@@ -19,7 +19,7 @@ from reactor.errors import ConfigError
 from reactor.mapping import REFERENCE, Mapping
 from reactor.quote import readable
 
-Kind = Literal["schema", "table", "any_column", "function"]
+Kind = Literal["schema", "table", "any_column", "function", "sequence"]
 
 # What PostgreSQL accepts unquoted, minus nothing: the name is double-quoted on output anyway,
 # so mixed case survives, but anything fancier is more likely a typo than a role.
@@ -48,6 +48,9 @@ class Privilege:
         if self.kind == "function":
             assert self.schema is not None
             return f"FUNCTION {readable(self.schema, self.name)}({self.args})"
+        if self.kind == "sequence":
+            assert self.schema is not None
+            return f"SEQUENCE {readable(self.schema, self.name)}"
         assert self.schema is not None
         return readable(self.schema, self.name)
 
@@ -75,14 +78,26 @@ def groups(mapping: Mapping) -> tuple[Group, ...]:
     jobs_schema, jobs = _located(mapping.jobs.table)
     runs_schema, runs = _located(mapping.runs.table)
     id_type = mapping.jobs.id_type
-    return _groups(
-        jobs_schema,
-        jobs,
-        runs_schema,
-        runs,
-        mapping.jobs.updated_at,
-        id_type,
-        mapping.reactor_schema,
+    # The serial key of the artifact, which the record statement leaves to its default.
+    drawn = tuple(
+        Group(
+            "The record statement leaves this column of the artifact table to its default,\n"
+            "which draws from this sequence (nextval needs USAGE on it).",
+            (Privilege("sequence", "USAGE", schema, name),),
+        )
+        for schema, name in mapping.runs.sequences
+    )
+    return (
+        *_groups(
+            jobs_schema,
+            jobs,
+            runs_schema,
+            runs,
+            mapping.jobs.updated_at,
+            id_type,
+            mapping.reactor_schema,
+        ),
+        *drawn,
     )
 
 

@@ -106,6 +106,10 @@ class Runs:
         ("results", "j.results"),
         ("updated_at", "now()"),
     )
+    # From the catalog (db.fit), not the file: the sequences that the defaults of the columns
+    # the reactor leaves unwritten draw from (a serial key's), as (schema, name). The runtime
+    # role needs USAGE on each, or every record statement fails.
+    sequences: tuple[tuple[str, str], ...] = field(default=(), compare=False)
 
 
 @dataclass(frozen=True)

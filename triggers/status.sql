@@ -150,6 +150,7 @@ SELECT need.grant_sql, current_user::text AS role
          WHEN 'schema' THEN NOT has_schema_privilege(found.oid, need.privilege)
          WHEN 'any_column' THEN NOT has_any_column_privilege(found.oid, need.privilege)
          WHEN 'function' THEN NOT has_function_privilege(found.oid, need.privilege)
+         WHEN 'sequence' THEN NOT has_sequence_privilege(found.oid, need.privilege)
          ELSE NOT has_table_privilege(found.oid, need.privilege)
        END
  ORDER BY need.position

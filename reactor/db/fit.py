@@ -169,15 +169,43 @@ async def fit(
     # Typed, and with both tables schema-qualified: the reactor's functions run with a
     # search_path of pg_catalog only, and must find the same tables as the app.
     typed = mapping.typed({c.name: c.type for c in (job_id, job_run, status, *times, *documents)})
+    unwritten = [name for name in runs.columns if name not in written]
     located = replace(
         typed,
         jobs=replace(typed.jobs, table=(jobs.schema, jobs.name)),
-        runs=replace(typed.runs, table=(runs.schema, runs.name)),
+        runs=replace(
+            typed.runs,
+            table=(runs.schema, runs.name),
+            sequences=await _default_sequences(conn, runs.oid, unwritten),
+        ),
     )
     await _check_expressions(conn, located, where)
     if not installing:
         await _check_installed(conn, located)
     return located
+
+
+async def _default_sequences(
+    conn: AnyConnection, table: int, columns: list[str]
+) -> tuple[tuple[str, str], ...]:
+    """The sequences the defaults of ``table``'s ``columns`` draw from (a serial column's
+    nextval), from the default expressions' dependencies: an identity column's sequence needs
+    no grant of its own, and none is found here."""
+    cur = await conn.execute(
+        "SELECT DISTINCT n.nspname, s.relname"
+        "  FROM pg_catalog.pg_attrdef d"
+        "  JOIN pg_catalog.pg_attribute a ON a.attrelid = d.adrelid AND a.attnum = d.adnum"
+        "  JOIN pg_catalog.pg_depend dep"
+        "    ON dep.classid = 'pg_catalog.pg_attrdef'::pg_catalog.regclass"
+        "   AND dep.objid = d.oid"
+        "   AND dep.refclassid = 'pg_catalog.pg_class'::pg_catalog.regclass"
+        "  JOIN pg_catalog.pg_class s ON s.oid = dep.refobjid AND s.relkind = 'S'"
+        "  JOIN pg_catalog.pg_namespace n ON n.oid = s.relnamespace"
+        " WHERE d.adrelid = %s AND a.attname = ANY(%s)"
+        " ORDER BY 1, 2",
+        (table, columns),
+    )
+    return tuple((schema, name) for schema, name in await cur.fetchall())
 
 
 async def _table(
