@@ -282,7 +282,9 @@ MEANINGS: dict[str, Meaning] = {
     "REACTOR_DASHBOARD_ADDR": Meaning(
         "the operator's page (`/`, `/api/status`, `/login`, the actions), apart from the "
         "probes; keep it on loopback unless a proxy in front of it authenticates; empty "
-        "disables; a port that is taken stops startup with exit 2"
+        "disables; unset, the page is optional: when the default address is taken (another "
+        "replica on the host), the replica logs one warning and runs without it; set, even to "
+        "the default, a port that is taken stops startup with exit 2"
     ),
     "REACTOR_DASHBOARD_URL": Meaning(
         "the address operators open the page at through a reverse proxy, `https://HOST[:PORT]/` "

@@ -312,8 +312,9 @@ class App:
             case "results":
                 return text(identifier(self.verdicts[0]))
             case "verdicts":
-                return ", ".join(
-                    f"{text(identifier(c))} = %(verdicts)s::{text(jobs.type_of(c))}"
+                # Each with its own comma: a mapping that judges by no verdicts has none.
+                return "".join(
+                    f", {text(identifier(c))} = %(verdicts)s::{text(jobs.type_of(c))}"
                     for c in self.verdicts
                 )
             case "documents":

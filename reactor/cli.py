@@ -313,6 +313,9 @@ async def cmd_migrate(args: argparse.Namespace) -> int:
                 print(f"{which}schema is up to date at version {sql.latest_version()}")
             for wanted, existing in migrated.skipped:
                 print(f"{which}did not build {wanted}: the table's own {existing} does the same")
+            owners = await db.owners_note(conn, pair.mapping)
+            if owners is not None:
+                print(f"{which}{owners}")
     return 0
 
 

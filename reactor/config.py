@@ -103,6 +103,9 @@ class Settings:
     # Where the operator's page listens: apart from the probes, on loopback unless the operator
     # chooses otherwise, since it shows job ids, errors and the topology; None: no page.
     dashboard_addr: tuple[str, int] | None = ("127.0.0.1", 9188)
+    # Whether REACTOR_DASHBOARD_ADDR was set: the default address is optional (another replica
+    # on the host may hold it), one the operator chose is not.
+    dashboard_addr_chosen: bool = False
     # The address operators open the page at through a reverse proxy (see _dashboard_url): its
     # host is accepted in the Host header, and https makes the session cookie Secure, since
     # the proxy ends TLS and the request the reactor sees is plain HTTP.
@@ -124,6 +127,7 @@ class Settings:
         for name, value in (overrides or {}).items():
             if value is not None:
                 raw[name] = _parse(name, "--" + name.replace("_", "-"), str(value))
+        raw["dashboard_addr_chosen"] = "dashboard_addr" in raw
         settings = cls(**raw)
         settings.check()
         return settings

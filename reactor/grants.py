@@ -19,7 +19,7 @@ from reactor.errors import ConfigError
 from reactor.mapping import REFERENCE, Mapping
 from reactor.quote import readable
 
-Kind = Literal["schema", "table", "any_column", "function"]
+Kind = Literal["schema", "table", "any_column", "function", "sequence"]
 
 # What PostgreSQL accepts unquoted, minus nothing: the name is double-quoted on output anyway,
 # so mixed case survives, but anything fancier is more likely a typo than a role.
@@ -32,7 +32,7 @@ class Privilege:
 
     kind: Kind  # schema: USAGE on a schema; table: a table privilege; any_column: see below
     privilege: str  # USAGE, SELECT, INSERT, UPDATE or EXECUTE
-    schema: str | None  # None: the app's tables, found through the search_path
+    schema: str | None  # None for a schema, whose name is ``name``
     name: str  # the schema's, the table's or the function's name
     # For any_column: the column granted. PostgreSQL is satisfied by the privilege on any
     # column (or on the table), so the check accepts any; the grant names the one we chose.
@@ -48,7 +48,11 @@ class Privilege:
         if self.kind == "function":
             assert self.schema is not None
             return f"FUNCTION {readable(self.schema, self.name)}({self.args})"
-        return readable(self.schema, self.name) if self.schema else readable(self.name)
+        if self.kind == "sequence":
+            assert self.schema is not None
+            return f"SEQUENCE {readable(self.schema, self.name)}"
+        assert self.schema is not None
+        return readable(self.schema, self.name)
 
     @property
     def grant(self) -> str:
@@ -74,38 +78,50 @@ def groups(mapping: Mapping) -> tuple[Group, ...]:
     jobs_schema, jobs = _located(mapping.jobs.table)
     runs_schema, runs = _located(mapping.runs.table)
     id_type = mapping.jobs.id_type
-    return _groups(
-        jobs_schema,
-        jobs,
-        runs_schema,
-        runs,
-        mapping.jobs.updated_at,
-        id_type,
-        mapping.reactor_schema,
+    # The serial key of the artifact, which the record statement leaves to its default.
+    drawn = tuple(
+        Group(
+            "The record statement leaves this column of the artifact table to its default,\n"
+            "which draws from this sequence (nextval needs USAGE on it).",
+            (Privilege("sequence", "USAGE", schema, name),),
+        )
+        for schema, name in mapping.runs.sequences
+    )
+    return (
+        *_groups(
+            jobs_schema,
+            jobs,
+            runs_schema,
+            runs,
+            mapping.jobs.updated_at,
+            id_type,
+            mapping.reactor_schema,
+        ),
+        *drawn,
     )
 
 
-def _located(table: tuple[str, ...]) -> tuple[str | None, str]:
-    # A table in public is named as the app names it, through the search_path.
-    if len(table) == 1 or table[0] == "public":
-        return None, table[-1]
-    return table[0], table[1]
+def _located(table: tuple[str, ...]) -> tuple[str, str]:
+    # Always qualified: a GRANT on a bare name, run as the owner, could land on a table of the
+    # same name in a schema earlier in the owner's search_path.
+    return ("public", table[0]) if len(table) == 1 else (table[0], table[1])
 
 
 def _groups(
-    jobs_schema: str | None,
+    jobs_schema: str,
     jobs: str,
-    runs_schema: str | None,
+    runs_schema: str,
     runs: str,
     updated_at: str,
     id_type: str,
     reactor: str,
 ) -> tuple[Group, ...]:
-    # One grant each: a group prints as one GRANT on one object.
+    # One grant each: a group prints as one GRANT on one object. Every role may use public
+    # unless that is revoked; the app's own use of it says it is not.
     app_schemas = tuple(
         Group("The schema of the app's tables.", (Privilege("schema", "USAGE", None, schema),))
         for schema in dict.fromkeys((jobs_schema, runs_schema))
-        if schema is not None
+        if schema != "public"
     )
     return (
         Group(
@@ -135,6 +151,11 @@ def _groups(
         Group(
             "Startup checks the applied schema version (the migrations run as the owner).",
             _table(reactor, "schema_version", "SELECT"),
+        ),
+        Group(
+            "Startup checks that the tables the mapping names are the ones `reactor migrate`\n"
+            "installed the triggers on, by the oids it recorded.",
+            _table(reactor, "app_tables", "SELECT"),
         ),
         Group(
             "The queue of jobs that may need a run, filled by the app's trigger and by the\n"

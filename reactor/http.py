@@ -15,8 +15,10 @@ cache, one ``status`` every few seconds at most, on a bounded wait.
 Both servers run on the reactor's own event loop, so neither may let a client hold what the
 loop needs: a connection must send its first request head within :data:`HEAD_SECONDS`, an idle
 one is closed after :data:`KEEPALIVE_SECONDS`, at most :data:`MAX_CONNECTIONS` are open per
-server (more are closed at once, and counted), and a body is at most :data:`MAX_BODY` bytes.
-Together they bound the file descriptors a stranger can take, whatever they send.
+server and :data:`MAX_PER_PEER` per peer address, with places kept for a peer that holds none
+(:class:`reactor.admission.Door`; more are closed at once, and counted), and a body is at most
+:data:`MAX_BODY` bytes. Together they bound the file descriptors a stranger can take, whatever
+they send, and leave the orchestrator's probes a place while one peer holds all it may.
 
 :func:`serving` and :func:`serving_page` bind on entry, so a port that is taken fails at
 startup, and close on exit, after the reactor has drained. Neither installs a signal handler
@@ -26,12 +28,13 @@ startup, and close on exit, after the reactor has drained. Neither installs a si
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
-import math
 import os
+import socket
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import asynccontextmanager, contextmanager
-from typing import Any, Literal, Protocol
+from typing import Any, Protocol
 
 import anyio
 import anyio.abc
@@ -39,6 +42,10 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter
 from prometheus_client.exposition import choose_encoder
 
+from reactor.admission import HEAD_SECONDS as HEAD_SECONDS
+from reactor.admission import MAX_CONNECTIONS as MAX_CONNECTIONS
+from reactor.admission import MAX_PER_PEER as MAX_PER_PEER
+from reactor.admission import Door, DropReason, HeadEnd, Tally
 from reactor.config import Settings
 from reactor.dashboard import Dashboard, HostAllowlist, install
 from reactor.errors import ConfigError
@@ -68,19 +75,19 @@ class Probed(Protocol):
 
 # How long closing may wait for requests in flight; probes answer in microseconds.
 SHUTDOWN_SECONDS = 2.0
-# A connection that has not sent a complete request head by then is closed. A probe or a
-# browser sends its head at once; only a client that means to hold the connection is slower.
-HEAD_SECONDS = 5.0
 # An idle keep-alive connection is closed after this (aiohttp's own default is an hour).
 # Scrapers and probes reconnect at no cost worth counting.
 KEEPALIVE_SECONDS = 15.0
-# Open connections per server. Probes, a scraper and a few browsers need a handful; a
-# connection past this is closed as soon as it is accepted.
-MAX_CONNECTIONS = 64
-# Connections the kernel queues before they are accepted; asyncio also accepts at most this
-# many per turn of the loop, which bounds the descriptors a burst takes before the cap closes
-# them.
-BACKLOG = 32
+# Connections asyncio accepts per turn of the loop. A connection refused by the caps keeps its
+# descriptor for a few turns (accepted; its transport made by a task; refused; closed), so this
+# bounds what a burst takes beyond the caps: a few times this, per server.
+ACCEPTS_PER_TURN = 8
+# Connections the kernel queues before they are accepted (capped by net.core.somaxconn). Longer
+# than what one peer's reconnecting sockets can fill, so that a probe's connection finds a place
+# in the queue, where the caps can tell it from theirs: with a short queue, the kernel drops
+# the probe's handshake and it waits a second to try again. Queued connections cost kernel
+# memory, not descriptors.
+LISTEN_QUEUE = 1024
 # The largest request body: the page's forms carry a few ids and a token.
 MAX_BODY = 64 * 1024
 # Repeats of a flood of one error (accept() failing, connections over the cap) are counted and
@@ -88,10 +95,6 @@ MAX_BODY = 64 * 1024
 FLOOD_LOG_SECONDS = 10.0
 
 _NO_CACHE = {"Cache-Control": "no-store"}
-
-# Why a connection was closed before a request: over the cap, or no request head in time.
-# (reactor.metrics.HTTP_DROP_REASONS: the label values of the counter they are counted in.)
-DropReason = Literal["limit", "head_timeout"]
 
 
 # -- the applications --------------------------------------------------------------------------
@@ -161,65 +164,6 @@ def page_app(page: Dashboard, hosts: HostAllowlist) -> web.Application:
 # -- holding connections to account ------------------------------------------------------------
 
 
-class HeadEnd:
-    """Finds the end of a connection's first request head in the bytes as they arrive: the
-    blank line after it. Pure.
-
-    aiohttp's request parser (llhttp, strict for requests) ends lines with CRLF only, so the
-    head ends at the first CRLF CRLF after the request line; empty lines before the request
-    line are skipped, so that they cannot end it early.
-    """
-
-    def __init__(self) -> None:
-        self._started = False
-        self._tail = b""  # the last bytes seen, for a CRLF CRLF split across two reads
-
-    def feed(self, data: bytes) -> bool:
-        """True once the head is complete."""
-        if not self._started:
-            data = data.lstrip(b"\r\n")
-            if not data:
-                return False
-            self._started = True
-        window = self._tail + data
-        if b"\r\n\r\n" in window:
-            return True
-        self._tail = window[-3:]
-        return False
-
-
-class Door:
-    """The connections one server holds: at most ``limit`` at once, each given ``head_seconds``
-    to send its first request head. ``dropped`` hears of each connection closed before a
-    request, with the reason."""
-
-    def __init__(
-        self,
-        server: str,
-        *,
-        limit: int = MAX_CONNECTIONS,
-        head_seconds: float = HEAD_SECONDS,
-        dropped: Callable[[DropReason], None] = lambda reason: None,
-    ) -> None:
-        self.server = server
-        self.limit = limit
-        self.head_seconds = head_seconds
-        self.dropped = dropped
-        self.open = 0
-
-    def admit(self) -> bool:
-        """Take one more connection, or say no (and count it) when ``limit`` are open."""
-        if self.open >= self.limit:
-            self.dropped("limit")
-            return False
-        self.open += 1
-        return True
-
-    def release(self) -> None:
-        """A connection :meth:`admit` took has closed."""
-        self.open -= 1
-
-
 class GuardedConnection(asyncio.Protocol):
     """One accepted connection: admitted by its :class:`Door`, then handed to aiohttp's
     request handler, and closed if its first request head is not complete in time.
@@ -239,10 +183,12 @@ class GuardedConnection(asyncio.Protocol):
         self._inner: asyncio.Protocol | None = None
         self._deadline: asyncio.TimerHandle | None = None
         self._head = HeadEnd()
+        self._peer = ""
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         """Admit the connection and start its deadline, or close it at once."""
-        if not self._door.admit():
+        self._peer = peer_address(transport)
+        if not self._door.admit(self._peer):
             assert isinstance(transport, asyncio.Transport)
             transport.abort()
             return
@@ -271,7 +217,7 @@ class GuardedConnection(asyncio.Protocol):
             self._deadline = None
         inner, self._inner = self._inner, None
         if inner is not None:
-            self._door.release()
+            self._door.release(self._peer)
             inner.connection_lost(exc)
 
     def pause_writing(self) -> None:
@@ -291,32 +237,17 @@ class GuardedConnection(asyncio.Protocol):
             transport.close()
 
 
+def peer_address(transport: asyncio.BaseTransport) -> str:
+    """The address a connection comes from, without its port: what :class:`Door` counts by.
+    An IPv4 peer reached over an IPv6 socket (``::ffff:10.0.0.1``) counts as its IPv4
+    address."""
+    peer = transport.get_extra_info("peername")
+    if not isinstance(peer, tuple) or not peer:
+        return ""
+    return str(peer[0]).removeprefix("::ffff:")
+
+
 # -- floods of one message, counted --------------------------------------------------------------
-
-
-class Tally:
-    """Occurrences of one event, reported at most once per ``interval``; pure (``now`` is
-    passed in). The first is reported at once, those within the next ``interval`` are held
-    back and reported together at its end."""
-
-    def __init__(self, interval: float) -> None:
-        self.interval = interval
-        self.held = 0
-        self.quiet_until = -math.inf
-
-    def add(self, now: float) -> int:
-        """Count one; returns how many to report now (0: held back until :meth:`take`)."""
-        self.held += 1
-        if now < self.quiet_until:
-            return 0
-        return self.take(now)
-
-    def take(self, now: float) -> int:
-        """Those held back, to be reported at the end of the quiet spell; starts another."""
-        count, self.held = self.held, 0
-        if count:
-            self.quiet_until = now + self.interval
-        return count
 
 
 class FloodLog:
@@ -403,10 +334,16 @@ def accept_errors_counted(*, interval: float = FLOOD_LOG_SECONDS) -> Iterator[No
 
 @asynccontextmanager
 async def listening(
-    app: web.Application, addr: tuple[str, int], *, variable: str, door: Door
-) -> AsyncIterator[tuple[str, int]]:
+    app: web.Application,
+    addr: tuple[str, int],
+    *,
+    variable: str,
+    door: Door,
+    optional: bool = False,
+) -> AsyncIterator[tuple[str, int] | None]:
     """Serve ``app`` on ``addr`` through ``door`` while the block runs; yields the bound
-    (host, port). A port that cannot be bound raises ConfigError naming ``variable``."""
+    (host, port). A port that cannot be bound raises ConfigError naming ``variable``; but
+    ``optional``, one that is taken yields None, and nothing is served."""
     host, port = addr
     # access_log=None: probes every few seconds would drown the reactor's own log lines.
     runner = web.AppRunner(
@@ -423,15 +360,20 @@ async def listening(
         loop = asyncio.get_running_loop()
         try:
             server = await loop.create_server(
-                lambda: GuardedConnection(door, handler), host, port, backlog=BACKLOG
+                lambda: GuardedConnection(door, handler), host, port, backlog=ACCEPTS_PER_TURN
             )
         except OSError as error:
             # asyncio words it "error while attempting to bind on address ...: <reason>".
             reason = os.strerror(error.errno) if error.errno else str(error)
+            if optional and error.errno == errno.EADDRINUSE:
+                yield None
+                return
             raise ConfigError(
                 f"{variable}={_show(host, port)}: cannot listen: {reason}; "
                 "choose another address, or set it empty to disable"
             ) from None
+        for listener in server.sockets:
+            _lengthen_queue(listener, LISTEN_QUEUE)
         bound_host, bound_port = server.sockets[0].getsockname()[:2]
         yield bound_host, bound_port
     finally:
@@ -444,6 +386,15 @@ async def listening(
                 await server.wait_closed()
 
 
+def _lengthen_queue(listener: socket.socket, length: int) -> None:
+    """Let the kernel queue ``length`` connections on ``listener``, which asyncio set listening
+    with a queue as long as its accepts per turn. listen() on a socket that listens already
+    changes its queue alone; asyncio hands out no method for it, so it goes through a
+    duplicate of the descriptor, which is the same socket."""
+    with listener.dup() as same:
+        same.listen(length)
+
+
 def _door(server: str, replica: Callable[[], Probed | None]) -> Door:
     """A door whose drops are counted in the metrics of the replica shown, and a flood of
     connections over the cap logged once in a while."""
@@ -451,7 +402,12 @@ def _door(server: str, replica: Callable[[], Probed | None]) -> Door:
     def report(count: int) -> None:
         log.warning(
             "HTTP connections refused: too many open",
-            extra={"server": server, "limit": MAX_CONNECTIONS, "times": count},
+            extra={
+                "server": server,
+                "limit": MAX_CONNECTIONS,
+                "per_peer": MAX_PER_PEER,
+                "times": count,
+            },
         )
 
     over_cap = FloodLog(report)
@@ -460,7 +416,7 @@ def _door(server: str, replica: Callable[[], Probed | None]) -> Door:
         reactor = replica()
         if reactor is not None:
             reactor.metrics.http_dropped.labels(server, reason).inc()
-        if reason == "limit":
+        if reason != "head_timeout":
             over_cap.seen()
 
     return Door(server, dropped=dropped)
@@ -490,6 +446,7 @@ async def serving_probes(
     door = _door("probes", replica)
     app = probes_app(replica, starting=starting)
     async with listening(app, addr, variable="REACTOR_HTTP_ADDR", door=door) as bound:
+        assert bound is not None  # not optional: a port that is taken raised
         log.info("serving /healthz, /readyz and /metrics", extra={"http_addr": _show(*bound)})
         yield bound
 
@@ -501,11 +458,13 @@ async def serving_page(
     *,
     variable: str = "REACTOR_DASHBOARD_ADDR",
     counted: Callable[[], Probed | None] | None = None,
+    optional: bool = False,
 ) -> AsyncIterator[tuple[str, int] | None]:
     """Serve the operator's page on ``addr`` (None: disabled) while the block runs; yields the
-    bound (host, port). A port that cannot be bound raises ConfigError naming ``variable``.
-    Connections dropped are counted in ``counted``'s metrics (by default the page's first
-    pair's replica).
+    bound (host, port). A port that cannot be bound raises ConfigError naming ``variable``;
+    but ``optional`` (``addr`` is the default, not the operator's choice), one that is taken
+    logs a warning and yields None: the page is not worth a replica. Connections dropped are
+    counted in ``counted``'s metrics (by default the page's first pair's replica).
 
     The page answers to loopback names, the host it is bound to, and the host of
     REACTOR_DASHBOARD_URL; any other Host gets 421.
@@ -515,7 +474,16 @@ async def serving_page(
         return
     hosts = HostAllowlist.for_page(addr[0], page.settings.dashboard_host)
     door = _door("page", counted or page.replica)
-    async with listening(page_app(page, hosts), addr, variable=variable, door=door) as bound:
+    app = page_app(page, hosts)
+    async with listening(app, addr, variable=variable, door=door, optional=optional) as bound:
+        if bound is None:
+            log.warning(
+                "not serving the operator's page: its default address is taken, most likely "
+                f"by another replica on this host; set {variable} to serve it elsewhere",
+                extra={"dashboard_addr": _show(*addr)},
+            )
+            yield None
+            return
         log.info(
             "serving the operator's page",
             extra={
@@ -548,9 +516,10 @@ async def serving_replica(
     settings: Settings, replica: Callable[[], Replica | None], pairs: Sequence[str] = ()
 ) -> AsyncIterator[None]:
     """What ``reactor run`` serves: the probes on REACTOR_HTTP_ADDR and the page on
-    REACTOR_DASHBOARD_ADDR, each when set, from before ``replica`` gives the replica (the
-    database is being checked: the probes say starting) until the block ends. With several
-    ``pairs`` the page shows one at a time, chosen by name."""
+    REACTOR_DASHBOARD_ADDR (unless its default address is taken), each when set, from before
+    ``replica`` gives the replica (the database is being checked: the probes say starting)
+    until the block ends. With several ``pairs`` the page shows one at a time, chosen by
+    name."""
 
     def pair(name: str | None) -> Callable[[], Reactor | None]:
         def shown() -> Reactor | None:
@@ -574,7 +543,12 @@ async def serving_replica(
     )
     async with (
         serving_probes(replica, settings.http_addr, starting=True),
-        serving_page(page, settings.dashboard_addr, counted=replica),
+        serving_page(
+            page,
+            settings.dashboard_addr,
+            counted=replica,
+            optional=not settings.dashboard_addr_chosen,
+        ),
     ):
         yield
 

@@ -46,7 +46,7 @@ _LEAST = {
 class Jobs:
     """``[jobs]``: the app's job table, the truth the reactor reads."""
 
-    # Schema-qualified once checked against the catalog (db.fit); the reference's is public.
+    # Always schema-qualified: a name the file gives bare is in public (parse).
     table: tuple[str, ...] = ("public", "analysis_jobs")
     id: str = "id"
     run: str = "run_id"
@@ -106,6 +106,10 @@ class Runs:
         ("results", "j.results"),
         ("updated_at", "now()"),
     )
+    # From the catalog (db.fit), not the file: the sequences that the defaults of the columns
+    # the reactor leaves unwritten draw from (a serial key's), as (schema, name). The runtime
+    # role needs USAGE on each, or every record statement fails.
+    sequences: tuple[tuple[str, str], ...] = field(default=(), compare=False)
 
 
 @dataclass(frozen=True)
@@ -411,7 +415,7 @@ def parse(document: dict[str, Any], *, source: str = "the mapping") -> Mapping:
     for table in (jobs_table, runs_table):
         if table is not None and len(table) == 2 and table[0] == schema:
             # Whoever the app lets create in its schema could plant what the reactor's definer
-            # functions run; db.fit checks the same of names the search_path resolves.
+            # functions run.
             raise ConfigError(
                 f"{where} reactor_schema = {schema!r} is the schema of the app's table "
                 f"{'.'.join(table)}; the reactor needs a schema of its own"
@@ -504,7 +508,9 @@ def _table(document: dict[str, Any], section: str, where: str) -> tuple[str, ...
             f"{where} {section}.table = {value!r} must be table or schema.table, as named "
             "in the catalog (case matters)"
         )
-    return parts
+    # An unqualified name means the schema public, always: resolved through a search_path, it
+    # would find a look-alike in a schema named after the role that runs the reactor.
+    return _qualified(parts)
 
 
 def _column(table: dict[str, Any], key: str, where: str, section: str, default: str | None) -> Any:

@@ -37,7 +37,7 @@ _LATENESS_BUCKETS = (
 TRIGGER_STATES = ("notifies", "quiet", "elsewhere", "missing")
 # The label values of reactor_http_connections_dropped_total; see reactor.http.
 HTTP_SERVERS = ("probes", "page")
-HTTP_DROP_REASONS = ("limit", "head_timeout")
+HTTP_DROP_REASONS = ("limit", "peer_limit", "head_timeout")
 
 
 class Metrics:
@@ -264,8 +264,9 @@ _HTTP_DROPPED = "reactor_http_connections_dropped"
 def _http_dropped(registry: CollectorRegistry) -> Counter:
     counter = Counter(
         _HTTP_DROPPED,
-        "HTTP connections closed before a request: limit, over the cap of open connections; "
-        "head_timeout, no complete request head in time.",
+        "HTTP connections closed before a request: limit, the places open to its peer were "
+        "taken; peer_limit, its peer address held as many as one may; head_timeout, no "
+        "complete request head in time.",
         ["server", "reason"],
         registry=registry,
     )

@@ -6,7 +6,8 @@
 --   @new_columns@      what a new job is given: its id (unless the database assigns it), run key,
 --   @new_values@       status, documents, verdicts, times and the job table's own NOT NULL
 --                      columns; and their values, from the unnest of %(jobs)s and %(runs)s
---   @verdicts@         each not_empty column (the verdicts a job gathers) = %(verdicts)s
+--   @verdicts@         each not_empty column (the verdicts a job gathers) = %(verdicts)s, each
+--                      after a comma of its own: a mapping without not_empty has none
 --   @documents@        each document column a job starts with = %(document)s
 --   @running@          a status that is not terminal
 --   @doc@, @results@   the first document and the first verdicts column (for tests' queries)
@@ -22,12 +23,12 @@ RETURNING @id@, @run@
 
 -- name: progress
 -- A running job's verdicts so far: the app's progress updates, which leave its status alone.
-UPDATE @jobs@ SET @verdicts@, @updated_at@ = @now@ WHERE @id@ = ANY(%(jobs)s::@job_type@[])
+UPDATE @jobs@ SET @updated_at@ = @now@@verdicts@ WHERE @id@ = ANY(%(jobs)s::@job_type@[])
 
 -- name: finish
 -- The worker marks jobs terminal with their verdicts, the given seconds ago.
 UPDATE @jobs@
-   SET @status@ = %(status)s, @verdicts@,
+   SET @status@ = %(status)s@verdicts@,
        @updated_at@ = @now@ - make_interval(secs => %(age)s)
  WHERE @id@ = ANY(%(jobs)s::@job_type@[])
 

@@ -21,7 +21,13 @@ SELECT now() AS checked_at,
                   AND a.attname = 'id' AND NOT a.attisdropped) AS hook_ids,
        to_regclass('@reactor@.pending') IS NOT NULL AS pending_queue,
        to_regclass('@reactor@.reconcile') IS NOT NULL AS reconcile,
-       to_regclass('@reactor@.set_aside') IS NOT NULL AS set_aside
+       to_regclass('@reactor@.set_aside') IS NOT NULL AS set_aside,
+       -- CVE-2018-1058: PUBLIC (grantee 0) may create in public, as up to PostgreSQL 14.
+       EXISTS (SELECT 1 FROM pg_catalog.pg_namespace n,
+                     pg_catalog.aclexplode(coalesce(n.nspacl,
+                                                    pg_catalog.acldefault('n', n.nspowner))) a
+                WHERE n.nspname = 'public' AND a.grantee = 0
+                  AND a.privilege_type = 'CREATE') AS public_creatable
   FROM (SELECT 1) AS one
   LEFT JOIN ({{job_trigger}}) AS t ON true
 
@@ -135,7 +141,6 @@ SELECT need.grant_sql, current_user::text AS role
                        WHERE p.pronamespace = to_regnamespace(need.schema_name)::oid
                          AND p.proname = need.object_name
                          AND oidvectortypes(p.proargtypes) = need.args)
-                WHEN need.schema_name IS NULL THEN to_regclass(need.object_name)::oid
                 ELSE (SELECT c.oid FROM pg_class c
                        WHERE c.relnamespace = to_regnamespace(need.schema_name)::oid
                          AND c.relname = need.object_name)
@@ -145,6 +150,7 @@ SELECT need.grant_sql, current_user::text AS role
          WHEN 'schema' THEN NOT has_schema_privilege(found.oid, need.privilege)
          WHEN 'any_column' THEN NOT has_any_column_privilege(found.oid, need.privilege)
          WHEN 'function' THEN NOT has_function_privilege(found.oid, need.privilege)
+         WHEN 'sequence' THEN NOT has_sequence_privilege(found.oid, need.privilege)
          ELSE NOT has_table_privilege(found.oid, need.privilege)
        END
  ORDER BY need.position

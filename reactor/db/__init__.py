@@ -27,7 +27,7 @@ from reactor.db.calls import (
     run_bare,
     run_pinned,
 )
-from reactor.db.fit import fit
+from reactor.db.fit import fit, owners_note
 from reactor.db.migrations import (
     OUTSIDE_TRANSACTION,
     Migrated,
@@ -126,6 +126,7 @@ __all__ = [
     "make_pool",
     "migrate",
     "migration_script",
+    "owners_note",
     "read_only_server",
     "require_schema",
     "run_bare",

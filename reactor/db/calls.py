@@ -20,6 +20,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from reactor.db.session import (
     CHECK_TIMEOUT,
+    NAME_PATH,
     STATEMENT_BOUNDS,
     AnyConnection,
     first_line,
@@ -49,7 +50,9 @@ def _pin(settings: Mapping[str, str]) -> bytes:
     return psycopg.sql.SQL("SELECT {}").format(calls).as_bytes(None)
 
 
-_PIN_BOUNDS = _pin(STATEMENT_BOUNDS)
+# What a pinned call sets LOCAL: the bounds, and where unqualified names are found.
+_PINNED = {**STATEMENT_BOUNDS, **NAME_PATH}
+_PIN_BOUNDS = _pin(_PINNED)
 
 
 @overload
@@ -95,7 +98,7 @@ async def call(
         if lock_timeout is None:
             return await run_pinned(conn, query, params, row_factory=row_factory)
         waiting = _lock_wait(lock_timeout)
-        settings = waiting if own else {**STATEMENT_BOUNDS, **waiting}
+        settings = waiting if own else {**_PINNED, **waiting}
         return await run_pinned(conn, query, params, settings, row_factory=row_factory)
     except psycopg.Error as error:
         if read_only_server(error, conn):
@@ -260,7 +263,11 @@ class Dedicated:
             return await run_bare(self.conn, query, params, row_factory=row_factory)
         # A bound of its own for one statement: SET LOCAL needs a transaction around it.
         return await run_pinned(
-            self.conn, query, params, _lock_wait(lock_timeout), row_factory=row_factory
+            self.conn,
+            query,
+            params,
+            {**NAME_PATH, **_lock_wait(lock_timeout)},
+            row_factory=row_factory,
         )
 
 

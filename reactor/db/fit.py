@@ -19,6 +19,7 @@ from reactor import mapping as mapping_module
 from reactor.db.session import AnyConnection
 from reactor.errors import ConfigError, SchemaMissing
 from reactor.mapping import ID_TYPES, Mapping, Terminal
+from reactor.quote import readable
 
 _TIMES = ("timestamp with time zone", "timestamp without time zone")
 _TEXTS = ("text", "character varying")
@@ -40,8 +41,14 @@ class Table:
     oid: int
     schema: str
     name: str
-    partitioned: bool
+    kind: str  # pg_class.relkind: r a table, p a partitioned one, v a view...
+    owner: str
+    owned: bool  # the current role is the owner, or a member of it
     columns: dict[str, Column]
+
+    @property
+    def partitioned(self) -> bool:
+        return self.kind == "p"
 
     @property
     def shown(self) -> str:
@@ -63,7 +70,8 @@ async def fit(
     missing_is_schema = mapping.is_reference and not reference_schema
     jobs = await _table(conn, jobs_map.table, "jobs", where, missing_is_schema)
     runs = await _table(conn, runs_map.table, "runs", where, missing_is_schema)
-    for table in (jobs, runs):
+    for table, section in ((jobs, "jobs"), (runs, "runs")):
+        _check_relation(table, section, where, installing=installing)
         if table.schema == mapping.reactor_schema:
             # The app's owner, and whoever the app lets create there, make objects in the app's
             # schema: the reactor's definer functions cannot trust what they find in it.
@@ -146,7 +154,8 @@ async def fit(
     if not await _unique_on(conn, runs.oid, run_key.name):
         raise ConfigError(
             f"{runs.shown}.{run_key.name} (runs.key) has no unique index on it alone; add one "
-            f"(CREATE UNIQUE INDEX ON {runs.shown} ({run_key.name})), or make it the primary key"
+            f"(CREATE UNIQUE INDEX ON {readable(runs.schema, runs.name)} "
+            f"({readable(run_key.name)})), or make it the primary key"
         )
     written = {runs_map.key, runs_map.job, runs_map.saved_by, *(c for c, _ in runs_map.columns)}
     for unfilled in runs.columns.values():
@@ -160,15 +169,43 @@ async def fit(
     # Typed, and with both tables schema-qualified: the reactor's functions run with a
     # search_path of pg_catalog only, and must find the same tables as the app.
     typed = mapping.typed({c.name: c.type for c in (job_id, job_run, status, *times, *documents)})
+    unwritten = [name for name in runs.columns if name not in written]
     located = replace(
         typed,
         jobs=replace(typed.jobs, table=(jobs.schema, jobs.name)),
-        runs=replace(typed.runs, table=(runs.schema, runs.name)),
+        runs=replace(
+            typed.runs,
+            table=(runs.schema, runs.name),
+            sequences=await _default_sequences(conn, runs.oid, unwritten),
+        ),
     )
     await _check_expressions(conn, located, where)
     if not installing:
         await _check_installed(conn, located)
     return located
+
+
+async def _default_sequences(
+    conn: AnyConnection, table: int, columns: list[str]
+) -> tuple[tuple[str, str], ...]:
+    """The sequences the defaults of ``table``'s ``columns`` draw from (a serial column's
+    nextval), from the default expressions' dependencies: an identity column's sequence needs
+    no grant of its own, and none is found here."""
+    cur = await conn.execute(
+        "SELECT DISTINCT n.nspname, s.relname"
+        "  FROM pg_catalog.pg_attrdef d"
+        "  JOIN pg_catalog.pg_attribute a ON a.attrelid = d.adrelid AND a.attnum = d.adnum"
+        "  JOIN pg_catalog.pg_depend dep"
+        "    ON dep.classid = 'pg_catalog.pg_attrdef'::pg_catalog.regclass"
+        "   AND dep.objid = d.oid"
+        "   AND dep.refclassid = 'pg_catalog.pg_class'::pg_catalog.regclass"
+        "  JOIN pg_catalog.pg_class s ON s.oid = dep.refobjid AND s.relkind = 'S'"
+        "  JOIN pg_catalog.pg_namespace n ON n.oid = s.relnamespace"
+        " WHERE d.adrelid = %s AND a.attname = ANY(%s)"
+        " ORDER BY 1, 2",
+        (table, columns),
+    )
+    return tuple((schema, name) for schema, name in await cur.fetchall())
 
 
 async def _table(
@@ -189,24 +226,61 @@ async def _table(
     )
 
 
+# What each relkind is, for the message that refuses it.
+_KINDS = {
+    "v": "a view",
+    "m": "a materialized view",
+    "f": "a foreign table",
+    "S": "a sequence",
+    "i": "an index",
+    "I": "a partitioned index",
+    "c": "a composite type",
+    "t": "a TOAST table",
+}
+
+
+def _check_relation(table: Table, section: str, where: str, *, installing: bool) -> None:
+    """A mapped relation is a table (the triggers go on it, the reactor writes it), and the
+    migrate role owns it: installing SECURITY DEFINER triggers on another role's table would
+    run that role's code (its triggers, casts, defaults) with the migrate role's rights."""
+    if table.kind not in ("r", "p"):
+        what = _KINDS.get(table.kind, f"a relation of kind {table.kind!r}")
+        raise ConfigError(
+            f"{table.shown} ({section}.table in {where}) is {what}, not a table; name the "
+            f"app's {section} table itself"
+        )
+    if installing and not table.owned:
+        raise ConfigError(
+            f"{table.shown} ({section}.table in {where}) belongs to role {table.owner}, which "
+            f"this role is not a member of; run `reactor migrate` as {table.owner} (the "
+            f"owner of the app's tables), or name the app's own table there"
+        )
+
+
+# Every catalog read below names pg_catalog's objects in full, so that what a role's
+# search_path puts before pg_catalog is never consulted; the mapped tables are found by schema
+# and name, never through the search_path.
 async def describe(conn: AnyConnection, name: tuple[str, ...]) -> Table | None:
-    """The table ``name`` and its columns as the catalog has them, or None when it is absent."""
-    quoted = psycopg.sql.Identifier(*name).as_string(None)
+    """The relation ``name`` (schema, name; a bare name is in public) and its columns as the
+    catalog has them, or None when it is absent."""
+    schema, relname = name if len(name) == 2 else ("public", name[-1])
     cur = await conn.execute(
-        "SELECT c.oid, n.nspname, c.relname, c.relkind = 'p' AS partitioned"
-        "  FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
-        " WHERE c.oid = to_regclass(%s)",
-        (quoted,),
+        "SELECT c.oid, c.relkind::text, pg_catalog.pg_get_userbyid(c.relowner)::text,"
+        "       pg_catalog.pg_has_role(current_user, c.relowner, 'MEMBER')"
+        "  FROM pg_catalog.pg_class c"
+        "  JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace"
+        " WHERE n.nspname = %s AND c.relname = %s",
+        (schema, relname),
     )
     found = await cur.fetchone()
     if found is None:
         return None
-    oid, schema, relname, partitioned = found
+    oid, kind, owner, owned = found
     cur = await conn.cursor(row_factory=dict_row).execute(
-        "SELECT a.attname AS name, format_type(a.atttypid, a.atttypmod) AS type,"
+        "SELECT a.attname AS name, pg_catalog.format_type(a.atttypid, a.atttypmod) AS type,"
         "       t.typtype = 'e' AS enum, a.attnotnull AS not_null,"
         "       a.atthasdef OR a.attidentity <> '' OR a.attgenerated <> '' AS filled"
-        "  FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid"
+        "  FROM pg_catalog.pg_attribute a JOIN pg_catalog.pg_type t ON t.oid = a.atttypid"
         " WHERE a.attrelid = %s AND a.attnum > 0 AND NOT a.attisdropped"
         " ORDER BY a.attnum",
         (oid,),
@@ -216,7 +290,25 @@ async def describe(conn: AnyConnection, name: tuple[str, ...]) -> Table | None:
         row["name"]: Column(**{**row, "type": _TYPMOD.sub("", row["type"])})
         for row in await cur.fetchall()
     }
-    return Table(oid, schema, relname, partitioned, columns)
+    return Table(oid, schema, relname, kind, owner, bool(owned), columns)
+
+
+async def owners_note(conn: AnyConnection, mapping: Mapping) -> str | None:
+    """For a superuser, for whom every ownership check passes: one line naming each mapped
+    table's owner, so that whoever migrates sees whose tables got the triggers. None for any
+    other role, which the checks held to its own tables."""
+    cur = await conn.execute(
+        "SELECT r.rolsuper FROM pg_catalog.pg_roles r WHERE r.rolname = current_user"
+    )
+    row = await cur.fetchone()
+    if not row or not row[0]:
+        return None
+    owned = []
+    for table in (mapping.jobs.table, mapping.runs.table):
+        found = await describe(conn, table)
+        if found is not None:
+            owned.append(f"{readable(found.schema, found.name)} belongs to {found.owner}")
+    return "migrated as a superuser: " + ", ".join(owned) if owned else None
 
 
 async def _check_status(
@@ -311,7 +403,8 @@ async def _check_zone(conn: AnyConnection, zone: str) -> None:
 async def enum_labels(conn: AnyConnection, table: int, column: str) -> list[str]:
     """The labels of the enum type of ``table``'s ``column`` in their order; [] for another type."""
     cur = await conn.execute(
-        "SELECT e.enumlabel FROM pg_attribute a JOIN pg_enum e ON e.enumtypid = a.atttypid"
+        "SELECT e.enumlabel FROM pg_catalog.pg_attribute a"
+        "  JOIN pg_catalog.pg_enum e ON e.enumtypid = a.atttypid"
         " WHERE a.attrelid = %s AND a.attname = %s ORDER BY e.enumsortorder",
         (table, column),
     )
@@ -320,7 +413,7 @@ async def enum_labels(conn: AnyConnection, table: int, column: str) -> list[str]
 
 async def _unique_on(conn: AnyConnection, table: int, column: str) -> bool:
     cur = await conn.execute(
-        "SELECT EXISTS (SELECT 1 FROM pg_index i JOIN pg_attribute a"
+        "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_index i JOIN pg_catalog.pg_attribute a"
         "    ON a.attrelid = i.indrelid AND a.attnum = i.indkey[0]"
         " WHERE i.indrelid = %s AND i.indisunique AND i.indisvalid AND i.indpred IS NULL"
         "   AND i.indnkeyatts = 1 AND i.indexprs IS NULL AND a.attname = %s)",
@@ -379,34 +472,35 @@ async def _check_expressions(conn: AnyConnection, mapping: Mapping, where: str) 
 
 
 async def _check_installed(conn: AnyConnection, mapping: Mapping) -> None:
-    """A schema installed for other tables than the mapping names: migrate re-installs it."""
-    # A role that may not read it (the runtime role needs no grant on it) skips the check.
-    app_tables = f"{mapping.reactor_schema}.app_tables"
+    """The tables the mapping names are the ones `reactor migrate` installed the triggers on
+    (``<reactor_schema>.app_tables``, by oid): a name that now finds another relation (a table
+    renamed, dropped and made again, a mapping edited since) is refused before anything
+    reads it."""
+    # A role that may not read it yet (granted since schema version 13's grants) skips the
+    # check; the startup's privilege check then names the grant it lacks.
     cur = await conn.execute(
-        "SELECT CASE WHEN to_regclass(%(t)s) IS NULL THEN false"
-        "            ELSE has_table_privilege(%(t)s, 'SELECT') END",
-        {"t": app_tables},
+        "SELECT c.oid FROM pg_catalog.pg_class c"
+        "  JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace"
+        " WHERE n.nspname = %s AND c.relname = 'app_tables'"
+        "   AND pg_catalog.has_schema_privilege(n.oid, 'USAGE')"
+        "   AND pg_catalog.has_table_privilege(c.oid, 'SELECT')",
+        (mapping.reactor_schema,),
     )
-    row = await cur.fetchone()
-    if not row or not row[0]:
+    if await cur.fetchone() is None:
         return
+    app_tables = psycopg.sql.Identifier(mapping.reactor_schema, "app_tables").as_string(None)
     cur = await conn.execute(
-        f"SELECT jobs::oid, runs::oid, jobs::text, runs::text FROM {app_tables}"
+        f"SELECT t.jobs::oid, t.runs::oid, t.jobs::text, t.runs::text FROM {app_tables} t"
     )
     installed = await cur.fetchone()
     if installed is None:
         return
-    jobs, runs = mapping.jobs.table, mapping.runs.table
-    cur = await conn.execute(
-        "SELECT to_regclass(%s)::oid, to_regclass(%s)::oid",
-        (
-            psycopg.sql.Identifier(*jobs).as_string(None),
-            psycopg.sql.Identifier(*runs).as_string(None),
-        ),
-    )
-    wanted = await cur.fetchone()
-    if wanted and (wanted[0], wanted[1]) != (installed[0], installed[1]):
-        raise SchemaMissing(
-            f"the reactor's triggers are installed on {installed[2]} and {installed[3]}, not on "
-            f"the tables the mapping names; run `reactor migrate` to install them there"
+    jobs = await describe(conn, mapping.jobs.table)
+    runs = await describe(conn, mapping.runs.table)
+    wanted = (jobs.oid if jobs else None, runs.oid if runs else None)
+    if wanted != (installed[0], installed[1]):
+        raise ConfigError(
+            f"the mapping names {mapping.jobs_shown} and {mapping.runs_shown}, but `reactor "
+            f"migrate` installed the triggers on {installed[2]} and {installed[3]}; run "
+            "`reactor migrate` with this mapping to install them there"
         )

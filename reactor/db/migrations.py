@@ -290,7 +290,7 @@ async def _own_schema(conn: AnyConnection, schema: str) -> bool:
             f"schema {schema} exists and belongs to role {owner}, not to {me}, which runs "
             "`reactor migrate`; the reactor installs only into a schema it made itself: run "
             f"`reactor migrate` as {owner} if that role is the install's owner, else drop the "
-            f"schema (DROP SCHEMA {schema} CASCADE) or set reactor_schema to a new one"
+            f"schema (DROP SCHEMA {readable(schema)} CASCADE) or set reactor_schema to a new one"
         )
     return False
 

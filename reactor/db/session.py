@@ -69,6 +69,14 @@ STATEMENT_BOUNDS = {
     "idle_in_transaction_session_timeout": "30s",
 }
 
+# Where a name left unqualified is looked for: public alone, never "$user", a schema any role
+# with CREATE on the database can make under the name of the role the reactor runs as, with
+# look-alikes in it (pg_catalog is searched first either way). The reactor's own statements
+# qualify every name; this is for the app's triggers, which fire inside the reactor's writes
+# and find their functions in public, as in the app's sessions. Set for a session of our own,
+# and LOCAL to each pinned call behind a pooler.
+NAME_PATH = {"search_path": "public"}
+
 # The client-side TCP settings on the server side: the server drops a session whose client
 # vanished instead of keeping its locks until the kernel gives up on the socket. Only for a
 # session of our own: behind a pooler the server's client is the pooler, not the reactor.
@@ -129,7 +137,7 @@ def first_line(error: BaseException) -> str:
 async def configure(conn: AnyConnection) -> None:
     """Apply the session settings to a connection that is a session of its own, not one a
     transaction-mode pooler shares with other clients (the settings would leak into theirs)."""
-    settings = {**STATEMENT_BOUNDS, **_LIVENESS, **_SESSION_DEFAULTS}
+    settings = {**STATEMENT_BOUNDS, **NAME_PATH, **_LIVENESS, **_SESSION_DEFAULTS}
     query = "SELECT set_config(n, v, false) FROM unnest(%s::text[], %s::text[]) AS s(n, v)"
     try:
         await conn.execute(query, (list(settings), list(settings.values())))
@@ -141,6 +149,19 @@ async def configure(conn: AnyConnection) -> None:
                 await conn.execute("SELECT set_config(%s, %s, false)", (name, value))
             except psycopg.errors.UndefinedObject:
                 log.debug("server does not know %s; skipped", name)
+
+
+async def pin_name_path(conn: AnyConnection) -> None:
+    """Set :data:`NAME_PATH` for ``conn``'s session when it is a session of its own (the pid
+    the server runs it on is the one the connection was given), in one round trip. Behind a
+    transaction pooler it is left as the server has it: a session setting would outlive the
+    transaction on a server session the app uses next, and a startup ``options`` parameter is
+    refused by PgBouncer. Such a connection's statements qualify every name they use."""
+    await conn.execute(
+        "SELECT CASE WHEN pg_catalog.pg_backend_pid() = %s"
+        "            THEN pg_catalog.set_config('search_path', %s, false) END",
+        (conn.info.backend_pid, NAME_PATH["search_path"]),
+    )
 
 
 # What :func:`connect` does with a server that is a read-only hot standby: ``accept`` it (the
@@ -201,6 +222,8 @@ async def connect(
                         await _refuse_standby(conn, source)
                     if configure_session:
                         await configure(conn)
+                    else:
+                        await pin_name_path(conn)
                 except BaseException:
                     await conn.close()
                     raise

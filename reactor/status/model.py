@@ -122,13 +122,16 @@ class Status:
     # The job table as messages name it, and the statement that re-enables its trigger, as a
     # person must type it: names quoted as needed, the trigger named after the reactor's schema.
     jobs_table: str = "analysis_jobs"
-    enable_trigger: str = "ALTER TABLE analysis_jobs ENABLE TRIGGER reactor_job_update"
+    enable_trigger: str = "ALTER TABLE public.analysis_jobs ENABLE TRIGGER reactor_job_update"
     # What the reactor's schema holds, or allows, that its owner did not make: `reactor run`
     # and `sweep` refuse to start while any is there (see triggers/trust.sql).
     untrusted: tuple[str, ...] = ()
     # This command's own REACTOR_GRACE_SECONDS, when the live replicas run with another grace
     # (which `grace` then is): the report's split at the grace is theirs.
     own_grace: float | None = None
+    # PUBLIC may create in the schema public (PostgreSQL 14 and earlier, unless revoked): any
+    # role can put objects where the app's unqualified names, and the reactor's, are found.
+    public_creatable: bool = False
 
     @property
     def unwritable(self) -> tuple[Replica, ...]:
@@ -265,6 +268,7 @@ async def _collect(conn: db.AnyConnection, queries: db.Database, settings: Setti
         ),
         replicas=tuple(replicas),
         untrusted=tuple(await queries.untrusted()),
+        public_creatable=server["public_creatable"],
         jobs_table=install.mapping.jobs_shown,
         enable_trigger=_enable_trigger(install),
     )
@@ -280,8 +284,10 @@ def running_grace(replicas: list[Replica], own: float) -> float:
 def _enable_trigger(install: Install) -> str:
     table = install.mapping.jobs.table
     schema, name = table if len(table) == 2 else ("public", table[-1])
-    shown = readable(name) if schema == "public" else readable(schema, name)
-    return f"ALTER TABLE {shown} ENABLE TRIGGER {readable(f'{install.schema}_job_update')}"
+    return (
+        f"ALTER TABLE {readable(schema, name)} ENABLE TRIGGER "
+        f"{readable(f'{install.schema}_job_update')}"
+    )
 
 
 def _shown(error: str | None) -> str | None:

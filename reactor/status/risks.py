@@ -21,6 +21,12 @@ def risks(status: Status) -> list[str]:
             f"{replica.write_error!r}; run `reactor migrate`, or restore the column, table or "
             "grant the error names"
         )
+    if status.public_creatable:
+        found.append(
+            "every role may create objects in the schema public (the default up to PostgreSQL "
+            "14, CVE-2018-1058), where the app's tables and the names they use are found: "
+            "REVOKE CREATE ON SCHEMA public FROM PUBLIC"
+        )
     if status.in_recovery:
         found.append(
             "the database is a read-only hot standby: no reactor can record a run here, and "

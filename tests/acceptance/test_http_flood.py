@@ -1,10 +1,12 @@
 """``reactor run`` in a small container's share of file descriptors, held by clients that open
-connections and never finish a request: the work goes on, the servers let go of them, and the
-log stays small.
+connections and never finish a request: the work goes on, the servers let go of them, the log
+stays small, and the probes answer while one peer holds all it may.
 
 The process gets a soft and hard RLIMIT_NOFILE of 256 (so raising the soft limit to the hard
-one gains nothing, and the caps and the deadline must do the work) and 300 connections, split
-between the probes and the page, that each send half a request line.
+one gains nothing, and the caps and the deadline must do the work) and 300 connections from 15
+peer addresses, split between the probes and the page, that each send half a request line.
+Another peer (127.0.0.2) holds 80 half-sent connections, reopening each as it is closed, while
+the orchestrator's probe (127.0.0.1) calls /healthz.
 """
 
 from __future__ import annotations
@@ -20,14 +22,17 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import psycopg
+import pytest
 
 from reactor import http
+from reactor.admission import Door
 from tests.acceptance.conftest import reactor_env
 from tests.acceptance.test_cli import listening
 from tests.helpers import finish, new_job, run_row
@@ -35,6 +40,9 @@ from tests.polling import wait_for
 
 OPEN_FILES = 256
 HALF_OPEN = 300
+# Each peer of the flood sends this many in a row to one server: past its own cap, and enough
+# peers to reach what peers holding connections may share.
+PER_PEER_IN_A_ROW = 10
 GRACE = 1.0
 # How late a job may be recorded past its grace while the connections are held, with every
 # database session of the reactor cut meanwhile: the reconnect, the scan that follows it, and
@@ -75,22 +83,39 @@ def limited(soft: int, hard: int, *args: str) -> list[str]:
     return [sys.executable, "-c", _LIMITED, str(soft), str(hard), *args]
 
 
+def flood_peer(n: int, servers: int) -> str:
+    """The peer address the ``n``-th connection of :func:`half_open` comes from."""
+    return f"127.0.0.{10 + n // servers // PER_PEER_IN_A_ROW}"
+
+
 @contextmanager
 def half_open(addresses: list[tuple[str, int]], count: int) -> Iterator[list[socket.socket]]:
-    """``count`` connections spread over ``addresses``, each sent half a request line and
-    nothing more; closed on exit."""
+    """``count`` connections spread over ``addresses``, from the peers of :func:`flood_peer`,
+    each sent half a request line and nothing more; closed on exit."""
     socks: list[socket.socket] = []
     try:
         for n in range(count):
             sock = socket.socket()
             socks.append(sock)
             sock.settimeout(10)
+            sock.bind((flood_peer(n, len(addresses)), 0))
             sock.connect(addresses[n % len(addresses)])
             sock.sendall(b"GET /heal")
         yield socks
     finally:
         for sock in socks:
             sock.close()
+
+
+def expected_drops(count: int, servers: int) -> Counter[str]:
+    """What one server refuses of :func:`half_open`'s connections, by reason, and how many it
+    admits (``head_timeout``: each is closed at the deadline), by the rules of the door."""
+    reasons: Counter[str] = Counter()
+    door = Door("probes", dropped=lambda reason: reasons.update([reason]))
+    for n in range(0, count, servers):
+        door.admit(flood_peer(n, servers))
+    reasons["head_timeout"] = door.open
+    return reasons
 
 
 class Watcher(threading.Thread):
@@ -144,7 +169,9 @@ def test_half_open_connections_take_nothing_the_reactor_needs(
         REACTOR_PROBE_INTERVAL_SECONDS="1",
         REACTOR_PROBE_TIMEOUT_SECONDS="1",
     )
-    over_caps = HALF_OPEN - 2 * http.MAX_CONNECTIONS
+    each = expected_drops(HALF_OPEN, 2)
+    assert min(each["limit"], each["peer_limit"]) > 0  # both caps are reached
+    over_caps = 2 * (each["limit"] + each["peer_limit"])
     log_path = tmp_path / "reactor.log"
     with log_path.open("w", encoding="utf-8") as log:
         command = limited(OPEN_FILES, OPEN_FILES, "run")
@@ -201,15 +228,215 @@ def test_half_open_connections_take_nothing_the_reactor_needs(
     assert not [r for r in logged if "accept" in r["message"]], "descriptors ran out"
     # Those past the caps at once, the others at the head deadline.
     for server in ("probes", "page"):
-        for reason, count in (
-            ("limit", HALF_OPEN // 2 - http.MAX_CONNECTIONS),
-            ("head_timeout", http.MAX_CONNECTIONS),
-        ):
+        for reason, count in each.items():
             sample = (
                 f'reactor_http_connections_dropped_total{{reason="{reason}",server="{server}"}} '
                 f"{count:.1f}"
             )
             assert sample in metrics, (sample, metrics)
+
+
+# The orchestrator's probe: its own peer address, and a kubelet's default timeoutSeconds.
+PROBE_PEER = "127.0.0.1"
+PROBE_TIMEOUT = 1.0
+# The other peer, holding as many half-sent connections as it can get, and more.
+GREEDY_PEER = "127.0.0.2"
+GREEDY_CONNECTIONS = 80
+
+
+class Greedy(threading.Thread):
+    """Holds ``count`` connections from ``peer`` to ``target``, each sent half a request line,
+    and opens another as soon as the server closes one, until :meth:`stop`."""
+
+    def __init__(self, target: tuple[str, int], peer: str, count: int) -> None:
+        super().__init__(daemon=True)
+        self.target = target
+        self.peer = peer
+        self.count = count
+        self.opened = 0  # connections that got as far as sending (this thread writes)
+        self.closed = 0  # ... and that the server closed
+        self.problem: str | None = None
+        self._stopping = threading.Event()
+
+    def stop(self) -> None:
+        self._stopping.set()
+        if self.is_alive():
+            self.join(10)
+
+    def run(self) -> None:
+        try:
+            with selectors.DefaultSelector() as selector:
+                try:
+                    for _ in range(self.count):
+                        self._open(selector)
+                    while not self._stopping.is_set():
+                        for key, _ in selector.select(0.1):
+                            self._step(selector, key)
+                finally:
+                    for key in list(selector.get_map().values()):
+                        key.fileobj.close()  # type: ignore[union-attr]
+        except OSError as error:
+            self.problem = repr(error)
+
+    def _open(self, selector: selectors.BaseSelector) -> None:
+        sock = socket.socket()
+        sock.setblocking(False)
+        sock.bind((self.peer, 0))
+        sock.connect_ex(self.target)  # EINPROGRESS; the selector says when it is done
+        selector.register(sock, selectors.EVENT_WRITE, "connecting")
+
+    def _reopen(self, selector: selectors.BaseSelector, sock: socket.socket) -> None:
+        selector.unregister(sock)
+        sock.close()
+        self._open(selector)
+
+    def _step(self, selector: selectors.BaseSelector, key: selectors.SelectorKey) -> None:
+        sock = key.fileobj
+        assert isinstance(sock, socket.socket)
+        if key.data == "connecting":
+            if sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR):
+                self._reopen(selector, sock)
+                return
+            try:
+                sock.send(b"GET /heal")
+            except OSError:
+                self._reopen(selector, sock)
+                return
+            self.opened += 1
+            selector.modify(sock, selectors.EVENT_READ, "held")
+            return
+        try:
+            data = sock.recv(4096)
+        except OSError:
+            data = b""
+        if not data:
+            self.closed += 1
+            self._reopen(selector, sock)
+
+
+def hold_greedily(port: int) -> None:
+    """A process of its own (its own interpreter, as a client on another pod has): floods
+    127.0.0.1:``port`` from GREEDY_PEER, says ``flooding`` once the server has closed as many
+    as it holds, and stops at the end of its stdin, printing what it counted."""
+    greedy = Greedy(("127.0.0.1", port), GREEDY_PEER, GREEDY_CONNECTIONS)
+    greedy.start()
+    wait_for(lambda: greedy.closed >= GREEDY_CONNECTIONS or greedy.problem, 10)
+    print("flooding", flush=True)
+    sys.stdin.read()
+    greedy.stop()
+    print(json.dumps({"closed": greedy.closed, "problem": greedy.problem}), flush=True)
+
+
+@contextmanager
+def greedy_peer(port: int) -> Iterator[dict[str, Any]]:
+    """:func:`hold_greedily` in another process while the block runs; the dict it yields gets
+    what that process counted, on exit."""
+    counted: dict[str, Any] = {}
+    code = f"from tests.acceptance.test_http_flood import hold_greedily; hold_greedily({port})"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code],
+        cwd=Path(__file__).parents[2],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdin is not None
+    assert proc.stdout is not None
+    try:
+        assert proc.stdout.readline() == "flooding\n"
+        yield counted
+        proc.stdin.close()
+        counted.update(json.loads(proc.stdout.readline()))
+        assert proc.wait(timeout=15) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        proc.stdout.close()
+        if not proc.stdin.closed:
+            proc.stdin.close()
+
+
+def probe(url: str) -> int | None:
+    """One call of ``url`` from PROBE_PEER, as the orchestrator makes it: the status, or None
+    when no answer came within PROBE_TIMEOUT."""
+    host, port = url.removeprefix("http://").split("/")[0].split(":")
+    try:
+        with socket.create_connection(
+            (host, int(port)), timeout=PROBE_TIMEOUT, source_address=(PROBE_PEER, 0)
+        ) as sock:
+            path = "/" + url.removeprefix("http://").split("/", 1)[1]
+            sock.sendall(
+                f"GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n".encode()
+            )
+            head = b""
+            while b"\r\n" not in head:
+                chunk = sock.recv(4096)
+                if not chunk:
+                    return None
+                head += chunk
+            return int(head.split()[1])
+    except OSError:
+        return None
+
+
+@pytest.mark.parametrize(
+    ("calls", "every"),
+    [
+        pytest.param(25, 0.2, id="5s"),
+        # The figure in docs/security.md: 25 calls over 25 s.
+        pytest.param(25, 1.0, id="25s", marks=pytest.mark.slow),
+    ],
+)
+def test_probes_are_answered_while_one_peer_holds_all_it_may(
+    database_url: str, tmp_path: Path, calls: int, every: float
+) -> None:
+    probes = free_port()
+    env = reactor_env(database_url, REACTOR_HTTP_ADDR=f"127.0.0.1:{probes}")
+    log_path = tmp_path / "reactor.log"
+    with log_path.open("w", encoding="utf-8") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "reactor", "run"], env=env, stdout=log, stderr=log, text=True
+        )
+    try:
+        healthz = f"http://127.0.0.1:{probes}/healthz"
+        ready = f"http://127.0.0.1:{probes}/readyz"
+        wait_for(lambda: http_status(ready) == 200 or proc.poll() is not None, 60)
+        assert proc.poll() is None, log_path.read_text(encoding="utf-8")
+        # Once it says so, the flood is on: the server has closed as many as it holds.
+        with greedy_peer(probes) as greedy:
+            answers = []
+            started = time.monotonic()
+            for n in range(calls):
+                time.sleep(max(0.0, started + n * every - time.monotonic()))
+                answers.append(probe(healthz))
+            spent = time.monotonic() - started
+        assert greedy["problem"] is None, greedy["problem"]
+        with urllib.request.urlopen(f"http://127.0.0.1:{probes}/metrics", timeout=5) as r:
+            metrics = r.read().decode()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0, log_path.read_text(encoding="utf-8")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    answered = answers.count(200)
+    print(
+        f"\n/healthz from {PROBE_PEER}: {answered} of {calls} answered within "
+        f"{PROBE_TIMEOUT:g} s over {spent:.1f} s, while {GREEDY_PEER} held "
+        f"{GREEDY_CONNECTIONS} half-sent connections ({greedy['closed']} closed by the server and "
+        "reopened)"
+    )
+    assert answered >= calls - 2, answers
+    # The greedy peer got its own cap, and the rest of its connections were refused for it.
+    (refused,) = [
+        float(line.rsplit(" ", 1)[1])
+        for line in metrics.splitlines()
+        if line.startswith(
+            'reactor_http_connections_dropped_total{reason="peer_limit",server="probes"}'
+        )
+    ]
+    assert refused >= GREEDY_CONNECTIONS - http.MAX_PER_PEER, metrics
 
 
 def test_run_raises_its_soft_open_files_limit_to_the_hard_one(database_url: str) -> None:

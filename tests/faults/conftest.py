@@ -33,7 +33,14 @@ from tests.conftest import FAULT_ROW, Server
 from tests.faults import tables as app_tables
 from tests.faults.proxy import FaultProxy
 from tests.faults.scenario import REPLICAS, Scenario
-from tests.faults.support import FaultWindows, Judgement, Replicas, Workload, host_port
+from tests.faults.support import (
+    FaultWindows,
+    Judgement,
+    Replicas,
+    Workload,
+    host_port,
+    report_cells,
+)
 from tests.faults.tables import Tables
 
 StartReactor = Callable[..., AbstractAsyncContextManager[Reactor]]
@@ -125,25 +132,6 @@ def database_url(server: Server, templates: Templates, tables: Tables) -> Iterat
         conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
 
 
-def _cells(
-    scenario: str,
-    cycles: int,
-    judgement: Judgement,
-    recovery: float | None,
-    unhooked: int | None,
-) -> str:
-    v = judgement.verdict
-
-    def sec(x: float | None) -> str:
-        return "-" if x is None else f"{x:.2f}"
-
-    return (
-        f"| {scenario} | {cycles} | {v.jobs} | {v.lost} | {v.dup} | {v.clobbered} "
-        f"| {v.early} | {v.wrong} | {judgement.stale} | {'-' if unhooked is None else unhooked} "
-        f"| {sec(v.lateness_max)} | {sec(v.lateness_p99)} | {sec(recovery)} |"
-    )
-
-
 class Report:
     """Adds this test's rows to the session's table; a scenario on another mapping than the
     reference is named with it."""
@@ -164,7 +152,7 @@ class Report:
     ) -> None:
         if self._tables.name != "reference":
             scenario = f"{scenario} [{self._tables.name} mapping]"
-        cells = _cells(scenario, cycles, judgement, recovery, unhooked)
+        cells = report_cells(scenario, cycles, judgement, recovery=recovery, unhooked=unhooked)
         self._properties.append((FAULT_ROW, (cells, note)))
 
 

@@ -31,6 +31,7 @@ import psycopg
 import psycopg.conninfo
 
 from reactor import audit, sql
+from reactor.app import App
 from reactor.audit import Verdict
 from reactor.mapping import REFERENCE, Mapping
 from tests.faults.tables import JobId, RunKey, Tables
@@ -185,6 +186,42 @@ async def judge(dsn: str, grace: float, mapping: Mapping = REFERENCE_TABLES) -> 
 def judge_sync(dsn: str, grace: float) -> Judgement:
     """``judge`` from synchronous code."""
     return anyio.run(judge, dsn, grace, backend="asyncio")
+
+
+def report_cells(
+    scenario: str,
+    cycles: int,
+    judgement: Judgement,
+    *,
+    recovery: float | None,
+    unhooked: int | None,
+) -> str:
+    """The cells of a scenario's row in the session's table (tests/conftest.py adds the
+    outcome and the note)."""
+    v = judgement.verdict
+
+    def sec(x: float | None) -> str:
+        return "-" if x is None else f"{x:.2f}"
+
+    return (
+        f"| {scenario} | {cycles} | {v.jobs} | {v.lost} | {v.dup} | {v.clobbered} "
+        f"| {v.early} | {v.wrong} | {judgement.stale} | {'-' if unhooked is None else unhooked} "
+        f"| {sec(v.lateness_max)} | {sec(v.lateness_p99)} | {sec(recovery)} |"
+    )
+
+
+UNHOOKED_SQL = """
+SELECT count(*) FROM @runs@ r
+ WHERE @r.saved_by@ = @worker@
+   AND NOT EXISTS (SELECT 1 FROM @reactor@.hook_outbox o
+                    WHERE o.run_id = @r.key@ AND o.job_id = @r.job@
+                      AND o.hook = %s AND o.status = 'done')
+"""
+
+
+def unhooked(conn: Conn, app: App, hook: str = "judge") -> int:
+    """Worker-recorded runs of ``app``'s tables whose ``hook`` has not run to completion."""
+    return int(scalar(conn, app.render(UNHOOKED_SQL), (hook,)))
 
 
 async def settle(

@@ -16,6 +16,7 @@ from pathlib import Path
 import anyio
 import pytest
 
+from tests.faults import support
 from tests.faults.conftest import Report
 from tests.faults.scenario import GRACE
 from tests.faults.support import (
@@ -50,18 +51,9 @@ def start_listening(replicas: Replicas, conn: Conn, env: dict[str, str], name: s
     return replica
 
 
-UNHOOKED_SQL = """
-SELECT count(*) FROM @runs@ r
- WHERE @r.saved_by@ = @worker@
-   AND NOT EXISTS (SELECT 1 FROM @reactor@.hook_outbox o
-                    WHERE o.run_id = @r.key@ AND o.job_id = @r.job@
-                      AND o.hook = %s AND o.status = 'done')
-"""
-
-
 def unhooked(tables: Tables, conn: Conn, hook: str = "judge") -> int:
     """Worker-recorded runs whose hook has not run to completion."""
-    return int(scalar(conn, tables.render(UNHOOKED_SQL), (hook,)))
+    return support.unhooked(conn, tables.app, hook)
 
 
 # -- kill -9 -----------------------------------------------------------------------------------

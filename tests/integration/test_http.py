@@ -1,6 +1,6 @@
 """``/healthz``, ``/readyz`` and ``/metrics`` of a reactor running in-process, including readiness
 going to 503 while PostgreSQL is down and back to 200 when it returns, with nobody's help; and
-what the HTTP servers let a client hold: the request-head deadline, the cap on connections, the
+what the HTTP servers let a client hold: the request-head deadline, the caps on connections, the
 loop's handling of a flood of failed accept() calls."""
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from reactor import http
+from reactor.admission import KEPT_FOR_NEW_PEERS
 from reactor.errors import ConfigError
 from reactor.service import Reactor
 from tests.acceptance.conftest import reactor_env, run_reactor
@@ -126,7 +127,7 @@ async def test_health_ready_and_metrics(serve: Serve) -> None:
         assert served[("reactor_mode", (("mode", "listen"),))] == 1
         assert served[("reactor_mode", (("mode", "poll"),))] == 0
         for server in ("probes", "page"):
-            for reason in ("limit", "head_timeout"):
+            for reason in ("limit", "peer_limit", "head_timeout"):
                 labels = (("reason", reason), ("server", server))
                 assert served[("reactor_http_connections_dropped_total", labels)] == 0
 
@@ -269,21 +270,52 @@ async def test_a_connection_without_a_request_head_is_closed_at_the_deadline(
 
 
 @pytest.mark.anyio
-async def test_connections_past_the_cap_are_closed_at_once(serve: Serve) -> None:
+async def test_connections_past_the_caps_are_closed_at_once(serve: Serve) -> None:
+    """One peer address holds at most its own cap; peers holding connections share all but the
+    kept places, which go to peers holding none; past all of them, even a new peer waits."""
     async with serve() as (reactor, base, session), AsyncExitStack() as stack:
         host, port = base.removeprefix("http://").split(":")
-        held = []
-        for _ in range(http.MAX_CONNECTIONS):
-            stream = await stack.enter_async_context(await anyio.connect_tcp(host, int(port)))
+
+        async def connect(peer: str) -> anyio.abc.SocketStream:
+            return await anyio.connect_tcp(host, int(port), local_host=peer)
+
+        async def hold(peer: str) -> anyio.abc.SocketStream:
+            stream = await stack.enter_async_context(await connect(peer))
             await stream.send(HEALTHZ)
             assert (await read_response(stream))[0] == 200  # admitted, and kept alive
-            held.append(stream)
-        started = time.monotonic()
-        async with await anyio.connect_tcp(host, int(port)) as over:
-            with anyio.fail_after(http.HEAD_SECONDS / 2):
-                await closed_by_server(over)
-        assert time.monotonic() - started < http.HEAD_SECONDS / 2
+            return stream
+
+        async def refused(peer: str) -> None:
+            started = time.monotonic()
+            async with await connect(peer) as over:
+                with anyio.fail_after(http.HEAD_SECONDS / 2):
+                    await closed_by_server(over)
+            assert time.monotonic() - started < http.HEAD_SECONDS / 2
+
+        async def answered(peer: str) -> None:
+            async with await connect(peer) as stream:
+                await stream.send(HEALTHZ)
+                assert (await read_response(stream))[0] == 200
+
+        held = [await hold("127.0.1.1") for _ in range(http.MAX_PER_PEER)]
+        await refused("127.0.1.1")
+        assert dropped(reactor, "probes", "peer_limit") == 1
+        await answered("127.0.0.1")  # another peer is not held back by it
+        # Five more peers at their caps take what peers holding connections may share.
+        shared = http.MAX_CONNECTIONS - KEPT_FOR_NEW_PEERS
+        for n in range(2, 2 + shared // http.MAX_PER_PEER - 1):
+            held += [await hold(f"127.0.1.{n}") for _ in range(http.MAX_PER_PEER)]
+        assert len(held) == shared
+        # A new peer takes a kept place, but its second connection would be a shared one.
+        held.append(await hold("127.0.2.1"))
+        await refused("127.0.2.1")
         assert dropped(reactor, "probes", "limit") == 1
+        # The other kept places, one per new peer; then none is left, even for a new peer.
+        held += [await hold(f"127.0.2.{n}") for n in range(2, KEPT_FOR_NEW_PEERS + 1)]
+        assert len(held) == http.MAX_CONNECTIONS
+        await refused("127.0.3.1")
+        assert dropped(reactor, "probes", "limit") == 2
+        assert dropped(reactor, "probes", "peer_limit") == 1
         # Those held are served as before.
         await held[0].send(HEALTHZ)
         assert (await read_response(held[0]))[0] == 200

@@ -75,7 +75,7 @@ def test_print_grants_is_exactly_the_required_list() -> None:
         assert f"ON {needed.target} TO" in printed
     # The minimum for the row locks, not UPDATE on the whole table; DELETE only on the queue
     # and on the hook outbox (retention), never on the app's tables.
-    assert 'GRANT UPDATE (updated_at) ON analysis_jobs TO "reactor_app";' in statements
+    assert 'GRANT UPDATE (updated_at) ON public.analysis_jobs TO "reactor_app";' in statements
     assert 'GRANT SELECT, INSERT, UPDATE (since), DELETE ON reactor.pending TO "reactor_app";' in (
         statements
     )

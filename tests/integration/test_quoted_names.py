@@ -20,7 +20,7 @@ from reactor import db, grants, mapping, sql, status
 from reactor.config import Settings
 from reactor.install import Install
 from reactor.metrics import Metrics
-from reactor.quote import readable
+from reactor.quote import quote_ident, readable
 from reactor.recorder import Recorder
 from tests.conftest import Server
 
@@ -73,6 +73,43 @@ def test_the_quoting_of_a_printed_name() -> None:
     assert readable("MyApp") == '"MyApp"'
     assert readable("MyApp", "Jobs") == '"MyApp"."Jobs"'
     assert readable("my_reactor", "outranks_v1") == "my_reactor.outranks_v1"
+    assert readable("user", "Job") == '"user"."Job"'
+    assert readable("public", "analysis_jobs") == "public.analysis_jobs"
+
+
+# Names beside the keywords: case, digits, $, spaces, quotes, non-ASCII, and words that only
+# look like keywords.
+ODD_NAMES = [
+    "Job",
+    "JOBS",
+    "job2",
+    "2jobs",
+    "_jobs",
+    "job$",
+    "my job",
+    'say"hi"',
+    "jöbs",
+    "",
+    "selected",
+    "user_id",
+    "Select",
+]
+
+
+def test_quote_ident_quotes_as_the_server_does_every_keyword_and_odd_name(
+    database_url: str,
+) -> None:
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        words = [w for (w,) in conn.execute("SELECT word FROM pg_get_keywords()").fetchall()]
+        assert len(words) > 400
+        names = [*words, *ODD_NAMES]
+        rows = conn.execute(
+            "SELECT n, quote_ident(n) FROM unnest(%s::text[]) AS n", (names,)
+        ).fetchall()
+    differ = {
+        name: (quote_ident(name), quoted) for name, quoted in rows if quote_ident(name) != quoted
+    }
+    assert differ == {}
 
 
 async def test_the_printed_grants_name_a_mixed_case_schema_as_it_is(

@@ -14,6 +14,7 @@ import anyio
 import psycopg
 import psycopg.errors
 import pytest
+from psycopg.rows import tuple_row
 
 from reactor import db
 from reactor.install import REFERENCE_INSTALL
@@ -160,3 +161,18 @@ def test_the_precedence_rule_reads_the_app_table_whatever_the_search_path(app: C
             (later, earlier, earlier, later),
         ).fetchone()
     assert rows == (True, False)
+
+
+async def test_every_session_searches_public_alone(
+    database_url: str, hostile_role: str, database: db.Database
+) -> None:
+    # Not "$user", public: a schema named after the role is what a neighbour can create. A
+    # pooled call sees it on a session of its own and, LOCAL, behind the pooler.
+    seen = await database.on.fetch("SELECT current_setting('search_path')", None, tuple_row)
+    assert seen == [("public",)]
+    # A command's own connection, which sets nothing else for the session.
+    async with await db.connect(
+        dsn_as(database_url, hostile_role), "status", configure_session=False
+    ) as conn:
+        cur = await conn.execute("SELECT current_setting('search_path')")
+        assert await cur.fetchone() == ("public",)

@@ -60,8 +60,13 @@ def test_defaults_match_the_design() -> None:
 
 
 def test_every_field_has_an_environment_variable() -> None:
-    # webhook_secrets is a family of variables, REACTOR_WEBHOOK_SECRET_<NAME>.
-    assert {f.name for f in fields(Settings)} == {*ENVIRONMENT, "webhook_secrets"}
+    # webhook_secrets is a family of variables, REACTOR_WEBHOOK_SECRET_<NAME>;
+    # dashboard_addr_chosen says whether REACTOR_DASHBOARD_ADDR was set.
+    assert {f.name for f in fields(Settings)} == {
+        *ENVIRONMENT,
+        "webhook_secrets",
+        "dashboard_addr_chosen",
+    }
     for variable in ENVIRONMENT.values():
         assert variable == "DATABASE_URL" or variable.startswith("REACTOR_")
 
@@ -694,3 +699,18 @@ def test_override_of_a_bad_environment_value_still_fails_on_the_environment() ->
     overrides: dict[str, Any] = {"grace": 5}
     with pytest.raises(ConfigError, match="REACTOR_GRACE_SECONDS"):
         Settings.from_env({"REACTOR_GRACE_SECONDS": "soon"}, overrides)
+
+
+@pytest.mark.parametrize(
+    ("environ", "chosen"),
+    [
+        ({}, False),
+        ({"REACTOR_DASHBOARD_ADDR": "127.0.0.1:9188"}, True),  # the default, but chosen
+        ({"REACTOR_DASHBOARD_ADDR": "10.0.0.5:9188"}, True),
+        ({"REACTOR_DASHBOARD_ADDR": ""}, True),
+    ],
+)
+def test_the_page_address_is_known_as_chosen_or_default(
+    environ: dict[str, str], chosen: bool
+) -> None:
+    assert Settings.from_env(environ).dashboard_addr_chosen is chosen
