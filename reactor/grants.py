@@ -137,6 +137,11 @@ def _groups(
             _table(reactor, "schema_version", "SELECT"),
         ),
         Group(
+            "Startup compares what `reactor migrate` installed for the mapping file (its digest)\n"
+            "with the file's, and refuses a file changed since.",
+            (Privilege("any_column", "SELECT", reactor, "app_tables", column="mapping_digest"),),
+        ),
+        Group(
             "The queue of jobs that may need a run, filled by the app's trigger and by the\n"
             "reconcile (INSERT). The record statements read it, lock their rows (FOR UPDATE ...\n"
             "SKIP LOCKED, which again needs UPDATE on one column; since only orders the scan) and\n"

@@ -129,6 +129,9 @@ class Status:
     # This command's own REACTOR_GRACE_SECONDS, when the live replicas run with another grace
     # (which `grace` then is): the report's split at the grace is theirs.
     own_grace: float | None = None
+    # The installed triggers and functions were rendered from another version of the mapping
+    # file than this command's (reactor/db/drift.py): `reactor migrate` re-installs them.
+    mapping_changed: bool = False
 
     @property
     def unwritable(self) -> tuple[Replica, ...]:
@@ -265,6 +268,7 @@ async def _collect(conn: db.AnyConnection, queries: db.Database, settings: Setti
         ),
         replicas=tuple(replicas),
         untrusted=tuple(await queries.untrusted()),
+        mapping_changed=await db.mapping_changed(conn, install),
         jobs_table=install.mapping.jobs_shown,
         enable_trigger=_enable_trigger(install),
     )
