@@ -22,7 +22,7 @@ from reactor.db.indexes import Index
 from reactor.db.session import AnyConnection
 from reactor.errors import ConfigError
 from reactor.install import Install
-from reactor.quote import identifier
+from reactor.quote import identifier, readable
 
 # The column that holds the digest (migration 0019).
 COLUMN = "mapping_digest"
@@ -51,7 +51,7 @@ def mapping_digest(install: Install) -> str:
 
 def record_statement(install: Install) -> str:
     """The statement that records ``install``'s digest as the one installed."""
-    table = identifier(install.schema, "app_tables")
+    table = readable(install.schema, "app_tables")
     return f"UPDATE {table} SET {COLUMN} = '{mapping_digest(install)}';"
 
 
