@@ -144,6 +144,7 @@ async def _resolve(conn: db.AnyConnection, pair: Pair) -> Install:
         await queries.require_privileges()
         raise
     await queries.require_privileges()
+    await db.require_current_mapping(conn, install)
     return install
 
 
@@ -309,8 +310,10 @@ async def cmd_migrate(args: argparse.Namespace) -> int:
                     f"{which}applied migrations {', '.join(map(str, applied))}; schema is at "
                     f"version {sql.latest_version()}"
                 )
-            else:
+            elif not migrated.reinstalled:
                 print(f"{which}schema is up to date at version {sql.latest_version()}")
+            if migrated.reinstalled:
+                print(f"{which}{db.REINSTALLED}")
             for wanted, existing in migrated.skipped:
                 print(f"{which}did not build {wanted}: the table's own {existing} does the same")
             owners = await db.owners_note(conn, pair.mapping)

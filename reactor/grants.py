@@ -154,7 +154,8 @@ def _groups(
         ),
         Group(
             "Startup checks that the tables the mapping names are the ones `reactor migrate`\n"
-            "installed the triggers on, by the oids it recorded.",
+            "installed the triggers on, by the oids it recorded, and that the mapping file is\n"
+            "the one it installed them for (its digest).",
             _table(reactor, "app_tables", "SELECT"),
         ),
         Group(

@@ -24,11 +24,13 @@ CREATE TABLE IF NOT EXISTS @reactor@.pending (
 CREATE INDEX IF NOT EXISTS pending_since_idx ON @reactor@.pending (since);
 
 -- The app's tables the triggers were installed on. regclass: an oid that follows a rename and
--- is dumped and restored by name.
+-- is dumped and restored by name. mapping_digest: what `reactor migrate` installed for the
+-- mapping file (reactor/db/drift.py); `reactor run` refuses a file that renders otherwise.
 CREATE TABLE IF NOT EXISTS @reactor@.app_tables (
-    singleton  boolean PRIMARY KEY DEFAULT true CHECK (singleton),
-    jobs       regclass NOT NULL,
-    runs       regclass NOT NULL
+    singleton       boolean PRIMARY KEY DEFAULT true CHECK (singleton),
+    jobs            regclass NOT NULL,
+    runs            regclass NOT NULL,
+    mapping_digest  text
 );
 
 INSERT INTO @reactor@.app_tables (jobs, runs) VALUES (@jobs_name@, @runs_name@)

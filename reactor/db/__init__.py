@@ -27,6 +27,7 @@ from reactor.db.calls import (
     run_bare,
     run_pinned,
 )
+from reactor.db.drift import REINSTALLED, mapping_changed, require_current_mapping
 from reactor.db.fit import fit, owners_note
 from reactor.db.migrations import (
     OUTSIDE_TRANSACTION,
@@ -90,6 +91,7 @@ __all__ = [
     "PURGE_LOCK",
     "RECONCILE_CHUNK",
     "RECONCILE_LEASE",
+    "REINSTALLED",
     "AnyConnection",
     "Connector",
     "Database",
@@ -124,10 +126,12 @@ __all__ = [
     "health_params",
     "is_own_session",
     "make_pool",
+    "mapping_changed",
     "migrate",
     "migration_script",
     "owners_note",
     "read_only_server",
+    "require_current_mapping",
     "require_schema",
     "run_bare",
     "run_pinned",

@@ -17,7 +17,7 @@ import psycopg.errors
 import tenacity
 
 from reactor import sql
-from reactor.db import indexes
+from reactor.db import drift, indexes
 from reactor.db.fit import fit
 from reactor.db.indexes import DropIndex, Index, Step
 from reactor.db.queries import Database
@@ -65,6 +65,9 @@ class Migrated:
     # The indexes it did not build because the table has one that does the same, as
     # (the index it would have built, the table's own).
     skipped: list[tuple[str, str]] = field(default_factory=list)
+    # The install was recorded for another render of the mapping file, and this one re-installed
+    # its functions and triggers for the file as it is now.
+    reinstalled: bool = False
 
 
 async def schema_version(conn: AnyConnection, schema: str) -> int | None:
@@ -137,13 +140,55 @@ def migration_script(
     triggers = install.render(
         repeatable.text, channel=trigger_channel, spread=_spreadable(install, spread)
     )
-    parts += [triggers.strip(), "COMMIT;"]
+    parts += [triggers.strip(), drift.record_statement(install), "COMMIT;"]
     parts += _printed(indexes.repeatable(install))
     parts.append(
         "-- Jobs that finished before the triggers existed are not queued yet: run\n"
         "-- `reactor sweep --once`, or let a running reactor's reconcile pass find them."
     )
+    parts.append(_reviewed(install))
     return "\n".join(parts) + "\n"
+
+
+# The statements the running reactor sends to the app's tables, printed after the script for
+# review, as comments (the script does not run them), each under when it runs.
+_REVIEWED = (
+    (
+        "record_jobs",
+        "`reactor run`, when a queued job's grace has passed: claims the jobs (FOR NO KEY\n"
+        "UPDATE ... SKIP LOCKED), writes their runs and queues their hooks.",
+    ),
+    (
+        "record_oldest",
+        "`reactor run`'s fallback scan, and `reactor sweep --once`: the same claim and write\n"
+        "for the oldest queued jobs past their grace.",
+    ),
+    (
+        "reconcile_step",
+        "The reconcile's walk, every REACTOR_RECONCILE_INTERVAL_SECONDS, by `reactor run`,\n"
+        "`reactor sweep --once` and `reactor migrate`: reads the job and run tables in\n"
+        "chunks and queues the jobs that need a run and are not queued.",
+    ),
+)
+
+
+def _reviewed(install: Install) -> str:
+    """The statements of :data:`_REVIEWED` rendered for ``install``'s mapping, commented out:
+    %(name)s are the parameters each is sent with."""
+    lines = [
+        "",
+        "-- ------------------------------------------------------------------------------",
+        "-- For review, not run by this script: the statements the running reactor sends",
+        "-- to the app's tables, rendered for this mapping.",
+    ]
+    templates = sql.templates()
+    for name, when in _REVIEWED:
+        lines += ["--", f"-- {name}: {when.splitlines()[0]}"]
+        lines += [f"-- {line}" for line in when.splitlines()[1:]]
+        lines.append("--")
+        rendered = sql.render(templates[name], install.mapping, channel=install.channel)
+        lines += [f"--   {line}".rstrip() for line in rendered.strip().splitlines()]
+    return "\n".join(lines)
 
 
 def _printed(steps: tuple[Step, ...]) -> list[str]:
@@ -206,6 +251,7 @@ async def migrate(
             spread = installed is not None and installed.spread
         spread = _spreadable(install, spread)
         applied = await schema_version(conn, install.schema) or 0
+        reinstalled = await drift.mapping_changed(conn, install)
         done = []
         if applied == 0:
             text = install.render(sql.baseline().text) + _record_all_statement(install)
@@ -239,7 +285,8 @@ async def migrate(
         text = install.render(
             repeatable.text, channel=install.channel if notify else "", spread=spread
         )
-        await _migration_transaction(conn, text)
+        # With the functions it stands for, in their transaction.
+        await _migration_transaction(conn, f"{text}\n{drift.record_statement(install)}")
         skipped = []
         for step in indexes.repeatable(install):
             copied = await _copied_by(conn, step) if isinstance(step, Index) else None
@@ -258,7 +305,7 @@ async def migrate(
         await queries.reconcile_pass(owner, on_progress=on_progress)
     finally:
         await conn.execute("SELECT pg_advisory_unlock(%s)", (_MIGRATE_LOCK,))
-    return Migrated(install, done, skipped)
+    return Migrated(install, done, skipped, reinstalled)
 
 
 def _spreadable(install: Install, spread: bool) -> bool:

@@ -59,7 +59,9 @@ ISO 8601 from the database clock, and ``null`` means "unknown or not applicable"
                   "grace_seconds": 120.0,  # the grace it runs with
                   "write_error": null}]    # what its record statements fail with: at risk
       },
-      "schema": {"version": 5, "required": 5, "behind": false},
+      "schema": {"version": 5, "required": 5, "behind": false,
+                 "mapping_changed": false},  # installed for another version of the mapping
+                                     # file: at risk, `reactor migrate` re-installs
       "trigger": {                   # the job trigger on analysis_jobs
         "installed": true,
         "enabled": true,             # fires for the app's sessions

@@ -132,6 +132,9 @@ class Status:
     # PUBLIC may create in the schema public (PostgreSQL 14 and earlier, unless revoked): any
     # role can put objects where the app's unqualified names, and the reactor's, are found.
     public_creatable: bool = False
+    # The installed triggers and functions were rendered from another version of the mapping
+    # file than this command's (reactor/db/drift.py): `reactor migrate` re-installs them.
+    mapping_changed: bool = False
 
     @property
     def unwritable(self) -> tuple[Replica, ...]:
@@ -269,6 +272,7 @@ async def _collect(conn: db.AnyConnection, queries: db.Database, settings: Setti
         replicas=tuple(replicas),
         untrusted=tuple(await queries.untrusted()),
         public_creatable=server["public_creatable"],
+        mapping_changed=await db.mapping_changed(conn, install),
         jobs_table=install.mapping.jobs_shown,
         enable_trigger=_enable_trigger(install),
     )

@@ -98,6 +98,7 @@ def as_json(status: Status) -> dict[str, Any]:
             "version": status.schema_version,
             "required": status.required_version,
             "behind": status.schema_behind,
+            "mapping_changed": status.mapping_changed,
         },
         "trigger": {
             "installed": status.trigger_channel is not None,
@@ -213,8 +214,9 @@ def render(status: Status, console: Console) -> None:
     )
     row(
         "schema",
-        f"version {status.schema_version} (this reactor needs {status.required_version})",
-        status.schema_behind,
+        f"version {status.schema_version} (this reactor needs {status.required_version})"
+        + ("\ninstalled for another mapping file" if status.mapping_changed else ""),
+        status.schema_behind or status.mapping_changed,
     )
     row("job trigger", _trigger_text(status), status.trigger_at_risk)
     row("NOTIFY queue", f"{status.queue_usage:.1%} used", status.queue_at_risk)

@@ -58,6 +58,12 @@ def risks(status: Status) -> list[str]:
             f"the schema is at version {status.schema_version}, this reactor needs "
             f"{status.required_version}: run `reactor migrate`"
         )
+    if status.mapping_changed:
+        found.append(
+            "the mapping file changed since the last `reactor migrate`: the installed triggers "
+            "and functions still follow the old one, and `reactor run` and `sweep` refuse to "
+            "start; run `reactor migrate`"
+        )
     if status.queue_at_risk:
         found.append(
             f"the NOTIFY queue is {status.queue_usage:.0%} full: a session LISTENs without "

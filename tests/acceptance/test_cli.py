@@ -122,12 +122,15 @@ def test_migrate_print_is_sql(database_url: str) -> None:
     assert result.stdout.startswith("BEGIN;")
     assert "CREATE TABLE IF NOT EXISTS analysis_jobs" in result.stdout
     assert "'my_channel'" in result.stdout
-    lines = result.stdout.splitlines()
+    # What follows the script proper is for review: comments only.
+    script, reviewed = result.stdout.split("-- For review, not run by this script")
+    assert all(line.startswith("--") for line in reviewed.splitlines()[1:])
+    lines = script.splitlines()
     # It ends with the walk index, built on its own outside any transaction, as marked.
     marker = lines.index(db.OUTSIDE_TRANSACTION, len(lines) - 12)
     assert lines[marker + 1].startswith("CREATE INDEX CONCURRENTLY IF NOT EXISTS")
     assert "COMMIT;" in lines[marker - 5 : marker]
-    assert "reactor sweep --once" in lines[-1]
+    assert "reactor sweep --once" in lines[-3]
 
 
 def test_migrate_print_from_a_version_prints_only_the_upgrade() -> None:

@@ -75,6 +75,7 @@ def test_clean_database_exits_zero(database_url: str, conn: psycopg.Connection[A
         "version": sql.latest_version(),
         "required": sql.latest_version(),
         "behind": False,
+        "mapping_changed": False,
     }
     assert report["listeners"] == {"mode": "listen", "count": 0, "sessions": []}
     assert 0.0 <= report["notify_queue"]["usage"] < 0.5
