@@ -214,8 +214,9 @@ MEANINGS: dict[str, Meaning] = {
     "REACTOR_BATCH_SIZE": Meaning("jobs per claim statement"),
     "REACTOR_CHANNEL": Meaning(
         "the NOTIFY channel (a plain identifier); `reactor migrate` points the trigger at it; "
-        "a mapping with its own `reactor_schema` defaults to `<schema>_jobs_terminal`",
-        unset="`analysis_jobs_terminal`",
+        "unset, each mapping's is `<reactor_schema>_jobs_terminal` (`reactor_jobs_terminal` "
+        "by default), the reference tables' `analysis_jobs_terminal`",
+        unset="the mapping's",
     ),
     "REACTOR_MODE": Meaning("`listen`, or `poll` (no LISTEN: timers come from polling the queue)"),
     "REACTOR_DRAIN_SECONDS": Meaning("how long SIGTERM waits for in-flight work"),
@@ -253,7 +254,8 @@ MEANINGS: dict[str, Meaning] = {
         unset="timeout + 30",
     ),
     "REACTOR_TRIM_HORIZON_SECONDS": Meaning(
-        "when the app trims `doc_html`; drives the at-risk alarm"
+        "how long after a job's last update the app trims its document (a `not_null` column "
+        "of the mapping); drives the at-risk alarm"
     ),
     "REACTOR_RECONCILE_INTERVAL_SECONDS": Meaning(
         "a full reconcile pass over the jobs that can still need a run ends at least this "

@@ -34,6 +34,8 @@ class Verdict:
     lateness_p99: float | None
     lateness_max: float | None
     lateness_max_overall: float | None
+    # Jobs that need no run: not finished, deleted, or finished with nothing to show.
+    needed_no_run: int
 
     @property
     def clean(self) -> bool:

@@ -291,6 +291,7 @@ async def cmd_migrate(args: argparse.Namespace) -> int:
                 )
             )
         return 0
+    first_install = False
     async with await _startup_connection(settings, "migrate") as conn:
         for pair in served:
             with progress.counting("migrate: reconcile pass", "jobs") as update:
@@ -319,6 +320,11 @@ async def cmd_migrate(args: argparse.Namespace) -> int:
             owners = await db.owners_note(conn, pair.mapping)
             if owners is not None:
                 print(f"{which}{owners}")
+            first_install = first_install or 1 in migrated.applied
+    if first_install:
+        # The newcomer's next two steps, once: the runtime role, then the sidecar as that role.
+        print('next, as the owner: reactor init --role reactor_rt | psql "$DATABASE_URL"')
+        print("then: reactor run, with DATABASE_URL logging in as reactor_rt")
     return 0
 
 

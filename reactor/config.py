@@ -62,7 +62,8 @@ class Settings:
     grace: float = 120.0
     scan_interval: float = 30.0
     batch_size: int = 500
-    # REACTOR_CHANNEL; None: the mapping's own (analysis_jobs_terminal for the reference).
+    # REACTOR_CHANNEL; None: the mapping's own (<reactor_schema>_jobs_terminal, or
+    # analysis_jobs_terminal for the reference pair).
     channel: str | None = None
     mode: Mode = "listen"
     drain: float = 20.0

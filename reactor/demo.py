@@ -15,7 +15,7 @@ import random
 import signal
 import socket
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -172,7 +172,7 @@ async def main(
                 ) as live:
                     async with anyio.create_task_group() as tg:
                         tg.start_soon(_refresh, live, board)
-                        await _play(pairs, settings, board, save_ratio, jobs)
+                        await _play(pairs, settings, board, save_ratio, jobs, live.console.print)
                         tg.cancel_scope.cancel()
                 verdicts: dict[str, audit.Verdict] = {}
                 async with await db.connect(pg.dsn, "demo") as conn:
@@ -181,6 +181,12 @@ async def main(
                 _report(console, verdicts, time.monotonic() - started, as_json)
                 if hold:
                     await _hold(console, pg, settings, pairs, board, bound)
+                elif not as_json:
+                    # What goes with the demo, and how to keep it: the page it advertised.
+                    what = "PostgreSQL and the page stop" if bound else "PostgreSQL stops"
+                    them = "them" if bound else "it"
+                    console.print(f"{what} as the demo exits.")
+                    console.print(f"To keep {them} up until Ctrl-C: reactor demo --hold")
     finally:
         await anyio.to_thread.run_sync(pg.cleanup)
     return 0 if all(verdict.clean for verdict in verdicts.values()) else 1
@@ -246,10 +252,16 @@ async def _refresh(live: Live, board: Scoreboard) -> None:
 
 
 async def _play(
-    pairs: Sequence[Pair], settings: Settings, board: Scoreboard, save_ratio: float, jobs: int
+    pairs: Sequence[Pair],
+    settings: Settings,
+    board: Scoreboard,
+    save_ratio: float,
+    jobs: int,
+    say: Callable[[str], None],
 ) -> None:
     """Worker, tabs, an outage and a recovery; returns once nothing is left to record. With
-    several pairs the worker finishes a job of each in turn."""
+    several pairs the worker finishes a job of each in turn. ``say`` prints the outage and the
+    recovery as they happen, above the live view, where they stay once it is gone."""
     dsn = settings.require_database()
     rng = random.Random(7)
     async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as worker:
@@ -263,10 +275,18 @@ async def _play(
                     await fleet.stop()
                     board.replicas, board.phase = [], "OUTAGE: no reactor replica running"
                     board.note("stopped every reactor replica: the timers they held are gone")
+                    say(
+                        f"stopped every replica at job {board.finished}: "
+                        "the timers they held are gone"
+                    )
                 if i == jobs * 7 // 10:
                     fleet = await _start_fleet(tg, settings, pairs, board)
                     board.phase = "recovered: fresh replicas re-armed from the database"
                     board.note("started fresh replicas: startup scan + re-arm from the database")
+                    say(
+                        f"started fresh replicas at job {board.finished}: "
+                        "they re-arm from the database"
+                    )
                 for pair, ids in zip(pairs, job_ids, strict=True):
                     app, job_id = pair.app, ids[i]
                     # A few jobs end with nothing to show, and need no run.
@@ -413,6 +433,7 @@ def _report(
         table.add_row("jobs", str(v.jobs))
         table.add_row("saved by browser tabs", str(v.saved_by_client))
         table.add_row("recorded by the reactor", str(v.saved_by_worker))
+        table.add_row(_NO_RUN, str(v.needed_no_run))
         for label in ("lost", "dup", "clobbered", "early", "wrong"):
             count = getattr(v, label)
             table.add_row(_LABELS[label], f"[{'green' if count == 0 else 'red'}]{count}[/]")
@@ -436,6 +457,10 @@ def _report(
     else:
         console.print("[red]An invariant was broken; the counts above say which.[/]")
 
+
+# In the demo every job finishes, and none is deleted: the ones that need no run are those its
+# worker finishes with an empty verdict.
+_NO_RUN = "needed no run (finished empty)"
 
 _LABELS = {
     "lost": "lost (needed a run, got none)",

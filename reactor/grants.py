@@ -139,12 +139,12 @@ def _groups(
             "one column of the table; without any, the claim fails with 'permission denied\n"
             "for table'. One column is enough, and the reactor never updates a job.\n"
             "updated_at is the column whose misuse does least harm: it cannot rename a job or\n"
-            "change its status, document or verdicts, only move its deadline, as the app's own\n"
+            "change its status, document or results, only move its deadline, as the app's own\n"
             "writes do.",
             (Privilege("any_column", "UPDATE", jobs_schema, jobs, column=updated_at),),
         ),
         Group(
-            "Writes runs: INSERT ... ON CONFLICT (id) DO UPDATE ... RETURNING reads the row it\n"
+            "Writes runs: INSERT ... ON CONFLICT (key) DO UPDATE ... RETURNING reads the row it\n"
             "conflicts with. No DELETE: the reactor never removes a run.",
             _table(runs_schema, runs, "SELECT", "INSERT", "UPDATE"),
         ),

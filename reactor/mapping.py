@@ -141,8 +141,9 @@ class Mapping:
     @property
     def default_channel(self) -> str:
         """The NOTIFY channel when REACTOR_CHANNEL is unset: each reactor schema its own, so
-        that two sidecars in one database do not hear each other's jobs."""
-        if self.reactor_schema == "reactor":
+        that two sidecars in one database do not hear each other's jobs. The reference pair
+        keeps the name it always had; any other mapping's is named after its reactor schema."""
+        if self.is_reference:
             return "analysis_jobs_terminal"
         return f"{self.reactor_schema}_jobs_terminal"[:63]
 

@@ -143,7 +143,8 @@ class Metrics:
         # the mode (a replica that polls has no LISTEN to be down).
         self.trim_horizon = Gauge(
             "reactor_trim_horizon_seconds",
-            "REACTOR_TRIM_HORIZON_SECONDS: when the app trims doc_html, losing a due job's run.",
+            "REACTOR_TRIM_HORIZON_SECONDS: when the app trims a job's document, losing a due job's "
+            "run.",
             registry=r,
         )
         self.mode = Gauge(

@@ -93,4 +93,7 @@ SELECT
     (SELECT percentile_cont(0.99) WITHIN GROUP (ORDER BY s) FROM late)::float8 AS lateness_p99,
     (SELECT max(s) FROM late) AS lateness_max,
     (SELECT max(extract(epoch FROM w.at - w.due_at))::float8 FROM worker w)
-        AS lateness_max_overall
+        AS lateness_max_overall,
+    -- The jobs that need no run, and got none unless a client saved one: not finished, deleted,
+    -- or finished with nothing to show. With the other two counts they account for every job.
+    (SELECT count(*) FROM @jobs@ j WHERE {{eligible}} IS NOT TRUE) AS needed_no_run

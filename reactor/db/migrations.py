@@ -41,7 +41,7 @@ _MIGRATE_ATTEMPTS = 30
 # transaction (CREATE INDEX CONCURRENTLY cannot run inside one, and is the point).
 OUTSIDE_TRANSACTION = "-- reactor: outside-transaction"
 # What `migrate --print` says before an index build: the script is text, written without a
-# connection, so it cannot know whether analysis_jobs is partitioned or what its partitions are.
+# connection, so it cannot know whether the job table is partitioned or what its partitions are.
 _PARTITIONED_NOTE = (
     "-- On a partitioned job table PostgreSQL refuses the next statement: run `reactor migrate`,\n"
     "-- which builds the index ON ONLY the table, CONCURRENTLY on each partition, and attaches\n"

@@ -38,7 +38,7 @@ class Health:
     hook_failed: int  # hook rows parked as failed
     hooks_expired: bool  # settled hook rows outlived their retention: the purge has work
     reconcile_last_pass: float  # unix time the last full reconcile pass ended; 0 before any
-    reconcile_requested: bool  # a pass was asked for (TRUNCATE analysis_runs)
+    reconcile_requested: bool  # a pass was asked for (a TRUNCATE of the runs)
     live_replicas: list[str]  # replicas whose heartbeat is fresh, this one included
     # The channel the job trigger notifies; '' when installed not to; None: missing, disabled.
     trigger_channel: str | None

@@ -62,7 +62,7 @@ ISO 8601 from the database clock, and ``null`` means "unknown or not applicable"
       "schema": {"version": 5, "required": 5, "behind": false,
                  "mapping_changed": false},  # installed for another version of the mapping
                                      # file: at risk, `reactor migrate` re-installs
-      "trigger": {                   # the job trigger on analysis_jobs
+      "trigger": {                   # the job trigger on the job table
         "installed": true,
         "enabled": true,             # fires for the app's sessions
         "channel": "analysis_jobs_terminal",  # what it notifies; "" when installed with
@@ -82,7 +82,7 @@ ISO 8601 from the database clock, and ``null`` means "unknown or not applicable"
       "reconcile": {
         "interval_seconds": 600.0,   # REACTOR_RECONCILE_INTERVAL_SECONDS; 0: turned off
         "in_progress": false,
-        "requested": false,          # a pass was asked for (TRUNCATE analysis_runs)
+        "requested": false,          # a pass was asked for (a TRUNCATE of the runs)
         "last_pass": null,           # or {"started_at": "...", "finished_at": "...",
                                      #      "seconds": 1.2, "examined": 1400000, "found": 0,
                                      #      "example_job_id": null, "by": "reactor-..."}

@@ -38,7 +38,8 @@ def risks(status: Status) -> list[str]:
         found.append(
             f"the oldest due job ({status.oldest_job_id}) was last updated "
             f"{duration(status.oldest_age)} ago, past half the "
-            f"{duration(status.trim_horizon)} trim horizon: record it before doc_html is trimmed"
+            f"{duration(status.trim_horizon)} trim horizon: record it before the app trims its "
+            "document"
         )
     if status.set_aside_count:
         first = status.set_aside[0]

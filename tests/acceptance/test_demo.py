@@ -34,6 +34,25 @@ def test_demo_prints_only_its_own_screen() -> None:
     assert [line for line in lines if _LOG_LINE.match(line)] == []
     assert "lost (needed a run, got none)" in result.stdout
     assert re.search(r"^the operator's page: http://127\.0\.0\.1:\d+/$", result.stdout, re.M)
+    # The outage and the recovery are said as they happen, in that order, and stay on screen.
+    stopped = next(i for i, line in enumerate(lines) if line.startswith("stopped every replica"))
+    started = next(i for i, line in enumerate(lines) if line.startswith("started fresh replicas"))
+    assert stopped < started
+    assert "the timers they held are gone" in lines[stopped]
+    # Every job is accounted for: saved by a tab, recorded by the reactor, or needing no run.
+    counts = {
+        label: int(found.group(1))
+        for label in ("jobs", "saved by browser tabs", "recorded by the reactor", "needed no run")
+        if (found := re.search(rf"│ {re.escape(label)}\b[^│]*│\s+(\d+) │", result.stdout))
+    }
+    assert len(counts) == 4, result.stdout
+    assert counts["needed no run"] > 0
+    assert counts["jobs"] == 120 == sum(counts.values()) - counts["jobs"]
+    # The page it advertised goes with it, and the last lines say how to keep it.
+    assert lines[-2:] == [
+        "PostgreSQL and the page stop as the demo exits.",
+        "To keep them up until Ctrl-C: reactor demo --hold",
+    ]
 
 
 MAPPINGS = Path(__file__).parent.parent / "mappings"
@@ -189,3 +208,4 @@ def test_the_held_cluster_lets_in_only_this_user_and_says_how() -> None:
         out, err = demo.communicate(timeout=60)
     assert demo.returncode == 0, out + err
     assert not folder.exists()  # the cluster went with the demo
+    assert "--hold" not in out  # held, it has no way to keep to tell of

@@ -192,6 +192,14 @@ def _migrates_as_it_stands(url: str, app: App, tmp_path: Path) -> None:
     config = {"REACTOR_CONFIG": str(path)}
     migrated = run_reactor("migrate", env=reactor_env(url, **config))
     assert migrated.returncode == 0, migrated.stderr
+    # A first install ends naming the newcomer's next two steps; an upgrade does not.
+    assert migrated.stdout.splitlines()[-2:] == [
+        'next, as the owner: reactor init --role reactor_rt | psql "$DATABASE_URL"',
+        "then: reactor run, with DATABASE_URL logging in as reactor_rt",
+    ]
+    again = run_reactor("migrate", env=reactor_env(url, **config))
+    assert again.returncode == 0, again.stderr
+    assert "reactor init --role" not in again.stdout
     role = _init(url, "--role", "reactor_rt", **config)
     assert role.returncode == 0, role.stderr
     assert "CREATE ROLE" in role.stdout

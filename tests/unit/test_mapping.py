@@ -57,6 +57,11 @@ def test_a_reactor_schema_of_its_own_has_a_channel_of_its_own() -> None:
     assert mapping.REFERENCE.default_channel == "analysis_jobs_terminal"
     other = mapping.parse({"reactor_schema": "reports_reactor"})
     assert other.default_channel == "reports_reactor_jobs_terminal"
+    # The app's own tables in the default reactor schema: named after the schema too, not
+    # after the reference's tables.
+    own_tables = mapping.parse({"jobs": {"table": "app.exports"}})
+    assert own_tables.reactor_schema == "reactor"
+    assert own_tables.default_channel == "reactor_jobs_terminal"
     assert not other.is_reference
     assert sql.render("SELECT 1 FROM @reactor@.pending", other) == (
         "SELECT 1 FROM reports_reactor.pending"

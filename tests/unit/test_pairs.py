@@ -61,7 +61,8 @@ def test_one_file_keeps_its_meaning(tmp_path: Path) -> None:
     (pair,) = pairs.from_env(config(write(tmp_path, "second.toml", SECOND)), ENV)
     assert pair.name == "reactor"
     assert pair.mapping.jobs.table == ("app", "Job")
-    assert pair.channel == "analysis_jobs_terminal"
+    # The reference's channel name stays the reference's: the app's tables get their own.
+    assert pair.channel == "reactor_jobs_terminal"
     channel = Settings.from_env({"REACTOR_CHANNEL": "mine"})
     (pair,) = pairs.from_env(config(write(tmp_path, "second.toml", SECOND)), channel)
     assert pair.channel == "mine"
