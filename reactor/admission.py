@@ -16,8 +16,11 @@ from typing import Literal
 # Open connections per server. Probes, a scraper and a few browsers need a handful; a
 # connection past this is closed as soon as it is accepted.
 MAX_CONNECTIONS = 64
-# Open connections per peer address: a kubelet, a scraper or a browser needs a few at a time.
-MAX_PER_PEER = 8
+# Open connections per peer address: a kubelet or a scraper needs one or two, but a browser
+# with several tabs of the page open, or a proxy in front of the page, speaks for many from one
+# address (the page's tabs loading at once took 20). Two such peers at the cap still leave the
+# places kept for a peer holding none.
+MAX_PER_PEER = 24
 # Places a peer holding connections cannot take: a peer holding none (a probe) is admitted
 # while at most MAX_CONNECTIONS - KEPT_FOR_NEW_PEERS are held by the others.
 KEPT_FOR_NEW_PEERS = 16

@@ -42,7 +42,7 @@ OPEN_FILES = 256
 HALF_OPEN = 300
 # Each peer of the flood sends this many in a row to one server: past its own cap, and enough
 # peers to reach what peers holding connections may share.
-PER_PEER_IN_A_ROW = 10
+PER_PEER_IN_A_ROW = 30
 GRACE = 1.0
 # How late a job may be recorded past its grace while the connections are held, with every
 # database session of the reactor cut meanwhile: the reconnect, the scan that follows it, and
