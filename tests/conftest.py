@@ -177,6 +177,36 @@ def empty_database_url(server: Server) -> Iterator[str]:
         conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
 
 
+NewRole = Callable[[str], str]
+
+
+@pytest.fixture
+def new_login_role(server: Server, database_url: str) -> Iterator[NewRole]:
+    """Makes fresh LOGIN roles, never superusers (``new_login_role("stranger")`` gives
+    ``stranger_<hex>``); each is dropped afterwards with what it owns and was granted in the
+    test's database. Skips on a server whose authentication the suite does not control."""
+    if server.embedded is None:
+        pytest.skip("needs a server whose authentication we control (trust for a new role)")
+    made: list[str] = []
+
+    def make(prefix: str) -> str:
+        name = f"{prefix}_{uuid.uuid4().hex[:10]}"
+        with psycopg.connect(database_url, autocommit=True) as admin:
+            admin.execute(f'CREATE ROLE "{name}" LOGIN')
+        made.append(name)
+        return name
+
+    yield make
+    with psycopg.connect(database_url, autocommit=True) as admin:
+        for name in made:
+            admin.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = %s",
+                (name,),
+            )
+            admin.execute(f'DROP OWNED BY "{name}"')  # revokes its privileges here too
+            admin.execute(f'DROP ROLE "{name}"')
+
+
 @pytest.fixture
 def anyio_backend() -> str:
     return "asyncio"

@@ -11,8 +11,6 @@ the one migrate recorded stops `run` and `sweep`.
 from __future__ import annotations
 
 import json
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import psycopg
@@ -21,7 +19,7 @@ import pytest
 from reactor import sql
 from tests.acceptance.conftest import reactor_env, run_reactor
 from tests.acceptance.test_trust import as_role, is_superuser, neighbour, one_line
-from tests.conftest import Server
+from tests.conftest import NewRole
 from tests.helpers import finish, new_job, run_row
 from tests.integration.test_privileges import dsn_as, grant_all
 
@@ -41,20 +39,9 @@ table = "analysis_runs"
 
 
 @pytest.fixture
-def login_role(server: Server, database_url: str) -> Iterator[str]:
-    """A fresh LOGIN role, never a superuser; dropped with what it owns in the test database."""
-    if server.embedded is None:
-        pytest.skip("needs a server whose authentication we control (trust for a new role)")
-    name = f"reactor_rt_{uuid.uuid4().hex[:10]}"
-    with psycopg.connect(database_url, autocommit=True) as admin:
-        admin.execute(f'CREATE ROLE "{name}" LOGIN')
-    yield name
-    with psycopg.connect(database_url, autocommit=True) as admin:
-        admin.execute(
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = %s", (name,)
-        )
-        admin.execute(f'DROP OWNED BY "{name}"')
-        admin.execute(f'DROP ROLE "{name}"')
+def login_role(new_login_role: NewRole) -> str:
+    """A fresh LOGIN role, never a superuser."""
+    return new_login_role("reactor_rt")
 
 
 def unqualified_mapping(tmp_path: Path) -> str:

@@ -7,8 +7,7 @@ from __future__ import annotations
 import json
 import subprocess
 import time
-import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import psycopg
 import psycopg.conninfo
@@ -18,7 +17,7 @@ from reactor.recorder import MAX_BROKEN_RETRY
 from tests.acceptance.conftest import reactor_env, run_reactor
 from tests.acceptance.test_cli import listening
 from tests.acceptance.test_pairs import free_port, get
-from tests.conftest import Server
+from tests.conftest import NewRole
 from tests.helpers import finish, new_job, worker_writes
 from tests.polling import wait_for
 
@@ -30,26 +29,18 @@ NOT_READY_WITHIN = 30.0
 
 
 @pytest.fixture
-def runtime_role(server: Server, database_url: str) -> Iterator[str]:
+def runtime_role(new_login_role: NewRole, database_url: str) -> str:
     """A login role holding what `reactor migrate --print-grants` grants, and no more."""
-    if server.embedded is None:
-        pytest.skip("needs a server whose authentication we control (trust for a new role)")
-    role = f"runtime_{uuid.uuid4().hex[:10]}"
+    role = new_login_role("runtime")
     grants = run_reactor("migrate", "--print-grants", role, env=reactor_env(database_url))
     assert grants.returncode == 0, grants.stderr
-    with psycopg.connect(server.admin_dsn, autocommit=True) as admin:
-        admin.execute(f'CREATE ROLE "{role}" LOGIN')
     with psycopg.connect(database_url, autocommit=True) as conn:
         conn.execute(grants.stdout.encode())
         # The tests' audit of the runs table (tests/helpers.py) is written by a trigger that
         # runs as whoever writes a run.
         conn.execute(f'GRANT INSERT ON run_audit TO "{role}"')
         conn.execute(f'GRANT USAGE ON SEQUENCE run_audit_seq_seq TO "{role}"')
-    yield role
-    with psycopg.connect(server.admin_dsn, autocommit=True) as admin:
-        admin.execute(
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = %s", (role,)
-        )
+    return role
 
 
 def test_a_pair_that_cannot_write_is_not_ready_and_status_names_why(

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Iterator
 
 import anyio
 import psycopg
@@ -15,7 +14,7 @@ import psycopg.conninfo
 import pytest
 
 from reactor.service import Reactor
-from tests.conftest import Server
+from tests.conftest import NewRole
 from tests.helpers import Conn, finish, new_job, worker_writes
 from tests.integration.conftest import StartReactor
 from tests.polling import eventually
@@ -24,19 +23,9 @@ pytestmark = pytest.mark.anyio
 
 
 @pytest.fixture
-def stranger(server: Server, database_url: str) -> Iterator[str]:
+def stranger(new_login_role: NewRole) -> str:
     """A LOGIN role with no grants: it can connect (PUBLIC's CONNECT) and nothing more."""
-    if server.embedded is None:
-        pytest.skip("needs a server whose authentication we control (trust for a new role)")
-    name = f"stranger_{uuid.uuid4().hex[:10]}"
-    with psycopg.connect(database_url, autocommit=True) as admin:
-        admin.execute(f'CREATE ROLE "{name}" LOGIN')
-    yield name
-    with psycopg.connect(database_url, autocommit=True) as admin:
-        admin.execute(
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = %s", (name,)
-        )
-        admin.execute(f'DROP ROLE "{name}"')
+    return new_login_role("stranger")
 
 
 def send(database_url: str, role: str, channel: str, payload_sql: str, count: int) -> None:

@@ -11,8 +11,7 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
-import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import psycopg
@@ -22,7 +21,7 @@ import pytest
 from reactor import grants
 from tests.acceptance.conftest import reactor_env, run_reactor
 from tests.acceptance.test_cli import assert_one_clean_line
-from tests.conftest import Server
+from tests.conftest import NewRole
 from tests.helpers import finish, new_job, run_row
 from tests.integration.support import scalar
 from tests.polling import wait_for
@@ -39,20 +38,9 @@ def print_grants(role: str) -> str:
 
 
 @pytest.fixture
-def role(server: Server, database_url: str) -> Iterator[str]:
-    """A fresh LOGIN role with no privileges of its own; dropped with everything granted to it."""
-    if server.embedded is None:
-        pytest.skip("needs a server whose authentication we control (trust for a new role)")
-    name = f"reactor_rt_{uuid.uuid4().hex[:10]}"
-    with psycopg.connect(database_url, autocommit=True) as admin:
-        admin.execute(f'CREATE ROLE "{name}" LOGIN')
-    yield name
-    with psycopg.connect(database_url, autocommit=True) as admin:
-        admin.execute(
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = %s", (name,)
-        )
-        admin.execute(f'DROP OWNED BY "{name}"')  # revokes its privileges in this database
-        admin.execute(f'DROP ROLE "{name}"')
+def role(new_login_role: NewRole) -> str:
+    """A fresh LOGIN role with no privileges of its own."""
+    return new_login_role("reactor_rt")
 
 
 def dsn_as(database_url: str, role: str) -> str:
