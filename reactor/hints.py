@@ -192,7 +192,9 @@ class Verifier:
 
     ``arm`` takes a queued job and the seconds until it is due; ``left`` and ``joined`` a
     replica whose heartbeat agrees; ``reread`` is called when hints were dropped (the queue
-    should be read again).
+    should be read again). A statement that takes longer than ``timeout`` (a pooled connection
+    whose network froze) is given up, and the queue read again: the batches are verified one
+    after another, and one hung statement must not hold every hint behind it.
     """
 
     def __init__(
@@ -201,6 +203,7 @@ class Verifier:
         clock: Clock,
         *,
         liveness: float,
+        timeout: float,
         arm: Callable[[str, float], None],
         left: Callable[[str], None],
         joined: Callable[[str], None],
@@ -210,6 +213,7 @@ class Verifier:
         self.database = database
         self.clock = clock
         self.liveness = liveness
+        self.timeout = timeout
         self.pending = HintBatch()
         self._arm, self._left, self._joined, self._reread = arm, left, joined, reread
         self._on_unverified = on_unverified
@@ -255,10 +259,11 @@ class Verifier:
     async def _verify(self, batch: Batch) -> None:
         try:
             self.statements += 1
-            found = await self.database.verify_hints(
-                batch.jobs, list(batch.replicas), liveness=self.liveness
-            )
-        except db.DATABASE_ERRORS as error:
+            with anyio.fail_after(self.timeout):
+                found = await self.database.verify_hints(
+                    batch.jobs, list(batch.replicas), liveness=self.liveness
+                )
+        except (*db.DATABASE_ERRORS, TimeoutError) as error:
             # Nothing is lost: the queue rows stay, and the re-arm reads them once the
             # database answers; the live set is the health check's to read.
             log.debug("could not verify notifications", extra={"error": db.first_line(error)})

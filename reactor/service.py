@@ -122,6 +122,7 @@ class Reactor:
             database,
             self.clock,
             liveness=LIVENESS_PROBES * settings.probe_interval,
+            timeout=settings.probe_timeout,
             arm=lambda job_id, due_in: self.dispatcher.offer(job_id, due_in + 0.001, notified=True),
             left=self._on_replica_left,
             joined=self._on_replica_joined,

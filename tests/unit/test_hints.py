@@ -144,6 +144,7 @@ class Heard:
             cast(Any, MagicMock(spec=db.Database)),
             clock,
             liveness=15.0,
+            timeout=1.0,
             arm=lambda job, due_in: self.armed.append((job, due_in)),
             left=self.left.append,
             joined=self.joined.append,
