@@ -3,8 +3,7 @@
 ``REACTOR_CONFIG`` names a TOML file (DESIGN.md §2), or several (:mod:`reactor.pairs`); without
 one the reactor runs on the reference mapping, ``analysis_jobs``/``analysis_runs``. Parsing is
 pure and validates every key, so the rest of the code can trust a :class:`Mapping`. The catalog
-adds what the file does not say, the types of the columns (:meth:`Mapping.typed`), before any
-SQL is rendered from it.
+adds what the file does not say (the columns' types, the artifact's sequences) before any SQL.
 
 Every statement the reactor sends or installs is written once, in ``triggers/``, with named
 slots (``@jobs@``, ``@j.updated_at@``, ``@eligible(j)@``); :meth:`Mapping.slot` fills one. Names
@@ -99,16 +98,15 @@ class Runs:
     saved_by: str = "saved_by"
     client: tuple[str, ...] = ("client",)
     worker: str = "worker"
-    # Run column = SQL expression over the job row j, in the order written. The reference's
-    # updated_at is set on a replacement too, as an upsert's own update would.
+    # Run column = SQL expression over the job row j, in the order written (the reference's
+    # updated_at is set on a replacement too, as an upsert's own update would).
     columns: tuple[tuple[str, str], ...] = (
         ("doc_html", "j.doc_html"),
         ("results", "j.results"),
         ("updated_at", "now()"),
     )
-    # From the catalog (db.fit), not the file: the sequences that the defaults of the columns
-    # the reactor leaves unwritten draw from (a serial key's), as (schema, name). The runtime
-    # role needs USAGE on each, or every record statement fails.
+    # From the catalog (db.fit), not the file: the sequences (schema, name) that the defaults of
+    # the columns left unwritten draw from (a serial key's); the runtime role needs USAGE on each.
     sequences: tuple[tuple[str, str], ...] = field(default=(), compare=False)
 
 
@@ -371,12 +369,11 @@ def _not_empty(column: str, type_name: str) -> str:
 
 _NAME = re.compile(r"[^\x00]{1,63}")
 # Schemas the reactor's objects never go in: every role could create in public up to PostgreSQL
-# 14, and the system owns the rest. A schema that others may create in is one whose objects the
-# reactor cannot trust (CVE-2018-1058).
+# 14 (CVE-2018-1058), and the system owns the rest; the reactor cannot trust what others make.
 _SHARED_SCHEMAS = frozenset({"public", "information_schema"})
 _SCHEMA = re.compile(r"[a-z_][a-z0-9_]{0,62}")
 _JOB_KEYS = set(Jobs.__dataclass_fields__) - {"types"}
-_RUN_KEYS = set(Runs.__dataclass_fields__)
+_RUN_KEYS = set(Runs.__dataclass_fields__) - {"sequences"}
 
 
 def load(path: str) -> Mapping:

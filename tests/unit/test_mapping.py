@@ -34,6 +34,9 @@ def test_the_second_mapping_parses_as_written() -> None:
     [
         ({"colour": "red"}, "unknown key colour"),
         ({"jobs": {"colour": "red"}}, "unknown key [jobs] colour"),
+        # What the catalog says is never taken from the file.
+        ({"jobs": {"types": []}}, "unknown key [jobs] types"),
+        ({"runs": {"sequences": []}}, "unknown key [runs] sequences"),
         ({"jobs": "analysis_jobs"}, "jobs must be a table"),
         ({"jobs": {"table": "a.b.c"}}, "must be table or schema.table"),
         ({"jobs": {"id": 7}}, "jobs.id must be a column name"),
