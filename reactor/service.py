@@ -49,6 +49,9 @@ from reactor.subscriber import Subscriber
 from reactor.vitals import Vitals
 from reactor.writes import WriteHealth
 
+# The least time a batch of hints is given to be verified (see Verifier).
+VERIFY_TIMEOUT_FLOOR = 1.0
+
 log = logging.getLogger(__name__)
 
 # Record statements in flight at once: enough that one stuck on a frozen backend does not stop
@@ -122,7 +125,9 @@ class Reactor:
             database,
             self.clock,
             liveness=LIVENESS_PROBES * settings.probe_interval,
-            timeout=settings.probe_timeout,
+            # A lookup by primary key answers in milliseconds; a second, at least, keeps a
+            # loaded machine or a pooler's hop from giving up a healthy one.
+            timeout=max(settings.probe_timeout, VERIFY_TIMEOUT_FLOOR),
             arm=lambda job_id, due_in: self.dispatcher.offer(job_id, due_in + 0.001, notified=True),
             left=self._on_replica_left,
             joined=self._on_replica_joined,
