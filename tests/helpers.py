@@ -17,6 +17,12 @@ AUDIT_SQL = audit.ddl(mapping.REFERENCE)
 Conn = psycopg.Connection[Any]
 
 
+def grant_audit(conn: Conn, role: str) -> None:
+    """Let ``role`` write runs: the audit's trigger writes run_audit as whoever writes a run."""
+    conn.execute(f'GRANT INSERT ON run_audit TO "{role}"')
+    conn.execute(f'GRANT USAGE ON SEQUENCE run_audit_seq_seq TO "{role}"')
+
+
 def new_job(
     conn: Conn,
     *,

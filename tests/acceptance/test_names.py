@@ -20,7 +20,7 @@ from reactor import sql
 from tests.acceptance.conftest import reactor_env, run_reactor
 from tests.acceptance.test_trust import as_role, is_superuser, neighbour, one_line
 from tests.conftest import NewRole
-from tests.helpers import finish, new_job, run_row
+from tests.helpers import finish, grant_audit, new_job, run_row
 from tests.integration.test_privileges import dsn_as, grant_all
 
 __all__ = ["neighbour"]  # the fixture, used here by name
@@ -169,8 +169,7 @@ def test_runtime_commands_read_public_not_a_view_named_after_their_role(
     may_create(database_url, neighbour)
     with psycopg.connect(database_url, autocommit=True) as admin:
         # The tests' audit trigger writes run_audit as whoever writes a run.
-        admin.execute(f'GRANT INSERT ON run_audit TO "{runtime}"')
-        admin.execute(f'GRANT USAGE ON SEQUENCE run_audit_seq_seq TO "{runtime}"')
+        grant_audit(admin, runtime)
         # The view reads the app's jobs with its owner's rights.
         admin.execute(f'GRANT SELECT ON analysis_jobs TO "{neighbour}"')
         job_id, run_id = new_job(admin)
@@ -225,8 +224,7 @@ def test_an_app_trigger_calling_an_unqualified_public_function_works_under_the_r
     grant_all(database_url, runtime)
     may_create(database_url, neighbour)
     with psycopg.connect(database_url, autocommit=True) as admin:
-        admin.execute(f'GRANT INSERT ON run_audit TO "{runtime}"')
-        admin.execute(f'GRANT USAGE ON SEQUENCE run_audit_seq_seq TO "{runtime}"')
+        grant_audit(admin, runtime)
         admin.execute(
             """
             CREATE TABLE public.noted (run_id uuid);

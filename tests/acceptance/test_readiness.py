@@ -18,7 +18,7 @@ from tests.acceptance.conftest import reactor_env, run_reactor
 from tests.acceptance.test_cli import listening
 from tests.acceptance.test_pairs import free_port, get
 from tests.conftest import NewRole
-from tests.helpers import finish, new_job, worker_writes
+from tests.helpers import finish, grant_audit, new_job, worker_writes
 from tests.polling import wait_for
 
 Spawn = Callable[..., subprocess.Popen[str]]
@@ -36,10 +36,7 @@ def runtime_role(new_login_role: NewRole, database_url: str) -> str:
     assert grants.returncode == 0, grants.stderr
     with psycopg.connect(database_url, autocommit=True) as conn:
         conn.execute(grants.stdout.encode())
-        # The tests' audit of the runs table (tests/helpers.py) is written by a trigger that
-        # runs as whoever writes a run.
-        conn.execute(f'GRANT INSERT ON run_audit TO "{role}"')
-        conn.execute(f'GRANT USAGE ON SEQUENCE run_audit_seq_seq TO "{role}"')
+        grant_audit(conn, role)
     return role
 
 

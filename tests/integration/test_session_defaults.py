@@ -21,7 +21,7 @@ from reactor.install import REFERENCE_INSTALL
 from tests import pgbouncer as bouncer
 from tests.acceptance.conftest import reactor_env, run_reactor
 from tests.conftest import Server
-from tests.helpers import Conn, finish, new_job, run_row, worker_writes
+from tests.helpers import Conn, finish, grant_audit, new_job, run_row, worker_writes
 from tests.integration.test_privileges import dsn_as, grant_all
 from tests.integration.test_stuck import lock_waiter
 from tests.polling import eventually
@@ -50,9 +50,7 @@ def hostile_role(server: Server, database_url: str) -> Iterator[str]:
             admin.execute(f'CREATE ROLE "{name}" LOGIN')
         for setting, value in DEFAULTS.items():
             admin.execute(f"ALTER ROLE \"{name}\" SET {setting} = '{value}'")
-        # The tests' audit trigger writes run_audit as whoever writes a run.
-        admin.execute(f'GRANT INSERT ON run_audit TO "{name}"')
-        admin.execute(f'GRANT USAGE ON SEQUENCE run_audit_seq_seq TO "{name}"')
+        grant_audit(admin, name)
     grant_all(database_url, name)
     yield name
     with psycopg.connect(database_url, autocommit=True) as admin:
