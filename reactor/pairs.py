@@ -17,10 +17,9 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from reactor import mapping
-from reactor.config import Settings, webhook_secret_variable
+from reactor.config import Settings
 from reactor.errors import ConfigError
-from reactor.hooks.secrets import SHARED_SECRET, resolve
-from reactor.hooks.spec import webhook_names
+from reactor.hooks.spec import own_secrets
 from reactor.mapping import CONFIG_VARIABLE, REFERENCE, Mapping
 
 
@@ -98,32 +97,11 @@ def several(
 
 
 def _own_secrets(pairs: tuple[Pair, ...], settings: Settings) -> tuple[Pair, ...]:
-    # Each pair is given the secrets its own webhooks read, and no other (reactor.hooks.secrets
+    # Each pair is given the secrets its own hooks read, and no other (reactor.hooks.secrets
     # says which those are, and refuses what would let a pair read another's): its hooks are
     # then made from its settings alone, as a single pair's always were.
-    found = dict(settings.webhook_secrets)
-    if settings.webhook_secret is not None:
-        found[SHARED_SECRET] = settings.webhook_secret
-    chosen = resolve({pair.name: webhook_names(pair.settings.hooks) for pair in pairs}, found)
-    return tuple(
-        replace(
-            pair,
-            settings=replace(
-                pair.settings,
-                # A hook's secret under its name without the pair, as parse_hooks looks it up;
-                # the shared one stays the fallback of the hooks that read it.
-                webhook_secrets={
-                    webhook_secret_variable(hook): found[variable]
-                    for hook, variable in chosen[pair.name].items()
-                    if variable != SHARED_SECRET
-                },
-                webhook_secret=(
-                    settings.webhook_secret if SHARED_SECRET in chosen[pair.name].values() else None
-                ),
-            ),
-        )
-        for pair in pairs
-    )
+    owned = own_secrets({pair.name: pair.settings for pair in pairs}, settings)
+    return tuple(replace(pair, settings=owned[pair.name]) for pair in pairs)
 
 
 def named(pairs: tuple[Pair, ...], name: str | None) -> Pair:

@@ -41,8 +41,11 @@ configuration error names the hook and what is wrong, and quotes only what canno
 (names, module paths): never a URL but as scheme, host and path, never a target that failed
 its check.
 
-The rooms: :mod:`.kinds` (what a hook is, and the three kinds), :mod:`.spec` (``REACTOR_HOOKS``
-parsed into hooks), :mod:`.guard` (the event loop's watch over a hook's code), :mod:`.runner`
+The rooms, each importing only those before it: :mod:`.call` (what a hook is and receives),
+:mod:`.guard` (the event loop's watch over a hook's code), :mod:`.kinds` (the three kinds),
+:mod:`.secrets` (which variable signs which webhook), :mod:`.registry` (each kind's parser, the
+resources it needs and the secrets it reads), :mod:`.spec` (``REACTOR_HOOKS`` parsed into
+hooks through the registry), :mod:`.runner`
 (claiming, running and settling attempts: a duty of the replica's cadence) and
 :mod:`.retention` (deleting settled rows: another duty).
 
@@ -55,22 +58,20 @@ instead of handing it to the next replica to kill.
 
 from __future__ import annotations
 
+from reactor.hooks.call import Hook, HookCall, PermanentFailure, idempotency_key
 from reactor.hooks.guard import BLOCK_LIMIT
 from reactor.hooks.kinds import (
     IDEMPOTENCY_HEADER,
     PERMANENT_STATUSES,
-    Hook,
-    HookCall,
     NotifyHook,
-    PermanentFailure,
     PythonHook,
     WebhookHook,
-    idempotency_key,
     webhook_verdict,
 )
+from reactor.hooks.registry import KINDS, Kind, Resources
 from reactor.hooks.retention import HookRetention
 from reactor.hooks.runner import JITTER, OUTCOMES, HookRunner, retry_delay, retry_span
-from reactor.hooks.spec import KINDS, check_hooks, open_hooks, parse_hooks
+from reactor.hooks.spec import check_hooks, open_hooks, parse_hooks
 
 __all__ = [
     "BLOCK_LIMIT",
@@ -83,9 +84,11 @@ __all__ = [
     "HookCall",
     "HookRetention",
     "HookRunner",
+    "Kind",
     "NotifyHook",
     "PermanentFailure",
     "PythonHook",
+    "Resources",
     "WebhookHook",
     "check_hooks",
     "idempotency_key",

@@ -14,12 +14,11 @@ import logging
 import threading
 import time
 from collections.abc import Awaitable, Callable, Generator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import anyio
 
-if TYPE_CHECKING:
-    from reactor.hooks.kinds import HookCall
+from reactor.hooks.call import HookCall
 
 log = logging.getLogger("reactor.hooks")
 

@@ -1,4 +1,4 @@
-"""What a hook is: the call it receives, and the three kinds it comes in.
+"""The three kinds a hook comes in, as callables (:mod:`.registry` says how each is read).
 
 - ``python:module:function`` (:class:`PythonHook`): awaited on the event loop when it is an
   ``async def``; a plain ``def`` runs in a thread of its own (:func:`.guard.in_thread`).
@@ -10,17 +10,17 @@
 from __future__ import annotations
 
 import inspect
-import json
 import time
-from collections.abc import Awaitable, Callable
-from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Literal, Protocol, cast
+from collections.abc import Awaitable, Callable, Collection
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, ClassVar, Literal, cast
 
 import anyio
 from psycopg.rows import tuple_row
 from psycopg_pool import AsyncConnectionPool
 
 from reactor import db, redact, tracing
+from reactor.hooks.call import HookCall, PermanentFailure
 from reactor.hooks.guard import in_thread
 from reactor.signature import SIGNATURE_HEADER, sign
 
@@ -39,41 +39,6 @@ IDEMPOTENCY_HEADER = "Idempotency-Key"
 PERMANENT_STATUSES = frozenset({301, 308, 410})
 
 
-@dataclass(frozen=True, slots=True)
-class HookCall:
-    """What a hook receives: which run, which attempt, and the key to deduplicate on."""
-
-    run_id: str
-    job_id: str
-    hook: str
-    attempt: int
-    idempotency_key: str
-
-    def as_json(self) -> str:
-        """The call as a JSON object, as the notify and webhook kinds send it."""
-        return json.dumps(asdict(self), separators=(",", ":"))
-
-
-class PermanentFailure(Exception):
-    """A hook failure that retrying cannot fix; the row is parked at once."""
-
-
-class Hook(Protocol):
-    """One configured hook."""
-
-    name: str
-    spec: str
-
-    async def __call__(self, call: HookCall) -> None:
-        """Run once; raise to fail (PermanentFailure: do not retry)."""
-        ...
-
-
-def idempotency_key(run_id: str, job_id: str, hook: str) -> str:
-    """Stable for one hook of one recorded (run, job), whichever replica or attempt runs it."""
-    return f"{run_id}:{job_id}:{hook}"
-
-
 @dataclass
 class PythonHook:
     """``python:module:function``: a callable in the reactor's own process.
@@ -83,6 +48,7 @@ class PythonHook:
     it returns), so a blocking hook cannot stall the listener and the timers.
     """
 
+    kind: ClassVar[str] = "python"
     name: str
     spec: str
     function: Callable[[HookCall], object]
@@ -91,6 +57,15 @@ class PythonHook:
 
     def __post_init__(self) -> None:
         self.is_async = is_async(self.function)
+
+    @property
+    def watches_loop(self) -> bool:
+        """A plain def runs in a thread whose own watch covers the loop (guard.in_thread)."""
+        return not self.is_async
+
+    def secrets(self) -> Collection[str]:
+        """None: a module path and a function name."""
+        return ()
 
     async def __call__(self, call: HookCall) -> None:
         """Await the function, or run it in a thread and wait for it."""
@@ -104,10 +79,16 @@ class PythonHook:
 class NotifyHook:
     """``notify:channel``: a NOTIFY with the call as JSON."""
 
+    kind: ClassVar[str] = "notify"
     name: str
     spec: str
     channel: str
     pool: AsyncConnectionPool[db.AnyConnection] = field(repr=False)
+    watches_loop: ClassVar[bool] = False
+
+    def secrets(self) -> Collection[str]:
+        """None: a channel name."""
+        return ()
 
     async def __call__(self, call: HookCall) -> None:
         """Send the notification from a pool connection."""
@@ -127,12 +108,18 @@ def webhook_verdict(status: int) -> Literal["done", "retry", "permanent"]:
 class WebhookHook:
     """``webhook:url``: a signed JSON POST through the runner's shared HTTP session."""
 
+    kind: ClassVar[str] = "webhook"
     name: str
     spec: str = field(repr=False)  # the URL may carry credentials
     url: str = field(repr=False)
     secret: str | None = field(repr=False)
     session: Callable[[], aiohttp.ClientSession] = field(repr=False)
     clock: Callable[[], float] = field(default=time.time, repr=False)
+    watches_loop: ClassVar[bool] = False
+
+    def secrets(self) -> Collection[str]:
+        """The signing secret and what the URL carries (user, password, query values)."""
+        return {*redact.url_secrets(self.url), *([self.secret] if self.secret else [])}
 
     async def __call__(self, call: HookCall) -> None:
         """POST the call; raise on anything but 2xx (PermanentFailure when retrying is moot)."""

@@ -20,16 +20,8 @@ import anyio.abc
 
 from reactor import backoff, db, redact, tracing
 from reactor.config import Settings
+from reactor.hooks.call import Hook, HookCall, PermanentFailure, idempotency_key
 from reactor.hooks.guard import ASYNC_HINT, LoopGuard
-from reactor.hooks.kinds import (
-    Hook,
-    HookCall,
-    PermanentFailure,
-    PythonHook,
-    WebhookHook,
-    idempotency_key,
-)
-from reactor.hooks.spec import KINDS
 from reactor.metrics import Metrics
 
 log = logging.getLogger("reactor.hooks")
@@ -84,12 +76,12 @@ class HookRunner:
         self.jitter = jitter
         self.in_flight = 0
         # Every configured secret, masked in whatever a hook reports.
-        webhooks = [hook for hook in hooks.values() if isinstance(hook, WebhookHook)]
+        made_with = [secret for hook in hooks.values() for secret in hook.secrets()]
         self.secrets = redact.known_secrets(
             webhook_secret=settings.webhook_secret,
-            webhook_secrets=[*settings.webhook_secrets.values(), *(h.secret for h in webhooks)],
+            webhook_secrets=[*settings.webhook_secrets.values(), *made_with],
             dsns=(settings.database_url, settings.listen_database_url),
-            urls=[hook.url for hook in webhooks],
+            urls=(),
         )
         for name in hooks:
             for outcome in OUTCOMES:
@@ -146,11 +138,10 @@ class HookRunner:
 
     async def _traced(self, claim: db.HookClaim) -> None:
         # One span per attempt; _settle gives it the outcome, and the error (scrubbed).
-        kind = self.hooks[claim.hook].spec.partition(":")[0]
         with tracing.span(
             "reactor.hook",
             hook=claim.hook,
-            hook_kind=kind if kind in KINDS else None,
+            hook_kind=self.hooks[claim.hook].kind,
             run_id=claim.run_id,
             job_id=claim.job_id,
             attempt=claim.attempt,
@@ -178,7 +169,7 @@ class HookRunner:
             log.warning("a hook blocked the event loop", extra=extra)
 
         # A threaded hook's own watch covers it; timing its steps too would report twice.
-        threaded = isinstance(hook, PythonHook) and not hook.is_async
+        threaded = hook.watches_loop
         try:
             try:
                 with anyio.fail_after(self.settings.hook_timeout):

@@ -8,11 +8,10 @@ what cannot be secret (names, module paths), never a URL but as scheme, host and
 from __future__ import annotations
 
 import difflib
-import importlib
 import re
-import urllib.parse
-from collections.abc import AsyncIterator, Callable, Collection, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import anyio
@@ -21,7 +20,9 @@ from psycopg_pool import AsyncConnectionPool
 from reactor import db, redact
 from reactor.config import Settings, webhook_secret_variable
 from reactor.errors import ConfigError
-from reactor.hooks.kinds import Hook, HookCall, NotifyHook, PythonHook, WebhookHook
+from reactor.hooks.call import Hook
+from reactor.hooks.registry import KINDS, Resources
+from reactor.hooks.secrets import SHARED_SECRET, resolve
 
 if TYPE_CHECKING:
     import aiohttp
@@ -31,33 +32,20 @@ _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_-]{0,62}")
 # part takes whatever a name would be misspelled as, valid names included, so that no item is
 # glued to the value before it (a URL whose path then carried the next hook's credentials).
 _SPLIT = re.compile(r",\s*(?=[^\s,=]+\s*=\s*[A-Za-z]+:)")
-KINDS = ("python", "notify", "webhook")
-# What a python:module:function target may name, and so be quoted in a message.
-_MODULE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*")
-_ATTRIBUTE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
-def parse_hooks(
-    text: str,
-    *,
-    pool: AsyncConnectionPool[db.AnyConnection],
-    secret: str | None,
-    session: Callable[[], aiohttp.ClientSession],
-    threads: anyio.Semaphore,
-    own_secrets: Mapping[str, str] | None = None,
-    known_secrets: Collection[str] = (),
-) -> dict[str, Hook]:
-    """Build the hooks of ``REACTOR_HOOKS``; ConfigError (one line) for anything wrong.
+def parse_hooks(text: str, resources: Resources) -> dict[str, Hook]:
+    """Build the hooks of ``REACTOR_HOOKS`` with ``resources``; ConfigError (one line) for
+    anything wrong.
 
-    ``secret`` signs every webhook that has none of its own in ``own_secrets`` (by variable
-    name, REACTOR_WEBHOOK_SECRET_<NAME>); such a variable that names no webhook hook is an
-    error. Messages quote no secret: not a URL whole (REACTOR_HOOKS may hold webhook
-    credentials), not a target that failed its check, none of ``known_secrets``.
+    Each item's kind (:data:`.registry.KINDS`) reads its target. A secret of its own
+    (``resources.own_secrets``, by variable name, REACTOR_WEBHOOK_SECRET_<NAME>) that no hook of
+    a secret-reading kind reads is an error. Messages quote no secret: not a URL whole
+    (REACTOR_HOOKS may hold webhook credentials), not a target that failed its check, none of
+    ``resources.known_secrets``.
     """
     hooks: dict[str, Hook] = {}
-    own_secrets = own_secrets or {}
-    items = filter(None, (part.strip() for part in _SPLIT.split(text.strip())))
-    for number, item in enumerate(items, start=1):
+    for number, item in enumerate(_items(text), start=1):
         name, sep, spec = item.partition("=")
         name, spec = name.strip(), spec.strip()
         if not sep:
@@ -70,25 +58,17 @@ def parse_hooks(
             )
         if name in hooks:
             raise ConfigError(f"REACTOR_HOOKS: hook {name!r} is defined twice")
-        kind, _, target = spec.partition(":")
-        if kind == "python":
-            function = _import_function(name, target, known_secrets)
-            hooks[name] = PythonHook(name, spec, function, threads)
-        elif kind == "notify":
-            if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]{0,62}", target):
-                raise ConfigError(
-                    f"REACTOR_HOOKS: {name}: notify takes a channel name (letters, digits and _, "
-                    "at most 63, not starting with a digit)"
-                )
-            hooks[name] = NotifyHook(name, spec, target, pool)
-        elif kind == "webhook":
-            own = own_secrets.get(webhook_secret_variable(name))
-            url = _check_url(name, target)
-            hooks[name] = WebhookHook(name, spec, url, own or secret, session)
-        else:
-            raise ConfigError(f"REACTOR_HOOKS: {name}: {_unknown_kind(kind)}")
-    _check_own_secrets(hooks, own_secrets)
+        kind_name, _, target = spec.partition(":")
+        kind = KINDS.get(kind_name)
+        if kind is None:
+            raise ConfigError(f"REACTOR_HOOKS: {name}: {_unknown_kind(kind_name)}")
+        hooks[name] = kind.parse(name, target, resources)
+    _check_own_secrets(hooks, resources.own_secrets)
     return hooks
+
+
+def _items(text: str) -> filter[str]:
+    return filter(None, (part.strip() for part in _SPLIT.split(text.strip())))
 
 
 def _unknown_kind(kind: str) -> str:
@@ -98,9 +78,10 @@ def _unknown_kind(kind: str) -> str:
     if kind.lower() in ("http", "https"):
         hint = "; a URL is webhook:URL (a comma in a URL goes as %2C when name=kind: follows it)"
     else:
-        close = difflib.get_close_matches(kind.lower(), KINDS, n=1)
+        close = difflib.get_close_matches(kind.lower(), list(KINDS), n=1)
         hint = f"; did you mean {close[0]}?" if close else ""
-    return f"unknown kind{hint}; use python:module:function, notify:channel or webhook:url"
+    usages = [known.usage for known in KINDS.values()]
+    return f"unknown kind{hint}; use {', '.join(usages[:-1])} or {usages[-1]}"
 
 
 def _check_own_secrets(hooks: Mapping[str, Hook], own_secrets: Mapping[str, str]) -> None:
@@ -108,7 +89,7 @@ def _check_own_secrets(hooks: Mapping[str, Hook], own_secrets: Mapping[str, str]
     # one (a typo, a renamed hook), and its receiver refusing every call for a day of retries.
     webhooks: dict[str, list[str]] = {}
     for name, hook in hooks.items():
-        if isinstance(hook, WebhookHook):
+        if KINDS[hook.kind].reads_secrets:
             webhooks.setdefault(webhook_secret_variable(name), []).append(name)
     for variable in sorted(own_secrets):
         names = webhooks.get(variable)
@@ -146,7 +127,7 @@ async def open_hooks(
             )
         return session
 
-    hooks = _configured(settings, pool, shared_session)
+    hooks = parse_hooks(settings.hooks, resources(settings, pool, shared_session))
     try:
         yield hooks
     finally:
@@ -154,40 +135,62 @@ async def open_hooks(
             await session.close()
 
 
-def webhook_names(text: str) -> tuple[str, ...]:
-    """The names of the webhook hooks of ``text`` (a REACTOR_HOOKS value), read without checking
-    the rest of it (parse_hooks does); what is not a hook's name is left out, since it may be
-    a stray URL's credentials."""
+def secret_readers(text: str) -> tuple[str, ...]:
+    """The names of the hooks of ``text`` (a REACTOR_HOOKS value) whose kind reads a secret of
+    its own (webhooks), read without checking the rest of it (parse_hooks does); what is not a
+    hook's name is left out, since it may be a stray URL's credentials."""
     found: list[str] = []
-    for item in filter(None, (part.strip() for part in _SPLIT.split(text.strip()))):
+    for item in _items(text):
         name, sep, spec = (part.strip() for part in item.partition("="))
-        webhook = sep and spec.partition(":")[0] == "webhook"
-        if webhook and _NAME.fullmatch(name) and name not in found:
+        kind = KINDS.get(spec.partition(":")[0]) if sep else None
+        if kind is not None and kind.reads_secrets and _NAME.fullmatch(name) and name not in found:
             found.append(name)
     return tuple(found)
+
+
+def own_secrets(pairs: Mapping[str, Settings], settings: Settings) -> dict[str, Settings]:
+    """Each of ``pairs`` (name: its settings) with the secrets its own hooks read, and no other
+    (:func:`.secrets.resolve` says which, from ``settings``, the process's, and refuses what
+    would let a pair read another's): each hook's under its name without the pair, as
+    parse_hooks looks it up, and the shared one only where a hook falls back to it."""
+    found = dict(settings.webhook_secrets)
+    if settings.webhook_secret is not None:
+        found[SHARED_SECRET] = settings.webhook_secret
+    chosen = resolve({name: secret_readers(own.hooks) for name, own in pairs.items()}, found)
+    return {
+        name: replace(
+            own,
+            webhook_secrets={
+                webhook_secret_variable(hook): found[variable]
+                for hook, variable in chosen[name].items()
+                if variable != SHARED_SECRET
+            },
+            webhook_secret=(
+                settings.webhook_secret if SHARED_SECRET in chosen[name].values() else None
+            ),
+        )
+        for name, own in pairs.items()
+    }
 
 
 def check_hooks(settings: Settings) -> None:
     """Raise ConfigError for anything wrong in REACTOR_HOOKS and its secrets, before anything
     connects (their modules are imported); the hooks themselves are made by open_hooks."""
 
-    def unused() -> aiohttp.ClientSession:
-        raise AssertionError("a hook checked is never called")
-
-    _configured(settings, None, unused)
+    parse_hooks(settings.hooks, resources(settings))
 
 
-def _configured(
+def resources(
     settings: Settings,
-    pool: AsyncConnectionPool[db.AnyConnection] | None,
-    session: Callable[[], aiohttp.ClientSession],
-) -> dict[str, Hook]:
-    return parse_hooks(
-        settings.hooks,
-        pool=pool,  # type: ignore[arg-type]  # None only to check, when nothing is called
-        secret=settings.webhook_secret,
-        session=session,
+    pool: AsyncConnectionPool[db.AnyConnection] | None = None,
+    session: Callable[[], aiohttp.ClientSession] | None = None,
+) -> Resources:
+    """What the hooks of ``settings`` are made with; without ``pool`` and ``session``, only
+    to check them (nothing is called)."""
+    return Resources(
         threads=anyio.Semaphore(settings.hook_concurrency),
+        pool=pool,
+        shared_secret=settings.webhook_secret,
         own_secrets=settings.webhook_secrets,
         known_secrets=redact.known_secrets(
             webhook_secret=settings.webhook_secret,
@@ -195,44 +198,9 @@ def _configured(
             dsns=(settings.database_url, settings.listen_database_url),
             urls=(),
         ),
+        session=_never_called if session is None else session,
     )
 
 
-def _import_function(
-    name: str, target: str, secrets: Collection[str]
-) -> Callable[[HookCall], object]:
-    module_name, _, attribute = target.partition(":")
-    # Quoted only once they are known to be a module path and a name: a mistyped spec may hold
-    # anything, a URL's credentials included.
-    if not _MODULE.fullmatch(module_name) or not _ATTRIBUTE.fullmatch(attribute):
-        raise ConfigError(
-            f"REACTOR_HOOKS: {name}: write python:module:function, with a dotted module path "
-            "and a function name"
-        )
-    try:
-        module = importlib.import_module(module_name)
-    except Exception as error:  # any import failure is the user's to fix; say which
-        raise ConfigError(
-            f"REACTOR_HOOKS: {name}: cannot import {module_name!r}: {type(error).__name__}: "
-            f"{redact.scrub(str(error), secrets)}"
-        ) from None
-    function = getattr(module, attribute, None)
-    if function is None:
-        raise ConfigError(f"REACTOR_HOOKS: {name}: {module_name} has no {attribute!r}")
-    if not callable(function):
-        raise ConfigError(f"REACTOR_HOOKS: {name}: {module_name}:{attribute} is not a function")
-    return function  # type: ignore[no-any-return]
-
-
-def _check_url(name: str, url: str) -> str:
-    # safe_url shows scheme, host, port and path only, or a placeholder when it cannot tell
-    # which is which.
-    shown = redact.safe_url(url)
-    try:
-        parts = urllib.parse.urlsplit(url)
-        parts.port  # noqa: B018 -- raises ValueError for a malformed port
-    except ValueError:
-        raise ConfigError(f"REACTOR_HOOKS: {name}: {shown!r} has a bad port or host") from None
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ConfigError(f"REACTOR_HOOKS: {name}: {shown!r} is not an http(s) URL with a host")
-    return url
+def _never_called() -> aiohttp.ClientSession:
+    raise AssertionError("a hook only checked is never called")

@@ -22,10 +22,12 @@ from reactor.errors import ConfigError, UsageError
 from reactor.hooks import (
     BLOCK_LIMIT,
     JITTER,
+    KINDS,
     PERMANENT_STATUSES,
     Hook,
     NotifyHook,
     PythonHook,
+    Resources,
     WebhookHook,
     parse_hooks,
     retry_delay,
@@ -47,11 +49,13 @@ def parse(text: str, **options: Any) -> dict[str, Hook]:
     """parse_hooks without a database or an HTTP session: parsing touches neither."""
     return parse_hooks(
         text,
-        pool=cast(Any, None),
-        secret=options.pop("secret", None),
-        session=cast(Any, None),
-        threads=anyio.Semaphore(1),
-        **options,
+        Resources(
+            threads=anyio.Semaphore(1),
+            pool=None,
+            session=cast(Any, None),
+            shared_secret=options.pop("secret", None),
+            **options,
+        ),
     )
 
 
@@ -211,6 +215,48 @@ def test_no_parse_error_ever_contains_a_planted_secret(text: str) -> None:
     except ConfigError as error:
         message = str(error)
     assert SECRET not in message
+
+
+# -- the registry of kinds -------------------------------------------------------------------
+
+
+def test_each_kind_makes_hooks_of_its_own_and_says_what_it_reads() -> None:
+    hooks = parse("p=python:tests.hookmods:count,n=notify:chan,w=webhook:https://h/x")
+    assert {name: hook.kind for name, hook in hooks.items()} == {
+        "p": "python",
+        "n": "notify",
+        "w": "webhook",
+    }
+    assert all(KINDS[hook.kind].name == hook.kind for hook in hooks.values())
+    # Only webhooks read secrets of their own, and they read the three variables in order.
+    assert [name for name, kind in KINDS.items() if kind.reads_secrets] == ["webhook"]
+    reads = KINDS["webhook"].secret_variables
+    assert reads is not None
+    assert reads("ana", "ops-diag") == (
+        "REACTOR_WEBHOOK_SECRET_ANA_OPS_DIAG",
+        "REACTOR_WEBHOOK_SECRET_OPS_DIAG",
+        SHARED_SECRET,
+    )
+    assert KINDS["notify"].needs == {"pool"}
+    assert KINDS["webhook"].needs == {"http"}
+
+
+def test_an_unknown_kind_lists_every_registered_usage() -> None:
+    message = refused("x=carrier_pigeon:coop")
+    usages = [kind.usage for kind in KINDS.values()]
+    assert message.endswith(f"use {', '.join(usages[:-1])} or {usages[-1]}")
+    assert message == (
+        "REACTOR_HOOKS: x: unknown kind; use python:module:function, notify:channel or webhook:url"
+    )
+
+
+def test_a_webhook_masks_its_secret_and_its_urls_credentials() -> None:
+    (hook,) = parse(
+        f"w=webhook:https://u:{SECRET}@h/x?token=tok-{SECRET}", secret="shared-1"
+    ).values()
+    assert {SECRET, f"tok-{SECRET}", "shared-1"} <= set(hook.secrets())
+    (python,) = parse("p=python:tests.hookmods:count").values()
+    assert python.secrets() == ()
 
 
 # -- per-hook webhook secrets --------------------------------------------------------------------
