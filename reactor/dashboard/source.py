@@ -9,10 +9,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import anyio
-import psycopg
 
 from reactor import db, redact, status
 from reactor.config import Settings
+from reactor.db import errors as db_errors
 from reactor.errors import ReactorError
 
 # How long one report serves every request.
@@ -83,13 +83,13 @@ class StatusSource:
         if database is None:
             return self._failed(self.absent())
         try:
-            with anyio.fail_after(self.timeout):
+            with anyio.fail_after(self.timeout), db_errors.translated():
                 async with database.pool.connection(timeout=self.timeout) as conn:
                     report = await status.collect(conn, database.install, self.settings)
         except TimeoutError:
             return self._failed(f"the database did not answer within {self.timeout:g} s")
-        except (ReactorError, psycopg.Error, OSError) as error:
-            return self._failed(db.first_line(error) or type(error).__name__)
+        except ReactorError as error:  # the database's errors arrive translated
+            return self._failed(str(error) or type(error).__name__)
         return Snapshot(status.as_json(report), None, started, started)
 
     def _failed(self, reason: str) -> Snapshot:

@@ -6,11 +6,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-import psycopg
-import psycopg.errors
-
 from reactor import db, redact, sql
 from reactor.config import Settings
+from reactor.db import errors as db_errors
 from reactor.errors import PrivilegeMissing, SchemaMissing
 from reactor.install import Install
 from reactor.ownership import LIVENESS_PROBES
@@ -182,11 +180,12 @@ async def collect(conn: db.AnyConnection, install: Install, settings: Settings) 
     """Read one snapshot of ``install`` on ``conn``; SchemaMissing or PrivilegeMissing when
     there is nothing to read."""
     try:
-        queries = db.Database.dedicated(install, conn, grace=settings.grace)
-        return await _collect(conn, queries, settings)
-    except psycopg.errors.InsufficientPrivilege as error:
+        with db_errors.translated(db_errors.PrivilegeDenied):
+            queries = db.Database.dedicated(install, conn, grace=settings.grace)
+            return await _collect(conn, queries, settings)
+    except db_errors.PrivilegeDenied as error:
         raise PrivilegeMissing(
-            f"cannot read the reactor's state: {db.first_line(error)}; grant what "
+            f"cannot read the reactor's state: {error}; grant what "
             "`reactor migrate --print-grants ROLE` prints, or run status as the owner"
         ) from None
 
