@@ -22,11 +22,14 @@ _SLOT = re.compile(r"@(?:(\w+)\.)?(\w+)(?:\((\w*)\))?@")
 _MIGRATION = re.compile(r"(\d{4})_(\w+)\.sql")
 # A psycopg placeholder, or a literal % written twice.
 _PLACEHOLDER = re.compile(r"%(?:%|\((\w+)\)s)")
-# The name of a common table expression of a statement's top-level WITH, as the named queries
-# lay it out: "WITH beat AS (" and "), gone AS (" each on a line of its own.
-_CTE = re.compile(r"^(?:WITH|\),) (\w+) AS \($", re.MULTILINE)
-# Where the top-level WITH ends and the statement's one SELECT begins.
-_LAST_CTE_END = "\n)\nSELECT "
+# The pieces of a statement's top-level WITH, matched where the scan of its parentheses stands,
+# whatever the spacing and line breaks around them.
+_WITH = re.compile(r"\s*WITH\s+", re.IGNORECASE)
+_CTE_HEAD = re.compile(r"(\w+)\s+AS\s*\(", re.IGNORECASE)
+_CTE_NEXT = re.compile(r"\s*,\s*")
+_SELECT = re.compile(r"\s*SELECT\s+", re.IGNORECASE)
+# What the scan for a closing parenthesis steps over whole: a quoted literal or name, a comment.
+_OPAQUE = re.compile(r"'(?:[^']|'')*'|\"(?:[^\"]|\"\")*\"|--[^\n]*|/\*.*?\*/", re.DOTALL)
 
 
 @dataclass(frozen=True)
@@ -158,15 +161,34 @@ def part_name(name: str, index: int) -> str:
     return f"{name}__p{index}"
 
 
-def union_template(template: str, index: int) -> str:
+@dataclass(frozen=True)
+class UnionPart:
+    """A named query as one part of a :func:`union`: the common table expressions of its
+    top-level WITH, as (name, body) with the body between its parentheses, and what its one
+    SELECT selects (the text after ``SELECT``)."""
+
+    ctes: tuple[tuple[str, str], ...]
+    select: str
+
+    def rendered(self, mapping: Mapping) -> UnionPart:
+        """The part with its slots filled from ``mapping`` (see :func:`render`), to run with
+        parameters."""
+
+        def fill(text: str) -> str:
+            return render(text, mapping, parameters=True)
+
+        return UnionPart(tuple((name, fill(body)) for name, body in self.ctes), fill(self.select))
+
+
+def union_template(template: str, index: int) -> UnionPart:
     """``template`` (a named query as written: one top-level WITH, then one SELECT of one row)
     as part ``index`` of a :func:`union`: its parameters and its common table expressions get
     the part's suffix (:func:`part_name`), so that the parts of several pairs can share one
-    WITH. Slots stay open; nothing a mapping fills in is touched."""
-    names = _CTE.findall(template)
-    if not template.startswith("WITH ") or not names or _LAST_CTE_END not in template:
-        raise ValueError("a part of a union is one WITH and one SELECT")
-    # One pass: a slot is left as it is, a placeholder and a name of the WITH get the suffix.
+    WITH. Slots stay open; nothing a mapping fills in is touched. ValueError for a template of
+    another shape."""
+    ctes, select = _with_and_select(template)
+    names = [name for name, _ in ctes]
+    # A slot is left as it is, a placeholder and a name of the WITH get the suffix.
     tokens = re.compile(rf"{_SLOT.pattern}|{_PLACEHOLDER.pattern}|\b({'|'.join(names)})\b")
 
     def rename(match: re.Match[str]) -> str:
@@ -175,20 +197,61 @@ def union_template(template: str, index: int) -> str:
             return f"%({part_name(placeholder, index)})s"
         return match.group(0) if cte is None else part_name(cte, index)
 
-    return tokens.sub(rename, template)
+    return UnionPart(
+        tuple((part_name(name, index), tokens.sub(rename, body)) for name, body in ctes),
+        tokens.sub(rename, select),
+    )
 
 
-def union(parts: Sequence[str]) -> str:
-    """One statement of the rendered ``parts`` (each made by :func:`union_template`): their
-    common table expressions under one WITH, then each part's row, in order, with its index as
-    column ``part``. PostgreSQL takes a data-modifying WITH only at the top of a statement, so
-    the parts are spliced rather than nested."""
-    withs, selects = [], []
-    for index, text in enumerate(parts):
-        head, _, select = text.rpartition(_LAST_CTE_END)
-        withs.append(head.removeprefix("WITH ") + "\n)")
-        selects.append(f"SELECT {index} AS part, {select}")
-    return "WITH " + ",\n".join(withs) + "\n" + "\nUNION ALL\n".join(selects) + "\nORDER BY part"
+def _with_and_select(template: str) -> tuple[tuple[tuple[str, str], ...], str]:
+    # Read by its parentheses: WITH, then "name AS (body)" separated by commas, then SELECT.
+    shape = ValueError("a part of a union is one WITH and one SELECT")
+    found = _WITH.match(template)
+    if found is None:
+        raise shape
+    at, ctes = found.end(), []
+    while True:
+        head = _CTE_HEAD.match(template, at)
+        if head is None:
+            raise shape
+        close = _closing(template, head.end())
+        ctes.append((head.group(1), template[head.end() : close]))
+        at = close + 1
+        comma = _CTE_NEXT.match(template, at)
+        if comma is None:
+            break
+        at = comma.end()
+    select = _SELECT.match(template, at)
+    if select is None:
+        raise shape
+    return tuple(ctes), template[select.end() :]
+
+
+def _closing(text: str, start: int) -> int:
+    """Where the parenthesis open before ``start`` closes, stepping over literals, quoted
+    names and comments."""
+    depth, at = 1, start
+    while at < len(text):
+        opaque = _OPAQUE.match(text, at)
+        if opaque is not None:
+            at = opaque.end()
+            continue
+        depth += {"(": 1, ")": -1}.get(text[at], 0)
+        if depth == 0:
+            return at
+        at += 1
+    raise ValueError("a part of a union is one WITH and one SELECT")
+
+
+def union(parts: Sequence[UnionPart]) -> str:
+    """One statement of the ``parts`` (each made by :func:`union_template`): their common
+    table expressions under one WITH, then each part's row, in order, with its index as column
+    ``part``. PostgreSQL takes a data-modifying WITH only at the top of a statement, so the
+    parts are composed into one WITH rather than nested."""
+    # A part's own on the lines it wrote them on, each part from a line of its own.
+    ctes = [", ".join(f"{name} AS ({body})" for name, body in part.ctes) for part in parts]
+    selects = [f"SELECT {index} AS part, {part.select}" for index, part in enumerate(parts)]
+    return "WITH " + ",\n".join(ctes) + "\n" + "\nUNION ALL\n".join(selects) + "\nORDER BY part"
 
 
 @cache
@@ -199,7 +262,7 @@ def union_query(name: str, mappings: tuple[Mapping, ...], filename: str = "queri
     template = templates(filename)[name]
     return union(
         [
-            render(union_template(template, index), mapping, parameters=True)
+            union_template(template, index).rendered(mapping)
             for index, mapping in enumerate(mappings)
         ]
     )

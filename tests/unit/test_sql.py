@@ -266,19 +266,39 @@ SELECT (SELECT count(*) FROM other) AS n, %(probe)s AS probe_again"""
 
 def test_a_part_renames_its_names_and_parameters_not_the_slots() -> None:
     part = sql.union_template(PART, 1)
-    assert "WITH probe__p1 AS (" in part
-    assert "), other__p1 AS (" in part
-    assert "FROM probe__p1\n" in part
-    assert part.count("%(probe__p1)s") == 2
+    ctes = dict(part.ctes)
+    assert list(ctes) == ["probe__p1", "other__p1"]
+    assert "FROM probe__p1\n" in ctes["other__p1"]
+    assert "FROM other__p1)" in part.select
+    pieces = [*ctes.values(), part.select]
+    assert sum(piece.count("%(probe__p1)s") for piece in pieces) == 2
     # What a mapping fills in is its own, and a literal % stays written twice.
-    assert "@j.probe@" in part
-    assert "LIKE 'a%%'" in part
-    assert "probe_again" in part
+    assert "@j.probe@" in ctes["probe__p1"]
+    assert "LIKE 'a%%'" in ctes["probe__p1"]
+    assert "probe_again" in part.select
 
 
-def test_a_template_that_is_not_one_with_and_one_select_is_refused() -> None:
+def test_a_part_is_read_by_its_parentheses_not_its_line_layout() -> None:
+    # One line, a parenthesis inside a literal, a quoted name and a comment: the same parts.
+    text = (
+        "with a as (SELECT ')' AS p, \"x)\" FROM t /* ) */ WHERE f(%(n)s)),b AS(SELECT 1 FROM a)"
+        "   select (SELECT count(*) FROM b)"
+    )
+    part = sql.union_template(text, 0)
+    assert part.ctes == (
+        ("a__p0", "SELECT ')' AS p, \"x)\" FROM t /* ) */ WHERE f(%(n__p0)s)"),
+        ("b__p0", "SELECT 1 FROM a__p0"),
+    )
+    assert part.select == "(SELECT count(*) FROM b__p0)"
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["SELECT 1", "WITH a AS (SELECT 1", "WITH a AS (SELECT 1) DELETE FROM t", "WITH (SELECT 1)"],
+)
+def test_a_template_that_is_not_one_with_and_one_select_is_refused(text: str) -> None:
     with pytest.raises(ValueError, match="one WITH and one SELECT"):
-        sql.union_template("SELECT 1", 0)
+        sql.union_template(text, 0)
 
 
 def test_a_union_holds_every_part_once_in_order() -> None:
