@@ -26,6 +26,11 @@ is a no-op and ``inject_traceparent`` adds nothing. ``reactor run`` and ``reacto
 the environment unless the app called :func:`configure` itself (a misspelt exporter is then
 logged, and tracing stays off); a provider the app installs later is picked up from then on.
 
+Where spans go is a value, :class:`Tracing`: the process owns one, :data:`PROCESS`, which the
+module's functions (:func:`span`, :func:`current`, :func:`configure`, ...) act on, and whoever
+is given another (a test, an app that keeps its provider to itself, the hooks of
+:mod:`reactor.hooks`) traces through that one instead. Nothing else holds state.
+
 No attribute carries a secret: call sites pass ids, names, kinds, counts and outcomes, never a
 hook's spec or URL, and error descriptions and exception messages go through
 :func:`reactor.redact.scrub` (hooks scrub theirs with every configured secret first).
@@ -66,11 +71,6 @@ _OTLP_PACKAGES = {
     "otlp_proto_http": "opentelemetry-exporter-otlp-proto-http",
     "otlp_proto_grpc": "opentelemetry-exporter-otlp-proto-grpc",
 }
-
-# The tracer once tracing is on; None while it is off.
-_tracer: Tracer | None = None
-# Whether the environment was read (and a provider installed, if it asked for one).
-_configured = False
 
 
 class Span:
@@ -113,40 +113,124 @@ class Span:
 _OFF = Span()
 
 
-@contextmanager
-def span(
-    name: str, attributes: Mapping[str, Attribute | None] | None = None, /, **more: Attribute | None
-) -> Iterator[Span]:
-    """A span called ``name`` around the block, current inside it, with ``attributes`` as named
-    and each of ``more`` as ``reactor.<keyword>`` (None values left out).
+class Tracing:
+    """Where the reactor's spans go, and whether tracing is on: the rules of the module
+    docstring for one value. ``provider``: send them there (a test, an app that keeps its
+    provider to itself); None: as the environment and the app's global provider say."""
 
-    An ``Exception`` leaving the block is recorded and sets the error status; a cancellation
-    does neither. While tracing is off this is a no-op that yields a :class:`Span` doing
-    nothing.
-    """
-    tracer = _active()
-    if tracer is None:
-        yield _OFF
-        return
-    with tracer.start_as_current_span(
-        name,
-        attributes=_attributes(attributes, more),
-        record_exception=False,
-        set_status_on_exception=False,
-    ) as current:
-        traced = Span(current)
-        try:
-            yield traced
-        except Exception as error:
-            traced.exception(error)
-            raise
+    def __init__(self, provider: TracerProvider | None = None) -> None:
+        # The tracer once tracing is on; None while it is off.
+        self._tracer: Tracer | None = None
+        # Whether the environment was read (and a provider installed, if it asked for one).
+        self._configured = False
+        self.use(provider)
+
+    @contextmanager
+    def span(
+        self,
+        name: str,
+        attributes: Mapping[str, Attribute | None] | None = None,
+        /,
+        **more: Attribute | None,
+    ) -> Iterator[Span]:
+        """A span called ``name`` around the block, current inside it, with ``attributes`` as
+        named and each of ``more`` as ``reactor.<keyword>`` (None values left out).
+
+        An ``Exception`` leaving the block is recorded and sets the error status; a
+        cancellation does neither. While tracing is off this is a no-op that yields a
+        :class:`Span` doing nothing.
+        """
+        tracer = self._active()
+        if tracer is None:
+            yield _OFF
+            return
+        with tracer.start_as_current_span(
+            name,
+            attributes=_attributes(attributes, more),
+            record_exception=False,
+            set_status_on_exception=False,
+        ) as current:
+            traced = Span(current)
+            try:
+                yield traced
+            except Exception as error:
+                traced.exception(error)
+                raise
+
+    def current(self) -> Span:
+        """The span current here (the innermost span block), or one doing nothing."""
+        if self._tracer is None:
+            return _OFF
+        return Span(_module("opentelemetry.trace").get_current_span())
+
+    def inject_traceparent(self, headers: MutableMapping[str, str]) -> None:
+        """Add the current span's W3C ``traceparent`` to ``headers``, and nothing else; nothing
+        at all while tracing is off.
+
+        Not through the configured propagators: they default to baggage too, and an embedding
+        app may add its own, which would hand a third-party receiver whatever the app's context
+        carries (user ids in baggage, vendor state in tracestate). The trace context
+        propagator writes the W3C headers, of which only traceparent is kept.
+        """
+        if self._tracer is None:
+            return
+        propagator = _module("opentelemetry.trace.propagation.tracecontext")
+        written: dict[str, str] = {}
+        propagator.TraceContextTextMapPropagator().inject(written)
+        if "traceparent" in written:
+            headers["traceparent"] = written["traceparent"]
+
+    def enabled(self) -> bool:
+        """True while spans are recorded somewhere."""
+        return self._active() is not None
+
+    def configure(self, environ: Mapping[str, str] | None = None) -> bool:
+        """Turn tracing on as the module docstring says; True when it is on.
+
+        Raises ConfigError when ``OTEL_TRACES_EXPORTER`` names an exporter that is not
+        installed, or the OTLP protocol is unknown. With the variables set but OpenTelemetry
+        not installed, it logs a warning and tracing stays off: the reactor works as before.
+        """
+        self._configured = True
+        env = os.environ if environ is None else environ
+        app = _app_tracer()
+        if app is not None:
+            self._tracer = app
+            return True
+        names = exporter_names(env)
+        if not names:
+            return False
+        self._tracer = _installed_tracer(names)
+        return self._tracer is not None
+
+    def use(self, provider: TracerProvider | None) -> None:
+        """Send the spans to ``provider`` rather than the global one; None goes back to the
+        rules of the module docstring."""
+        self._tracer = None if provider is None else provider.get_tracer(_SCOPE, _version())
+        self._configured = provider is not None
+
+    def _active(self) -> Tracer | None:
+        if self._tracer is not None:
+            return self._tracer
+        if not self._configured:
+            try:
+                if self.configure():
+                    return self._tracer
+            except ConfigError as error:
+                log.warning("tracing stays off", extra={"error": str(error)})
+        # An app may install its provider after the reactor started.
+        self._tracer = _app_tracer()
+        return self._tracer
 
 
-def current() -> Span:
-    """The span current here (the innermost :func:`span` block), or one doing nothing."""
-    if _tracer is None:
-        return _OFF
-    return Span(_module("opentelemetry.trace").get_current_span())
+# The process's: what ``reactor run`` configures at startup, and what the functions below use.
+PROCESS = Tracing()
+span = PROCESS.span
+current = PROCESS.current
+inject_traceparent = PROCESS.inject_traceparent
+enabled = PROCESS.enabled
+configure = PROCESS.configure
+use = PROCESS.use
 
 
 def jobs(job_ids: Collection[str]) -> dict[str, Attribute]:
@@ -158,46 +242,9 @@ def jobs(job_ids: Collection[str]) -> dict[str, Attribute]:
     return shown
 
 
-def inject_traceparent(headers: MutableMapping[str, str]) -> None:
-    """Add the current span's W3C ``traceparent`` to ``headers``, and nothing else; nothing at
-    all while tracing is off.
-
-    Not through the configured propagators: they default to baggage too, and an embedding app
-    may add its own, which would hand a third-party receiver whatever the app's context
-    carries (user ids in baggage, vendor state in tracestate). The trace context propagator
-    writes the W3C headers, of which only traceparent is kept.
-    """
-    if _tracer is None:
-        return
-    propagator = _module("opentelemetry.trace.propagation.tracecontext")
-    written: dict[str, str] = {}
-    propagator.TraceContextTextMapPropagator().inject(written)
-    if "traceparent" in written:
-        headers["traceparent"] = written["traceparent"]
-
-
-def enabled() -> bool:
-    """True while spans are recorded somewhere."""
-    return _active() is not None
-
-
-def configure(environ: Mapping[str, str] | None = None) -> bool:
-    """Turn tracing on as the module docstring says; True when it is on.
-
-    Raises ConfigError when ``OTEL_TRACES_EXPORTER`` names an exporter that is not installed,
-    or the OTLP protocol is unknown. With the variables set but OpenTelemetry not installed, it
-    logs a warning and tracing stays off: the reactor works as before.
-    """
-    global _configured, _tracer
-    _configured = True
-    env = os.environ if environ is None else environ
-    app = _app_tracer()
-    if app is not None:
-        _tracer = app
-        return True
-    names = exporter_names(env)
-    if not names:
-        return False
+def _installed_tracer(names: Sequence[str]) -> Tracer | None:
+    # An SDK provider sending to the exporters ``names``, installed as the global one; None
+    # (and a warning) when OpenTelemetry is not installed.
     try:
         trace = importlib.import_module("opentelemetry.trace")
         sdk = importlib.import_module("opentelemetry.sdk.trace")
@@ -209,7 +256,7 @@ def configure(environ: Mapping[str, str] | None = None) -> bool:
             "backstop-reactor[otel]); tracing stays off",
             extra={"exporters": ",".join(names)},
         )
-        return False
+        return None
     exporters = [_exporter_class(name) for name in names]
     resource = resources.Resource.create()
     if str(resource.attributes.get("service.name", "")).startswith("unknown_service"):
@@ -218,17 +265,9 @@ def configure(environ: Mapping[str, str] | None = None) -> bool:
     for exporter in exporters:
         provider.add_span_processor(export.BatchSpanProcessor(exporter()))
     trace.set_tracer_provider(provider)
-    _tracer = provider.get_tracer(_SCOPE, _version())
     log.info("tracing on", extra={"exporters": ",".join(names)})
-    return True
-
-
-def use(provider: TracerProvider | None) -> None:
-    """Send the reactor's spans to ``provider`` rather than the global one (tests, or an app
-    that keeps its provider to itself); None goes back to the rules of the module docstring."""
-    global _configured, _tracer
-    _tracer = None if provider is None else provider.get_tracer(_SCOPE, _version())
-    _configured = provider is not None
+    tracer: Tracer = provider.get_tracer(_SCOPE, _version())
+    return tracer
 
 
 def exporter_names(environ: Mapping[str, str]) -> list[str]:
@@ -260,21 +299,6 @@ def exporter_names(environ: Mapping[str, str]) -> list[str]:
         if name not in resolved:
             resolved.append(name)
     return resolved
-
-
-def _active() -> Tracer | None:
-    global _tracer
-    if _tracer is not None:
-        return _tracer
-    if not _configured:
-        try:
-            if configure():
-                return _tracer
-        except ConfigError as error:
-            log.warning("tracing stays off", extra={"error": str(error)})
-    # An app may install its provider after the reactor started.
-    _tracer = _app_tracer()
-    return _tracer
 
 
 def _app_tracer() -> Tracer | None:

@@ -115,6 +115,8 @@ class WebhookHook:
     secret: str | None = field(repr=False)
     session: Callable[[], aiohttp.ClientSession] = field(repr=False)
     clock: Callable[[], float] = field(default=time.time, repr=False)
+    # Whose trace context a call carries, and where its status code is recorded.
+    tracer: tracing.Tracing = field(default=tracing.PROCESS, repr=False)
     watches_loop: ClassVar[bool] = False
 
     def secrets(self) -> Collection[str]:
@@ -127,7 +129,7 @@ class WebhookHook:
         headers = {"Content-Type": "application/json", IDEMPOTENCY_HEADER: call.idempotency_key}
         if self.secret:
             headers[SIGNATURE_HEADER] = sign(self.secret, body, timestamp=int(self.clock()))
-        tracing.inject_traceparent(headers)  # not signed: the signature covers t and the body
+        self.tracer.inject_traceparent(headers)  # not signed: the signature covers t and the body
         shown = redact.safe_url(self.url)
         import aiohttp
 
@@ -136,7 +138,7 @@ class WebhookHook:
                 self.url, data=body, headers=headers, allow_redirects=False
             ) as response:
                 status, location = response.status, response.headers.get("Location")
-            tracing.current().set({"http.response.status_code": status})
+            self.tracer.current().set({"http.response.status_code": status})
         except aiohttp.ClientError as error:
             # Client errors may quote the URL whole (credentials, query): never pass them on.
             detail = f"{type(error).__name__}: {error}"

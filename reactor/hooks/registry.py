@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Literal
 import anyio
 from psycopg_pool import AsyncConnectionPool
 
-from reactor import db, redact
+from reactor import db, redact, tracing
 from reactor.config import webhook_secret_variable
 from reactor.errors import ConfigError
 from reactor.hooks.call import Hook, HookCall
@@ -58,6 +58,8 @@ class Resources:
     shared_secret: str | None = field(default=None, repr=False)
     own_secrets: Mapping[str, str] = field(default_factory=dict, repr=False)
     known_secrets: Collection[str] = field(default=(), repr=False)
+    # Where the hooks' calls are traced.
+    tracer: tracing.Tracing = field(default=tracing.PROCESS, repr=False)
 
 
 @dataclass(frozen=True)
@@ -102,7 +104,12 @@ def _webhook(name: str, target: str, resources: Resources) -> Hook:
     own = resources.own_secrets.get(webhook_secret_variable(name))
     url = _check_url(name, target)
     return WebhookHook(
-        name, f"webhook:{target}", url, own or resources.shared_secret, resources.session
+        name,
+        f"webhook:{target}",
+        url,
+        own or resources.shared_secret,
+        resources.session,
+        tracer=resources.tracer,
     )
 
 

@@ -63,6 +63,7 @@ class HookRunner:
         replica: str,
         wake: Callable[[], None],
         jitter: Callable[[], float] = random.random,
+        tracer: tracing.Tracing = tracing.PROCESS,
     ) -> None:
         self.settings = settings
         # Whose leases the rows this runner claims are under.
@@ -74,6 +75,8 @@ class HookRunner:
         # recorded, an operator re-queued a row.
         self.wake = wake
         self.jitter = jitter
+        # Where each attempt's span goes.
+        self.tracer = tracer
         self.in_flight = 0
         # Every configured secret, masked in whatever a hook reports.
         made_with = [secret for hook in hooks.values() for secret in hook.secrets()]
@@ -138,7 +141,7 @@ class HookRunner:
 
     async def _traced(self, claim: db.HookClaim) -> None:
         # One span per attempt; _settle gives it the outcome, and the error (scrubbed).
-        with tracing.span(
+        with self.tracer.span(
             "reactor.hook",
             hook=claim.hook,
             hook_kind=self.hooks[claim.hook].kind,
@@ -230,7 +233,7 @@ class HookRunner:
         delay: float = 0.0,
     ) -> None:
         self.metrics.hook_outcomes.labels(claim.hook, outcome).inc()
-        tracing.current().set(outcome=outcome).error(error)
+        self.tracer.current().set(outcome=outcome).error(error)
         level = {"done": logging.INFO, "retry": logging.WARNING}.get(outcome, logging.ERROR)
         if outcome == "released":
             level = logging.WARNING

@@ -88,6 +88,34 @@ def test_off_the_facade_does_nothing() -> None:
 
 
 @pytest.mark.usefixtures("_fresh")
+def test_a_tracing_value_of_its_own_leaves_the_process_alone() -> None:
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    own = tracing.Tracing(provider)
+    assert not tracing.configure({})  # the process's stays off
+    headers: dict[str, str] = {}
+    try:
+        with own.span("reactor.own", hook="judge") as span:
+            span.set(outcome="done")
+            own.inject_traceparent(headers)
+            with tracing.span("reactor.process"):
+                tracing.current().set(outcome="lost")
+    finally:
+        provider.shutdown()
+    assert own.enabled()
+    assert not tracing.enabled()
+    (recorded,) = exporter.get_finished_spans()
+    assert recorded.name == "reactor.own"
+    assert dict(recorded.attributes or {}) == {"reactor.hook": "judge", "reactor.outcome": "done"}
+    assert headers["traceparent"].split("-")[2] == f"{recorded.context.span_id:016x}"
+
+
+@pytest.mark.usefixtures("_fresh")
 def test_only_the_traceparent_leaves_whatever_the_apps_context_carries() -> None:
     # An embedding app's context: baggage (the default propagators send it) and a tracestate.
     from opentelemetry import baggage, context, trace
