@@ -4,6 +4,7 @@ across retries, takeover, drain. The claim is a function of the test's; no datab
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import anyio
 import pytest
@@ -12,7 +13,7 @@ from reactor.clock import FakeClock
 from reactor.dispatch import Answer, Dispatcher, WorkQueue
 from reactor.metrics import Metrics
 from reactor.ownership import Membership, owner, share_of
-from reactor.sources import LISTEN, POLL, REARM, RECONCILE, RETRY, STUCK, Hint
+from reactor.sources import LISTEN, POLL, REARM, RECONCILE, RETRY, STUCK, Hint, Source
 
 pytestmark = pytest.mark.anyio
 
@@ -424,6 +425,9 @@ async def test_a_claim_that_raises_leaves_its_jobs_to_retry() -> None:
 
 
 def test_each_source_says_what_it_knows_as_data() -> None:
+    # Each road is a Source (mypy checks the protocol), and each has a name of its own.
+    roads: list[Source[Any]] = [LISTEN, POLL, REARM, STUCK, RECONCILE, RETRY]
+    assert len({road.name for road in roads}) == len(roads)
     assert list(LISTEN.hints([("a", 2.0), ("b", None)])) == [
         Hint("a", 2.001, heard=True),  # the row's deadline, past its boundary
         Hint("b", None, heard=True),  # left unverified: no deadline known
