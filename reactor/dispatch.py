@@ -1,9 +1,11 @@
 """One work queue for job ids: who claims which job, and when. Every road to a claim goes here.
 
-The listener, the poll, the scan's re-arm, the reconcile and the recorder's retries all
-:meth:`~WorkQueue.offer` a job with the time it is due; :meth:`~WorkQueue.take` hands out the due
-ones this replica owns and marks them in flight; :meth:`~WorkQueue.done` settles them. It is
-controller-runtime's workqueue with its delaying queue, for job ids:
+The listener, the poll, the scan's re-arm, the reconcile and the recorder's retries are sources
+(:mod:`reactor.sources`): each says what it knows of a job as a :class:`~reactor.sources.Hint`,
+and every hint comes in by one door, :meth:`Dispatcher.intake` (:meth:`WorkQueue.admit`, pure);
+:meth:`~WorkQueue.take` hands out the due ones this replica owns and marks them in flight;
+:meth:`~WorkQueue.done` settles them. It is controller-runtime's workqueue with its delaying
+queue, for job ids:
 
 - **One claim per job at a time.** A job offered while its claim is in flight is not offered
   again: the offer is noted (dirty) and the claim's answer decides. When the claim settles the
@@ -19,17 +21,18 @@ controller-runtime's workqueue with its delaying queue, for job ids:
   this replica found itself (the reconcile), or claimed and must try again, is *adopted*: it
   claims it whoever owns it, and the adoption stays with the entry through every retry until a
   claim settles it.
-- **The last offer wins** for a job not in flight: every offer comes from a read of the row or a
+- **The last hint wins** for a job not in flight: every hint comes from a read of the row or a
   fresh notification, and a deadline that moved later (the job was touched) must move later here.
+  Within one intake the due jobs are claimed earliest first.
 - **A job held behind another transaction's row lock is stuck** (a tab's save left open): it is
   claimed alone from then on, by a statement that waits for the lock, so it holds up no batch,
   and the scan leaves it out (:attr:`WorkQueue.claimed`). A claim that settles it ends that.
   The queue is the one place that says what state a job's claim is in.
 
 :class:`WorkQueue` is pure: no I/O, no clock; every method that needs the time takes ``now``.
-:class:`Dispatcher` is its async shell: one loop that sleeps until the next deadline (or an
-offer that comes earlier), and a semaphore of claim slots. A job due on arrival takes the same
-road as any other, one task switch after its offer.
+:class:`Dispatcher` is its async shell: one loop that sleeps until the next deadline (or
+a hint that comes earlier), and a semaphore of claim slots. A job due on arrival is claimed from
+the intake itself when a slot is free.
 """
 
 from __future__ import annotations
@@ -46,6 +49,9 @@ from reactor.clock import Clock
 from reactor.deadlines import Deadlines
 from reactor.metrics import Metrics
 from reactor.ownership import Membership
+from reactor.sources import RETRY, Answer, Hint
+
+__all__ = ["Answer", "Claim", "Dispatcher", "WorkQueue"]
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +62,7 @@ class _Meanwhile:
 
     at: float
     adopted: bool
-    notified: bool
+    heard: bool
 
 
 class WorkQueue:
@@ -114,33 +120,27 @@ class WorkQueue:
         """When ``job`` is due, or None when it is not waiting (in flight or unknown)."""
         return self._deadlines.when(job)
 
-    def offer(
-        self,
-        job: str,
-        at: float,
-        *,
-        adopted: bool = False,
-        notified: bool = False,
-        stuck: bool = False,
-    ) -> bool:
-        """``job`` is due at ``at``; ``adopted``: claim it whoever owns it; ``notified``: the
-        offer comes from a notification; ``stuck``: it waits behind another transaction's row
-        lock (the scan found it so), and is claimed alone. A job another live replica owns is
-        left to it, unless adopted. Returns True when this is now the earliest deadline (a
-        sleeping dispatcher must wake)."""
-        if stuck:
+    def admit(self, hint: Hint, now: float) -> bool:
+        """What a source says of a job, read at ``now`` (see :class:`~reactor.sources.Hint`).
+        A job another live replica owns is left to it, unless adopted or stuck. Returns True
+        when this is now the earliest deadline (a sleeping dispatcher must wake)."""
+        return self._admit(hint, hint.at(now))
+
+    def _admit(self, hint: Hint, at: float) -> bool:
+        job = hint.job_id
+        if hint.stuck:
             self._stuck.add(job)
         if job in self._in_flight:
             seen = self._meanwhile.get(job)
             if seen is None:
-                self._meanwhile[job] = _Meanwhile(at, adopted, notified)
+                self._meanwhile[job] = _Meanwhile(at, hint.adopted, hint.heard)
             else:
                 seen.at = at
-                seen.adopted |= adopted
-                seen.notified |= notified
+                seen.adopted |= hint.adopted
+                seen.heard |= hint.heard
             return False
         # A job the scan found stuck is this replica's to claim alone, whoever owns it.
-        adopted |= stuck
+        adopted = hint.adopted or hint.stuck
         if not (adopted or job in self._adopted or self.membership.owns(job)):
             self.left_to_owner += 1
             self._deadlines.cancel(job)
@@ -168,7 +168,7 @@ class WorkQueue:
 
     def take(self, now: float, limit: int) -> list[str]:
         """Up to ``limit`` due jobs to claim now, earliest first, marked in flight: every job
-        held here is this replica's, by ownership or adoption (:meth:`offer`, :meth:`see`)."""
+        held here is this replica's, by ownership or adoption (:meth:`admit`, :meth:`see`)."""
         taken = self._deadlines.pop_due(now, limit)
         self._in_flight.update(taken)
         return taken
@@ -188,12 +188,12 @@ class WorkQueue:
             meanwhile = self._meanwhile.pop(job, None)
             self._adopted.discard(job)
             at = retry.get(job)
-            if at is None and meanwhile is not None and meanwhile.notified:
+            if at is None and meanwhile is not None and meanwhile.heard:
                 at = meanwhile.at
             if at is not None:
                 # Claimed here: tried again here, even if the live set moved it meanwhile (its
                 # new owner read the jobs inside their grace, not the due ones in flight here).
-                wake |= self.offer(job, at, adopted=True)
+                wake |= self._admit(Hint(job, adopted=True), at)
         return wake
 
     def see(self, membership: Membership) -> None:
@@ -206,15 +206,6 @@ class WorkQueue:
                 self._deadlines.cancel(job)
                 self._stuck.discard(job)
                 self.left_to_owner += 1
-
-
-@dataclass(frozen=True, slots=True)
-class Answer:
-    """What a claim says of its jobs: those to try again, each with the seconds until then (the
-    rest are settled), and those it found behind another transaction's row lock."""
-
-    retry: list[tuple[str, float]]
-    stuck: frozenset[str] = frozenset()
 
 
 # Claims the jobs (the recorder); ``alone``: one stuck job, whose statement waits for its lock.
@@ -253,23 +244,20 @@ class Dispatcher:
         # The task group claims run in, once run() started.
         self._work: anyio.abc.TaskGroup | None = None
 
-    def offer(
-        self,
-        job: str,
-        delay: float,
-        *,
-        adopted: bool = False,
-        notified: bool = False,
-        stuck: bool = False,
-    ) -> None:
-        """``job`` is due in ``delay`` seconds (now, if not positive): :meth:`WorkQueue.offer`.
-        A job due on arrival is claimed from here, when a slot is free, rather than one task
-        switch later by the loop."""
+    def intake(self, hints: Iterable[Hint]) -> None:
+        """The one door into the queue: every source's hints (:meth:`WorkQueue.admit`), read
+        now. When one of them became the earliest deadline and is due already, its claim starts
+        from here, when a slot is free, rather than one task switch later by the loop."""
         now = self.clock.now()
-        at = now + max(0.0, delay)
-        if self.queue.offer(job, at, adopted=adopted, notified=notified, stuck=stuck):
-            if at <= now and self._claim_now(now):
-                return
+        earliest = False
+        for hint in hints:
+            earliest |= self.queue.admit(hint, now)
+        if earliest:
+            head = self.queue.next_at()
+            if head is not None and head <= now:
+                self._claim_now(now)
+            # The loop sleeps until the deadline it saw: it looks again (a claim taken from
+            # here may have left more due jobs than one batch).
             self._wake.set()
         self._count()
 
@@ -326,8 +314,10 @@ class Dispatcher:
                 now = self.clock.now()
                 for job in group:
                     del retry[job]
-                retry.update((job, now + max(0.0, delay)) for job, delay in answer.retry)
-                stuck |= answer.stuck
+                for hint in RETRY.hints(answer):
+                    retry[hint.job_id] = hint.at(now)
+                    if hint.stuck:
+                        stuck.add(hint.job_id)
         finally:
             self._slots.release()
             if self.queue.done(jobs, retry, stuck):

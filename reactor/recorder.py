@@ -18,53 +18,42 @@ the same way until the job at fault stands alone; that job is *set aside* in the
 its error (``reactor.set_aside``), where ``reactor status`` and the metrics show it, and is tried
 again on a slow schedule, or at once when the app touches the job or runs ``reactor migrate``.
 Every other job of the batch is recorded as if it did not exist.
+
+The timer's claims (``record_jobs``, the given jobs) and the scan (``record_oldest``, the oldest
+due ones) differ only in their statement: both write by one road, :meth:`Recorder._write`, with
+one split-and-isolate, and what a failed statement says of its batch is read from its error in
+:mod:`reactor.db.outcomes`.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import TypeGuard, TypeVar
-
-import anyio
-import psycopg
-import psycopg.errors
+from typing import TYPE_CHECKING
 
 from reactor import tracing
 from reactor.backoff import exponential
+from reactor.batch import SPLIT as SPLIT
+from reactor.batch import Batch, Written, each_part
+from reactor.batch import split as split
 from reactor.clock import Clock, SystemClock
 from reactor.db import DATABASE_ERRORS, Database, JobOutcome, first_line
-from reactor.dispatch import Answer
+from reactor.db.outcomes import is_broken_error, is_row_error, verdict
 from reactor.metrics import Metrics
-from reactor.writes import WriteHealth, is_broken_state
+from reactor.sources import Answer
+from reactor.writes import WriteHealth
+
+if TYPE_CHECKING:
+    import psycopg
 
 log = logging.getLogger(__name__)
-
-# A statement that gave up on a row lock, or ran out of time: something in this batch is held
-# or heavy, the rest of the batch most likely is not.
-TIMEOUTS = (psycopg.errors.LockNotAvailable, psycopg.errors.QueryCanceled)
-
-# SQLSTATE classes of the errors that a row's own data causes: data exceptions (22), integrity
-# violations (23: the app's CHECK, NOT NULL, foreign key or unique index), a value past a limit
-# (54: an index row too large), and what an app's trigger raises (P0, 38, 39). Anything else
-# (the connection, a privilege, a missing table, a read-only standby) fails every row alike
-# and is retried whole.
-ROW_ERROR_CLASSES = frozenset({"22", "23", "54", "P0", "38", "39"})
 
 # A job set aside is tried again after this long, doubling with each failure on the same data.
 SET_ASIDE_FIRST_RETRY = 60.0
 SET_ASIDE_MAX_RETRY = 3600.0
-
-
-def is_row_error(error: BaseException) -> TypeGuard[psycopg.Error]:
-    """True when ``error`` is one that the data of a row in the statement can cause."""
-    state = getattr(error, "sqlstate", None)
-    return isinstance(error, psycopg.Error) and state is not None and state[:2] in ROW_ERROR_CLASSES
-
 
 # A record statement that fails on the pair's own objects (reactor.writes.BROKEN_CLASSES: a
 # table or a column gone, a grant revoked) fails the same way for every job until someone
@@ -75,25 +64,11 @@ def is_row_error(error: BaseException) -> TypeGuard[psycopg.Error]:
 MAX_BROKEN_RETRY = 30.0
 
 
-def is_broken_error(error: BaseException) -> bool:
-    """True when ``error`` says the statement does not fit the database's objects or grants."""
-    return isinstance(error, psycopg.Error) and is_broken_state(error.sqlstate)
-
-
 # How long a statement for several jobs waits on a row lock before it is split. A tab's save
 # commits in milliseconds; an open transaction can hold its row for as long as it likes.
 BATCH_LOCK_TIMEOUT = 0.5
 
-# Parts a timed-out batch is split into: one stuck row among 500 stands alone after three
-# rounds, three lock timeouts, instead of nine when halving.
-SPLIT = 8
-
-# Parts of one split tried at once: each held row waits out its lock timeouts beside the others
-# rather than after them; few enough to leave the pool room for the claims and the checks.
-PART_CONCURRENCY = 3
-
 Rearm = list[tuple[str, float]]
-T = TypeVar("T")
 
 
 @dataclass
@@ -129,47 +104,6 @@ _SETTLED = frozenset({"recorded", "superseded", "dropped", "set_aside"})
 
 def _recorded(outcomes: list[JobOutcome]) -> int:
     return sum(o.outcome == "recorded" for o in outcomes)
-
-
-def split(items: Sequence[str], parts: int = SPLIT) -> list[list[str]]:
-    """``items`` in at most ``parts`` consecutive, non-empty parts of near-equal size."""
-    count = min(parts, len(items))
-    size, extra = divmod(len(items), count) if count else (0, 0)
-    result: list[list[str]] = []
-    start = 0
-    for index in range(count):
-        end = start + size + (1 if index < extra else 0)
-        result.append(list(items[start:end]))
-        start = end
-    return result
-
-
-async def each_part(
-    parts: list[list[str]], work: Callable[[list[str]], Awaitable[list[T]]]
-) -> list[T]:
-    """``work`` on every part, at most :data:`PART_CONCURRENCY` at once, results in part order.
-
-    The parts of a split batch are independent statements: a part that waits out a lock holds
-    up no other part, so a backlog with several held rows is isolated in the time one takes.
-    Every part runs to its end; then the first error, if any, is raised.
-    """
-    results: list[list[T]] = [[] for _ in parts]
-    errors: list[Exception] = []
-    limiter = anyio.CapacityLimiter(PART_CONCURRENCY)
-
-    async def one(index: int, part: list[str]) -> None:
-        async with limiter:
-            try:
-                results[index] = await work(part)
-            except Exception as error:  # raised below, once every part is over
-                errors.append(error)
-
-    async with anyio.create_task_group() as tg:
-        for index, part in enumerate(parts):
-            tg.start_soon(one, index, part)
-    if errors:
-        raise errors[0]
-    return [item for result in results for item in result]
 
 
 class Recorder:
@@ -212,52 +146,111 @@ class Recorder:
         """Record the due jobs among ``job_ids``; say which to try again, and when, and which
         were found behind another transaction's row lock. ``alone``: one stuck job, whose
         statement waits for the lock the usual time."""
-        stuck: set[str] = set()
-        # A job on its own holds up no other: its statement waits for a lock the usual time.
-        waits = alone or len(job_ids) == 1
-        retry = await self._record(list(job_ids), waits=waits, stuck=stuck, known=alone)
-        return Answer(retry, frozenset(stuck))
+        given = list(job_ids)
 
-    async def _record(
-        self, job_ids: list[str], *, waits: bool, stuck: set[str], known: bool
-    ) -> Rearm:
-        # Only a job on its own from the start waits the usual lock timeout; the parts of a
-        # split batch give up as soon as the batch did, so the stuck job is found quickly.
+        def run(part: list[str] | None, lock: float | None) -> Awaitable[list[JobOutcome]]:
+            return self.db.record_jobs(given if part is None else part, lock_timeout=lock)
+
+        async def jobs() -> list[str]:
+            return given
+
+        # A job on its own holds up no other: its statement waits for a lock the usual time.
+        waits = alone or len(given) == 1
+        written = await self._write(
+            Batch("timer", run, jobs, known=given),
+            lock_timeout=None if waits else self.batch_lock_timeout,
+            known=alone,
+        )
+        retry = self._digest(written.outcomes, "timer")
+        # Just isolated: again at once, alone, waiting for the lock this time.
+        retry += [(job_id, self.error_retry if alone else 0.0) for job_id in written.stuck]
+        for failed, error in written.failed:
+            retry += self._retry_failed(failed, error)
+        return Answer(retry, frozenset(written.stuck))
+
+    async def _write(
+        self,
+        batch: Batch,
+        part: list[str] | None = None,
+        *,
+        lock_timeout: float | None,
+        known: bool = False,
+    ) -> Written:
+        """The one write road: run ``batch``'s statement over ``part`` (None: all of it). When it
+        fails on a row lock or on a row's data, split it until the job at fault stands alone,
+        and isolate that job (stuck) or set it aside; every other job is written. Only a job on
+        its own from the start waits the usual lock timeout (``lock_timeout`` None); the parts
+        of a split batch give up as soon as the batch did, so the stuck job is found quickly.
+        ``known``: the job is known to be stuck already (no warning when it is again)."""
+        written = Written()
+        shown = batch.known if part is None else part
+        limit = batch.limit if part is None or batch.limit is None else len(part)
         try:
-            with tracing.span("reactor.record", tracing.jobs(job_ids), source="timer") as traced:
-                outcomes = await self.db.record_jobs(
-                    job_ids, lock_timeout=None if waits else self.batch_lock_timeout
+            with tracing.span(
+                "reactor.record",
+                None if shown is None else tracing.jobs(shown),
+                source=batch.source,
+                limit=limit,
+            ) as traced:
+                outcomes = await batch.run(part, lock_timeout)
+                read = None if batch.known is not None else [o.job_id for o in outcomes]
+                traced.set(
+                    None if read is None else tracing.jobs(read), recorded=_recorded(outcomes)
                 )
-                traced.set(recorded=_recorded(outcomes))
-        except TIMEOUTS as error:
-            self.metrics.record_timeouts.inc()
-            if len(job_ids) == 1:
-                self._isolated(job_ids[0], error, known=known)
-                stuck.add(job_ids[0])
-                # Just isolated: again at once, alone, waiting for the lock this time.
-                return [(job_ids[0], self.error_retry if known else 0.0)]
-            return await self._record_parts(job_ids, waits=False, stuck=stuck)
         except DATABASE_ERRORS as error:
-            if is_row_error(error):
-                if len(job_ids) > 1:
-                    return await self._record_parts(job_ids, waits=waits, stuck=stuck)
-                with contextlib.suppress(*DATABASE_ERRORS):
-                    # The scan tries it again when its time comes; no timer of ours.
-                    await self._set_aside(job_ids[0], error)
-                    return []
-            self.metrics.record_errors.inc()
-            problem = first_line(error)
-            self._failed(error)
-            log.log(
-                logging.DEBUG if problem == self._failing else logging.WARNING,
-                "record failed, will retry",
-                extra={"jobs": len(job_ids), "error": problem},
-            )
-            self._failing = problem
-            delay = self._retry_after(error)
-            return [(job_id, delay) for job_id in job_ids]
+            kind = verdict(error)
+            if kind == "other":
+                written.failed.append((shown or [], error))
+                return written
+            if kind == "timeout":
+                self.metrics.record_timeouts.inc()
+            try:
+                jobs = part if part is not None else await batch.jobs()
+            except DATABASE_ERRORS as reading:
+                written.failed.append(([], reading))
+                return written
+            if len(jobs) == 1:
+                await self._isolate(jobs[0], error, written, known=known)
+                return written
+            for done in await each_part(
+                split(jobs),
+                lambda piece: self._write(batch, piece, lock_timeout=self.batch_lock_timeout),
+            ):
+                written.add(done)
+            return written
         self._succeeded()
-        return self._digest(outcomes, "timer")
+        written.outcomes += outcomes
+        return written
+
+    async def _isolate(
+        self, job_id: str, error: BaseException, written: Written, *, known: bool
+    ) -> None:
+        # The one job a failed statement was split down to: held behind a lock, or at fault.
+        if not is_row_error(error):
+            self._isolated(job_id, error, known=known)
+            written.stuck.append(job_id)
+            return
+        try:
+            await self._set_aside(job_id, error)
+        except DATABASE_ERRORS:
+            # Not set aside: the job is tried again, as after any failed statement.
+            written.failed.append(([job_id], error))
+            return
+        written.outcomes.append(JobOutcome(job_id, None, "set_aside", None))
+
+    def _retry_failed(self, job_ids: list[str], error: BaseException) -> Rearm:
+        # A timer's statement that failed whole: its jobs are tried again after a while.
+        self.metrics.record_errors.inc()
+        problem = first_line(error)
+        self._failed(error)
+        log.log(
+            logging.DEBUG if problem == self._failing else logging.WARNING,
+            "record failed, will retry",
+            extra={"jobs": len(job_ids), "error": problem},
+        )
+        self._failing = problem
+        delay = self._retry_after(error)
+        return [(job_id, delay) for job_id in job_ids]
 
     def _failed(self, error: BaseException) -> None:
         was = self.writes.problem
@@ -287,28 +280,31 @@ class Recorder:
         self._broken += 1
         return exponential(self._broken, first=self.error_retry, cap=MAX_BROKEN_RETRY)
 
-    async def _record_parts(self, job_ids: list[str], *, waits: bool, stuck: set[str]) -> Rearm:
-        return await each_part(
-            split(job_ids),
-            lambda part: self._record(part, waits=waits, stuck=stuck, known=False),
-        )
-
     async def drain(self, batch_size: int, *, skip: Iterable[str] = ()) -> Drained:
         """Record due jobs oldest first, batch after batch, until a batch comes back short.
 
         Jobs in ``skip`` (claimed elsewhere: in flight, or stuck) are left out, and so are the
         jobs this drain finds stuck behind another transaction's row lock; other database
-        errors propagate.
+        errors propagate, once what the batch wrote is counted.
         """
         drained = Drained()
         left_out = set(skip)
         while True:
-            try:
-                outcomes = await self._oldest(batch_size, left_out, drained)
-            except psycopg.Error as error:
+            written = await self._write(
+                self._oldest(batch_size, sorted(left_out)), lock_timeout=self.batch_lock_timeout
+            )
+            left_out.update(written.stuck)
+            drained.stuck += written.stuck
+            if written.failed:
+                self._digest(written.outcomes, "scan")
+                error = written.failed[0][1]
                 self._failed(error)
-                raise
+                raise error
             self._succeeded()
+            # A job isolated behind a lock is kept queued: the statement took it, and left it.
+            outcomes = written.outcomes + [
+                JobOutcome(job_id, None, "kept", None) for job_id in written.stuck
+            ]
             taken = [o for o in outcomes if o.outcome != "deferred"]
             self.metrics.scan_rows.inc(len(taken))
             self._digest(outcomes, "scan")
@@ -322,48 +318,16 @@ class Recorder:
             if not (full and progress):
                 return drained
 
-    async def _oldest(
-        self, limit: int, left_out: set[str], drained: Drained, only: list[str] | None = None
-    ) -> list[JobOutcome]:
-        skip = sorted(left_out)
-        try:
-            known = tracing.jobs(only) if only is not None else None  # a split's part
-            with tracing.span("reactor.record", known, source="scan", limit=limit) as traced:
-                outcomes = await self.db.record_oldest(
-                    limit, only=only, skip=skip, lock_timeout=self.batch_lock_timeout
-                )
-                traced.set(tracing.jobs([o.job_id for o in outcomes]), recorded=_recorded(outcomes))
-        except psycopg.Error as error:
-            timeout = isinstance(error, TIMEOUTS)
-            if not (timeout or is_row_error(error)):
-                raise
-            if timeout:
-                self.metrics.record_timeouts.inc()
-            ids = only if only is not None else await self.db.oldest_queued(limit, skip=skip)
-            if len(ids) == 1:
-                return [await self._alone(ids[0], error, left_out, drained, timed_out=timeout)]
-            return await each_part(
-                split(ids), lambda part: self._oldest(len(part), left_out, drained, part)
-            )
-        return outcomes
+    def _oldest(self, limit: int, skip: list[str]) -> Batch:
+        # The scan's statement: up to ``limit`` of the oldest due jobs, or only a given part.
+        def run(part: list[str] | None, lock: float | None) -> Awaitable[list[JobOutcome]]:
+            size = limit if part is None else len(part)
+            return self.db.record_oldest(size, only=part, skip=skip, lock_timeout=lock)
 
-    async def _alone(
-        self,
-        job_id: str,
-        error: psycopg.Error,
-        left_out: set[str],
-        drained: Drained,
-        *,
-        timed_out: bool,
-    ) -> JobOutcome:
-        # The one job a failed scan statement was split down to.
-        if timed_out:
-            self._isolated(job_id, error, known=False)
-            left_out.add(job_id)
-            drained.stuck.append(job_id)
-            return JobOutcome(job_id, None, "kept", None)
-        await self._set_aside(job_id, error)
-        return JobOutcome(job_id, None, "set_aside", None)
+        async def jobs() -> list[str]:
+            return await self.db.oldest_queued(limit, skip=skip)
+
+        return Batch("scan", run, jobs, limit=limit)
 
     async def _set_aside(self, job_id: str, error: psycopg.Error) -> None:
         failures, retry_in = await self.db.set_aside(

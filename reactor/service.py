@@ -45,6 +45,7 @@ from reactor.metrics import Metrics
 from reactor.ownership import LIVENESS_PROBES, Membership, Roster
 from reactor.reconcile import MAX_ERROR_WAIT, Reconciler
 from reactor.recorder import Recorder
+from reactor.sources import LISTEN, POLL, REARM, RECONCILE, STUCK
 from reactor.subscriber import Subscriber
 from reactor.vitals import Vitals
 from reactor.writes import WriteHealth
@@ -128,7 +129,7 @@ class Reactor:
             # A lookup by primary key answers in milliseconds; a second, at least, keeps a
             # loaded machine or a pooler's hop from giving up a healthy one.
             timeout=max(settings.probe_timeout, VERIFY_TIMEOUT_FLOOR),
-            arm=lambda job_id, due_in: self.dispatcher.offer(job_id, due_in + 0.001, notified=True),
+            arm=lambda job_id, due_in: self.dispatcher.intake(LISTEN.hints([(job_id, due_in)])),
             left=self._on_replica_left,
             joined=self._on_replica_joined,
             reread=lambda: self.request_scan(rearm=True),
@@ -141,7 +142,9 @@ class Reactor:
                 self.metrics,
                 owner=self.replica_id,
                 interval=settings.reconcile_interval,
-                arm=lambda job_id, delay: self.dispatcher.offer(job_id, delay, adopted=True),
+                arm=lambda job_id, delay: self.dispatcher.intake(
+                    RECONCILE.hints([(job_id, delay)])
+                ),
                 clock=self.clock,
             )
         self.cadence = self._cadence()
@@ -447,8 +450,7 @@ class Reactor:
             self._poll_low = None
             raise
         self.polls += 1
-        for job in jobs:
-            self.dispatcher.offer(job.job_id, job.due_in + 0.001)
+        self.dispatcher.intake(POLL.hints((job.job_id, job.due_in) for job in jobs))
         full = len(jobs) >= POLL_LIMIT
         self._poll_low = jobs[-1].since if full else high - timedelta(seconds=ahead)
 
@@ -471,8 +473,8 @@ class Reactor:
         try:
             with tracing.span("reactor.scan", rearm=rearm) as traced:
                 if rearm:
-                    for job_id, due_in in await self.database.upcoming(self.settings.max_pending):
-                        self.dispatcher.offer(job_id, due_in + 0.001)
+                    upcoming = await self.database.upcoming(self.settings.max_pending)
+                    self.dispatcher.intake(REARM.hints(upcoming))
                     if not self._holding:
                         # The first heartbeat, and the word that this replica joined, now
                         # rather than at the next check, a probe interval on.
@@ -484,8 +486,7 @@ class Reactor:
                 traced.set(recorded=drained.recorded)
             # Settled on this road: no claim of the queue's is needed; stuck: claimed alone.
             self.queue.forget(drained.settled)
-            for job_id in drained.stuck:
-                self.dispatcher.offer(job_id, 0.0, stuck=True)
+            self.dispatcher.intake(STUCK.hints(drained.stuck))
         except BaseException:
             self._rearm_wanted |= rearm
             raise
@@ -501,11 +502,11 @@ class Reactor:
     def _on_notified(self, job_id: str, updated_at: float | None) -> None:
         # Verified against the queue before it is armed, at the deadline the job row gives:
         # the hint's own updated_at is the sender's word. A job another live replica owns is
-        # left to it unverified: it costs nothing here.
+        # left to it unverified, with no deadline: it costs nothing here.
         if job_id in self.queue or self.queue.membership.owns(job_id):
             self.verifier.job(job_id)
         else:
-            self.dispatcher.offer(job_id, self.settings.grace, notified=True)
+            self.dispatcher.intake(LISTEN.hints([(job_id, None)]))
 
     def _count_unverified(self, kind: str, count: int) -> None:
         self.metrics.notified["dropped" if kind == "dropped" else "unverified"].inc(count)

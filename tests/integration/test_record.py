@@ -13,6 +13,10 @@ import anyio
 import psycopg
 import pytest
 
+from reactor import db
+from reactor.install import REFERENCE_INSTALL
+from reactor.metrics import Metrics
+from reactor.recorder import Recorder
 from tests.helpers import (
     Conn,
     client_save,
@@ -406,3 +410,39 @@ async def test_a_job_due_on_arrival_is_claimed_at_once_by_one_statement(
             assert log.rearms == [[]]
             assert recorded(reactor, "timer") == 1
             assert recorded(reactor, "scan") == 0
+
+
+@pytest.mark.parametrize("road", ["timer", "scan"])
+async def test_one_batch_isolates_a_held_row_and_sets_aside_a_rejected_one(
+    database_url: str, road: str
+) -> None:
+    # The timer's claim and the scan write by one road: one split-and-isolate finds both kinds
+    # of bad row in the same batch, and writes every other job.
+    with _connect(database_url) as app, psycopg.connect(database_url) as tab:
+        app.execute(
+            "ALTER TABLE analysis_runs ADD CONSTRAINT no_flagged CHECK (NOT results ? 'flagged')"
+        )
+        rejected, _ = add_job(app, status="complete", results={"flagged": True}, age=60)
+        held, held_run = add_job(app, status="complete", results={"ok": -1}, age=45)
+        good = [add_job(app, status="complete", results={"ok": i}, age=30)[0] for i in range(20)]
+        # A tab saving the held job's run, in a transaction it does not commit.
+        tab.execute(
+            "INSERT INTO analysis_runs (id, job_id, doc_html, results, saved_by) "
+            "VALUES (%s, %s, '<p>tab</p>', '{}', 'client')",
+            (held_run, held),
+        )
+        async with db.make_pool(database_url, max_size=4) as pool:
+            recorder = Recorder(db.Database.pooled(REFERENCE_INSTALL, pool), Metrics())
+            recorder.batch_lock_timeout = 0.2
+            if road == "timer":
+                answer = await recorder.record([str(job) for job in [rejected, held, *good]])
+                assert answer.stuck == {str(held)}
+                assert answer.retry == [(str(held), 0.0)]  # again at once, alone
+            else:
+                drained = await recorder.drain(batch_size=500)
+                assert (drained.recorded, drained.stuck) == (20, [str(held)])
+                assert str(rejected) in drained.settled
+        assert set(recorder.set_aside) == {str(rejected)}
+        assert scalar(app, "SELECT job_id FROM reactor.set_aside") == rejected
+        assert {job for _, job, _ in worker_writes(app)} == set(good)
+        tab.rollback()

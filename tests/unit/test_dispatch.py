@@ -4,6 +4,7 @@ across retries, takeover, drain. The claim is a function of the test's; no datab
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import anyio
 import pytest
@@ -12,6 +13,7 @@ from reactor.clock import FakeClock
 from reactor.dispatch import Answer, Dispatcher, WorkQueue
 from reactor.metrics import Metrics
 from reactor.ownership import Membership, owner, share_of
+from reactor.sources import LISTEN, POLL, REARM, RECONCILE, RETRY, STUCK, Hint, Source
 
 pytestmark = pytest.mark.anyio
 
@@ -34,7 +36,7 @@ def jobs_owned_by(replica: str, count: int, among: tuple[str, ...] = (ME, OTHER)
 
 def test_a_job_is_taken_once_its_deadline_passes() -> None:
     queue = WorkQueue(ME, capacity=10)
-    assert queue.offer("a", 5.0)
+    assert queue.admit(Hint("a", 5.0), 0.0)
     assert queue.take(4.9, 10) == []
     assert queue.take(5.0, 10) == ["a"]
     assert queue.in_flight == {"a"}
@@ -44,8 +46,8 @@ def test_a_job_is_taken_once_its_deadline_passes() -> None:
 
 def test_a_stuck_job_is_the_queues_until_a_claim_settles_it() -> None:
     queue = WorkQueue(ME, capacity=10)
-    queue.offer("a", 0.0)
-    queue.offer("b", 0.0)
+    queue.admit(Hint("a", 0.0), 0.0)
+    queue.admit(Hint("b", 0.0), 0.0)
     assert queue.take(0.0, 10) == ["a", "b"]
     # The claim found "a" behind another transaction's row lock: due again, and stuck.
     queue.done(["a", "b"], {"a": 1.0}, stuck={"a"})
@@ -63,7 +65,7 @@ def test_a_stuck_job_is_the_queues_until_a_claim_settles_it() -> None:
 
 def test_a_job_the_scan_found_stuck_is_offered_as_stuck_and_forgotten_when_settled() -> None:
     queue = WorkQueue(ME, capacity=10)
-    queue.offer("a", 0.0, stuck=True)
+    queue.admit(Hint("a", 0.0, stuck=True), 0.0)
     assert queue.is_stuck("a")
     queue.forget(["a"])  # the scan settled it after all
     assert not queue.is_stuck("a")
@@ -72,18 +74,18 @@ def test_a_job_the_scan_found_stuck_is_offered_as_stuck_and_forgotten_when_settl
 
 def test_the_last_offer_wins_for_a_waiting_job() -> None:
     queue = WorkQueue(ME, capacity=10)
-    queue.offer("a", 5.0)
-    queue.offer("a", 9.0)  # touched: its deadline moved later
+    queue.admit(Hint("a", 5.0), 0.0)
+    queue.admit(Hint("a", 9.0), 0.0)  # touched: its deadline moved later
     assert queue.take(8.0, 10) == []
     assert queue.when("a") == 9.0
 
 
 def test_an_offer_during_the_claim_sends_no_second_claim() -> None:
     queue = WorkQueue(ME, capacity=10)
-    queue.offer("a", 0.0)
+    queue.admit(Hint("a", 0.0), 0.0)
     assert queue.take(0.0, 10) == ["a"]
     # A poll or a scan reads the row while the claim runs: noted, not queued.
-    assert not queue.offer("a", 0.0)
+    assert not queue.admit(Hint("a", 0.0), 0.0)
     assert queue.take(1.0, 10) == []
     # The claim settled it: the poll's read was older than the claim's answer.
     queue.done(["a"], {})
@@ -94,18 +96,18 @@ def test_an_offer_during_the_claim_sends_no_second_claim() -> None:
 def test_a_notification_during_the_claim_is_offered_again_after_it() -> None:
     # An edge newer than the claim (the run deleted right after it was written) is not lost.
     queue = WorkQueue(ME, capacity=10)
-    queue.offer("a", 0.0)
+    queue.admit(Hint("a", 0.0), 0.0)
     queue.take(0.0, 10)
-    queue.offer("a", 3.0, notified=True)
+    queue.admit(Hint("a", 3.0, heard=True), 0.0)
     assert queue.done(["a"], {})
     assert queue.when("a") == 3.0
 
 
 def test_a_retry_wins_over_an_offer_made_during_the_claim() -> None:
     queue = WorkQueue(ME, capacity=10)
-    queue.offer("a", 0.0)
+    queue.admit(Hint("a", 0.0), 0.0)
     queue.take(0.0, 10)
-    queue.offer("a", 0.5, notified=True)
+    queue.admit(Hint("a", 0.5, heard=True), 0.0)
     queue.done(["a"], {"a": 7.0})  # the row said: due at 7 (updated_at moved)
     assert queue.when("a") == 7.0
 
@@ -115,7 +117,7 @@ def test_jobs_another_replica_owns_are_left_to_it_at_intake() -> None:
     queue.see(Membership(ME, frozenset({ME, OTHER})))
     mine, theirs = jobs_owned_by(ME, 2), jobs_owned_by(OTHER, 2)
     for job in [*mine, *theirs]:
-        queue.offer(job, 1.0)
+        queue.admit(Hint(job, 1.0), 0.0)
     assert queue.left_to_owner == 2
     assert len(queue) == 2  # only its own share is held: no timer, no heap entry for theirs
     assert sorted(queue.take(1.0, 10)) == sorted(mine)
@@ -125,7 +127,7 @@ def test_a_job_the_scan_found_stuck_is_held_whoever_owns_it() -> None:
     queue = WorkQueue(ME, capacity=10)
     queue.see(Membership(ME, frozenset({ME, OTHER})))
     (theirs,) = jobs_owned_by(OTHER, 1)
-    queue.offer(theirs, 0.0, stuck=True)
+    queue.admit(Hint(theirs, 0.0, stuck=True), 0.0)
     assert queue.take(0.0, 10) == [theirs]
 
 
@@ -134,7 +136,7 @@ def test_a_replica_before_its_first_heartbeat_claims_everything() -> None:
     queue.see(Membership(ME, frozenset({OTHER})))  # it does not see itself yet
     theirs = jobs_owned_by(OTHER, 3)
     for job in theirs:
-        queue.offer(job, 0.0)
+        queue.admit(Hint(job, 0.0), 0.0)
     assert sorted(queue.take(0.0, 10)) == sorted(theirs)
 
 
@@ -142,7 +144,7 @@ def test_adoption_travels_with_the_entry_across_retries() -> None:
     queue = WorkQueue(ME, capacity=10)
     queue.see(Membership(ME, frozenset({ME, OTHER})))
     (theirs,) = jobs_owned_by(OTHER, 1)
-    queue.offer(theirs, 0.0, adopted=True)  # the reconcile found it here
+    queue.admit(Hint(theirs, 0.0, adopted=True), 0.0)  # the reconcile found it here
     assert queue.take(0.0, 10) == [theirs]
     queue.done([theirs], {theirs: 1.0})  # a row lock: try again in a second
     assert queue.adopted(theirs)
@@ -156,9 +158,9 @@ def test_adoption_offered_during_the_claim_is_kept_for_the_retry() -> None:
     queue.see(Membership(ME, frozenset({ME, OTHER})))
     (theirs,) = jobs_owned_by(OTHER, 1)
     queue.see(Membership(ME, frozenset({ME})))
-    queue.offer(theirs, 0.0)
+    queue.admit(Hint(theirs, 0.0), 0.0)
     queue.take(0.0, 10)
-    queue.offer(theirs, 0.0, adopted=True)
+    queue.admit(Hint(theirs, 0.0, adopted=True), 0.0)
     queue.see(Membership(ME, frozenset({ME, OTHER})))
     queue.done([theirs], {theirs: 1.0})
     assert queue.take(1.0, 10) == [theirs]
@@ -169,7 +171,7 @@ def test_a_joiner_takes_its_share_and_the_others_drop_it() -> None:
     queue.see(Membership(ME, frozenset({ME})))
     mine_later, theirs_later = jobs_owned_by(ME, 3), jobs_owned_by(OTHER, 3)
     for job in [*mine_later, *theirs_later]:
-        queue.offer(job, 5.0)
+        queue.admit(Hint(job, 5.0), 0.0)
     assert len(queue) == 6  # alone, it owns every job
     queue.see(Membership(ME, frozenset({ME, OTHER})))  # OTHER joined, holding its share
     assert queue.left_to_owner == 3
@@ -183,11 +185,11 @@ def test_a_replica_that_left_leaves_its_share_to_be_read_again() -> None:
     queue.see(Membership(ME, frozenset({ME, OTHER})))
     theirs = jobs_owned_by(OTHER, 3)
     for job in theirs:
-        queue.offer(job, 5.0)
+        queue.admit(Hint(job, 5.0), 0.0)
     assert len(queue) == 0
     queue.see(Membership(ME, frozenset({ME})))
     for job in theirs:
-        queue.offer(job, 5.0)
+        queue.admit(Hint(job, 5.0), 0.0)
     assert sorted(queue.take(5.0, 10)) == sorted(theirs)
 
 
@@ -197,7 +199,7 @@ def test_a_retry_stays_with_the_replica_that_claimed_it() -> None:
     queue = WorkQueue(ME, capacity=10)
     queue.see(Membership(ME, frozenset({ME})))
     (theirs,) = jobs_owned_by(OTHER, 1)
-    queue.offer(theirs, 0.0)
+    queue.admit(Hint(theirs, 0.0), 0.0)
     assert queue.take(0.0, 10) == [theirs]
     queue.see(Membership(ME, frozenset({ME, OTHER})))
     queue.done([theirs], {theirs: 1.0})
@@ -206,19 +208,19 @@ def test_a_retry_stays_with_the_replica_that_claimed_it() -> None:
 
 def test_a_full_queue_refuses_new_jobs_but_moves_known_ones() -> None:
     queue = WorkQueue(ME, capacity=2)
-    queue.offer("a", 1.0)
-    queue.offer("b", 2.0)
-    assert not queue.offer("c", 0.5)
+    queue.admit(Hint("a", 1.0), 0.0)
+    queue.admit(Hint("b", 2.0), 0.0)
+    assert not queue.admit(Hint("c", 0.5), 0.0)
     assert queue.refused == 1
     assert "c" not in queue
-    queue.offer("a", 3.0)
+    queue.admit(Hint("a", 3.0), 0.0)
     assert queue.when("a") == 3.0
 
 
 def test_forget_drops_a_waiting_job_but_not_one_in_flight() -> None:
     queue = WorkQueue(ME, capacity=10)
-    queue.offer("a", 5.0)
-    queue.offer("b", 0.0)
+    queue.admit(Hint("a", 5.0), 0.0)
+    queue.admit(Hint("b", 0.0), 0.0)
     queue.take(0.0, 10)
     queue.forget(["a", "b"])  # the scan settled both
     assert "a" not in queue
@@ -230,7 +232,7 @@ def test_take_fills_the_batch_with_its_own_jobs() -> None:
     queue.see(Membership(ME, frozenset({ME})))
     theirs, mine = jobs_owned_by(OTHER, 5), jobs_owned_by(ME, 5)
     for at, job in enumerate([*theirs, *mine]):
-        queue.offer(job, float(at))
+        queue.admit(Hint(job, float(at)), 0.0)
     queue.see(Membership(ME, frozenset({ME, OTHER})))
     assert queue.take(100.0, 3) == mine[:3]
 
@@ -262,14 +264,16 @@ class Claims:
             self.running -= 1
 
 
-def dispatcher(claims: Claims, clock: FakeClock, *, concurrency: int = 2) -> Dispatcher:
+def dispatcher(
+    claims: Claims, clock: FakeClock, *, concurrency: int = 2, batch_size: int = 10
+) -> Dispatcher:
     return Dispatcher(
         WorkQueue(ME, capacity=1000),
         claims,
         clock,
         Metrics(),
         concurrency=concurrency,
-        batch_size=10,
+        batch_size=batch_size,
     )
 
 
@@ -279,7 +283,7 @@ async def test_a_job_due_on_arrival_is_claimed_without_the_clock_moving() -> Non
     async with anyio.create_task_group() as tg:
         tg.start_soon(d.run, tg)
         await anyio.wait_all_tasks_blocked()
-        d.offer("a", -1.0)
+        d.intake([Hint("a", -1.0)])
         await anyio.wait_all_tasks_blocked()
         assert claims.batches == [["a"]]
         d.close()
@@ -293,10 +297,10 @@ async def test_a_stuck_job_is_claimed_alone_beside_the_batch() -> None:
     async with anyio.create_task_group() as tg:
         tg.start_soon(d.run, tg)
         for job in ("a", "held", "b"):
-            d.offer(job, 0.0)
+            d.intake([Hint(job, 0.0)])
         await anyio.wait_all_tasks_blocked()
         assert (claims.batches, claims.alone) == ([["a", "held", "b"]], [False])
-        d.offer("c", 1.0)
+        d.intake([Hint("c", 1.0)])
         await clock.advance(1.0)
         # The held job goes on its own, waiting for its lock; the others of the batch do not.
         assert claims.batches[1:] == [["c"], ["held"]]
@@ -309,7 +313,7 @@ async def test_a_deadline_fires_at_its_time_and_not_before() -> None:
     d = dispatcher(claims, clock)
     async with anyio.create_task_group() as tg:
         tg.start_soon(d.run, tg)
-        d.offer("a", 120.0)
+        d.intake([Hint("a", 120.0)])
         await clock.advance(119.999)
         assert claims.batches == []
         await clock.advance(0.001)
@@ -322,9 +326,9 @@ async def test_an_earlier_offer_wakes_the_sleeping_loop() -> None:
     d = dispatcher(claims, clock)
     async with anyio.create_task_group() as tg:
         tg.start_soon(d.run, tg)
-        d.offer("late", 100.0)
+        d.intake([Hint("late", 100.0)])
         await clock.advance(1.0)
-        d.offer("early", 1.0)
+        d.intake([Hint("early", 1.0)])
         await clock.advance(1.0)
         assert claims.batches == [["early"]]
         d.close()
@@ -336,9 +340,9 @@ async def test_a_scan_offering_a_job_in_flight_costs_no_second_statement() -> No
     d = dispatcher(claims, clock)
     async with anyio.create_task_group() as tg:
         tg.start_soon(d.run, tg)
-        d.offer("a", 0.0)
+        d.intake([Hint("a", 0.0)])
         await anyio.wait_all_tasks_blocked()
-        d.offer("a", 0.0)  # a poll reads it while its claim runs
+        d.intake([Hint("a", 0.0)])  # a poll reads it while its claim runs
         await clock.advance(5.0)
         claims.hold.set()
         await clock.advance(5.0)
@@ -352,7 +356,7 @@ async def test_a_retry_comes_back_after_its_delay() -> None:
     d = dispatcher(claims, clock)
     async with anyio.create_task_group() as tg:
         tg.start_soon(d.run, tg)
-        d.offer("a", 0.0)
+        d.intake([Hint("a", 0.0)])
         await clock.advance(0.999)
         assert claims.batches == [["a"]]
         await clock.advance(0.001)
@@ -370,7 +374,7 @@ async def test_claims_never_exceed_the_slots() -> None:
     async with anyio.create_task_group() as tg:
         tg.start_soon(d.run, tg)
         for job in "abcde":
-            d.offer(job, 0.0)
+            d.intake([Hint(job, 0.0)])
         await clock.advance(1.0)
         assert claims.running == 2
         claims.hold.set()
@@ -385,8 +389,8 @@ async def test_close_takes_nothing_more_and_lets_the_claim_in_flight_finish() ->
     d = dispatcher(claims, clock)
     async with anyio.create_task_group() as tg:
         tg.start_soon(d.run, tg)
-        d.offer("a", 0.0)
-        d.offer("b", 10.0)
+        d.intake([Hint("a", 0.0)])
+        d.intake([Hint("b", 10.0)])
         await clock.advance(1.0)
         d.close()  # SIGTERM: drain
         claims.hold.set()
@@ -409,9 +413,112 @@ async def test_a_claim_that_raises_leaves_its_jobs_to_retry() -> None:
     async def run_until_it_raises() -> None:
         async with anyio.create_task_group() as tg:
             tg.start_soon(d.run, tg)
-            d.offer("a", 0.0)
+            d.intake([Hint("a", 0.0)])
             await clock.advance(0.5)
 
     with pytest.raises(BaseExceptionGroup):
         await run_until_it_raises()
     assert d.queue.when("a") == pytest.approx(1.0)
+
+
+# -- the intake: every source's hints through one door ------------------------------------------
+
+
+def test_each_source_says_what_it_knows_as_data() -> None:
+    # Each road is a Source (mypy checks the protocol), and each has a name of its own.
+    roads: list[Source[Any]] = [LISTEN, POLL, REARM, STUCK, RECONCILE, RETRY]
+    assert len({road.name for road in roads}) == len(roads)
+    assert list(LISTEN.hints([("a", 2.0), ("b", None)])) == [
+        Hint("a", 2.001, heard=True),  # the row's deadline, past its boundary
+        Hint("b", None, heard=True),  # left unverified: no deadline known
+    ]
+    assert list(POLL.hints([("a", 2.0)])) == list(REARM.hints([("a", 2.0)])) == [Hint("a", 2.001)]
+    assert list(STUCK.hints(["a"])) == [Hint("a", 0.0, stuck=True)]
+    assert list(RECONCILE.hints([("a", 0.5)])) == [Hint("a", 0.5, adopted=True)]
+    answer = Answer([("a", 1.0), ("b", 0.0)], stuck=frozenset({"b"}))
+    assert list(RETRY.hints(answer)) == [
+        Hint("a", 1.0, adopted=True),
+        Hint("b", 0.0, adopted=True, stuck=True),
+    ]
+    with pytest.raises(AttributeError):
+        Hint("a").due_in = 1.0  # type: ignore[misc]
+
+
+def test_a_hint_without_a_deadline_is_due_at_once_and_never_before_now() -> None:
+    assert Hint("a").at(10.0) == 10.0
+    assert Hint("a", -3.0).at(10.0) == 10.0  # overdue: due now, not in the past
+    assert Hint("a", 2.5).at(10.0) == 12.5
+
+
+def test_an_adopted_job_stays_here_when_a_level_read_of_its_owner_comes() -> None:
+    queue = WorkQueue(ME, capacity=10)
+    queue.see(Membership(ME, frozenset({ME, OTHER})))
+    (theirs,) = jobs_owned_by(OTHER, 1)
+    queue.admit(next(RECONCILE.hints([(theirs, 1.0)])), 0.0)
+    # The poll reads it too: by ownership it is the other's, but the reconcile found it here.
+    queue.admit(next(POLL.hints([(theirs, 1.0)])), 0.0)
+    assert queue.left_to_owner == 0
+    assert queue.adopted(theirs)
+    assert queue.take(1.001, 10) == [theirs]
+
+
+def test_a_notification_another_replica_owns_is_left_to_it() -> None:
+    queue = WorkQueue(ME, capacity=10)
+    queue.see(Membership(ME, frozenset({ME, OTHER})))
+    (theirs,) = jobs_owned_by(OTHER, 1)
+    assert not queue.admit(next(LISTEN.hints([(theirs, None)])), 0.0)
+    assert (queue.left_to_owner, len(queue)) == (1, 0)
+
+
+async def test_an_intake_claims_the_earliest_deadline_first_each_at_its_time() -> None:
+    clock, claims = FakeClock(), Claims()
+    d = dispatcher(claims, clock, concurrency=1, batch_size=1)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(d.run, tg)
+        await anyio.wait_all_tasks_blocked()
+        d.intake(REARM.hints([("late", 3.0), ("early", 1.0), ("middle", 2.0)]))
+        await clock.advance(1.0)
+        assert claims.batches == []  # 1.001: the boundary is not passed yet
+        await clock.advance(0.001)
+        assert claims.batches == [["early"]]
+        await clock.advance(1.0)
+        assert claims.batches == [["early"], ["middle"]]
+        await clock.advance(1.0)
+        assert claims.batches == [["early"], ["middle"], ["late"]]
+        d.close()
+
+
+async def test_an_intake_of_more_due_jobs_than_a_batch_claims_them_all_at_once() -> None:
+    clock, claims = FakeClock(), Claims()
+    d = dispatcher(claims, clock, concurrency=2, batch_size=2)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(d.run, tg)
+        await anyio.wait_all_tasks_blocked()
+        d.intake(Hint(job, 0.0) for job in "abcde")
+        await anyio.wait_all_tasks_blocked()
+        # Without the clock moving: the intake claims the first batch, the loop the rest.
+        assert sorted(job for batch in claims.batches for job in batch) == list("abcde")
+        assert all(len(batch) <= 2 for batch in claims.batches)
+        d.close()
+
+
+async def test_a_job_the_scan_found_stuck_is_claimed_alone_until_a_claim_settles_it() -> None:
+    clock, claims = FakeClock(), Claims()
+    claims.stuck = {"held"}
+    claims.answer = lambda jobs: [("held", 1.0)] if "held" in claims.stuck else []
+    d = dispatcher(claims, clock)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(d.run, tg)
+        await anyio.wait_all_tasks_blocked()
+        d.intake([*POLL.hints([("a", -1.0), ("b", -1.0)]), *STUCK.hints(["held"])])
+        await anyio.wait_all_tasks_blocked()
+        assert sorted(zip(map(tuple, claims.batches), claims.alone, strict=True)) == [
+            (("a", "b"), False),
+            (("held",), True),
+        ]
+        assert d.queue.claimed == {"held"}  # the scan leaves it out while it is held
+        claims.stuck = set()  # the lock goes
+        await clock.advance(1.0)
+        assert (claims.batches[-1], claims.alone[-1]) == (["held"], True)
+        assert not d.queue.claimed
+        d.close()
