@@ -8,7 +8,7 @@ would: at 10M rows that is minutes rather than tens of minutes.
 
 from __future__ import annotations
 
-from bench.common import Conn, scalar
+from bench.conn import Conn, scalar
 
 LOAD_JOBS = """
 INSERT INTO analysis_jobs (id, run_id, status, doc_html, results, created_at, updated_at)

@@ -18,19 +18,10 @@ import statistics
 import time
 from typing import Any
 
-from bench.common import (
-    Conn,
-    Context,
-    Result,
-    Table,
-    conditions,
-    connect,
-    ms,
-    open_server,
-    ratio,
-    safe_div,
-    scalar,
-)
+from bench.conn import Conn, connect, scalar
+from bench.result import Context, Result, Table, conditions
+from bench.server import open_server
+from bench.stats import ms, ratio, safe_div
 from reactor import db
 from reactor.install import REFERENCE_INSTALL
 

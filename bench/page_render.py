@@ -36,24 +36,11 @@ import anyio
 import psycopg.conninfo
 from aiohttp import web
 
-from bench.common import (
-    Conn,
-    Context,
-    Result,
-    Table,
-    conditions,
-    connect,
-    dbname,
-    ms,
-    open_server,
-    ratio,
-    safe_div,
-    scalar,
-    size_text,
-    stat_statements_problem,
-    total_sizes,
-)
+from bench.conn import Conn, connect, dbname, scalar, total_sizes
 from bench.history import load_history
+from bench.result import Context, Result, Table, conditions
+from bench.server import open_server, stat_statements_problem
+from bench.stats import ms, ratio, safe_div, size_text
 from bench.workload import bench_settings, replicas, wait_for_first_scan
 from reactor import cli, dashboard, db, http, status
 from reactor.config import Settings

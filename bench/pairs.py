@@ -38,24 +38,12 @@ from typing import Any
 
 import anyio
 
-from bench.common import (
-    Conn,
-    Context,
-    Result,
-    Server,
-    Table,
-    conditions,
-    connect,
-    cpu_by_process,
-    dbname,
-    ms,
-    open_server,
-    ratio,
-    safe_div,
-    stat_statements_problem,
-    summarize,
-)
+from bench.conn import Conn, connect, dbname
 from bench.idle import BY_QUERY, counting_pool_checks
+from bench.processes import cpu_by_process
+from bench.result import Context, Result, Table, conditions
+from bench.server import Server, open_server, stat_statements_problem
+from bench.stats import ms, ratio, safe_div, summarize
 from bench.workload import RESULTS, bench_settings
 from reactor import audit, db, mapping
 from reactor.app import App

@@ -25,18 +25,10 @@ from typing import Any
 
 import psycopg
 
-from bench.common import (
-    Conn,
-    Context,
-    Result,
-    Table,
-    conditions,
-    ms,
-    open_server,
-    ratio,
-    safe_div,
-    summarize,
-)
+from bench.conn import Conn
+from bench.result import Context, Result, Table, conditions
+from bench.server import open_server
+from bench.stats import ms, ratio, safe_div, summarize
 from reactor import db
 from reactor.install import REFERENCE_INSTALL
 

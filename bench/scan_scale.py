@@ -17,22 +17,11 @@ import time
 from typing import Any
 
 from bench import baseline
-from bench.common import (
-    Conn,
-    Context,
-    Result,
-    Table,
-    conditions,
-    connect,
-    ms,
-    open_server,
-    ratio,
-    safe_div,
-    scalar,
-    size_text,
-    total_sizes,
-)
+from bench.conn import Conn, connect, scalar, total_sizes
 from bench.history import load_history
+from bench.result import Context, Result, Table, conditions
+from bench.server import open_server
+from bench.stats import ms, ratio, safe_div, size_text
 from reactor import db
 from reactor.install import REFERENCE_INSTALL
 from reactor.mapping import REFERENCE

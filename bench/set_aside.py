@@ -26,18 +26,10 @@ from typing import Any
 import anyio
 import psycopg
 
-from bench.common import (
-    Context,
-    Result,
-    Server,
-    Table,
-    conditions,
-    connect,
-    dbname,
-    ms,
-    open_server,
-    scalar,
-)
+from bench.conn import connect, dbname, scalar
+from bench.result import Context, Result, Table, conditions
+from bench.server import Server, open_server
+from bench.stats import ms
 from reactor import db
 from reactor.install import REFERENCE_INSTALL
 from reactor.metrics import Metrics

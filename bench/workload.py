@@ -21,7 +21,7 @@ import anyio
 import anyio.abc
 from psycopg_pool import AsyncConnectionPool
 
-from bench.common import Conn, connect
+from bench.conn import Conn, connect
 from reactor import db
 from reactor.app import App
 from reactor.config import Settings
