@@ -74,6 +74,22 @@ class Result:
         return cls(table=table, **data)
 
 
+def unmeasured(
+    name: str,
+    title: str,
+    goal: str,
+    table: Table,
+    *,
+    settings: dict[str, Any],
+    conditions: dict[str, Any],
+    why: str,
+) -> Result:
+    """The result of a benchmark that counts statements on a server without pg_stat_statements
+    (``why``): nothing measured, and how to measure."""
+    notes = [why + "; run without DATABASE_URL to use the embedded server, which loads it."]
+    return Result(name, title, goal, None, why, table, {}, settings, conditions, notes)
+
+
 class Benchmark(Protocol):
     """The interface of a benchmark module."""
 
@@ -85,8 +101,11 @@ class Benchmark(Protocol):
         ...
 
 
-async def conditions(server: Server | None, **extra: Any) -> dict[str, Any]:
-    """Versions, machine, date and server settings under which a figure was measured."""
+async def conditions(
+    server: Server | None, *, note: str | None = None, **extra: Any
+) -> dict[str, Any]:
+    """Versions, machine, date and server settings under which a figure was measured; ``note``
+    (what a --quick run shortened, say) is recorded when given."""
     found: dict[str, Any] = {
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "python": platform.python_version(),
@@ -108,6 +127,8 @@ async def conditions(server: Server | None, **extra: Any) -> dict[str, Any]:
     else:
         found["postgres"] = None
     found.update(extra)
+    if note is not None:
+        found["note"] = note
     return found
 
 

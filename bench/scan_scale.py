@@ -22,6 +22,7 @@ from bench.history import load_history
 from bench.result import Context, Result, Table, conditions
 from bench.server import open_server
 from bench.stats import ms, ratio, safe_div, size_text
+from bench.workload import APP
 from reactor import db
 from reactor.install import REFERENCE_INSTALL
 from reactor.mapping import REFERENCE
@@ -65,7 +66,12 @@ async def run(ctx: Context) -> Result:
         cond = await conditions(server, quick=quick)
         dsn = server.dsn_for(await server.create_database("scan"))
         async with await connect(dsn, "setup") as conn:
-            load_s = await _load(conn, total, windows[0])
+            # Bulk-loaded without indexes or triggers, then indexed as the migrations do.
+            started = time.monotonic()
+            await db.migrate(conn, REFERENCE, reference_schema=True)
+            await load_history(conn, total, windows[0], past_triggers=True)
+            await _finish_pending(conn)
+            load_s = time.monotonic() - started
             sizes = await total_sizes(conn, ("analysis_jobs", "analysis_runs", "reactor.pending"))
             for window in windows:
                 if window != windows[0]:
@@ -140,29 +146,14 @@ async def run(ctx: Context) -> Result:
     )
 
 
-async def _load(conn: Conn, total: int, window: int) -> float:
-    """Bulk-load without indexes or triggers, then index as the migrations do."""
-    started = time.monotonic()
-    await db.migrate(conn, REFERENCE, reference_schema=True)
-    # Bulk rows already have their runs: they never pass through the reactor's triggers.
-    await conn.execute("ALTER TABLE analysis_jobs DISABLE TRIGGER USER")
-    await load_history(conn, total, window)
-    await conn.execute("ALTER TABLE analysis_jobs ENABLE TRIGGER USER")
-    # The jobs that need a run: finished now, through the reactor's triggers.
-    await conn.execute(
-        "INSERT INTO analysis_jobs (id, run_id, status, doc_html) "
-        "SELECT gen_random_uuid(), gen_random_uuid(), 'running', '<p>pending</p>' "
-        "FROM generate_series(1, %s)",
-        (PENDING,),
-    )
-    await conn.execute(
-        "UPDATE analysis_jobs SET status = 'complete', results = '{\"verdicts\": 1}', "
-        "updated_at = now() WHERE status = 'running'"
-    )
+async def _finish_pending(conn: Conn) -> None:
+    """The jobs that need a run: finished now, through the reactor's triggers."""
+    cur = await conn.execute(*APP.create(count=PENDING, document="<p>pending</p>"))
+    pending = [job for job, _ in await cur.fetchall()]
+    await conn.execute(*APP.finish(*pending, verdicts='{"verdicts": 1}'))
     await conn.execute("VACUUM (FREEZE, ANALYZE) analysis_jobs")
     await conn.execute("VACUUM (FREEZE, ANALYZE) analysis_runs")
     await conn.execute("VACUUM ANALYZE reactor.pending")
-    return time.monotonic() - started
 
 
 async def _trim(conn: Conn, total: int, window: int) -> None:

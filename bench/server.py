@@ -31,6 +31,9 @@ SERVER_SETTINGS: Mapping[str, str] = {
     "checkpoint_timeout": "30min",
 }
 
+# What a benchmark that counts statements needs of its server.
+STAT_STATEMENTS: Mapping[str, str] = {"shared_preload_libraries": "pg_stat_statements"}
+
 # Server settings recorded with every result, whichever server ran it.
 _SHOWN = (
     "server_version",
@@ -181,3 +184,13 @@ async def stat_statements_problem(server: Server) -> str | None:
     except psycopg.Error as error:
         return f"pg_stat_statements is not available on this server: {error}".splitlines()[0]
     return None
+
+
+@asynccontextmanager
+async def open_counting_server(
+    settings: Mapping[str, str] | None = None,
+) -> AsyncIterator[tuple[Server, str | None]]:
+    """:func:`open_server` with pg_stat_statements loaded, and None when it works there, else
+    why not (a DATABASE_URL server that does not load it): the benchmark then says so."""
+    async with open_server({**STAT_STATEMENTS, **(settings or {})}) as server:
+        yield server, await stat_statements_problem(server)
