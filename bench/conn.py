@@ -6,6 +6,7 @@ sessions by application_name never mixes the two.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -60,3 +61,12 @@ async def total_sizes(conn: Conn, names: Sequence[str]) -> dict[str, int]:
         name: int(await scalar(conn, "SELECT pg_total_relation_size(%s)", (name,)))
         for name in names
     }
+
+
+async def timed(conn: Conn, query: str, params: Any = None) -> tuple[float, list[Any]]:
+    """The wall time of ``query``, its rows fetched (none for a statement that returns none),
+    and the rows."""
+    started = time.perf_counter()
+    cur = await conn.execute(query, params)
+    rows = await cur.fetchall() if cur.description is not None else []
+    return time.perf_counter() - started, rows

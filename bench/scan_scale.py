@@ -17,11 +17,12 @@ import time
 from typing import Any
 
 from bench import baseline
-from bench.conn import Conn, connect, scalar, total_sizes
+from bench.conn import Conn, connect, scalar, timed, total_sizes
 from bench.history import load_history
+from bench.plans import explain, plan_nodes
 from bench.result import Context, Result, Table, conditions
 from bench.server import open_server
-from bench.stats import ms, ratio, safe_div, size_text
+from bench.stats import SLOW, ms, ratio, safe_div, size_text, slow_enough
 from bench.workload import APP
 from reactor import db
 from reactor.install import REFERENCE_INSTALL
@@ -43,7 +44,6 @@ CREATE INDEX analysis_jobs_reactor_due_idx ON analysis_jobs (updated_at, id)
 
 GRACE = 3600.0  # the 100 pending jobs stay inside it for the whole measurement
 PENDING = 100
-SLOW = 1.0  # seconds: past this, a query is timed fewer times
 
 
 async def run(ctx: Context) -> Result:
@@ -203,42 +203,34 @@ async def _median(conn: Conn, query: str, params: dict[str, Any], reps: int) -> 
     """Median wall time; a slow query gets fewer runs (at least 3, its first one included)."""
     times = []
     for i in range(reps + 1):
-        started = time.perf_counter()
-        cur = await conn.execute(query, params)
-        rows = await cur.fetchall()
-        times.append(time.perf_counter() - started)
+        took, rows = await timed(conn, query, params)
+        times.append(took)
         if i == 0:
             # The health query always answers one row; a scan must find nothing due.
             assert query == REFERENCE_INSTALL.query("health") or not rows, "due rows"
             if times[0] < SLOW:
                 times.clear()  # a warm-up, not a sample
-        if len(times) >= 3 and sum(times) > SLOW * 3:
+        if slow_enough(times):
             break
     return statistics.median(times)
 
 
 async def _explain(conn: Conn, query: str, params: dict[str, Any]) -> dict[str, Any]:
-    cur = await conn.execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + query, params)
-    row = await cur.fetchone()
-    assert row is not None
-    plan = row[0][0]
+    plan = await explain(conn, query, params)
     top = plan["Plan"]
     return {
         "execution_ms": plan.get("Execution Time"),
         "shared_hit": top.get("Shared Hit Blocks"),
         "shared_read": top.get("Shared Read Blocks"),
-        "scans": sorted(set(_scans(top))),
+        "scans": sorted({shown for node in plan_nodes(top) if (shown := _scan(node))}),
     }
 
 
-def _scans(node: dict[str, Any]) -> list[str]:
-    """The plan's scan and join nodes, e.g. 'Seq Scan on analysis_runs', 'Hash Anti Join'."""
-    found = []
+def _scan(node: dict[str, Any]) -> str:
+    """A scan or join node, e.g. 'Seq Scan on analysis_runs', 'Hash Anti Join'; else ''."""
     kind = node.get("Node Type", "")
     if "Scan" in kind and "Relation Name" in node:
-        found.append(f"{kind} on {node['Relation Name']}")
-    elif "Join" in kind or kind in ("Nested Loop", "Hash Join", "Merge Join"):
-        found.append(f"{kind} ({node.get('Join Type', '')})")
-    for child in node.get("Plans", []):
-        found += _scans(child)
-    return found
+        return f"{kind} on {node['Relation Name']}"
+    if "Join" in kind or kind in ("Nested Loop", "Hash Join", "Merge Join"):
+        return f"{kind} ({node.get('Join Type', '')})"
+    return ""

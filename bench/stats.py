@@ -6,6 +6,8 @@ import math
 import statistics
 from collections.abc import Sequence
 
+SLOW = 1.0  # seconds: past this, a query is timed fewer times
+
 
 def percentile(values: Sequence[float], q: float) -> float:
     """The q-quantile (0..1) with linear interpolation, like percentile_cont."""
@@ -58,3 +60,9 @@ def safe_div(a: float, b: float) -> float:
 def size_text(n: int) -> str:
     """Bytes as MiB or KiB for a note."""
     return f"{n / 2**20:,.0f} MiB" if n >= 2**20 else f"{n / 1024:,.0f} KiB"
+
+
+def slow_enough(times: Sequence[float]) -> bool:
+    """True once a query timed ``times`` has run at least 3 times and over ``3 * SLOW`` seconds
+    in all: a slow query gets fewer runs, its median still from 3."""
+    return len(times) >= 3 and sum(times) > SLOW * 3
