@@ -24,17 +24,15 @@ from typing import cast
 
 import anyio
 
-from bench.common import (
+from bench.report import (
     REPORT_PATH,
     RESULTS_DIR,
-    Benchmark,
-    Context,
     load_results,
     print_table,
-    product_version,
     render_report,
     write_result,
 )
+from bench.result import Benchmark, Context, product_version
 from reactor import sql
 
 # Name -> module, in report order. The chosen ones are imported when the run starts.

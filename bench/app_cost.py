@@ -40,21 +40,10 @@ from typing import Any
 
 import anyio
 
-from bench.common import (
-    Conn,
-    Context,
-    Result,
-    Server,
-    Table,
-    conditions,
-    connect,
-    dbname,
-    open_server,
-    percentile,
-    ratio,
-    safe_div,
-    scalar,
-)
+from bench.conn import Conn, connect, dbname, scalar
+from bench.result import Context, Result, Table, conditions
+from bench.server import Server, open_server
+from bench.stats import percentile, ratio, safe_div
 from bench.trigger_overhead import Triggers
 from bench.workload import bench_settings, replicas, wait_for_first_scan
 

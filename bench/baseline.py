@@ -19,7 +19,7 @@ import anyio
 import anyio.abc
 import psycopg
 
-from bench.common import Conn, connect
+from bench.conn import Conn, connect
 
 log = logging.getLogger(__name__)
 

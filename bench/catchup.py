@@ -14,18 +14,10 @@ import statistics
 import time
 from typing import Any
 
-from bench.common import (
-    DOC_FUNCTION,
-    Context,
-    Result,
-    Table,
-    conditions,
-    connect,
-    open_server,
-    ratio,
-    safe_div,
-    scalar,
-)
+from bench.conn import connect, scalar
+from bench.result import Context, Result, Table, conditions
+from bench.server import DOC_FUNCTION, open_server
+from bench.stats import ratio, safe_div
 from reactor import db
 from reactor.install import REFERENCE_INSTALL
 from reactor.mapping import REFERENCE

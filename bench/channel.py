@@ -19,6 +19,7 @@ import uuid
 import psycopg
 import psycopg.conninfo
 
+from bench.workload import APP
 from reactor.embedded import EmbeddedPostgres
 
 CHANNEL = "analysis_jobs_terminal"
@@ -45,15 +46,8 @@ def metric(port: int, name: str) -> float:
 def real_job_lateness(conn: psycopg.Connection[tuple[object, ...]]) -> float:
     """Finish one job and wait for its run: seconds from updated_at + grace to its run."""
     job, run = uuid.uuid4(), uuid.uuid4()
-    conn.execute(
-        "INSERT INTO analysis_jobs (id, run_id, status, doc_html) VALUES (%s, %s, 'running', 'x')",
-        (job, run),
-    )
-    conn.execute(
-        "UPDATE analysis_jobs SET status='complete', results='{\"a\":1}', updated_at=now() "
-        "WHERE id=%s",
-        (job,),
-    )
+    conn.execute(*APP.create([run], jobs=[job], document="x"))
+    conn.execute(*APP.finish(job, verdicts='{"a": 1}'))
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         row = conn.execute(

@@ -27,7 +27,8 @@ from typing import Any, Generic, Protocol, TypeVar
 
 import anyio
 
-from bench.common import Context, Result, Table, conditions, ratio, safe_div
+from bench.result import Context, Result, Table, conditions
+from bench.stats import ratio, safe_div
 from reactor.deadlines import Deadlines
 
 TITLE = "Deadlines at 1M pending: memory per entry and operations per second"

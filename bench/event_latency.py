@@ -26,19 +26,10 @@ from pgqueuer import PgQueuer, Queries
 from pgqueuer.db import AsyncpgDriver
 from pgqueuer.models import Job
 
-from bench.common import (
-    Context,
-    Result,
-    Table,
-    asyncpg_params,
-    conditions,
-    connect,
-    ms,
-    open_server,
-    ratio,
-    safe_div,
-    summarize,
-)
+from bench.conn import asyncpg_params, connect
+from bench.result import Context, Result, Table, conditions
+from bench.server import open_server
+from bench.stats import ms, ratio, safe_div, summarize
 from bench.workload import (
     bench_settings,
     insert_jobs,

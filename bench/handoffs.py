@@ -51,24 +51,12 @@ import aiohttp
 import anyio
 import anyio.abc
 
-from bench.common import (
-    Conn,
-    Context,
-    Result,
-    Server,
-    Table,
-    conditions,
-    connect,
-    cpu_by_process,
-    dbname,
-    ms,
-    open_server,
-    ratio,
-    safe_div,
-    scalar,
-    summarize,
-)
+from bench.conn import Conn, connect, dbname, scalar
 from bench.loadgen import play_elsewhere
+from bench.processes import cpu_by_process
+from bench.result import Context, Result, Table, conditions
+from bench.server import Server, open_server
+from bench.stats import ms, ratio, safe_div, summarize
 from bench.workload import Play, insert_jobs, wait_until_recorded
 from reactor import audit
 from reactor.config import Settings

@@ -8,7 +8,7 @@ would: at 10M rows that is minutes rather than tens of minutes.
 
 from __future__ import annotations
 
-from bench.common import Conn, scalar
+from bench.conn import Conn, scalar
 
 LOAD_JOBS = """
 INSERT INTO analysis_jobs (id, run_id, status, doc_html, results, created_at, updated_at)
@@ -35,14 +35,19 @@ async def load_history(
     saved_by: str = ALL_CLIENT,
     spacing: float = 0.25,
     job_key: str = "id",
+    past_triggers: bool = False,
 ) -> None:
     """Add ``total`` finished jobs, the newest ``window`` with doc_html, each with its run.
 
-    The app's tables must exist and be empty; triggers on them, if any, are the caller's to
-    disable. ``saved_by`` is an SQL expression (:data:`ALL_CLIENT`, :data:`MOSTLY_CLIENT`).
-    Jobs finished ``spacing`` seconds apart, the newest two hours ago. ``job_key`` is the
-    job table's primary key (a partitioned table's includes its partition key).
+    The app's tables must exist and be empty. Triggers on them, if any, are the caller's to
+    disable, or, with ``past_triggers``, off for the load alone: the rows of a history already
+    have their runs, so they never pass through the reactor's triggers. ``saved_by`` is an SQL
+    expression (:data:`ALL_CLIENT`, :data:`MOSTLY_CLIENT`). Jobs finished ``spacing`` seconds
+    apart, the newest two hours ago. ``job_key`` is the job table's primary key (a partitioned
+    table's includes its partition key).
     """
+    if past_triggers:
+        await conn.execute("ALTER TABLE analysis_jobs DISABLE TRIGGER USER")
     await conn.execute("ALTER TABLE analysis_jobs DROP CONSTRAINT analysis_jobs_pkey")
     await conn.execute("ALTER TABLE analysis_runs DROP CONSTRAINT analysis_runs_pkey")
     newest = await scalar(conn, "SELECT now() - interval '2 hours'")
@@ -63,3 +68,5 @@ async def load_history(
     )
     await conn.execute(f"ALTER TABLE analysis_jobs ADD PRIMARY KEY ({job_key})")
     await conn.execute("ALTER TABLE analysis_runs ADD PRIMARY KEY (id)")
+    if past_triggers:
+        await conn.execute("ALTER TABLE analysis_jobs ENABLE TRIGGER USER")

@@ -18,19 +18,11 @@ import statistics
 import time
 from typing import Any
 
-from bench.common import (
-    Conn,
-    Context,
-    Result,
-    Table,
-    conditions,
-    connect,
-    ms,
-    open_server,
-    ratio,
-    safe_div,
-    scalar,
-)
+from bench.conn import Conn, connect, scalar, timed
+from bench.plans import explain, plan_nodes
+from bench.result import Context, Result, Table, conditions
+from bench.server import open_server
+from bench.stats import ms, ratio, safe_div, slow_enough
 from reactor import db
 from reactor.install import REFERENCE_INSTALL
 
@@ -77,7 +69,6 @@ PARAMS: dict[str, Any] = {
     "batch": BATCH,
     "failed_only": False,
 }
-SLOW = 1.0  # seconds: past this, a query is timed fewer times
 
 
 async def run(ctx: Context) -> Result:
@@ -213,7 +204,7 @@ async def _measure(
                 took = await _timed(conn, query)
                 if i > 0:  # the first round warms both up
                     times[side].append(took)
-            if i > 0 and sum(times[1]) > SLOW * 3 and len(times[1]) >= 3:
+            if i > 0 and slow_enough(times[1]):
                 break  # a slow query gets fewer runs
         for side, found in enumerate((empty, full)):
             found[label] = {
@@ -236,44 +227,37 @@ async def _before_0009(empty_conn: Conn, full_conn: Conn, reps: int) -> dict[str
             await conn.execute("DROP INDEX reactor.hook_outbox_failed_idx")
             await _timed(conn, query)  # warm-up
             times: list[float] = []
-            while len(times) < reps and (len(times) < 3 or sum(times) < SLOW * 3):
+            while len(times) < reps and not slow_enough(times):
                 times.append(await _timed(conn, query))
         found[key] = statistics.median(times)
     return found
 
 
 async def _timed(conn: Conn, query: str) -> float:
-    started = time.perf_counter()
-    cur = await conn.execute(query, PARAMS)
-    if cur.description is not None:
-        await cur.fetchall()
-    return time.perf_counter() - started
+    took, _ = await timed(conn, query, PARAMS)
+    return took
 
 
 async def _explain(conn: Conn, query: str) -> dict[str, Any]:
     # EXPLAIN ANALYZE runs the statement: the claim and the purge change nothing here (nothing
     # is due, nothing has expired), so it leaves the outbox as it was.
-    cur = await conn.execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + query, PARAMS)
-    row = await cur.fetchone()
-    assert row is not None
-    plan = row[0][0]
+    plan = await explain(conn, query, PARAMS)
     top = plan["Plan"]
     return {
         "buffers": int(top.get("Shared Hit Blocks", 0)) + int(top.get("Shared Read Blocks", 0)),
         "execution_ms": plan.get("Execution Time"),
-        "scans": sorted(set(_scans(top))),
+        "scans": sorted({_scan(node) for node in plan_nodes(top) if _is_outbox(node)}),
     }
 
 
-def _scans(node: dict[str, Any]) -> list[str]:
-    """The plan's scans of the outbox, e.g. 'Index Only Scan using hook_outbox_open_idx'."""
-    found = []
-    if node.get("Relation Name") == "hook_outbox":
-        index = node.get("Index Name")
-        found.append(f"{node['Node Type']}" + (f" using {index}" if index else ""))
-    for child in node.get("Plans", []):
-        found += _scans(child)
-    return found
+def _is_outbox(node: dict[str, Any]) -> bool:
+    return node.get("Relation Name") == "hook_outbox"
+
+
+def _scan(node: dict[str, Any]) -> str:
+    """A scan of the outbox, e.g. 'Index Only Scan using hook_outbox_open_idx'."""
+    index = node.get("Index Name")
+    return f"{node['Node Type']}" + (f" using {index}" if index else "")
 
 
 async def _purge(conn: Conn, expired: int) -> dict[str, Any]:

@@ -21,19 +21,10 @@ import anyio
 from psycopg_pool import AsyncConnectionPool
 
 from bench import baseline
-from bench.common import (
-    Conn,
-    Context,
-    Result,
-    Table,
-    conditions,
-    connect,
-    dbname,
-    open_server,
-    ratio,
-    safe_div,
-    stat_statements_problem,
-)
+from bench.conn import Conn, connect, dbname
+from bench.result import Context, Result, Table, conditions
+from bench.server import open_server, stat_statements_problem
+from bench.stats import ratio, safe_div
 from bench.workload import bench_settings, replicas, wait_for_first_scan
 from reactor.config import Settings
 

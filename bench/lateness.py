@@ -18,21 +18,11 @@ from typing import Any
 import anyio
 
 from bench import baseline
-from bench.common import (
-    Conn,
-    Context,
-    Result,
-    Server,
-    Table,
-    conditions,
-    connect,
-    ms,
-    open_server,
-    ratio,
-    safe_div,
-    summarize,
-)
+from bench.conn import Conn, connect
 from bench.loadgen import play_elsewhere
+from bench.result import Context, Result, Table, conditions
+from bench.server import Server, open_server
+from bench.stats import ms, ratio, safe_div, summarize
 from bench.workload import (
     Play,
     bench_settings,

@@ -17,20 +17,11 @@ from typing import Any
 
 import anyio
 
-from bench.common import (
-    Conn,
-    Context,
-    Result,
-    Server,
-    Table,
-    conditions,
-    connect,
-    dbname,
-    ms,
-    open_server,
-    scalar,
-)
+from bench.conn import Conn, connect, dbname, scalar
 from bench.history import load_history
+from bench.result import Context, Result, Table, conditions
+from bench.server import Server, open_server
+from bench.stats import ms
 from bench.workload import APP, RESULTS
 from reactor import db, sql
 from reactor.mapping import REFERENCE

@@ -22,7 +22,9 @@ from typing import Any
 import anyio
 from psycopg_pool import AsyncConnectionPool
 
-from bench.common import Context, Result, Table, conditions, ms, open_server, summarize
+from bench.result import Context, Result, Table, conditions
+from bench.server import open_server
+from bench.stats import ms, summarize
 from reactor import db
 from reactor.embedded import EmbeddedPostgres
 

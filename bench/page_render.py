@@ -36,25 +36,12 @@ import anyio
 import psycopg.conninfo
 from aiohttp import web
 
-from bench.common import (
-    Conn,
-    Context,
-    Result,
-    Table,
-    conditions,
-    connect,
-    dbname,
-    ms,
-    open_server,
-    ratio,
-    safe_div,
-    scalar,
-    size_text,
-    stat_statements_problem,
-    total_sizes,
-)
+from bench.conn import Conn, connect, dbname, scalar, total_sizes
 from bench.history import load_history
-from bench.workload import bench_settings, replicas, wait_for_first_scan
+from bench.result import Context, Result, Table, conditions
+from bench.server import open_counting_server
+from bench.stats import ms, ratio, safe_div, size_text
+from bench.workload import APP, bench_settings, replicas, wait_for_first_scan
 from reactor import cli, dashboard, db, http, status
 from reactor.config import Settings
 from reactor.install import REFERENCE_INSTALL
@@ -148,13 +135,9 @@ async def run(ctx: Context) -> Result:
         "tabs_at_once": TABS,
         "report_ttl_s": dashboard.REPORT_TTL,
     }
-    track = {
-        "shared_preload_libraries": "pg_stat_statements",
-        "pg_stat_statements.track_planning": "on",
-    }
-    async with open_server(track) as server:
+    track = {"pg_stat_statements.track_planning": "on"}
+    async with open_counting_server(track) as (server, problem):
         cond = await conditions(server, quick=quick)
-        problem = await stat_statements_problem(server)
         if problem is not None:
             raise RuntimeError(problem)
         dsn = await server.app_database("page", with_audit=False)
@@ -317,18 +300,15 @@ async def _load(
     conn: Conn, total: int, window: int, hook_rows: int, failed: int, pending: int
 ) -> float:
     started = time.monotonic()
-    # Bulk rows already have their runs: they never pass through the reactor's triggers.
-    await conn.execute("ALTER TABLE analysis_jobs DISABLE TRIGGER USER")
-    await load_history(conn, total, window)
-    await conn.execute("ALTER TABLE analysis_jobs ENABLE TRIGGER USER")
+    await load_history(conn, total, window, past_triggers=True)
     # The jobs the replica records as it starts, through the triggers as any finished job.
-    await conn.execute(
-        "INSERT INTO analysis_jobs (id, run_id, status, doc_html, results) "
-        "SELECT gen_random_uuid(), gen_random_uuid(), 'complete', '<p>recent</p>', "
-        "       '{\"verdicts\": 2}' "
-        "FROM generate_series(1, %s)",
-        (RECENT_OUTCOMES * 2,),
+    recent = APP.create(
+        count=RECENT_OUTCOMES * 2,
+        finished=True,
+        document="<p>recent</p>",
+        verdicts='{"verdicts": 2}',
     )
+    await conn.execute(*recent)
     await conn.execute(
         HOOK_ROWS,
         {"rows": hook_rows, "failed": failed, "pending": pending, "spread": 6 * 86400 / hook_rows},

@@ -38,24 +38,12 @@ from typing import Any
 
 import anyio
 
-from bench.common import (
-    Conn,
-    Context,
-    Result,
-    Server,
-    Table,
-    conditions,
-    connect,
-    cpu_by_process,
-    dbname,
-    ms,
-    open_server,
-    ratio,
-    safe_div,
-    stat_statements_problem,
-    summarize,
-)
+from bench.conn import Conn, connect, dbname
 from bench.idle import BY_QUERY, counting_pool_checks
+from bench.processes import cpu_by_process
+from bench.result import Context, Result, Table, conditions, unmeasured
+from bench.server import Server, open_counting_server
+from bench.stats import ms, ratio, safe_div, summarize
 from bench.workload import RESULTS, bench_settings
 from reactor import audit, db, mapping
 from reactor.app import App
@@ -187,16 +175,17 @@ async def run(ctx: Context) -> Result:
         "doc_bytes": DOC_BYTES,
         "broken_pair": BROKEN,
     }
-    async with open_server({"shared_preload_libraries": "pg_stat_statements"}) as server:
-        cond = await conditions(server, quick=quick)
-        if quick:
-            cond["note"] = (
-                f"--quick: idle window {window:g} s, {rate:g} jobs/s per pair for {load_s:g} s, "
-                f"grace {grace:g} s; probe and scan intervals are not shortened"
-            )
-        problem = await stat_statements_problem(server)
+    shortened = (
+        f"--quick: idle window {window:g} s, {rate:g} jobs/s per pair for {load_s:g} s, "
+        f"grace {grace:g} s; probe and scan intervals are not shortened"
+    )
+    async with open_counting_server() as (server, problem):
+        cond = await conditions(server, quick=quick, note=shortened if quick else None)
         if problem is not None:
-            return _unmeasured(cond, settings, problem)
+            table = Table(["measure", "one process"], [["idle statements/min", "-"]])
+            return unmeasured(
+                "pairs", TITLE, GOAL, table, settings=settings, conditions=cond, why=problem
+            )
         one_dsn, one_installs = await _pair_database(server, "pairs_one")
         fleet_dsn, fleet_installs = await _pair_database(server, "pairs_fleet")
         one_settings = bench_settings(one_dsn, grace=grace)
@@ -748,21 +737,6 @@ def _short(query: str) -> str:
 
 def _yes(ok: bool) -> str:
     return "yes" if ok else "no"
-
-
-def _unmeasured(cond: dict[str, Any], settings: dict[str, Any], why: str) -> Result:
-    return Result(
-        name="pairs",
-        title=TITLE,
-        goal=GOAL,
-        met=None,
-        headline=why,
-        table=Table(["measure", "one process"], [["idle statements/min", "-"]]),
-        figures={},
-        settings=settings,
-        conditions=cond,
-        notes=[why + "; run without DATABASE_URL to use the embedded server, which loads it."],
-    )
 
 
 if __name__ == "__main__":

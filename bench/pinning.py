@@ -25,18 +25,11 @@ from typing import Any
 
 import psycopg
 
-from bench.common import (
-    Conn,
-    Context,
-    Result,
-    Table,
-    conditions,
-    ms,
-    open_server,
-    ratio,
-    safe_div,
-    summarize,
-)
+from bench.conn import Conn
+from bench.result import Context, Result, Table, conditions
+from bench.server import open_server
+from bench.stats import ms, ratio, safe_div, summarize
+from bench.workload import APP
 from reactor import db
 from reactor.install import REFERENCE_INSTALL
 
@@ -53,13 +46,8 @@ VARIANTS = (
     "now, behind a pooler",
 )
 
-ADD_DUE_JOBS = """
-INSERT INTO analysis_jobs (id, run_id, status, doc_html, results, created_at, updated_at)
-SELECT gen_random_uuid(), gen_random_uuid(), 'complete', repeat('<p>cited</p>', 100),
-       '{"verdicts": [1, 2]}', now() - interval '1 hour', now() - interval '1 hour'
-  FROM generate_series(1, %s)
-RETURNING id::text
-"""
+# A due job's document: some weight, as a real one has.
+DUE_DOCUMENT = "<p>cited</p>" * 100
 
 NONE = "00000000-0000-0000-0000-000000000000"
 
@@ -89,8 +77,17 @@ async def run(ctx: Context) -> Result:
             # health and upcoming read thousands of rows that a real backlog rarely has.
             timings = await _time_all(runners, _cheap(), calls)
             async with await _connect(dsn, prepared=False, session=False) as setup:
-                cur = await setup.execute(ADD_DUE_JOBS, (calls * len(VARIANTS),))
-                due += [job for (job,) in await cur.fetchall()]
+                # Finished an hour ago, long past the grace.
+                finished = APP.create(
+                    count=calls * len(VARIANTS),
+                    finished=True,
+                    document=DUE_DOCUMENT,
+                    verdicts='{"verdicts": [1, 2]}',
+                    created_age=3600.0,
+                    updated_age=3600.0,
+                )
+                cur = await setup.execute(*finished)
+                due += [str(job) for job, _ in await cur.fetchall()]
             timings |= await _time_all(runners, _recording(due, len(runners)), calls)
         finally:
             for conn in conns:

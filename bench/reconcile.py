@@ -14,19 +14,11 @@ import time
 from typing import Any
 
 from bench import baseline
-from bench.common import (
-    Conn,
-    Context,
-    Result,
-    Table,
-    conditions,
-    connect,
-    ms,
-    open_server,
-    ratio,
-    safe_div,
-)
+from bench.conn import Conn, connect
 from bench.history import MOSTLY_CLIENT, load_history
+from bench.result import Context, Result, Table, conditions
+from bench.server import open_server
+from bench.stats import ms, ratio, safe_div
 from reactor import db
 from reactor.config import Settings
 from reactor.db import indexes

@@ -23,19 +23,10 @@ from typing import Any
 
 import anyio
 
-from bench.common import (
-    Context,
-    Result,
-    Table,
-    conditions,
-    connect,
-    dbname,
-    ms,
-    open_server,
-    ratio,
-    safe_div,
-    scalar,
-)
+from bench.conn import connect, dbname, scalar
+from bench.result import Context, Result, Table, conditions
+from bench.server import open_server
+from bench.stats import ms, ratio, safe_div
 from bench.workload import (
     APP_STATEMENTS,
     bench_settings,

@@ -17,22 +17,13 @@ import time
 from typing import Any
 
 from bench import baseline
-from bench.common import (
-    Conn,
-    Context,
-    Result,
-    Table,
-    conditions,
-    connect,
-    ms,
-    open_server,
-    ratio,
-    safe_div,
-    scalar,
-    size_text,
-    total_sizes,
-)
+from bench.conn import Conn, connect, scalar, timed, total_sizes
 from bench.history import load_history
+from bench.plans import explain, plan_nodes
+from bench.result import Context, Result, Table, conditions
+from bench.server import open_server
+from bench.stats import SLOW, ms, ratio, safe_div, size_text, slow_enough
+from bench.workload import APP
 from reactor import db
 from reactor.install import REFERENCE_INSTALL
 from reactor.mapping import REFERENCE
@@ -53,7 +44,6 @@ CREATE INDEX analysis_jobs_reactor_due_idx ON analysis_jobs (updated_at, id)
 
 GRACE = 3600.0  # the 100 pending jobs stay inside it for the whole measurement
 PENDING = 100
-SLOW = 1.0  # seconds: past this, a query is timed fewer times
 
 
 async def run(ctx: Context) -> Result:
@@ -76,7 +66,12 @@ async def run(ctx: Context) -> Result:
         cond = await conditions(server, quick=quick)
         dsn = server.dsn_for(await server.create_database("scan"))
         async with await connect(dsn, "setup") as conn:
-            load_s = await _load(conn, total, windows[0])
+            # Bulk-loaded without indexes or triggers, then indexed as the migrations do.
+            started = time.monotonic()
+            await db.migrate(conn, REFERENCE, reference_schema=True)
+            await load_history(conn, total, windows[0], past_triggers=True)
+            await _finish_pending(conn)
+            load_s = time.monotonic() - started
             sizes = await total_sizes(conn, ("analysis_jobs", "analysis_runs", "reactor.pending"))
             for window in windows:
                 if window != windows[0]:
@@ -151,29 +146,14 @@ async def run(ctx: Context) -> Result:
     )
 
 
-async def _load(conn: Conn, total: int, window: int) -> float:
-    """Bulk-load without indexes or triggers, then index as the migrations do."""
-    started = time.monotonic()
-    await db.migrate(conn, REFERENCE, reference_schema=True)
-    # Bulk rows already have their runs: they never pass through the reactor's triggers.
-    await conn.execute("ALTER TABLE analysis_jobs DISABLE TRIGGER USER")
-    await load_history(conn, total, window)
-    await conn.execute("ALTER TABLE analysis_jobs ENABLE TRIGGER USER")
-    # The jobs that need a run: finished now, through the reactor's triggers.
-    await conn.execute(
-        "INSERT INTO analysis_jobs (id, run_id, status, doc_html) "
-        "SELECT gen_random_uuid(), gen_random_uuid(), 'running', '<p>pending</p>' "
-        "FROM generate_series(1, %s)",
-        (PENDING,),
-    )
-    await conn.execute(
-        "UPDATE analysis_jobs SET status = 'complete', results = '{\"verdicts\": 1}', "
-        "updated_at = now() WHERE status = 'running'"
-    )
+async def _finish_pending(conn: Conn) -> None:
+    """The jobs that need a run: finished now, through the reactor's triggers."""
+    cur = await conn.execute(*APP.create(count=PENDING, document="<p>pending</p>"))
+    pending = [job for job, _ in await cur.fetchall()]
+    await conn.execute(*APP.finish(*pending, verdicts='{"verdicts": 1}'))
     await conn.execute("VACUUM (FREEZE, ANALYZE) analysis_jobs")
     await conn.execute("VACUUM (FREEZE, ANALYZE) analysis_runs")
     await conn.execute("VACUUM ANALYZE reactor.pending")
-    return time.monotonic() - started
 
 
 async def _trim(conn: Conn, total: int, window: int) -> None:
@@ -223,42 +203,34 @@ async def _median(conn: Conn, query: str, params: dict[str, Any], reps: int) -> 
     """Median wall time; a slow query gets fewer runs (at least 3, its first one included)."""
     times = []
     for i in range(reps + 1):
-        started = time.perf_counter()
-        cur = await conn.execute(query, params)
-        rows = await cur.fetchall()
-        times.append(time.perf_counter() - started)
+        took, rows = await timed(conn, query, params)
+        times.append(took)
         if i == 0:
             # The health query always answers one row; a scan must find nothing due.
             assert query == REFERENCE_INSTALL.query("health") or not rows, "due rows"
             if times[0] < SLOW:
                 times.clear()  # a warm-up, not a sample
-        if len(times) >= 3 and sum(times) > SLOW * 3:
+        if slow_enough(times):
             break
     return statistics.median(times)
 
 
 async def _explain(conn: Conn, query: str, params: dict[str, Any]) -> dict[str, Any]:
-    cur = await conn.execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + query, params)
-    row = await cur.fetchone()
-    assert row is not None
-    plan = row[0][0]
+    plan = await explain(conn, query, params)
     top = plan["Plan"]
     return {
         "execution_ms": plan.get("Execution Time"),
         "shared_hit": top.get("Shared Hit Blocks"),
         "shared_read": top.get("Shared Read Blocks"),
-        "scans": sorted(set(_scans(top))),
+        "scans": sorted({shown for node in plan_nodes(top) if (shown := _scan(node))}),
     }
 
 
-def _scans(node: dict[str, Any]) -> list[str]:
-    """The plan's scan and join nodes, e.g. 'Seq Scan on analysis_runs', 'Hash Anti Join'."""
-    found = []
+def _scan(node: dict[str, Any]) -> str:
+    """A scan or join node, e.g. 'Seq Scan on analysis_runs', 'Hash Anti Join'; else ''."""
     kind = node.get("Node Type", "")
     if "Scan" in kind and "Relation Name" in node:
-        found.append(f"{kind} on {node['Relation Name']}")
-    elif "Join" in kind or kind in ("Nested Loop", "Hash Join", "Merge Join"):
-        found.append(f"{kind} ({node.get('Join Type', '')})")
-    for child in node.get("Plans", []):
-        found += _scans(child)
-    return found
+        return f"{kind} on {node['Relation Name']}"
+    if "Join" in kind or kind in ("Nested Loop", "Hash Join", "Merge Join"):
+        return f"{kind} ({node.get('Join Type', '')})"
+    return ""

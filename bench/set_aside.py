@@ -20,24 +20,18 @@ import time
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import anyio
 import psycopg
 
-from bench.common import (
-    Context,
-    Result,
-    Server,
-    Table,
-    conditions,
-    connect,
-    dbname,
-    ms,
-    open_server,
-    scalar,
-)
+from bench.conn import connect, dbname, scalar
+from bench.result import Context, Result, Table, conditions
+from bench.server import Server, open_server
+from bench.stats import ms
+from bench.workload import insert_jobs
 from reactor import db
 from reactor.install import REFERENCE_INSTALL
 from reactor.metrics import Metrics
@@ -56,18 +50,9 @@ REJECT_FLAGGED = (
     "ALTER TABLE analysis_runs ADD CONSTRAINT no_flagged CHECK (NOT results ? 'flagged')"
 )
 
-# Jobs finished hours ago, long past the grace. The rejected ones are inserted first, in a
-# transaction of their own, so their queue rows are the oldest: the drain meets them first.
-LOAD = """
-INSERT INTO analysis_jobs (id, run_id, status, doc_html, results, created_at, updated_at)
-SELECT gen_random_uuid(), gen_random_uuid(), 'complete', bench_doc(g, %(size)s),
-       CASE WHEN %(flagged)s THEN jsonb_build_object('flagged', true, 'job', g)
-            ELSE jsonb_build_object('verdicts', g %% 40 + 1, 'job', g) END,
-       now() - interval '4 hours',
-       now() - make_interval(hours => %(hours_ago)s) + g * interval '1 ms'
-  FROM generate_series(1, %(count)s) g
-RETURNING id::text
-"""
+# The verdicts of a job the app's rule rejects, and of one it accepts.
+FLAGGED = '{"flagged": true}'
+ACCEPTED = '{"verdicts": 1}'
 
 
 @dataclass(frozen=True)
@@ -171,11 +156,12 @@ async def _template(server: Server, base: str, n: int, good: int) -> tuple[str, 
     """A database with N rejected jobs at the head of the queue and ``good`` others after."""
     name = await server.create_database(f"set_aside_{n}", template=base)
     async with await connect(server.dsn_for(name), "setup") as conn:
-        # The rejected jobs an hour older than the rest, whatever the two statements' now().
-        params = {"size": DOC_BYTES, "count": n, "flagged": True, "hours_ago": 3}
-        cur = await conn.execute(LOAD, params)
-        bad_ids = [row[0] for row in await cur.fetchall()]
-        await conn.execute(LOAD, {**params, "count": good, "flagged": False, "hours_ago": 2})
+        # Finished hours ago, long past the grace. The rejected jobs first, in a transaction of
+        # their own and an hour older than the rest, so their queue rows are the oldest: the
+        # drain meets them first.
+        finished = partial(insert_jobs, conn, doc_bytes=DOC_BYTES, finished=True)
+        bad_ids = await finished(n, verdicts=FLAGGED, age=3 * 3600.0)
+        await finished(good, verdicts=ACCEPTED, age=2 * 3600.0)
         await conn.execute("VACUUM (FREEZE, ANALYZE)")
         await conn.execute("CHECKPOINT")
         # The rejected jobs must be the oldest queued: the drain's first batch meets them.

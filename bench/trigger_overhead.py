@@ -30,21 +30,10 @@ from typing import Any
 
 import anyio
 
-from bench.common import (
-    BENCH_DIR,
-    Conn,
-    Context,
-    Result,
-    Server,
-    Table,
-    conditions,
-    connect,
-    dbname,
-    open_server,
-    ratio,
-    safe_div,
-    scalar,
-)
+from bench.conn import Conn, connect, dbname, scalar
+from bench.result import BENCH_DIR, Context, Result, Table, conditions
+from bench.server import Server, open_server
+from bench.stats import ratio, safe_div
 from bench.workload import bench_settings, replicas, wait_for_first_scan
 from reactor import db, mapping, sql
 from reactor.install import REFERENCE_INSTALL

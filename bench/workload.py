@@ -21,7 +21,7 @@ import anyio
 import anyio.abc
 from psycopg_pool import AsyncConnectionPool
 
-from bench.common import Conn, connect
+from bench.conn import Conn, connect
 from reactor import db
 from reactor.app import App
 from reactor.config import Settings
@@ -70,11 +70,19 @@ RESULTS = json.dumps({"verdicts": [{"citation": 1, "verdict": "supported"}]})
 
 
 async def insert_jobs(
-    conn: Conn, count: int, *, doc_bytes: int, distinct_docs: int = 32
+    conn: Conn,
+    count: int,
+    *,
+    doc_bytes: int,
+    distinct_docs: int = 32,
+    finished: bool = False,
+    verdicts: str | None = None,
+    age: float = 0.0,
 ) -> list[str]:
-    """``count`` running jobs with HTML-like documents, created by the app; returns their ids
-    in order. Documents come from a pool of ``distinct_docs`` bodies, made once by the
-    database's bench_doc, one insert for the jobs of each."""
+    """``count`` jobs with HTML-like documents, created by the app ``age`` seconds ago, running
+    unless ``finished`` (with ``verdicts``); returns their ids in order. Documents come from a
+    pool of ``distinct_docs`` bodies, made once by the database's bench_doc, one insert for the
+    jobs of each, all in one transaction."""
     cur = await conn.execute(
         "SELECT bench_doc(k, %s) FROM generate_series(0, %s - 1) k", (doc_bytes, distinct_docs)
     )
@@ -85,7 +93,16 @@ async def insert_jobs(
             share = ids[k::distinct_docs]
             if share:
                 runs = [APP.new_run() for _ in share]
-                await conn.execute(*APP.create(runs, jobs=list(share), document=document))
+                created = APP.create(
+                    runs,
+                    jobs=list(share),
+                    document=document,
+                    finished=finished,
+                    verdicts=verdicts,
+                    created_age=age,
+                    updated_age=age,
+                )
+                await conn.execute(*created)
     await conn.execute("ANALYZE analysis_jobs")
     return [str(job) for job in ids]
 

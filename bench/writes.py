@@ -18,18 +18,10 @@ from typing import Any
 
 import anyio
 
-from bench.common import (
-    Context,
-    Result,
-    Server,
-    Table,
-    conditions,
-    connect,
-    open_server,
-    ratio,
-    safe_div,
-    scalar,
-)
+from bench.conn import connect, scalar
+from bench.result import Context, Result, Table, conditions
+from bench.server import Server, open_server
+from bench.stats import ratio, safe_div
 from bench.workload import (
     bench_settings,
     insert_jobs,
