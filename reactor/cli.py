@@ -35,12 +35,11 @@ from reactor.errors import (
     UsageError,
 )
 from reactor.hooks import check_hooks, open_hooks
-from reactor.install import Install
 from reactor.mapping import Mapping
 from reactor.metrics import Metrics
 from reactor.pairs import Pair
 from reactor.recorder import Recorder
-from reactor.replica import Replica, open_reactors
+from reactor.replica import Replica, open_replica
 
 log = logging.getLogger("reactor")
 
@@ -128,12 +127,13 @@ async def _startup_connection(
     )
 
 
-async def _resolve(conn: db.AnyConnection, pair: Pair) -> Install:
-    """The install ``pair`` runs on: its mapping checked against the catalog and typed by it,
-    the reactor's schema current, the role holding every grant it needs."""
-    queries = db.Database.dedicated(Install.of(pair.mapping, pair.channel), conn)
+async def _resolve(conn: db.AnyConnection, pair: Pair) -> Pair:
+    """``pair`` as it runs: its mapping checked against the catalog and typed by it, the
+    reactor's schema current, the role holding every grant it needs."""
+    queries = db.Database.dedicated(pair.install, conn)
     try:
-        install = Install.of(await db.fit(conn, queries.install.mapping), pair.channel)
+        pair = await _fit(conn, pair)
+        install = pair.install
         queries = db.Database.dedicated(install, conn)
         await db.require_schema(conn, install.schema)
         # Nothing runs on a schema that holds what its owner did not make.
@@ -145,20 +145,25 @@ async def _resolve(conn: db.AnyConnection, pair: Pair) -> Install:
         raise
     await queries.require_privileges()
     await db.require_current_mapping(conn, install)
-    return install
+    return pair
+
+
+async def _fit(conn: db.AnyConnection, pair: Pair) -> Pair:
+    # The one place a command resolves a pair's install: its mapping typed by the catalog.
+    return pair.fitted(await db.fit(conn, pair.mapping))
 
 
 async def _resolve_served(
     conn: db.AnyConnection, served: tuple[Pair, ...]
-) -> tuple[list[tuple[Pair, Install]], dict[str, ReactorError]]:
-    """(the pairs that can run, with their installs; the others, by name, and why not). A
+) -> tuple[list[Pair], dict[str, ReactorError]]:
+    """(the pairs that can run, resolved; the others, by name, and why not). A
     pair's own trouble (its tables, its schema, its grants) leaves only that pair out, when
     there are others; a lone pair's, or every pair's, is the command's error."""
-    resolved: list[tuple[Pair, Install]] = []
+    resolved: list[Pair] = []
     broken: dict[str, ReactorError] = {}
     for pair in served:
         try:
-            resolved.append((pair, await _resolve(conn, pair)))
+            resolved.append(await _resolve(conn, pair))
         except (ReactorError, psycopg.errors.InsufficientPrivilege) as error:
             known = _pair_trouble(error)
             if len(served) == 1 or known is None:
@@ -207,22 +212,20 @@ async def cmd_run(args: argparse.Namespace) -> int:
             resolved, broken = await _resolve_served(conn, served)
         for name, error in broken.items():
             log.error("pair not served", extra={"pair": name, "error": str(error)})
-        async with open_reactors(
-            settings, [(pair.settings, install) for pair, install in resolved]
-        ) as reactors:
-            replica = Replica(
-                {pair.name: reactor for (pair, _), reactor in zip(resolved, reactors, strict=True)},
-                {name: str(error) for name, error in broken.items()},
-            )
+        async with open_replica(
+            settings,
+            resolved,
+            broken={name: str(error) for name, error in broken.items()},
+        ) as replica:
             running.append(replica)
-            for (pair, install), reactor in zip(resolved, reactors, strict=True):
+            for pair, reactor in zip(resolved, replica.reactors.values(), strict=True):
                 log.info(
                     "starting",
                     extra={
                         "database": settings.safe_database_url,
                         "mode": settings.mode,
                         "grace_s": pair.settings.grace,
-                        "channel": install.channel,
+                        "channel": pair.channel,
                         "hooks": ",".join(reactor.database.hooks) or None,
                         **({"pair": pair.name} if len(served) > 1 else {}),
                     },
@@ -280,10 +283,10 @@ async def cmd_migrate(args: argparse.Namespace) -> int:
         raise ConfigError(f"--from must be a schema version within 0..{sql.latest_version()}")
     if args.print:
         for pair in served:
-            install = Install.of(await _fit_for_print(settings, pair.mapping), pair.channel)
+            printed = pair.fitted(await _fit_for_print(settings, pair.mapping))
             sys.stdout.write(
                 db.migration_script(
-                    install,
+                    printed.install,
                     reference_schema=args.reference_schema,
                     applied=args.from_version,
                     notify=args.notify is not False,
@@ -371,11 +374,11 @@ async def cmd_sweep(args: argparse.Namespace) -> int:
     async with await _startup_connection(settings, "startup") as conn:
         resolved, broken = await _resolve_served(conn, served)
     recorded, set_aside = 0, False
-    for pair, install in resolved:
+    for pair in resolved:
         which = f"pair {pair.name}: " if len(served) > 1 else ""
         token = logs.PAIR.set(pair.name if len(served) > 1 else None)
         try:
-            count, left = await _sweep(pair.settings, install, which)
+            count, left = await _sweep(pair, which)
         finally:
             logs.PAIR.reset(token)
         recorded += count
@@ -388,8 +391,9 @@ async def cmd_sweep(args: argparse.Namespace) -> int:
     return 1 if set_aside else 0
 
 
-async def _sweep(settings: Settings, install: Install, which: str) -> tuple[int, bool]:
+async def _sweep(pair: Pair, which: str) -> tuple[int, bool]:
     # (runs recorded, whether any job was set aside) for one pair.
+    settings, install = pair.settings, pair.install
     pool = db.make_pool(settings.require_database(), max_size=1)
     # The runs a sweep writes get their hook rows like any other (a running replica runs them).
     async with open_hooks(settings, pool) as hooks, pool:
@@ -438,8 +442,8 @@ async def cmd_status(args: argparse.Namespace) -> int:
         broken: dict[str, str] = {}
         for pair in served:
             try:
-                install = Install.of(await db.fit(conn, pair.mapping), pair.channel)
-                reports[pair.name] = await status.collect(conn, install, pair.settings)
+                fitted = await _fit(conn, pair)
+                reports[pair.name] = await status.collect(conn, fitted.install, pair.settings)
             except (ReactorError, psycopg.errors.InsufficientPrivilege) as error:
                 if standby is not None and isinstance(error, SchemaMissing):
                     # The primary is the one to look at, and it may have it.
@@ -491,7 +495,7 @@ async def cmd_hooks(args: argparse.Namespace) -> int:
         standby="refuse",
     ) as conn:
         try:
-            install = Install.of(await db.fit(conn, pair.mapping), pair.channel)
+            install = (await _fit(conn, pair)).install
             await db.require_schema(conn, install.schema)
             queries = db.Database.dedicated(install, conn)
             return await hook_ops.operate(
