@@ -23,7 +23,7 @@ from rich.console import Console
 
 from reactor import db, grants, hook_ops, logs, mapping, pairs, progress, sql, status, tracing
 from reactor.arguments import LOG_FORMATS, OVERRIDES, build_parser
-from reactor.config import Settings
+from reactor.config import ProcessSettings, Settings
 from reactor.draft.command import cmd_init
 from reactor.errors import (
     ConfigError,
@@ -111,7 +111,7 @@ def _pairs(args: argparse.Namespace, settings: Settings) -> tuple[Pair, ...]:
 
 
 async def _startup_connection(
-    settings: Settings, role: str, *, standby: db.StandbyPolicy = "refuse"
+    settings: ProcessSettings, role: str, *, standby: db.StandbyPolicy = "refuse"
 ) -> db.AnyConnection:
     # Only `reactor migrate` sets session settings: its DDL needs the lock and statement
     # bounds, and it must run on a direct connection anyway. The startup checks only read, and
@@ -331,7 +331,7 @@ async def cmd_migrate(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _fit_for_print(settings: Settings, shape: Mapping) -> Mapping:
+async def _fit_for_print(settings: ProcessSettings, shape: Mapping) -> Mapping:
     """The mapping `migrate --print` renders: checked against the database when DATABASE_URL
     names one. Without it only the reference mapping, whose types are known, can be printed.
 

@@ -36,7 +36,7 @@ import anyio.abc
 
 from reactor import db, logs
 from reactor.clock import Clock, SystemClock
-from reactor.config import Settings
+from reactor.config import ProcessSettings
 from reactor.hooks import Hook, open_hooks
 from reactor.listener import Listener
 from reactor.metrics import Metrics, PairMetrics
@@ -49,7 +49,7 @@ log = logging.getLogger(__name__)
 
 @asynccontextmanager
 async def open_replica(
-    settings: Settings,
+    settings: ProcessSettings,
     served: Sequence[Pair],
     *,
     broken: Mapping[str, str] | None = None,
@@ -97,7 +97,7 @@ class Replica:
 
     def __init__(
         self,
-        settings: Settings,
+        settings: ProcessSettings,
         *,
         broken: Mapping[str, str] | None = None,
         clock: Clock | None = None,
