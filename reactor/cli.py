@@ -23,7 +23,7 @@ from rich.console import Console
 
 from reactor import db, grants, hook_ops, logs, mapping, pairs, progress, sql, status, tracing
 from reactor.arguments import LOG_FORMATS, OVERRIDES, build_parser
-from reactor.config import ProcessSettings, Settings
+from reactor.config import Settings
 from reactor.draft.command import cmd_init
 from reactor.errors import (
     ConfigError,
@@ -31,15 +31,21 @@ from reactor.errors import (
     PrivilegeMissing,
     ReactorError,
     SchemaMissing,
-    UntrustedSchema,
     UsageError,
 )
 from reactor.hooks import check_hooks, open_hooks
-from reactor.mapping import Mapping
 from reactor.metrics import Metrics
 from reactor.pairs import Pair
 from reactor.recorder import Recorder
 from reactor.replica import Replica, open_replica
+from reactor.served import (
+    fit_for_print,
+    fit_pair,
+    known_error,
+    pair_trouble,
+    resolve_served,
+    startup_connection,
+)
 
 log = logging.getLogger("reactor")
 
@@ -54,30 +60,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     except KeyboardInterrupt:
         sys.exit(130)
     except BaseException as error:
-        known = _known_error(error)
+        known = known_error(error)
         if known is None:
             raise
         print(f"reactor: {known}", file=sys.stderr)
         sys.exit(known.exit_code)
     sys.exit(code)
-
-
-def _known_error(error: BaseException) -> ReactorError | None:
-    """The user-facing error ``error`` stands for (looking inside a task group's exception
-    group), or None for a bug, which keeps its traceback."""
-    if isinstance(error, BaseExceptionGroup) and len(error.exceptions) == 1:
-        return _known_error(error.exceptions[0])
-    if isinstance(error, ReactorError):
-        return error
-    if isinstance(error, psycopg.errors.InsufficientPrivilege):
-        # One the startup check does not cover (a policy, a revoked default, a statement of
-        # `reactor migrate` that needs the owner): still a line, not a traceback.
-        return PrivilegeMissing(
-            f"the database role lacks a privilege: {db.first_line(error)}; "
-            "`reactor migrate --print-grants ROLE` prints what the runtime role needs, and "
-            "`reactor migrate` must run as the tables' owner"
-        )
-    return None
 
 
 def _log_settings(args: argparse.Namespace) -> tuple[str, str | None]:
@@ -110,81 +98,6 @@ def _pairs(args: argparse.Namespace, settings: Settings) -> tuple[Pair, ...]:
     return pairs.from_env(os.environ, settings, flags)
 
 
-async def _startup_connection(
-    settings: ProcessSettings, role: str, *, standby: db.StandbyPolicy = "refuse"
-) -> db.AnyConnection:
-    # Only `reactor migrate` sets session settings: its DDL needs the lock and statement
-    # bounds, and it must run on a direct connection anyway. The startup checks only read, and
-    # DATABASE_URL may point at a transaction pooler that would pass the settings on to the app.
-    # Every command here writes, so a hot standby is refused: at once, except for `reactor
-    # run`, which gives a standby being promoted the same attempts as a server restarting.
-    return await db.connect(
-        settings.require_database(),
-        role,
-        attempts=5,
-        configure_session=role == "migrate",
-        standby=standby,
-    )
-
-
-async def _resolve(conn: db.AnyConnection, pair: Pair) -> Pair:
-    """``pair`` as it runs: its mapping checked against the catalog and typed by it, the
-    reactor's schema current, the role holding every grant it needs."""
-    queries = db.Database.dedicated(pair.install, conn)
-    try:
-        pair = await _fit(conn, pair)
-        install = pair.install
-        queries = db.Database.dedicated(install, conn)
-        await db.require_schema(conn, install.schema)
-        # Nothing runs on a schema that holds what its owner did not make.
-        await queries.require_trusted()
-    except psycopg.errors.InsufficientPrivilege:
-        # Even looking for the reactor's schema needs USAGE on it: let the privilege check
-        # name the grant that is missing (it skips objects it cannot find or may not use).
-        await queries.require_privileges()
-        raise
-    await queries.require_privileges()
-    await db.require_current_mapping(conn, install)
-    return pair
-
-
-async def _fit(conn: db.AnyConnection, pair: Pair) -> Pair:
-    # The one place a command resolves a pair's install: its mapping typed by the catalog.
-    return pair.fitted(await db.fit(conn, pair.mapping))
-
-
-async def _resolve_served(
-    conn: db.AnyConnection, served: tuple[Pair, ...]
-) -> tuple[list[Pair], dict[str, ReactorError]]:
-    """(the pairs that can run, resolved; the others, by name, and why not). A
-    pair's own trouble (its tables, its schema, its grants) leaves only that pair out, when
-    there are others; a lone pair's, or every pair's, is the command's error."""
-    resolved: list[Pair] = []
-    broken: dict[str, ReactorError] = {}
-    for pair in served:
-        try:
-            resolved.append(await _resolve(conn, pair))
-        except (ReactorError, psycopg.errors.InsufficientPrivilege) as error:
-            known = _pair_trouble(error)
-            if len(served) == 1 or known is None:
-                raise
-            broken[pair.name] = known
-    if not resolved:
-        # None can run: the first one's trouble, named, is the command's error.
-        name, trouble = next(iter(broken.items()))
-        raise type(trouble)(f"pair {name}: {trouble}")
-    return resolved, broken
-
-
-def _pair_trouble(error: BaseException) -> ReactorError | None:
-    """The error ``error`` stands for when it is one pair's own (its tables, its schema, its
-    grants), which leaves the other pairs alone; None when it is the whole command's."""
-    known = _known_error(error)
-    if isinstance(known, ConfigError | SchemaMissing | UntrustedSchema | PrivilegeMissing):
-        return known
-    return None
-
-
 async def cmd_run(args: argparse.Namespace) -> int:
     """``reactor run``: serve until SIGTERM/SIGINT, then drain and exit 0."""
     # The HTTP server (aiohttp, the page's templates) only here: the other commands start
@@ -208,8 +121,8 @@ async def cmd_run(args: argparse.Namespace) -> int:
         lambda: running[0] if running else None,
         [pair.name for pair in served] if len(served) > 1 else (),
     ):
-        async with await _startup_connection(settings, "startup", standby="retry") as conn:
-            resolved, broken = await _resolve_served(conn, served)
+        async with await startup_connection(settings, "startup", standby="retry") as conn:
+            resolved, broken = await resolve_served(conn, served)
         for name, error in broken.items():
             log.error("pair not served", extra={"pair": name, "error": str(error)})
         async with open_replica(
@@ -272,7 +185,7 @@ async def cmd_migrate(args: argparse.Namespace) -> int:
         for pair in pairs.from_env(os.environ, Settings()):
             shape = pair.mapping
             if pair.mapping.source is not None:
-                shape = await _fit_for_print(Settings.from_env(os.environ), shape)
+                shape = await fit_for_print(Settings.from_env(os.environ), shape)
             sys.stdout.write(grants.grant_script(args.print_grants, shape))
         return 0
     settings = Settings.from_env(os.environ, {"channel": args.channel})
@@ -283,7 +196,7 @@ async def cmd_migrate(args: argparse.Namespace) -> int:
         raise ConfigError(f"--from must be a schema version within 0..{sql.latest_version()}")
     if args.print:
         for pair in served:
-            printed = pair.fitted(await _fit_for_print(settings, pair.mapping))
+            printed = pair.fitted(await fit_for_print(settings, pair.mapping))
             sys.stdout.write(
                 db.migration_script(
                     printed.install,
@@ -295,7 +208,7 @@ async def cmd_migrate(args: argparse.Namespace) -> int:
             )
         return 0
     first_install = False
-    async with await _startup_connection(settings, "migrate") as conn:
+    async with await startup_connection(settings, "migrate") as conn:
         for pair in served:
             with progress.counting("migrate: reconcile pass", "jobs") as update:
                 migrated = await db.migrate(
@@ -331,32 +244,6 @@ async def cmd_migrate(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _fit_for_print(settings: ProcessSettings, shape: Mapping) -> Mapping:
-    """The mapping `migrate --print` renders: checked against the database when DATABASE_URL
-    names one. Without it only the reference mapping, whose types are known, can be printed.
-
-    Printing only reads the catalog: everything it sends runs in one READ ONLY transaction that
-    is rolled back, so the database is left as it was, whatever the mapping's expressions do.
-    """
-    if settings.database_url:
-        async with (
-            await _startup_connection(settings, "migrate") as conn,
-            conn.transaction(force_rollback=True),
-        ):
-            await conn.execute("SET TRANSACTION READ ONLY")
-            return await db.fit(conn, shape, installing=True)
-    if shape.source is not None:
-        # The SQL follows the columns' types (a jsonb document is compared with '{}', a naive
-        # timestamp read AT TIME ZONE), which only the catalog knows: a script guessed from
-        # names would break the app's own writes once applied.
-        raise ConfigError(
-            "printing the SQL for REACTOR_CONFIG needs DATABASE_URL: it takes the mapped "
-            "columns' types from the catalog; point it at any database with the app's tables "
-            "(a development copy will do)"
-        )
-    return shape.in_public()
-
-
 async def cmd_sweep(args: argparse.Namespace) -> int:
     """``reactor sweep --once``: reconcile each pair's whole job table, then drain its due
     backlog.
@@ -371,8 +258,8 @@ async def cmd_sweep(args: argparse.Namespace) -> int:
     for pair in served:
         check_hooks(pair.settings)
     tracing.configure()
-    async with await _startup_connection(settings, "startup") as conn:
-        resolved, broken = await _resolve_served(conn, served)
+    async with await startup_connection(settings, "startup") as conn:
+        resolved, broken = await resolve_served(conn, served)
     recorded, set_aside = 0, False
     for pair in resolved:
         which = f"pair {pair.name}: " if len(served) > 1 else ""
@@ -442,13 +329,13 @@ async def cmd_status(args: argparse.Namespace) -> int:
         broken: dict[str, str] = {}
         for pair in served:
             try:
-                fitted = await _fit(conn, pair)
+                fitted = await fit_pair(conn, pair)
                 reports[pair.name] = await status.collect(conn, fitted.install, pair.settings)
             except (ReactorError, psycopg.errors.InsufficientPrivilege) as error:
                 if standby is not None and isinstance(error, SchemaMissing):
                     # The primary is the one to look at, and it may have it.
                     raise DatabaseReadOnly(standby) from None
-                known = _pair_trouble(error)
+                known = pair_trouble(error)
                 if len(served) == 1 or known is None:
                     raise
                 broken[pair.name] = str(known)
@@ -495,7 +382,7 @@ async def cmd_hooks(args: argparse.Namespace) -> int:
         standby="refuse",
     ) as conn:
         try:
-            install = (await _fit(conn, pair)).install
+            install = (await fit_pair(conn, pair)).install
             await db.require_schema(conn, install.schema)
             queries = db.Database.dedicated(install, conn)
             return await hook_ops.operate(
