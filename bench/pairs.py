@@ -3,8 +3,8 @@
 Three pairs live in each of two databases: the reference tables (pair a, reactor schema
 ``reactor``) and two copies of them (pairs b and c, schemas ``reactor_b`` and ``reactor_c``),
 each with its own job trigger channel. In one database one replica serves all three from one
-process (``open_reactors``: one pool, a Reactor per pair); in the other, a fleet per pair: three
-``open_reactor``, each with its own pool, which is what three processes cost the database.
+process (``open_replica``: one pool, a Reactor per pair); in the other, a fleet per pair: three
+replicas of one pair, each with its own pool, which is what three processes cost the database.
 
 Idle: both run side by side with no work. After each pair's first scan and a warm-up, the
 pg_stat_statements counters are reset and, over one window, each database's statements are
@@ -51,7 +51,8 @@ from reactor.config import Settings
 from reactor.db.session import POOL_MAX_IDLE
 from reactor.install import Install
 from reactor.mapping import REFERENCE
-from reactor.replica import open_reactor, open_reactors
+from reactor.pairs import Pair
+from reactor.replica import Replica, open_replica
 from reactor.service import Reactor
 
 TITLE = "Many job/artifact pairs, one sidecar: connections, idle cost and lateness per pair"
@@ -192,20 +193,24 @@ async def run(ctx: Context) -> Result:
         fleet_settings = bench_settings(fleet_dsn, grace=grace)
         with counting_pool_checks() as checks:
             async with (
-                open_reactors(
-                    one_settings, [(one_settings, one_installs[p]) for p in PAIRS]
-                ) as reactors,
-                _running(reactors),
+                open_replica(
+                    one_settings, [Pair(one_installs[p], one_settings) for p in PAIRS]
+                ) as replica,
+                _running([replica]),
             ):
-                one = dict(zip(PAIRS, reactors, strict=True))
+                one = dict(zip(PAIRS, replica.reactors.values(), strict=True))
                 async with AsyncExitStack() as fleet_stack:
-                    fleet = {
-                        p: await fleet_stack.enter_async_context(
-                            open_reactor(fleet_settings, fleet_installs[p])
+                    processes = [
+                        await fleet_stack.enter_async_context(
+                            open_replica(fleet_settings, [Pair(fleet_installs[p], fleet_settings)])
                         )
                         for p in PAIRS
+                    ]
+                    await fleet_stack.enter_async_context(_running(processes))
+                    fleet = {
+                        p: next(iter(process.reactors.values()))
+                        for p, process in zip(PAIRS, processes, strict=True)
                     }
-                    await fleet_stack.enter_async_context(_running(list(fleet.values())))
                     await _wait_for_first_scans([*one.values(), *fleet.values()])
                     # Past the start-up statements.
                     await anyio.sleep(warm)
@@ -280,17 +285,17 @@ async def _pair_database(server: Server, label: str) -> tuple[str, dict[str, Ins
 
 
 @asynccontextmanager
-async def _running(reactors: Sequence[Reactor]) -> AsyncIterator[None]:
-    """Run ``reactors`` for the block; stop them all at once on the way out, as a process (or
+async def _running(replicas: Sequence[Replica]) -> AsyncIterator[None]:
+    """Run ``replicas`` for the block; stop them all at once on the way out, as a process (or
     a fleet) stops, each then draining."""
     async with AsyncExitStack() as stack:
-        for reactor in reactors:
-            await stack.enter_async_context(reactor.running())
+        for replica in replicas:
+            await stack.enter_async_context(replica.running())
         try:
             yield
         finally:
-            for reactor in reactors:
-                reactor.stop()
+            for replica in replicas:
+                replica.stop()
 
 
 async def _wait_for_first_scans(reactors: Sequence[Reactor], within: float = 30.0) -> None:

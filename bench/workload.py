@@ -27,7 +27,8 @@ from reactor.app import App
 from reactor.config import Settings
 from reactor.install import REFERENCE_INSTALL, Install
 from reactor.mapping import REFERENCE
-from reactor.replica import open_reactor
+from reactor.pairs import Pair
+from reactor.replica import open_replica
 from reactor.service import Reactor
 
 # The worker of the eager design writes the run itself at finalize, in the same transaction;
@@ -277,10 +278,12 @@ async def replicas(
     async with AsyncExitStack() as stack:
         running: list[Replica] = []
         for _ in range(count):
-            reactor = await stack.enter_async_context(
-                open_reactor(settings, install, instrument=database)
+            pair = Pair(install, settings)
+            process = await stack.enter_async_context(
+                open_replica(settings, [pair], instrument=database)
             )
-            await stack.enter_async_context(reactor.running())
+            await stack.enter_async_context(process.running())
+            reactor = process.reactors[pair.name]
             running.append(Replica(reactor, reactor.database.pool))
         try:
             yield running

@@ -359,13 +359,12 @@ def _words(text: str) -> set[str]:
 
 
 def settings() -> list[Setting]:
-    """Every variable the reactor reads: Settings' fields in their order, then the others
+    """Every variable the reactor reads: Settings' fields in ENVIRONMENT's order, then the others
     MEANINGS names (read outside Settings), in its order."""
     variables: dict[str, object] = {}
-    for f in dataclasses.fields(config.Settings):
-        variable = config.ENVIRONMENT.get(f.name)
-        if variable is not None:
-            variables[variable] = f.default
+    defaults = {f.name: f.default for f in dataclasses.fields(config.Settings)}
+    for name, variable in config.ENVIRONMENT.items():
+        variables[variable] = defaults[name]
         if variable == "REACTOR_WEBHOOK_SECRET":
             variables[_WEBHOOK_SECRETS] = None
     unknown = [name for name in variables if name not in MEANINGS]

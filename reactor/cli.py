@@ -31,16 +31,21 @@ from reactor.errors import (
     PrivilegeMissing,
     ReactorError,
     SchemaMissing,
-    UntrustedSchema,
     UsageError,
 )
 from reactor.hooks import check_hooks, open_hooks
-from reactor.install import Install
-from reactor.mapping import Mapping
 from reactor.metrics import Metrics
 from reactor.pairs import Pair
 from reactor.recorder import Recorder
-from reactor.replica import Replica, open_reactors
+from reactor.replica import Replica, open_replica
+from reactor.served import (
+    fit_for_print,
+    fit_pair,
+    known_error,
+    pair_trouble,
+    resolve_served,
+    startup_connection,
+)
 
 log = logging.getLogger("reactor")
 
@@ -55,30 +60,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     except KeyboardInterrupt:
         sys.exit(130)
     except BaseException as error:
-        known = _known_error(error)
+        known = known_error(error)
         if known is None:
             raise
         print(f"reactor: {known}", file=sys.stderr)
         sys.exit(known.exit_code)
     sys.exit(code)
-
-
-def _known_error(error: BaseException) -> ReactorError | None:
-    """The user-facing error ``error`` stands for (looking inside a task group's exception
-    group), or None for a bug, which keeps its traceback."""
-    if isinstance(error, BaseExceptionGroup) and len(error.exceptions) == 1:
-        return _known_error(error.exceptions[0])
-    if isinstance(error, ReactorError):
-        return error
-    if isinstance(error, psycopg.errors.InsufficientPrivilege):
-        # One the startup check does not cover (a policy, a revoked default, a statement of
-        # `reactor migrate` that needs the owner): still a line, not a traceback.
-        return PrivilegeMissing(
-            f"the database role lacks a privilege: {db.first_line(error)}; "
-            "`reactor migrate --print-grants ROLE` prints what the runtime role needs, and "
-            "`reactor migrate` must run as the tables' owner"
-        )
-    return None
 
 
 def _log_settings(args: argparse.Namespace) -> tuple[str, str | None]:
@@ -111,75 +98,6 @@ def _pairs(args: argparse.Namespace, settings: Settings) -> tuple[Pair, ...]:
     return pairs.from_env(os.environ, settings, flags)
 
 
-async def _startup_connection(
-    settings: Settings, role: str, *, standby: db.StandbyPolicy = "refuse"
-) -> db.AnyConnection:
-    # Only `reactor migrate` sets session settings: its DDL needs the lock and statement
-    # bounds, and it must run on a direct connection anyway. The startup checks only read, and
-    # DATABASE_URL may point at a transaction pooler that would pass the settings on to the app.
-    # Every command here writes, so a hot standby is refused: at once, except for `reactor
-    # run`, which gives a standby being promoted the same attempts as a server restarting.
-    return await db.connect(
-        settings.require_database(),
-        role,
-        attempts=5,
-        configure_session=role == "migrate",
-        standby=standby,
-    )
-
-
-async def _resolve(conn: db.AnyConnection, pair: Pair) -> Install:
-    """The install ``pair`` runs on: its mapping checked against the catalog and typed by it,
-    the reactor's schema current, the role holding every grant it needs."""
-    queries = db.Database.dedicated(Install.of(pair.mapping, pair.channel), conn)
-    try:
-        install = Install.of(await db.fit(conn, queries.install.mapping), pair.channel)
-        queries = db.Database.dedicated(install, conn)
-        await db.require_schema(conn, install.schema)
-        # Nothing runs on a schema that holds what its owner did not make.
-        await queries.require_trusted()
-    except psycopg.errors.InsufficientPrivilege:
-        # Even looking for the reactor's schema needs USAGE on it: let the privilege check
-        # name the grant that is missing (it skips objects it cannot find or may not use).
-        await queries.require_privileges()
-        raise
-    await queries.require_privileges()
-    await db.require_current_mapping(conn, install)
-    return install
-
-
-async def _resolve_served(
-    conn: db.AnyConnection, served: tuple[Pair, ...]
-) -> tuple[list[tuple[Pair, Install]], dict[str, ReactorError]]:
-    """(the pairs that can run, with their installs; the others, by name, and why not). A
-    pair's own trouble (its tables, its schema, its grants) leaves only that pair out, when
-    there are others; a lone pair's, or every pair's, is the command's error."""
-    resolved: list[tuple[Pair, Install]] = []
-    broken: dict[str, ReactorError] = {}
-    for pair in served:
-        try:
-            resolved.append((pair, await _resolve(conn, pair)))
-        except (ReactorError, psycopg.errors.InsufficientPrivilege) as error:
-            known = _pair_trouble(error)
-            if len(served) == 1 or known is None:
-                raise
-            broken[pair.name] = known
-    if not resolved:
-        # None can run: the first one's trouble, named, is the command's error.
-        name, trouble = next(iter(broken.items()))
-        raise type(trouble)(f"pair {name}: {trouble}")
-    return resolved, broken
-
-
-def _pair_trouble(error: BaseException) -> ReactorError | None:
-    """The error ``error`` stands for when it is one pair's own (its tables, its schema, its
-    grants), which leaves the other pairs alone; None when it is the whole command's."""
-    known = _known_error(error)
-    if isinstance(known, ConfigError | SchemaMissing | UntrustedSchema | PrivilegeMissing):
-        return known
-    return None
-
-
 async def cmd_run(args: argparse.Namespace) -> int:
     """``reactor run``: serve until SIGTERM/SIGINT, then drain and exit 0."""
     # The HTTP server (aiohttp, the page's templates) only here: the other commands start
@@ -203,26 +121,24 @@ async def cmd_run(args: argparse.Namespace) -> int:
         lambda: running[0] if running else None,
         [pair.name for pair in served] if len(served) > 1 else (),
     ):
-        async with await _startup_connection(settings, "startup", standby="retry") as conn:
-            resolved, broken = await _resolve_served(conn, served)
+        async with await startup_connection(settings, "startup", standby="retry") as conn:
+            resolved, broken = await resolve_served(conn, served)
         for name, error in broken.items():
             log.error("pair not served", extra={"pair": name, "error": str(error)})
-        async with open_reactors(
-            settings, [(pair.settings, install) for pair, install in resolved]
-        ) as reactors:
-            replica = Replica(
-                {pair.name: reactor for (pair, _), reactor in zip(resolved, reactors, strict=True)},
-                {name: str(error) for name, error in broken.items()},
-            )
+        async with open_replica(
+            settings,
+            resolved,
+            broken={name: str(error) for name, error in broken.items()},
+        ) as replica:
             running.append(replica)
-            for (pair, install), reactor in zip(resolved, reactors, strict=True):
+            for pair, reactor in zip(resolved, replica.reactors.values(), strict=True):
                 log.info(
                     "starting",
                     extra={
                         "database": settings.safe_database_url,
                         "mode": settings.mode,
                         "grace_s": pair.settings.grace,
-                        "channel": install.channel,
+                        "channel": pair.channel,
                         "hooks": ",".join(reactor.database.hooks) or None,
                         **({"pair": pair.name} if len(served) > 1 else {}),
                     },
@@ -269,7 +185,7 @@ async def cmd_migrate(args: argparse.Namespace) -> int:
         for pair in pairs.from_env(os.environ, Settings()):
             shape = pair.mapping
             if pair.mapping.source is not None:
-                shape = await _fit_for_print(Settings.from_env(os.environ), shape)
+                shape = await fit_for_print(Settings.from_env(os.environ), shape)
             sys.stdout.write(grants.grant_script(args.print_grants, shape))
         return 0
     settings = Settings.from_env(os.environ, {"channel": args.channel})
@@ -280,10 +196,10 @@ async def cmd_migrate(args: argparse.Namespace) -> int:
         raise ConfigError(f"--from must be a schema version within 0..{sql.latest_version()}")
     if args.print:
         for pair in served:
-            install = Install.of(await _fit_for_print(settings, pair.mapping), pair.channel)
+            printed = pair.fitted(await fit_for_print(settings, pair.mapping))
             sys.stdout.write(
                 db.migration_script(
-                    install,
+                    printed.install,
                     reference_schema=args.reference_schema,
                     applied=args.from_version,
                     notify=args.notify is not False,
@@ -292,7 +208,7 @@ async def cmd_migrate(args: argparse.Namespace) -> int:
             )
         return 0
     first_install = False
-    async with await _startup_connection(settings, "migrate") as conn:
+    async with await startup_connection(settings, "migrate") as conn:
         for pair in served:
             with progress.counting("migrate: reconcile pass", "jobs") as update:
                 migrated = await db.migrate(
@@ -328,32 +244,6 @@ async def cmd_migrate(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _fit_for_print(settings: Settings, shape: Mapping) -> Mapping:
-    """The mapping `migrate --print` renders: checked against the database when DATABASE_URL
-    names one. Without it only the reference mapping, whose types are known, can be printed.
-
-    Printing only reads the catalog: everything it sends runs in one READ ONLY transaction that
-    is rolled back, so the database is left as it was, whatever the mapping's expressions do.
-    """
-    if settings.database_url:
-        async with (
-            await _startup_connection(settings, "migrate") as conn,
-            conn.transaction(force_rollback=True),
-        ):
-            await conn.execute("SET TRANSACTION READ ONLY")
-            return await db.fit(conn, shape, installing=True)
-    if shape.source is not None:
-        # The SQL follows the columns' types (a jsonb document is compared with '{}', a naive
-        # timestamp read AT TIME ZONE), which only the catalog knows: a script guessed from
-        # names would break the app's own writes once applied.
-        raise ConfigError(
-            "printing the SQL for REACTOR_CONFIG needs DATABASE_URL: it takes the mapped "
-            "columns' types from the catalog; point it at any database with the app's tables "
-            "(a development copy will do)"
-        )
-    return shape.in_public()
-
-
 async def cmd_sweep(args: argparse.Namespace) -> int:
     """``reactor sweep --once``: reconcile each pair's whole job table, then drain its due
     backlog.
@@ -368,14 +258,14 @@ async def cmd_sweep(args: argparse.Namespace) -> int:
     for pair in served:
         check_hooks(pair.settings)
     tracing.configure()
-    async with await _startup_connection(settings, "startup") as conn:
-        resolved, broken = await _resolve_served(conn, served)
+    async with await startup_connection(settings, "startup") as conn:
+        resolved, broken = await resolve_served(conn, served)
     recorded, set_aside = 0, False
-    for pair, install in resolved:
+    for pair in resolved:
         which = f"pair {pair.name}: " if len(served) > 1 else ""
         token = logs.PAIR.set(pair.name if len(served) > 1 else None)
         try:
-            count, left = await _sweep(pair.settings, install, which)
+            count, left = await _sweep(pair, which)
         finally:
             logs.PAIR.reset(token)
         recorded += count
@@ -388,8 +278,9 @@ async def cmd_sweep(args: argparse.Namespace) -> int:
     return 1 if set_aside else 0
 
 
-async def _sweep(settings: Settings, install: Install, which: str) -> tuple[int, bool]:
+async def _sweep(pair: Pair, which: str) -> tuple[int, bool]:
     # (runs recorded, whether any job was set aside) for one pair.
+    settings, install = pair.settings, pair.install
     pool = db.make_pool(settings.require_database(), max_size=1)
     # The runs a sweep writes get their hook rows like any other (a running replica runs them).
     async with open_hooks(settings, pool) as hooks, pool:
@@ -438,13 +329,13 @@ async def cmd_status(args: argparse.Namespace) -> int:
         broken: dict[str, str] = {}
         for pair in served:
             try:
-                install = Install.of(await db.fit(conn, pair.mapping), pair.channel)
-                reports[pair.name] = await status.collect(conn, install, pair.settings)
+                fitted = await fit_pair(conn, pair)
+                reports[pair.name] = await status.collect(conn, fitted.install, pair.settings)
             except (ReactorError, psycopg.errors.InsufficientPrivilege) as error:
                 if standby is not None and isinstance(error, SchemaMissing):
                     # The primary is the one to look at, and it may have it.
                     raise DatabaseReadOnly(standby) from None
-                known = _pair_trouble(error)
+                known = pair_trouble(error)
                 if len(served) == 1 or known is None:
                     raise
                 broken[pair.name] = str(known)
@@ -491,7 +382,7 @@ async def cmd_hooks(args: argparse.Namespace) -> int:
         standby="refuse",
     ) as conn:
         try:
-            install = Install.of(await db.fit(conn, pair.mapping), pair.channel)
+            install = (await fit_pair(conn, pair)).install
             await db.require_schema(conn, install.schema)
             queries = db.Database.dedicated(install, conn)
             return await hook_ops.operate(

@@ -1,9 +1,14 @@
 """Settings: read once from the environment (flags may override), validated, and immutable.
 
+Two kinds: :class:`ProcessSettings` (the database, the ports, the LISTEN session, the cadence:
+the process's, whichever pairs it serves) and :class:`PairSettings` (the grace, the channel,
+the hooks: what a pair's ``[reactor]`` table may change). :class:`Settings` is what one pair's
+reactor runs with, the two side by side.
+
 Every value is checked here, so the rest of the code can trust it. A bad value raises
 :class:`ConfigError` naming the variable, what was wrong and what to set instead. No message
 quotes a value that may be secret: a connection string is shown with every libpq secret
-parameter masked (:func:`redact_dsn`), or not at all when it does not parse.
+parameter masked (:func:`reactor.dsn.redact_dsn`), or not at all when it does not parse.
 """
 
 from __future__ import annotations
@@ -15,9 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Literal
 
-import psycopg.conninfo
-
-from reactor import redact
+from reactor.dsn import check_dsn, redact_dsn
 from reactor.errors import ConfigError
 
 Mode = Literal["listen", "poll"]
@@ -31,43 +34,17 @@ _CHANNEL = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
 WEBHOOK_SECRET_PREFIX = "REACTOR_WEBHOOK_SECRET_"
 _SECRET_SUFFIX = re.compile(r"[A-Z0-9_]{1,127}")
 
-# What a malformed DSN is shown as: one that does not parse, or parses into a value that cannot
-# be what its key says. No rule can tell which of its fragments are secret, so none is shown.
-UNPARSABLE_DSN = "<a malformed connection string>"
-# Values that must look like what they are, or the DSN is malformed. In a URL, a password with
-# an unencoded "@" ends the userinfo early, so that its tail lands in the host; one with an
-# unencoded "/" ends the authority, so that "user:start" is read as host:port and the tail (up
-# to "@host/dbname") as the dbname; without the "@", "user:password" is host:port. Each shows
-# up here as a value of the wrong shape; the rest of such a DSN is no more to be trusted.
-_HOST = re.compile(r"[A-Za-z0-9_.:/%,\[\]-]*")
-_SHAPES = {
-    "host": _HOST,
-    "hostaddr": _HOST,
-    "port": re.compile(r"[0-9,]*"),
-    "dbname": re.compile(r"[^@:]*"),
-}
-# A URL connection string up to its query or fragment: its authority, and its dbname when a "/"
-# in the password ended the authority early.
-_URL_DSN = re.compile(r"postgres(?:ql)?://([^?#]*)", re.IGNORECASE)
-# A secret parameter's "name=" inside another value: a lost space glued it there.
-_GLUED = re.compile("|".join(sorted(redact.DSN_SECRET_PARAMS)) + r"\s*=", re.IGNORECASE)
-
 
 @dataclass(frozen=True)
-class Settings:
-    """What ``reactor`` runs with. Build it with :meth:`from_env`."""
+class PairSettings:
+    """What one job/artifact pair runs with: the environment's values, as its own ``[reactor]``
+    table changes them (:data:`PAIR_SETTINGS`; reactor.pairs)."""
 
-    database_url: str | None = field(default=None, repr=False)
-    listen_database_url: str | None = field(default=None, repr=False)
     grace: float = 120.0
-    scan_interval: float = 30.0
     batch_size: int = 500
     # REACTOR_CHANNEL; None: the mapping's own (<reactor_schema>_jobs_terminal, or
     # analysis_jobs_terminal for the reference pair).
     channel: str | None = None
-    mode: Mode = "listen"
-    drain: float = 20.0
-    http_addr: tuple[str, int] | None = ("127.0.0.1", 9187)
     hooks: str = field(default="", repr=False)  # webhook URLs may carry credentials
     webhook_secret: str | None = field(default=None, repr=False)
     # REACTOR_WEBHOOK_SECRET_<NAME>, by variable name: a webhook's own secret, which takes
@@ -87,6 +64,37 @@ class Settings:
     hook_retention: float = 7 * 86400.0
     # How long a claimed hook is ours; None: its timeout plus 30 s to report the outcome.
     hook_lease_seconds: float | None = None
+
+    def check_pair(self) -> None:
+        """Raise ConfigError for pair values that parse but make no sense together."""
+        if self.hook_lease < self.hook_timeout:
+            raise ConfigError(
+                "REACTOR_HOOK_LEASE_SECONDS must be at least REACTOR_HOOK_TIMEOUT_SECONDS, or "
+                "a second replica would start a hook that is still running"
+            )
+
+    def webhook_secret_for(self, hook: str) -> str | None:
+        """The secret that signs webhook ``hook``: its REACTOR_WEBHOOK_SECRET_<NAME>, else the
+        shared REACTOR_WEBHOOK_SECRET; None: its calls go unsigned."""
+        return self.webhook_secrets.get(webhook_secret_variable(hook), self.webhook_secret)
+
+    @property
+    def hook_lease(self) -> float:
+        """How long a claimed hook is ours before another replica may take it over."""
+        return self.hook_lease_seconds or self.hook_timeout + 30.0
+
+
+@dataclass(frozen=True)
+class ProcessSettings:
+    """What the process runs with, whichever pairs it serves: the database, the ports, the
+    LISTEN session and the cadence of every pair's duties."""
+
+    database_url: str | None = field(default=None, repr=False)
+    listen_database_url: str | None = field(default=None, repr=False)
+    scan_interval: float = 30.0
+    mode: Mode = "listen"
+    drain: float = 20.0
+    http_addr: tuple[str, int] | None = ("127.0.0.1", 9187)
     trim_horizon: float = 86400.0
     # A full reconcile pass over the jobs ends at least this often; 0 turns the reconcile off.
     reconcile_interval: float = 600.0
@@ -111,6 +119,68 @@ class Settings:
     # host is accepted in the Host header, and https makes the session cookie Secure, since
     # the proxy ends TLS and the request the reactor sees is plain HTTP.
     dashboard_url: str | None = None
+
+    def check_process(self) -> None:
+        """Raise ConfigError for process values that parse but make no sense together."""
+        for name in ("database_url", "listen_database_url"):
+            value = getattr(self, name)
+            if value is not None:
+                check_dsn(value, ENVIRONMENT[name])
+        if self.probe_timeout > self.probe_interval * 4:
+            raise ConfigError(
+                "REACTOR_PROBE_TIMEOUT_SECONDS must not exceed 4x REACTOR_PROBE_INTERVAL_SECONDS"
+            )
+        if self.dashboard_url is not None and self.dashboard_addr is None:
+            raise ConfigError(
+                "REACTOR_DASHBOARD_URL is set but REACTOR_DASHBOARD_ADDR is empty, which turns "
+                "the page off; give the page an address, or unset REACTOR_DASHBOARD_URL"
+            )
+
+    def require_database(self) -> str:
+        """The DSN, or a ConfigError saying how to give one."""
+        if not self.database_url:
+            raise ConfigError(
+                "DATABASE_URL is not set; export DATABASE_URL=postgresql://user@host/dbname"
+            )
+        return self.database_url
+
+    @property
+    def dashboard_host(self) -> str | None:
+        """The host name of REACTOR_DASHBOARD_URL, lower-cased (None when it is unset)."""
+        if self.dashboard_url is None:
+            return None
+        return urllib.parse.urlsplit(self.dashboard_url).hostname
+
+    @property
+    def dashboard_https(self) -> bool:
+        """True when operators reach the page over HTTPS (REACTOR_DASHBOARD_URL says so)."""
+        return self.dashboard_url is not None and self.dashboard_url.startswith("https://")
+
+    @property
+    def safe_database_url(self) -> str:
+        """The DSN with every secret masked, for logs and messages."""
+        return redact_dsn(self.database_url or "")
+
+
+@dataclass(frozen=True)
+class Settings(PairSettings, ProcessSettings):
+    """What a pair's reactor runs with: the process's settings and the pair's own, side by
+    side (:attr:`process`, :attr:`pair`). Build it with :meth:`from_env`."""
+
+    @classmethod
+    def of(cls, process: ProcessSettings, pair: PairSettings) -> Settings:
+        """``pair``'s settings in the process of ``process``'s."""
+        return cls(**_values(process, ProcessSettings), **_values(pair, PairSettings))
+
+    @property
+    def process(self) -> ProcessSettings:
+        """The process's part: what every pair of the process shares."""
+        return ProcessSettings(**_values(self, ProcessSettings))
+
+    @property
+    def pair(self) -> PairSettings:
+        """The pair's own part: what its ``[reactor]`` table may change."""
+        return PairSettings(**_values(self, PairSettings))
 
     @classmethod
     def from_env(
@@ -152,59 +222,13 @@ class Settings:
 
     def check(self) -> None:
         """Raise ConfigError for values that parse but make no sense together."""
-        for name in ("database_url", "listen_database_url"):
-            value = getattr(self, name)
-            if value is not None:
-                check_dsn(value, ENVIRONMENT[name])
-        if self.hook_lease < self.hook_timeout:
-            raise ConfigError(
-                "REACTOR_HOOK_LEASE_SECONDS must be at least REACTOR_HOOK_TIMEOUT_SECONDS, or "
-                "a second replica would start a hook that is still running"
-            )
-        if self.probe_timeout > self.probe_interval * 4:
-            raise ConfigError(
-                "REACTOR_PROBE_TIMEOUT_SECONDS must not exceed 4x REACTOR_PROBE_INTERVAL_SECONDS"
-            )
-        if self.dashboard_url is not None and self.dashboard_addr is None:
-            raise ConfigError(
-                "REACTOR_DASHBOARD_URL is set but REACTOR_DASHBOARD_ADDR is empty, which turns "
-                "the page off; give the page an address, or unset REACTOR_DASHBOARD_URL"
-            )
+        self.check_process()
+        self.check_pair()
 
-    def require_database(self) -> str:
-        """The DSN, or a ConfigError saying how to give one."""
-        if not self.database_url:
-            raise ConfigError(
-                "DATABASE_URL is not set; export DATABASE_URL=postgresql://user@host/dbname"
-            )
-        return self.database_url
 
-    def webhook_secret_for(self, hook: str) -> str | None:
-        """The secret that signs webhook ``hook``: its REACTOR_WEBHOOK_SECRET_<NAME>, else the
-        shared REACTOR_WEBHOOK_SECRET; None: its calls go unsigned."""
-        return self.webhook_secrets.get(webhook_secret_variable(hook), self.webhook_secret)
-
-    @property
-    def hook_lease(self) -> float:
-        """How long a claimed hook is ours before another replica may take it over."""
-        return self.hook_lease_seconds or self.hook_timeout + 30.0
-
-    @property
-    def dashboard_host(self) -> str | None:
-        """The host name of REACTOR_DASHBOARD_URL, lower-cased (None when it is unset)."""
-        if self.dashboard_url is None:
-            return None
-        return urllib.parse.urlsplit(self.dashboard_url).hostname
-
-    @property
-    def dashboard_https(self) -> bool:
-        """True when operators reach the page over HTTPS (REACTOR_DASHBOARD_URL says so)."""
-        return self.dashboard_url is not None and self.dashboard_url.startswith("https://")
-
-    @property
-    def safe_database_url(self) -> str:
-        """The DSN with every secret masked, for logs and messages."""
-        return redact_dsn(self.database_url or "")
+def _values(settings: ProcessSettings | PairSettings, part: type[Any]) -> dict[str, Any]:
+    # The fields of ``part`` (one of the two kinds), as ``settings`` holds them.
+    return {f.name: getattr(settings, f.name) for f in fields(part)}
 
 
 def webhook_secret_variable(hook: str) -> str:
@@ -418,60 +442,3 @@ _PARSERS: dict[str, Any] = {
     "dashboard_addr": _address("127.0.0.1:9188"),
     "dashboard_url": _dashboard_url,
 }
-
-
-def check_dsn(dsn: str, source: str) -> None:
-    """Raise ConfigError if ``dsn`` is not a libpq connection string or URL, or is one that a
-    character left unencoded broke (see :func:`malformed_dsn`)."""
-    if malformed_dsn(dsn):
-        # Neither the DSN nor libpq's message (which quotes the text around the fault) is
-        # shown: either may hold the password. Nor is any word that holds a fragment a short
-        # password could be: the message is ours alone.
-        raise ConfigError(
-            f"{source} is not a valid connection string; write postgresql://user:secret@host:5432"
-            "/dbname with every @, : and / in the user or secret percent-encoded (@ as %40, : as "
-            "%3A, / as %2F), or key=value pairs with a value that holds spaces, quotes or "
-            "backslashes quoted (key='it\\'s')"
-        ) from None
-
-
-def malformed_dsn(dsn: str) -> bool:
-    """True when ``dsn`` does not parse, holds two ``@`` in a URL's authority, or parses into a
-    host, port or dbname that cannot be one.
-
-    A URL's userinfo ends at its first ``@``, and a password's unencoded ``@`` or ``/`` leaves
-    its tail to the host, the port or the dbname: ``postgresql://u:p@ss@host/db`` would connect
-    to a host named ``ss@host`` and libpq would quote it. Everything up to the query is taken
-    for the authority here, since an unencoded ``/`` may have cut the real one short.
-    """
-    try:
-        params = psycopg.conninfo.conninfo_to_dict(dsn)
-    except (psycopg.ProgrammingError, UnicodeDecodeError):  # the latter: a URL's "%db"
-        return True
-    url = _URL_DSN.match(dsn)
-    if url and url.group(1).count("@") > 1:
-        return True
-    return any(_malformed(key, str(value)) for key, value in params.items())
-
-
-def redact_dsn(dsn: str) -> str:
-    """``dsn`` in key=value form with every secret masked, for logs and messages.
-
-    The value of every libpq secret parameter (:data:`reactor.redact.DSN_SECRET_PARAMS`:
-    password, sslpassword, ...) is masked, in either form, a URL's userinfo password included.
-    A malformed DSN gives :data:`UNPARSABLE_DSN`: one that does not parse, or that parses into a
-    host, port or dbname that cannot be one (a URL broken by a password's unencoded "@" or "/")
-    or into a value holding ``password=`` (a lost space glued it there).
-    """
-    if malformed_dsn(dsn):
-        return UNPARSABLE_DSN
-    values = {key: str(value) for key, value in psycopg.conninfo.conninfo_to_dict(dsn).items()}
-    shown = {k: redact.MASK if k in redact.DSN_SECRET_PARAMS else v for k, v in values.items()}
-    return psycopg.conninfo.make_conninfo(**shown)
-
-
-def _malformed(key: str, value: str) -> bool:
-    if key in redact.DSN_SECRET_PARAMS:
-        return False  # masked whatever it holds
-    shape = _SHAPES.get(key)
-    return bool(_GLUED.search(value)) or (shape is not None and not shape.fullmatch(value))

@@ -34,10 +34,10 @@ from reactor.config import Settings
 from reactor.dashboard import Dashboard
 from reactor.embedded import EmbeddedPostgres
 from reactor.errors import ConfigError
-from reactor.install import Install
 from reactor.mapping import REFERENCE, Mapping
 from reactor.metrics import Metrics
-from reactor.replica import open_reactors
+from reactor.pairs import Pair
+from reactor.replica import Replica, open_replica
 from reactor.service import Reactor
 
 # Where the page is served while the demo runs: the reactor's own default for the page
@@ -143,7 +143,9 @@ async def main(
                     f"the app's tables: {shape.jobs_shown} -> {shape.runs_shown}, "
                     f"mapped by {shape.source}"
                 )
+        settings = Settings(database_url=pg.dsn, grace=grace, http_addr=None)
         pairs: list[Pair] = []
+        apps: dict[str, App] = {}
         async with await db.connect(pg.dsn, "demo") as conn:
             if schema is not None:
                 await _create_tables(conn, schema)
@@ -152,9 +154,9 @@ async def main(
                 reference = schema is None or shape.is_reference
                 install = (await db.migrate(conn, shape, reference_schema=reference)).install
                 await audit.install(conn, install.mapping)
-                pairs.append(Pair(install, await App.fit(conn, install.mapping)))
+                pairs.append(Pair(install, settings))
+                apps[install.schema] = await App.fit(conn, install.mapping)
         board = Scoreboard(jobs=jobs * len(pairs), replica_count=replicas)
-        settings = Settings(database_url=pg.dsn, grace=grace, http_addr=None)
         async with db.make_pool(pg.dsn, max_size=2) as pool:
             # The page reads through a pool of its own: it shows the backlog growing while no
             # replica runs.
@@ -172,7 +174,9 @@ async def main(
                 ) as live:
                     async with anyio.create_task_group() as tg:
                         tg.start_soon(_refresh, live, board)
-                        await _play(pairs, settings, board, save_ratio, jobs, live.console.print)
+                        await _play(
+                            pairs, apps, settings, board, save_ratio, jobs, live.console.print
+                        )
                         tg.cancel_scope.cancel()
                 verdicts: dict[str, audit.Verdict] = {}
                 async with await db.connect(pg.dsn, "demo") as conn:
@@ -190,19 +194,6 @@ async def main(
     finally:
         await anyio.to_thread.run_sync(pg.cleanup)
     return 0 if all(verdict.clean for verdict in verdicts.values()) else 1
-
-
-@dataclass(frozen=True)
-class Pair:
-    """One job/artifact pair of the demo: its install, and the app that writes its tables."""
-
-    install: Install
-    app: App
-
-    @property
-    def name(self) -> str:
-        """The pair's name: its reactor schema."""
-        return self.install.schema
 
 
 def _free(addr: tuple[str, int] | None) -> tuple[str, int] | None:
@@ -253,6 +244,7 @@ async def _refresh(live: Live, board: Scoreboard) -> None:
 
 async def _play(
     pairs: Sequence[Pair],
+    apps: dict[str, App],
     settings: Settings,
     board: Scoreboard,
     save_ratio: float,
@@ -260,12 +252,13 @@ async def _play(
     say: Callable[[str], None],
 ) -> None:
     """Worker, tabs, an outage and a recovery; returns once nothing is left to record. With
-    several pairs the worker finishes a job of each in turn. ``say`` prints the outage and the
-    recovery as they happen, above the live view, where they stay once it is gone."""
+    several pairs the worker finishes a job of each in turn (``apps``: each pair's, by name).
+    ``say`` prints the outage and the recovery as they happen, above the live view, where they
+    stay once it is gone."""
     dsn = settings.require_database()
     rng = random.Random(7)
     async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as worker:
-        job_ids = [await _create_jobs(pair.app, worker, jobs) for pair in pairs]
+        job_ids = [await _create_jobs(apps[pair.name], worker, jobs) for pair in pairs]
         async with anyio.create_task_group() as tg:
             fleet = await _start_fleet(tg, settings, pairs, board)
             board.phase = "worker finishing jobs; tabs saving most of them"
@@ -288,7 +281,7 @@ async def _play(
                         "they re-arm from the database"
                     )
                 for pair, ids in zip(pairs, job_ids, strict=True):
-                    app, job_id = pair.app, ids[i]
+                    app, job_id = apps[pair.name], ids[i]
                     # A few jobs end with nothing to show, and need no run.
                     empty = rng.random() < 0.03
                     verdicts = app.empty(app.verdicts[0]) if empty else VERDICTS
@@ -302,7 +295,7 @@ async def _play(
                     await anyio.sleep(1 / rate)
             board.phase = "waiting for the last grace windows"
             for pair in pairs:
-                await _wait_until_settled(pair.app, worker, settings.grace)
+                await _wait_until_settled(apps[pair.name], worker, settings.grace)
             board.note("nothing left to record")
             await fleet.stop()
 
@@ -311,7 +304,7 @@ class Fleet:
     """Reactor replicas that go away together, dropping the timers they hold in memory."""
 
     def __init__(self) -> None:
-        self.replicas: list[tuple[Reactor, anyio.Event]] = []
+        self.replicas: list[tuple[Replica, anyio.Event]] = []
 
     async def stop(self) -> None:
         """Stop every replica as SIGTERM does, and wait until each has closed its connections.
@@ -320,8 +313,8 @@ class Fleet:
         statements already in flight (milliseconds) finish. Cancelling the replicas outright
         would interrupt those statements, and psycopg logs each interrupted cancellation.
         """
-        for reactor, _ in self.replicas:
-            reactor.stop()
+        for replica, _ in self.replicas:
+            replica.stop()
         for _, done in self.replicas:
             await done.wait()
 
@@ -332,9 +325,9 @@ async def _start_fleet(
     fleet = Fleet()
     for _ in range(board.replica_count):
         done = anyio.Event()
-        reactors = await tg.start(_replica, settings, pairs, board, done)
-        board.replicas.extend(reactors)
-        fleet.replicas.extend((reactor, done) for reactor in reactors)
+        replica = await tg.start(_replica, settings, pairs, board, done)
+        board.replicas.extend(replica.reactors.values())
+        fleet.replicas.append((replica, done))
     board.note(f"{board.replica_count} reactor replicas listening")
     return fleet
 
@@ -345,23 +338,21 @@ async def _replica(
     board: Scoreboard,
     done: anyio.Event,
     *,
-    task_status: anyio.abc.TaskStatus[list[Reactor]],
+    task_status: anyio.abc.TaskStatus[Replica],
 ) -> None:
-    # One replica: a reactor for each pair, on one pool, as `reactor run` serves them.
+    # One replica serving every pair, as `reactor run` serves them.
     def counted() -> Metrics:
         metrics = Metrics()
         board.metrics.append(metrics)
         return metrics
 
-    served = [(settings, pair.install) for pair in pairs]
     try:
         async with (
-            open_reactors(settings, served, metrics=counted) as reactors,
+            open_replica(settings, pairs, metrics=counted) as replica,
             anyio.create_task_group() as inner,
         ):
-            for reactor in reactors:
-                await inner.start(reactor.run)
-            task_status.started(reactors)
+            await inner.start(replica.run)
+            task_status.started(replica)
     finally:
         done.set()
 

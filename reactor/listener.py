@@ -62,7 +62,7 @@ import psycopg.sql
 from reactor import db
 from reactor.backoff import BACKOFF_BASE, BACKOFF_CAP, BACKOFF_CAP_PERMANENT, backoff
 from reactor.clock import Clock
-from reactor.config import Settings
+from reactor.config import ProcessSettings
 from reactor.db import DATABASE_ERRORS
 from reactor.errors import ConfigError, ReactorError
 from reactor.metrics import Metrics
@@ -101,7 +101,12 @@ class Listener:
     """
 
     def __init__(
-        self, settings: Settings, *, clock: Clock, dsn: str, subscribers: Sequence[Subscriber] = ()
+        self,
+        settings: ProcessSettings,
+        *,
+        clock: Clock,
+        dsn: str,
+        subscribers: Sequence[Subscriber] = (),
     ) -> None:
         self.settings = settings
         self.clock = clock

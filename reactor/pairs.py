@@ -20,25 +20,42 @@ from reactor import mapping
 from reactor.config import Settings
 from reactor.errors import ConfigError
 from reactor.hooks.spec import own_secrets
+from reactor.install import Install
 from reactor.mapping import CONFIG_VARIABLE, REFERENCE, Mapping
 
 
 @dataclass(frozen=True)
 class Pair:
-    """One job/artifact pair: its mapping, and the settings it runs with."""
+    """One job/artifact pair, the one value a replica runs a pair from: its install (the
+    mapping, as the file says it until :meth:`fitted` to the catalog, and its channel) and the
+    settings it runs with."""
 
-    mapping: Mapping
+    install: Install
     settings: Settings
+
+    @classmethod
+    def of(cls, shape: Mapping, settings: Settings) -> Pair:
+        """The pair of ``shape``, notifying on the channel ``settings`` name (or its own)."""
+        return cls(Install.of(shape, settings.channel), settings)
+
+    @property
+    def mapping(self) -> Mapping:
+        """Which of the app's tables the pair serves, and in what names."""
+        return self.install.mapping
 
     @property
     def name(self) -> str:
         """The pair's name: the schema of its reactor objects, unique in a database."""
-        return self.mapping.reactor_schema
+        return self.install.schema
 
     @property
     def channel(self) -> str:
         """The channel its job trigger notifies."""
-        return self.settings.channel or self.mapping.default_channel
+        return self.install.channel
+
+    def fitted(self, shape: Mapping) -> Pair:
+        """This pair on ``shape``: its mapping as the catalog typed it (:func:`reactor.db.fit`)."""
+        return replace(self, install=Install.of(shape, self.settings.channel))
 
 
 def from_env(
@@ -50,7 +67,7 @@ def from_env(
     paths = [path.strip() for path in environ.get(CONFIG_VARIABLE, "").split(":")]
     paths = [path for path in paths if path]
     if not paths:
-        return _own_secrets((Pair(REFERENCE, settings),), settings)
+        return _own_secrets((Pair.of(REFERENCE, settings),), settings)
     if len(paths) == 1:
         return _own_secrets((_pair(_read(paths[0]), settings, flags),), settings)
     if settings.channel is not None:
@@ -136,4 +153,4 @@ def _pair(read: tuple[str, dict[str, Any]], settings: Settings, flags: frozenset
             f"--{name.replace('_', '-')} is given, and {source} sets [reactor] {name}; "
             "say it in one place"
         )
-    return Pair(mapping.parse(document, source=source), settings.overridden(own, source))
+    return Pair.of(mapping.parse(document, source=source), settings.overridden(own, source))

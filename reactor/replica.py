@@ -1,19 +1,33 @@
-"""One replica: a reactor for each pair the process serves, on one pool, seen as one from outside.
+"""One replica: the process that serves its pairs, seen as one from outside.
 
-Each pair's :class:`~reactor.service.Reactor` keeps its own listener, cadence, work queue and
-hooks, so a pair whose tables break while it runs (a table dropped, a column gone) fails only
-its own statements, and the others record on. A pair already broken at start is not served:
-it is named in the log and in ``/readyz``, and the others start without it.
+The :class:`Replica` is the process's one supervisor. It owns what every pair shares: the
+replica's identity (one id, in every pair's heartbeats, claims and hook leases), each pair's
+view of who is live (its :class:`~reactor.ownership.Roster`, from that pair's heartbeats), the
+pool, the LISTEN session (one for every pair, and one health check on it, so that a replica
+costs the database about what one pair does) and the one task group everything runs in. Each
+pair is built from one value, a :class:`~reactor.pairs.Pair`, and runs under it as a
+:class:`~reactor.service.Reactor`; the replica starts them, and stops and drains them together.
+
+Each pair keeps its own cadence, work queue and hooks, so a pair whose tables break while it
+runs (a table dropped, a column gone) fails only its own statements, and the others record on.
+A pair already broken at start is not served: it is named in the log and in ``/readyz``, and
+the others start without it.
 
 What the probes see is the verdict over every pair: alive while each is, ready while each is
 and none was left out. ``/metrics`` shows each pair's metrics with a ``pair`` label; a replica
 of one pair shows them as they always were.
+
+``reactor run``, ``reactor demo`` and the tests all start one the same way::
+
+    async with open_replica(settings, pairs) as replica, replica.running():
+        ...
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import uuid
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 
@@ -22,116 +36,120 @@ import anyio.abc
 
 from reactor import db, logs
 from reactor.clock import Clock, SystemClock
-from reactor.config import Settings
-from reactor.hooks import open_hooks
-from reactor.install import Install
+from reactor.config import ProcessSettings
+from reactor.hooks import Hook, open_hooks
 from reactor.listener import Listener
 from reactor.metrics import Metrics, PairMetrics
+from reactor.ownership import Roster
+from reactor.pairs import Pair
 from reactor.service import POOL_SIZE, Reactor
 
 log = logging.getLogger(__name__)
 
 
 @asynccontextmanager
-async def open_reactor(
-    settings: Settings,
-    install: Install,
+async def open_replica(
+    settings: ProcessSettings,
+    served: Sequence[Pair],
     *,
-    metrics: Metrics | None = None,
-    clock: Clock | None = None,
-    listen_dsn: str | None = None,
-    instrument: Callable[[db.Database], db.Database] | None = None,
-) -> AsyncIterator[Reactor]:
-    """One replica of one pair, wired: its pool, its hooks (parsed before anything connects, so
-    a bad REACTOR_HOOKS fails at once) and its queries, bound to ``install``. Not running yet:
-    run it with :meth:`Reactor.run`, or for a block with :meth:`Reactor.running`. The pool opens
-    on entry and closes on exit, once the replica has stopped.
-
-    ``instrument`` wraps the replica's queries (a benchmark counting its statements).
-    """
-    async with open_reactors(
-        settings,
-        [(settings, install)],
-        metrics=Metrics if metrics is None else lambda: metrics,
-        clock=clock,
-        listen_dsn=listen_dsn,
-        instrument=instrument,
-    ) as (reactor,):
-        yield reactor
-
-
-@asynccontextmanager
-async def open_reactors(
-    settings: Settings,
-    served: Sequence[tuple[Settings, Install]],
-    *,
+    broken: Mapping[str, str] | None = None,
     metrics: Callable[[], Metrics] = Metrics,
     clock: Clock | None = None,
     listen_dsn: str | None = None,
     instrument: Callable[[db.Database], db.Database] | None = None,
-) -> AsyncIterator[list[Reactor]]:
-    """A reactor for each (pair's settings, install) of ``served``, all on one pool of
-    ``settings``' database, each with its own hooks and metrics (see :func:`open_reactor`).
+) -> AsyncIterator[Replica]:
+    """A replica of ``served``, wired on one pool of ``settings``' database: each pair with its
+    own hooks (parsed before anything connects, so a bad REACTOR_HOOKS fails at once), metrics
+    and queries, bound to its install. Not running yet: run it with :meth:`Replica.run`, or for
+    a block with :meth:`Replica.running`. The pool opens on entry and closes on exit, once the
+    replica has stopped.
 
-    Several pairs share one LISTEN session too, and one health check on it: it runs from entry
-    until every reactor has stopped (or the block ends), so a replica costs the database about
-    what one pair does.
+    ``broken``: the pairs left out at start, by name, and why. ``listen_dsn``: where the LISTEN
+    session connects, when not where the settings say. ``instrument`` wraps each pair's queries
+    (a benchmark counting its statements).
     """
+    replica = Replica(settings, broken=broken, clock=clock, listen_dsn=listen_dsn)
     # Each pair may hold what a replica of its own would, and no more: one whose statements
     # hang leaves the others theirs.
     pool = db.make_pool(settings.require_database(), max_size=POOL_SIZE * len(served))
     several = len(served) > 1
-    shared: Listener | None = None
-    if several and settings.mode == "listen":
-        shared = Listener(
-            settings,
-            clock=clock or SystemClock(),
-            dsn=listen_dsn or settings.listen_database_url or settings.require_database(),
-        )
     async with contextlib.AsyncExitStack() as stack:
-        hooks_of = [await stack.enter_async_context(open_hooks(own, pool)) for own, _ in served]
+        hooks_of = [await stack.enter_async_context(open_hooks(p.settings, pool)) for p in served]
         await stack.enter_async_context(pool)
-        reactors = []
-        for (own, install), hooks in zip(served, hooks_of, strict=True):
+        for pair, hooks in zip(served, hooks_of, strict=True):
             database = db.Database.pooled(
-                install,
+                pair.install,
                 pool,
-                grace=own.grace,
+                grace=pair.settings.grace,
                 hooks=list(hooks),
                 share=anyio.CapacityLimiter(POOL_SIZE) if several else None,
             )
             if instrument is not None:
                 database = instrument(database)
-            reactors.append(
-                Reactor(
-                    own,
-                    database,
-                    metrics=metrics(),
-                    clock=clock,
-                    listen_dsn=listen_dsn,
-                    hooks=hooks,
-                    listener=shared,
-                )
-            )
-        if shared is not None:
-            listening = await stack.enter_async_context(anyio.create_task_group())
-            listening.start_soon(shared.run)
-            stack.callback(listening.cancel_scope.cancel)
-        yield reactors
+            replica.add(pair, database, metrics=metrics(), hooks=hooks)
+        yield replica
 
 
 class Replica:
-    """The reactors of one process, by pair name; ``broken``: the pairs left out at start, and
+    """The pairs one process serves, under one identity, one LISTEN session and one task
+    group; ``reactors``: each pair's, by name; ``broken``: the pairs left out at start, and
     why."""
 
-    def __init__(self, reactors: Mapping[str, Reactor], broken: Mapping[str, str]) -> None:
-        self.reactors = dict(reactors)
-        self.broken = dict(broken)
-        self.metrics: Metrics | PairMetrics = (
-            next(iter(self.reactors.values())).metrics
-            if len(self.reactors) == 1 and not self.broken
-            else PairMetrics({name: reactor.metrics for name, reactor in self.reactors.items()})
+    def __init__(
+        self,
+        settings: ProcessSettings,
+        *,
+        broken: Mapping[str, str] | None = None,
+        clock: Clock | None = None,
+        listen_dsn: str | None = None,
+    ) -> None:
+        self.settings = settings
+        self.clock: Clock = clock or SystemClock()
+        # Unique to the process: a replica that said it left is never live again by this id.
+        self.replica_id = f"reactor-{uuid.uuid4().hex[:12]}"
+        self.reactors: dict[str, Reactor] = {}
+        self.broken = dict(broken or {})
+        self.listener: Listener | None = None
+        if settings.mode == "listen":
+            self.listener = Listener(
+                settings,
+                clock=self.clock,
+                dsn=listen_dsn or settings.listen_database_url or settings.require_database(),
+            )
+        self._metrics: Metrics | PairMetrics | None = None
+
+    def add(
+        self,
+        pair: Pair,
+        database: db.Database,
+        *,
+        metrics: Metrics | None = None,
+        hooks: Mapping[str, Hook] | None = None,
+    ) -> Reactor:
+        """Serve ``pair`` on ``database`` (bound to its install) from the next :meth:`run`."""
+        reactor = Reactor(
+            pair.settings,
+            database,
+            roster=Roster(self.replica_id),
+            metrics=metrics,
+            clock=self.clock,
+            hooks=hooks,
+            listener=self.listener,
         )
+        self.reactors[pair.name] = reactor
+        return reactor
+
+    @property
+    def metrics(self) -> Metrics | PairMetrics:
+        """What /metrics shows: the only pair's metrics as they are, else each with its name."""
+        if self._metrics is None:
+            only = self.only
+            self._metrics = (
+                only.metrics
+                if only is not None
+                else PairMetrics({name: r.metrics for name, r in self.reactors.items()})
+            )
+        return self._metrics
 
     @property
     def _named(self) -> bool:
@@ -151,7 +169,8 @@ class Replica:
         return any(reactor.stopping for reactor in self.reactors.values())
 
     def stop(self) -> None:
-        """Stop every pair's intake now and let each drain (see :meth:`Reactor.stop`)."""
+        """Stop every pair's intake now and let each drain (see :meth:`Reactor.stop`); the
+        LISTEN session ends once the last pair has left it."""
         for name, reactor in self.reactors.items():
             # In the pair's name: its line, and the task that tells the others it left.
             token = logs.PAIR.set(name if self._named else None)
@@ -181,12 +200,30 @@ class Replica:
     async def run(
         self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
     ) -> None:
-        """Run every pair until :meth:`stop`; ``task_status`` fires once each pair's listener's
-        first attempt is over (see :meth:`Reactor.run`)."""
+        """Run the LISTEN session and every pair until :meth:`stop` and each pair's drain;
+        ``task_status`` fires once the session's first attempt is over, up or not (polling:
+        at once). The work does not wait for it."""
+        for name, reactor in self.reactors.items():
+            # What the LISTEN session logs on a pair's behalf names it, as its own lines do.
+            reactor.subscriber.name = name if self._named else None
         async with anyio.create_task_group() as tg:
+            if self.listener is not None:
+                # Until every pair has left it (see Listener.unsubscribe).
+                tg.start_soon(self.listener.run)
             for name, reactor in self.reactors.items():
                 await tg.start(self._run_pair, name if self._named else None, reactor)
             task_status.started()
+
+    @asynccontextmanager
+    async def running(self) -> AsyncIterator[Replica]:
+        """Run this replica while the block runs (the LISTEN session's first attempt is over
+        on entry); on the way out stop it and wait out its drain."""
+        async with anyio.create_task_group() as tg:
+            await tg.start(self.run)
+            try:
+                yield self
+            finally:
+                self.stop()
 
     @staticmethod
     async def _run_pair(

@@ -1,4 +1,4 @@
-"""The sidecar's composition root: one replica, its parts wired together in one task group.
+"""One pair's runnable under its replica (reactor.replica): its parts wired together.
 
 - :mod:`reactor.dispatch` owns every claim: the listener, the poll, the scan's re-arm, the
   reconcile and the recorder's retries offer jobs to one work queue, which hands out the due
@@ -23,9 +23,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
-import uuid
-from collections.abc import AsyncIterator, Mapping
-from contextlib import asynccontextmanager
+from collections.abc import Mapping
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -66,18 +64,19 @@ POLL_LIMIT = 10_000
 
 
 class Reactor:
-    """One pair's reactor in a replica, running against ``database``."""
+    """One pair's reactor, a runnable of its :class:`~reactor.replica.Replica`, running
+    against ``database`` under the replica's identity (``roster``) and LISTEN session."""
 
     def __init__(
         self,
         settings: Settings,
         database: db.Database,
         *,
+        roster: Roster,
+        listener: Listener | None,
         metrics: Metrics | None = None,
         clock: Clock | None = None,
-        listen_dsn: str | None = None,
         hooks: Mapping[str, Hook] | None = None,
-        listener: Listener | None = None,
     ) -> None:
         self.settings = settings
         self.database = database
@@ -86,8 +85,9 @@ class Reactor:
         for mode in ("listen", "poll"):
             self.metrics.mode.labels(mode).set(1 if settings.mode == mode else 0)
         self.clock: Clock = clock or SystemClock()
-        self.replica_id = f"reactor-{uuid.uuid4().hex[:12]}"
-        self.roster = Roster(self.replica_id)
+        # Who this replica is and who it sees live: the replica's, this pair's view of it.
+        self.roster = roster
+        self.replica_id = roster.membership.me
         self.db_clock = DatabaseClock()
         # Whether the record statements can write: the recorder judges it, /readyz reports it.
         self.writes = WriteHealth()
@@ -151,9 +151,9 @@ class Reactor:
         self.schedule = Scheduler(
             self.cadence, self.clock, self._duties(), on_failure=self._duty_failed
         )
-        self.listener: Listener | None = None
-        # The pair's side of the LISTEN session: its own, or one shared by the pairs of a
-        # replica (see reactor.replica.open_reactors), which runs it.
+        # The replica's LISTEN session (None: polling), which the replica runs.
+        self.listener = listener
+        # The pair's side of that session.
         self.subscriber = Subscriber(
             database,
             self.metrics,
@@ -167,15 +167,8 @@ class Reactor:
             on_joined=lambda replica: self.verifier.replica(replica, left=False),
             settling=lambda: not self.holding,
             shares=self._heard_shares,
-            name=None if listener is None else database.install.schema,
         )
-        self._owns_listener = listener is None
-        if settings.mode == "listen":
-            self.listener = listener or Listener(
-                settings,
-                clock=self.clock,
-                dsn=listen_dsn or settings.listen_database_url or settings.require_database(),
-            )
+        if self.listener is not None:
             self.listener.subscribe(self.subscriber)
         self._health_check = db.HealthCheck(
             replica=self.replica_id,
@@ -192,7 +185,6 @@ class Reactor:
         # Where the next poll's window begins.
         self._poll_low: datetime | None = None
         self._stopping = anyio.Event()
-        self._intake = anyio.CancelScope()
         self._work = anyio.CancelScope()
         self._work_group: anyio.abc.TaskGroup | None = None
 
@@ -301,8 +293,8 @@ class Reactor:
             return
         log.info("stopping: intake closed, draining", extra={"drain_s": self.settings.drain})
         self._stopping.set()
-        self._intake.cancel()
         if self.listener is not None:
+            # The session ends once the last pair has left it.
             self.listener.unsubscribe(self.subscriber)
         self._work.deadline = anyio.current_time() + self.settings.drain
         self.dispatcher.close()
@@ -317,20 +309,16 @@ class Reactor:
     ) -> None:
         """Run until :meth:`stop`; ``task_status`` fires once the listener's first attempt is
         over, up or not (polling: at once). The work does not wait for it."""
-        async with anyio.create_task_group() as intake:
-            self.request_scan(rearm=True)
-            with self._work:
-                async with anyio.create_task_group() as work:
-                    self._work_group = work
-                    work.start_soon(self.dispatcher.run, work)
-                    work.start_soon(self.verifier.run)
-                    work.start_soon(self.schedule.run, work)
-                    if self.listener is not None:
-                        if self._owns_listener:
-                            intake.start_soon(self._listen)
-                        await self._first_listen_attempt(self.listener)
-                    task_status.started()
-            intake.cancel_scope.cancel()
+        self.request_scan(rearm=True)
+        with self._work:
+            async with anyio.create_task_group() as work:
+                self._work_group = work
+                work.start_soon(self.dispatcher.run, work)
+                work.start_soon(self.verifier.run)
+                work.start_soon(self.schedule.run, work)
+                if self.listener is not None:
+                    await self._first_listen_attempt(self.listener)
+                task_status.started()
         if self._work.cancel_called:
             log.warning("drain deadline passed; unfinished statements were rolled back")
         if self.reconciler is not None:
@@ -339,17 +327,6 @@ class Reactor:
         # heartbeat back after the first leave deleted it; nothing checks any more now.
         await self._leave()
         log.info("stopped")
-
-    @asynccontextmanager
-    async def running(self) -> AsyncIterator[Reactor]:
-        """Run this replica while the block runs (its listener's first attempt is over on
-        entry); on the way out stop it and wait out its drain."""
-        async with anyio.create_task_group() as tg:
-            await tg.start(self.run)
-            try:
-                yield self
-            finally:
-                self.stop()
 
     async def _leave(self) -> None:
         # Rather than when its heartbeat goes stale: the others hear it at once.
@@ -546,11 +523,6 @@ class Reactor:
         # The shares whose channels the listener LISTENs on: those this replica owns, when the
         # trigger notifies a channel per share; none otherwise (all comes on the main one).
         return self.queue.membership.shares if self.vitals.trigger_spread else frozenset()
-
-    async def _listen(self) -> None:
-        assert self.listener is not None
-        with self._intake:
-            await self.listener.run()
 
     async def _first_listen_attempt(self, listener: Listener) -> None:
         # Whichever comes first: the listener's first attempt ends, or stop() is called.

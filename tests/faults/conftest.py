@@ -12,7 +12,6 @@ file, written there as Markdown.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -26,8 +25,8 @@ import pytest
 
 from reactor.config import Settings
 from reactor.embedded import EmbeddedPostgres
-from reactor.install import Install
-from reactor.replica import open_reactors
+from reactor.pairs import Pair
+from reactor.replica import open_replica
 from reactor.service import Reactor
 from tests.conftest import FAULT_ROW, Server
 from tests.faults import tables as app_tables
@@ -239,9 +238,9 @@ def workload(database_url: str, tables: Tables) -> Iterator[Callable[..., Worklo
 def reactor_at(tables: Tables) -> StartReactor:
     """``async with reactor_at(dsn, grace=1.0) as r:``: an in-process reactor using ``dsn``.
 
-    Keyword arguments are Settings fields (``listen_dsn`` is passed to Reactor). Probes are fast
-    (1 s), the drain short (2 s) and the scan interval long (30 s), so recovery within seconds
-    proves the reconnect path, not the periodic scan.
+    Keyword arguments are Settings fields (``listen_dsn``: where the LISTEN session connects).
+    Probes are fast (1 s), the drain short (2 s) and the scan interval long (30 s), so recovery
+    within seconds proves the reconnect path, not the periodic scan.
     """
 
     @asynccontextmanager
@@ -259,18 +258,15 @@ def reactor_at(tables: Tables) -> StartReactor:
             **overrides,
         }
         settings = Settings(**fields)
-        served = [(settings, Install.of(tables.mapping, settings.channel))]
+        served = [Pair.of(tables.mapping, settings)]
         if tables.companion is not None:
             # The second pair runs beside the first in the same replica, on its pool.
-            own = replace(settings, channel=None)
-            served.append((own, Install.of(tables.companion.mapping)))
+            served.append(Pair.of(tables.companion.mapping, replace(settings, channel=None)))
         async with (
-            open_reactors(settings, served, listen_dsn=listen_dsn) as reactors,
-            contextlib.AsyncExitStack() as running,
+            open_replica(settings, served, listen_dsn=listen_dsn) as replica,
+            replica.running(),
         ):
-            for reactor in reactors:
-                await running.enter_async_context(reactor.running())
-            yield reactors[0]
+            yield replica.reactors[served[0].name]
 
     return start
 

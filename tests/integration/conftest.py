@@ -10,9 +10,9 @@ import pytest
 
 from reactor import db
 from reactor.config import Settings
-from reactor.install import Install
 from reactor.mapping import REFERENCE
-from reactor.replica import open_reactor
+from reactor.pairs import Pair
+from reactor.replica import open_replica
 from reactor.service import Reactor
 
 StartReactor = Callable[..., AbstractAsyncContextManager[Reactor]]
@@ -23,8 +23,8 @@ def start_reactor(database_url: str) -> StartReactor:
     """``async with start_reactor(grace=0.3) as r:`` runs a reactor until the block ends.
 
     Keyword arguments are Settings fields (``database_url`` too, e.g. through a pooler), and
-    ``instrument``, which wraps the reactor's queries (see :func:`open_reactor`); the reactor is
-    started (its listener's first attempt over) on entry and stopped with its drain
+    ``instrument``, which wraps the reactor's queries (see :func:`open_replica`); the replica of
+    its one pair is started (its listener's first attempt over) on entry and stopped with its drain
     on exit.
     """
 
@@ -42,12 +42,11 @@ def start_reactor(database_url: str) -> StartReactor:
             **overrides,
         }
         settings = Settings(**fields)
+        pair = Pair.of(REFERENCE.in_public(), settings)
         async with (
-            open_reactor(
-                settings, Install.of(REFERENCE.in_public(), settings.channel), instrument=instrument
-            ) as reactor,
-            reactor.running(),
+            open_replica(settings, [pair], instrument=instrument) as replica,
+            replica.running(),
         ):
-            yield reactor
+            yield replica.reactors[pair.name]
 
     return start

@@ -13,7 +13,6 @@ import json
 import time
 import tomllib
 import uuid
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -26,9 +25,10 @@ from reactor import db, grants, mapping, sql, status
 from reactor.config import Settings
 from reactor.install import Install
 from reactor.metrics import Metrics
+from reactor.pairs import Pair
 from reactor.payload import parse_hint
 from reactor.recorder import Recorder
-from reactor.replica import open_reactor
+from reactor.replica import open_replica
 from tests.acceptance.conftest import reactor_env, run_reactor
 from tests.helpers import Conn
 from tests.polling import eventually
@@ -336,10 +336,10 @@ async def test_two_installs_live_side_by_side_in_one_process(second_url: str) ->
 
     settings = Settings(database_url=second_url, grace=GRACE, http_addr=None)
     async with (
-        open_reactor(settings, reference) as first_replica,
-        open_reactor(replace(settings, channel=second.channel), second) as second_replica,
-        first_replica.running(),
-        second_replica.running(),
+        open_replica(settings, [Pair(reference, settings)]) as first_process,
+        open_replica(settings, [Pair(second, settings)]) as second_process,
+        first_process.running(),
+        second_process.running(),
     ):
         with app(second_url) as conn:
             add(conn, "theirs", age=0.0)
@@ -356,8 +356,8 @@ async def test_two_installs_live_side_by_side_in_one_process(second_url: str) ->
 
             await eventually(both_recorded, timeout=10 * GRACE)
             assert report(conn, "theirs") is not None
-    assert first_replica.database.install is reference
-    assert second_replica.database.install is second
+    assert first_process.reactors[reference.schema].database.install is reference
+    assert second_process.reactors[second.schema].database.install is second
 
 
 async def test_the_apps_progress_updates_stay_hot_on_the_mapped_table(

@@ -22,7 +22,8 @@ from reactor.config import Settings
 from reactor.embedded import EmbeddedPostgres
 from reactor.install import REFERENCE_INSTALL
 from reactor.mapping import REFERENCE
-from reactor.replica import open_reactor
+from reactor.pairs import Pair
+from reactor.replica import open_replica
 from tests.faults.support import judge
 from tests.helpers import AUDIT_SQL, Conn
 from tests.polling import eventually
@@ -75,7 +76,9 @@ async def test_a_stuck_listener_fails_no_commit_and_loses_nothing(
         stuck.execute(f"LISTEN {CHANNEL}")
         stuck.execute("BEGIN")
         stuck.execute("SELECT 1")  # idle in transaction from here on: the queue cannot drain
-        async with open_reactor(settings, REFERENCE_INSTALL) as reactor, reactor.running():
+        pair = Pair(REFERENCE_INSTALL, settings)
+        async with open_replica(settings, [pair]) as replica, replica.running():
+            reactor = replica.reactors[pair.name]
             failed = await anyio.to_thread.run_sync(_finish_jobs, app)
             assert failed == 0
             usage = app.execute("SELECT pg_notification_queue_usage()").fetchone()

@@ -32,7 +32,8 @@ from reactor import tracing
 from reactor.config import Settings
 from reactor.hooks import HookCall, WebhookHook
 from reactor.install import REFERENCE_INSTALL
-from reactor.replica import open_reactor
+from reactor.pairs import Pair
+from reactor.replica import open_replica
 from reactor.service import Reactor
 from reactor.signature import SIGNATURE_HEADER, verify_signature
 from tests import hookmods
@@ -100,8 +101,9 @@ def _due(conn: psycopg.Connection[Any], count: int) -> list[str]:
 async def idle_reactor(database_url: str) -> AsyncIterator[Reactor]:
     """A reactor that is not running: no timer races its scan, which the test calls."""
     settings = Settings(database_url=database_url, grace=0.5, http_addr=None)
-    async with open_reactor(settings, REFERENCE_INSTALL) as reactor:
-        yield reactor
+    pair = Pair(REFERENCE_INSTALL, settings)
+    async with open_replica(settings, [pair]) as replica:
+        yield replica.reactors[pair.name]
 
 
 async def test_the_scan_span_holds_its_record_statements(
@@ -432,7 +434,8 @@ _SCRIPT = textwrap.dedent(
     from reactor import cli  # noqa: F401
     from reactor.config import Settings
     from reactor.install import REFERENCE_INSTALL
-    from reactor.replica import open_reactor
+    from reactor.pairs import Pair
+    from reactor.replica import open_replica
     from tests import hookmods
 
     JOB = (
@@ -447,8 +450,8 @@ _SCRIPT = textwrap.dedent(
         with psycopg.connect(sys.argv[1], autocommit=True) as conn:
             conn.execute(JOB, ("1 minute",))
             async with (
-                open_reactor(settings, REFERENCE_INSTALL) as reactor,
-                reactor.running(),
+                open_replica(settings, [Pair(REFERENCE_INSTALL, settings)]) as replica,
+                replica.running(),
             ):
                 with anyio.fail_after(20):
                     while not hookmods.done:

@@ -12,12 +12,13 @@ from hypothesis import strategies as st
 from reactor import redact
 from reactor.config import (
     ENVIRONMENT,
-    UNPARSABLE_DSN,
+    PAIR_SETTINGS,
+    PairSettings,
+    ProcessSettings,
     Settings,
-    check_dsn,
-    redact_dsn,
     webhook_secret_variable,
 )
+from reactor.dsn import UNPARSABLE_DSN, check_dsn, redact_dsn
 from reactor.errors import ConfigError
 
 PASSWORD = "s3cr3t-Pa55"
@@ -69,6 +70,24 @@ def test_every_field_has_an_environment_variable() -> None:
     }
     for variable in ENVIRONMENT.values():
         assert variable == "DATABASE_URL" or variable.startswith("REACTOR_")
+
+
+def test_every_setting_is_the_processs_or_a_pairs() -> None:
+    process = {f.name for f in fields(ProcessSettings)}
+    pair = {f.name for f in fields(PairSettings)}
+    assert not process & pair
+    assert process | pair == {f.name for f in fields(Settings)}
+    # What a [reactor] table may set is the pair's own; the secrets come from the environment.
+    assert set(PAIR_SETTINGS) == pair - {"webhook_secret", "webhook_secrets"}
+
+
+def test_a_pairs_settings_are_made_of_the_two_parts() -> None:
+    s = Settings.from_env(
+        {"DATABASE_URL": "postgresql://app@db/app", "REACTOR_GRACE_SECONDS": "7"}
+    ).overridden({"grace": 3, "channel": "mine"}, "pairs.toml")
+    assert s.process == Settings.from_env({"DATABASE_URL": "postgresql://app@db/app"}).process
+    assert (s.pair.grace, s.pair.channel) == (3.0, "mine")
+    assert Settings.of(s.process, s.pair) == s
 
 
 def test_unrelated_environment_is_ignored() -> None:

@@ -293,7 +293,9 @@ class _Pair:
 
 
 def replica(broken: dict[str, str] | None = None, **pairs: _Pair) -> Replica:
-    return Replica(cast(dict[str, Reactor], pairs), broken or {})
+    made = Replica(Settings(mode="poll"), broken=broken)
+    made.reactors = cast(dict[str, Reactor], pairs)
+    return made
 
 
 def test_the_replica_is_ready_only_while_every_pair_is() -> None:
