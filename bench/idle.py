@@ -217,7 +217,12 @@ async def run(ctx: Context) -> Result:
             f"Above a budget ({BUDGET:g}/min, {CPU_BUDGET_MS:g} ms CPU/s): the health check "
             f"is {checks_per_min:.2f}/min at the default {defaults.probe_interval:g} s probe "
             f"interval, and everything else came to {rest_per_min:.2f}/min (the statements "
-            "above besides the check, and the pool checks)."
+            "above besides the check, and the pool checks). The CPU is wake-ups, not "
+            "statements: measured apart with strace, an idle `reactor run` wakes about 14 times "
+            "a second, 10 of them psycopg's notifies() waiting on the LISTEN socket in 100 ms "
+            "slices and 4 the poll duty's turn on that connection (a no-op while notifications "
+            "arrive); reading the socket with one wait until the next duty would leave the "
+            "health check's few."
         )
     headline = (
         f"`reactor run` {cpu_ms_per_s:.2f} ms CPU/s (goal <= {CPU_BUDGET_MS:g}); "
