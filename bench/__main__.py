@@ -56,6 +56,7 @@ BENCHMARKS: dict[str, str] = {
     "pairs": "bench.pairs",
     "pinning": "bench.pinning",
     "outage": "bench.outage",
+    "cold_start": "bench.cold_start",
 }
 
 

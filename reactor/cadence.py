@@ -7,7 +7,8 @@ and goes back to the pool the moment it is not. :meth:`Cadence.begin` is the tok
 on one road at a time, is never stacked on itself, and its next run is scheduled as it begins,
 so a failure cannot lose it (psycopg_pool's scheduler does the same). :meth:`Cadence.hasten`
 brings a duty forward (a scan was asked for, a reconcile pass requested); asked while the duty
-runs, it runs again right after.
+runs, it runs again right after. :meth:`Cadence.pace` puts a duty's next run further off than
+its interval, once (the health check of a replica with nothing to change).
 
 :class:`Cadence` is pure: no I/O, no clock; every method that needs the time takes ``now``.
 :class:`Scheduler` is the pool's side: one loop that starts each due duty in the service's task
@@ -51,6 +52,8 @@ class Duty:
     retry: RetryPolicy
     listener_may_carry: bool = False
     next_at: float = -math.inf  # due at once
+    # The next run as begin() or pace() set it: next_at is earlier once something hastened it.
+    scheduled: float = -math.inf
     running: Carrier | None = None
     failures: int = 0
     last_begun: float = -math.inf
@@ -109,8 +112,17 @@ class Cadence:
             return False
         duty.running = carrier
         duty.last_begun = now
-        duty.next_at = now + duty.interval
+        duty.next_at = duty.scheduled = now + duty.interval
         return True
+
+    def pace(self, name: str, interval: float) -> None:
+        """Run ``name`` next ``interval`` seconds after its last run began, rather than its own
+        interval, unless something brought it forward since it began (a failure's retry, a
+        hasten). The run after that is back at the duty's interval unless paced again."""
+        duty = self.duties[name]
+        if duty.next_at != duty.scheduled:
+            return
+        duty.next_at = duty.scheduled = duty.last_begun + interval
 
     def end(
         self, name: str, carrier: Carrier, now: float, *, ok: bool, next_in: float | None = None
@@ -163,6 +175,11 @@ class Scheduler:
     def hasten(self, name: str) -> None:
         """Run ``name`` now (or right after the run in progress)."""
         self.cadence.hasten(name, self.clock.now())
+        self._wake.set()
+
+    def pace(self, name: str, interval: float) -> None:
+        """Run ``name`` next ``interval`` after its last run began (see :meth:`Cadence.pace`)."""
+        self.cadence.pace(name, interval)
         self._wake.set()
 
     def carry(self, listener: bool) -> None:

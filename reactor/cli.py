@@ -16,12 +16,12 @@ import resource
 import signal
 import sys
 from collections.abc import Awaitable, Callable, Sequence
+from typing import TYPE_CHECKING
 
 import anyio
 import psycopg.errors
-from rich.console import Console
 
-from reactor import db, grants, hook_ops, logs, mapping, pairs, progress, sql, status, tracing
+from reactor import db, logs, mapping, pairs, sql, tracing
 from reactor.arguments import LOG_FORMATS, OVERRIDES, build_parser
 from reactor.config import Settings
 from reactor.draft.command import cmd_init
@@ -33,11 +33,7 @@ from reactor.errors import (
     SchemaMissing,
     UsageError,
 )
-from reactor.hooks import check_hooks, open_hooks
-from reactor.metrics import Metrics
-from reactor.pairs import Pair
-from reactor.recorder import Recorder
-from reactor.replica import Replica, open_replica
+from reactor.hooks import check_hooks
 from reactor.served import (
     fit_for_print,
     fit_pair,
@@ -46,6 +42,10 @@ from reactor.served import (
     resolve_served,
     startup_connection,
 )
+
+if TYPE_CHECKING:
+    from reactor.pairs import Pair
+    from reactor.replica import Replica
 
 log = logging.getLogger("reactor")
 
@@ -103,6 +103,7 @@ async def cmd_run(args: argparse.Namespace) -> int:
     # The HTTP server (aiohttp, the page's templates) only here: the other commands start
     # in half the time without it, which a script calling `reactor status` notices.
     from reactor import http
+    from reactor.replica import open_replica
 
     settings = _settings(args)
     served = _pairs(args, settings)
@@ -177,6 +178,8 @@ async def _stop_on_signals(reactor: Replica, scope: anyio.CancelScope) -> None:
 async def cmd_migrate(args: argparse.Namespace) -> int:
     """``reactor migrate``: apply (or print) the migrations of every pair, idempotently; or
     print the grants every pair needs."""
+    from reactor import grants, progress
+
     if args.print_grants is not None:
         # Text for each mapping: checked against the database when DATABASE_URL names one
         # (a custom mapping's id type comes from the catalog); else as the file says. The
@@ -280,6 +283,11 @@ async def cmd_sweep(args: argparse.Namespace) -> int:
 
 async def _sweep(pair: Pair, which: str) -> tuple[int, bool]:
     # (runs recorded, whether any job was set aside) for one pair.
+    from reactor import progress
+    from reactor.hooks import open_hooks
+    from reactor.metrics import Metrics
+    from reactor.recorder import Recorder
+
     settings, install = pair.settings, pair.install
     pool = db.make_pool(settings.require_database(), max_size=1)
     # The runs a sweep writes get their hook rows like any other (a running replica runs them).
@@ -315,6 +323,10 @@ async def cmd_status(args: argparse.Namespace) -> int:
     On a hot standby it exits 3 with one line naming the fix, as every command does; --json
     still prints the report first, the standby among its risks, for whatever reads it.
     """
+    from rich.console import Console
+
+    from reactor import status
+
     settings = _settings(args)
     served = _pairs(args, settings)
     # Two attempts, not five: someone is waiting at a terminal. A standby is accepted here, to
@@ -363,6 +375,8 @@ async def cmd_status(args: argparse.Namespace) -> int:
 
 async def cmd_hooks(args: argparse.Namespace) -> int:
     """``reactor hooks list|retry|cancel``: look at and re-drive the hook outbox."""
+    from reactor import hook_ops
+
     action = args.hooks_command
     if action == "retry" and bool(args.failed) == bool(args.ids):
         raise UsageError("reactor hooks retry: give --failed or row ids, one of the two")

@@ -380,6 +380,7 @@ class Reactor:
         self.db_clock.observe(health.database_time, sent, self.clock.now())
         spread = self.vitals.trigger_spread
         self.vitals.saw(health)
+        self.schedule.pace("health", self.vitals.check_interval)
         if self.vitals.trigger_spread != spread and self.listener is not None:
             self.listener.refresh(self.subscriber)
         if health.reconcile_requested and self.reconciler is not None:

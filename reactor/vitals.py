@@ -27,6 +27,19 @@ log = logging.getLogger(__name__)
 # a second: a scan would only race them.
 OVERDUE_TOLERANCE = 1.0
 
+# How many probe intervals apart the health checks of a replica with nothing to change are.
+# Its heartbeat must stay within the liveness of three probe intervals as the others judge it:
+# two leaves one for a slow check. Idle, that is half the statements.
+CALM_STRETCH = 2.0
+
+
+def calm_interval(probe_interval: float, grace: float) -> float:
+    """The seconds between the checks of a replica with nothing to change: stretched only when
+    every job queued after a check is due (a grace on) after the next check plus one interval,
+    so that the next check sees a killed replica gone before any of its jobs is due."""
+    stretched = CALM_STRETCH * probe_interval
+    return stretched if grace >= stretched + probe_interval else probe_interval
+
 
 def trigger_state(trigger_channel: str | None, channel: str) -> str:
     """What the job trigger does for a replica listening on ``channel``: ``notifies`` it,
@@ -72,6 +85,10 @@ class Vitals:
         # How long past its grace the oldest queued job waits, and when a check last answered.
         self.oldest_overdue = math.inf
         self.last_seen = -math.inf
+        # Whether the last check found nothing to change (see :meth:`_calm`), and the live
+        # replicas it read.
+        self.calm = False
+        self._live: frozenset[str] | None = None
 
     @property
     def trigger(self) -> str:
@@ -84,13 +101,21 @@ class Vitals:
             return True
         return self.trigger != "notifies"
 
+    @property
+    def check_interval(self) -> float:
+        """The seconds to the next health check after the last one: the probe interval, and
+        longer (see :func:`calm_interval`) while the last check found nothing to change."""
+        probe = self.settings.probe_interval
+        return calm_interval(probe, self.settings.grace) if self.calm else probe
+
     def nothing_overdue(self) -> bool:
         """True when a fresh check found no queued job past its grace (beyond the tolerance)."""
-        fresh = self.clock.now() - self.last_seen < 2 * self.settings.probe_interval
+        fresh = self.clock.now() - self.last_seen < 2 * self.check_interval
         return fresh and self.database_ok is True and self.oldest_overdue < OVERDUE_TOLERANCE
 
     def failed(self, error: BaseException) -> None:
         """A check through the pool failed."""
+        self.calm = False
         if self.database_ok is not False:
             log.warning("database check failed", extra={"error": db.first_line(error)})
         self.database_ok = False
@@ -101,6 +126,7 @@ class Vitals:
         self.database_ok = True
         self.read_only = False
         self.last_seen = self.clock.now()
+        trigger_before = (self._trigger_known, self.trigger_channel, self.trigger_spread)
         usage = health.queue_usage
         metrics = self.metrics
         metrics.queue_usage.set(usage)
@@ -128,6 +154,9 @@ class Vitals:
                 else "the job trigger notifies every job on one channel",
                 extra={"channel": self.install.channel},
             )
+        trigger_after = (self._trigger_known, self.trigger_channel, self.trigger_spread)
+        live, self._live = self._live, frozenset(health.live_replicas)
+        self.calm = _calm(health) and trigger_before == trigger_after and live == self._live
 
     def _see_trigger(self, channel: str | None, *, listening: bool) -> None:
         known, self._trigger_known = self._trigger_known, True
@@ -202,3 +231,18 @@ class Vitals:
                     f"REACTOR_CHANNEL {self.install.channel!r}; polling",
                 )
         return True, "ok"
+
+
+def _calm(health: db.Health) -> bool:
+    """True when a check found nothing to change: no job queued (any replica's), no hook row
+    open, expired or orphaned, no reconcile pass asked for, the NOTIFY queue clear. The caller
+    adds that the trigger and the live replicas are as the check before found them."""
+    return not (
+        health.queued
+        or health.hook_backlog
+        or health.hooks_expired
+        or health.hooks_orphaned
+        or health.reconcile_requested
+        or health.set_aside
+        or health.queue_usage >= QUEUE_WARNING
+    )

@@ -486,7 +486,10 @@ SELECT pass AS number,
 -- - set_aside: the queued jobs whose write failed on their own data (oldest_overdue leaves out
 --   those whose next try is not due: they are reported as set aside, not as late);
 -- - hooks_orphaned: the running hook rows of replicas no longer live that this check made due
---   at once (their leases would have held them until they ran out).
+--   at once (their leases would have held them until they ran out);
+-- - queued: whether the pending queue holds any job, whoever owns it. An empty queue, with
+--   nothing else to act on, lets the replica check less often (reactor.vitals): every job
+--   queued after this check is due a grace later, past the next one.
 -- When %(own_session)s (the check rides the replica's LISTEN connection, a session of its own)
 -- the heartbeat names this session, and a replica whose named session is gone is not live
 -- however fresh its heartbeat: a killed process's sessions end with it, so the others take its
@@ -567,7 +570,8 @@ SELECT pg_notification_queue_usage()::float8 AS queue_usage,
          WHERE EXISTS (SELECT 1 FROM @reactor@.pending p WHERE p.job_id = s.job_id))::int
            AS set_aside,
        (SELECT count(*) FROM announce)::int AS joined_told,
-       (SELECT count(*) FROM orphaned)::int AS hooks_orphaned
+       (SELECT count(*) FROM orphaned)::int AS hooks_orphaned,
+       EXISTS (SELECT 1 FROM @reactor@.pending) AS queued
 
 -- name: replica_leave
 -- A replica that stops cleanly hands its jobs to the others: it drops its heartbeat and, in the

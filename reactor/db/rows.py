@@ -48,6 +48,7 @@ class Health:
     set_aside: int  # queued jobs whose write failed on their own data (reactor.set_aside)
     joined_told: int  # 1 when this was the replica's first heartbeat and the others were told
     hooks_orphaned: int  # running hook rows of replicas no longer live, made due at once
+    queued: bool  # the pending queue holds a job, any replica's
 
 
 @dataclass(frozen=True, slots=True)

@@ -82,6 +82,32 @@ def test_failures_back_off_by_the_duties_policy_and_success_resets() -> None:
     assert c.duties["scan"].next_at == now + 30.0
 
 
+def test_a_paced_duty_comes_back_later_once() -> None:
+    c = cadence()
+    assert c.begin("health", "pool", 0.0)
+    c.pace("health", 10.0)  # the check found nothing to change
+    c.end("health", "pool", 0.1, ok=True)
+    assert c.due(9.9, "pool") == ["scan"]
+    assert c.begin("health", "pool", 10.0)
+    c.end("health", "pool", 10.1, ok=True)
+    # Not paced this time: back at its own interval.
+    assert c.begin("health", "pool", 15.0)
+
+
+def test_pacing_never_delays_a_run_brought_forward() -> None:
+    c = cadence()
+    assert c.begin("health", "pool", 0.0)
+    c.hasten("health", 1.0)  # the first heartbeat is wanted now
+    c.pace("health", 10.0)
+    c.end("health", "pool", 1.5, ok=True)
+    assert "health" in c.due(1.5, "pool")
+    # Nor a failure's retry.
+    assert c.begin("health", "pool", 1.5)
+    c.end("health", "pool", 2.0, ok=False)
+    c.pace("health", 10.0)
+    assert "health" in c.due(2.0, "pool")
+
+
 def test_a_duty_may_ask_to_come_back_sooner_never_later() -> None:
     c = cadence()
     assert c.begin("scan", "pool", 0.0)
