@@ -11,10 +11,11 @@ States:
   transaction-mode pooler gives): the replica polls, probes go on, each lost one pings the
   session to find out whether it is still there.
 - ``proven``: a probe from another session came back: notifications are delivered. The session
-  settings are applied, the shares' channels are LISTENed on, and from then on the replica's
-  health check (through the pool) carries a probe whenever nothing arrived since the last one;
-  a probe that is not back within ``patience`` (and nothing else arrived meanwhile) ends the
-  session, so a dead, frozen or deaf connection is replaced within two probe intervals.
+  settings are applied, the shares' channels are LISTENed on, and from then on each of the
+  replica's health checks (through the pool) carries a probe; one that is not back within
+  ``patience`` (and nothing else arrived since it went) ends the session, so a dead, frozen or
+  deaf connection is replaced within two probe intervals. A check that failed, or could not send
+  the probe, pings the session instead.
 
 Events are the methods :meth:`Session.tick`, :meth:`connected`, :meth:`connect_failed`,
 :meth:`lost`, :meth:`changed`, :meth:`want`, :meth:`probe_heard`, :meth:`heard`,
@@ -136,8 +137,6 @@ class Session:
         self.probe_token: str | None = None
         # When the probe out went (None: asked of the check, not yet sent).
         self.probe_sent_at: float | None = None
-        # Whether any notification arrived since the last probe or check.
-        self._heard = False
 
     @property
     def proven(self) -> bool:
@@ -212,7 +211,6 @@ class Session:
         self.on = frozenset()
         self.probe_token = None
         self.probe_sent_at = None
-        self._heard = False
         return self._follow()
 
     def connect_failed(self, now: float, problem: str, *, permanent: bool) -> list[Action]:
@@ -288,7 +286,6 @@ class Session:
             # Another replica's probe: as good a proof of delivery as any notification.
             return self.heard()
         self.probe_token = None
-        self._heard = False
         if self.phase not in ("listening", "degraded"):
             return []
         back = self.phase == "degraded"
@@ -302,18 +299,16 @@ class Session:
 
     def heard(self) -> list[Action]:
         """A notification arrived: delivery works, a probe out need not come back."""
-        self._heard = True
         if self.proven:
             self.probe_token = None
         return []
 
     def probe_for_check(self) -> str | None:
         """The replica's health check is about to run: the probe it should carry to this
-        session, when proven and nothing arrived since the last check (None otherwise)."""
+        session, when proven and none is out (None otherwise). Every check carries one, even
+        after other notifications arrived: those prove the session up to their arrival, not
+        after it, and a partition that fell since would go unnoticed for another interval."""
         if not self.proven or self.probe_token is not None:
-            return None
-        if self._heard:
-            self._heard = False
             return None
         self.probe_token = self._token()
         self.probe_sent_at = None

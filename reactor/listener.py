@@ -193,7 +193,8 @@ class Listener:
 
     def probe_sent(self, payload: str, *, went: bool) -> None:
         """The health check sent ``payload`` (``went``) or could not."""
-        self._do(self.session.probe_sent(payload[len(PROBE) :], self.clock.now(), went=went))
+        self._actions += self.session.probe_sent(payload[len(PROBE) :], self.clock.now(), went=went)
+        self._kick()  # to wait for it no longer than it may take
 
     def _want(self) -> None:
         self._do(self.session.want(self.routes.main(), self.routes.shares()))
@@ -374,8 +375,7 @@ class Listener:
         wait = max(0.0, until - self.clock.now())
         conn = self._conn
         if conn is None or not self.session.is_open:
-            with anyio.move_on_after(wait):
-                await self._kicked.wait()
+            await self.clock.sleep_until(until, self._kicked)
             return
         got = 0
         try:

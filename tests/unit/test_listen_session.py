@@ -153,10 +153,12 @@ def test_any_notification_proves_delivery_as_well_as_a_probe() -> None:
     session.heard()
     assert session.tick(100.0) == []
     assert session.proven
-    # A check after something arrived sends no probe; the one after a quiet interval does.
+    # Every check carries one: what arrived before it proves nothing about after it.
     session.heard()
-    assert session.probe_for_check() is None
-    assert session.probe_for_check() is not None
+    token = session.probe_for_check()
+    assert token is not None
+    session.probe_sent(token, 100.0, went=True)
+    assert session.tick(100.0 + INTERVAL)[0] == Close(PROBE_LOST)
 
 
 def test_a_check_that_could_not_carry_the_probe_pings_the_session() -> None:
