@@ -81,12 +81,12 @@ class Listener:
         clock: Clock,
         dsn: str,
         subscribers: Sequence[Subscriber] = (),
-        coalesce: float = COALESCE,
+        coalesce: float | None = None,
     ) -> None:
         self.settings = settings
         self.clock = clock
         self.dsn = dsn
-        self.coalesce = coalesce
+        self.coalesce = COALESCE if coalesce is None else coalesce
         self.session = Session(
             probe_interval=settings.probe_interval, probe_timeout=settings.probe_timeout
         )
@@ -393,8 +393,9 @@ class Listener:
                             # Not a cancellation point, so nothing of the batch is dropped.
                             await anyio.lowlevel.cancel_shielded_checkpoint()
             self._waiting = None
-            if got and self.coalesce > 0 and not self._actions:
-                # Let the next ones gather on the socket: one read for them all.
+            if 0 < got < TURN_EVERY and self.coalesce > 0 and not self._actions:
+                # Let the next ones gather on the socket: one read for them all. Not after a
+                # large batch: the listener is behind (a flood), and reads on at once.
                 with anyio.CancelScope() as self._waiting:
                     await anyio.sleep(min(self.coalesce, wait))
         except _ERRORS as error:
