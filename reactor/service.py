@@ -3,8 +3,8 @@
 - :mod:`reactor.dispatch` owns every claim: the listener, the poll, the scan's re-arm, the
   reconcile and the recorder's retries offer jobs to one work queue, which hands out the due
   ones this replica owns, one claim per job at a time.
-- :mod:`reactor.cadence` owns every periodic duty: the health check (on the LISTEN connection
-  while it is proven, through the pool otherwise), the poll, the scan and the reconcile step.
+- :mod:`reactor.cadence` owns every periodic duty, all through the pool: the health check
+  (which carries the LISTEN session's probe), the poll, the scan and the reconcile step.
 - :mod:`reactor.vitals` keeps what the checks saw, for the loops and for /readyz.
 - :mod:`reactor.ownership` keeps who is live, from the heartbeats and from what replicas say
   when they join and leave.
@@ -360,8 +360,8 @@ class Reactor:
     # The duties.
 
     async def _check_pooled(self) -> None:
-        # Through the pool. It carries the listener's probe when the LISTEN session heard
-        # nothing since the last check, and names that session once a probe proved it ours.
+        # Through the pool. Once a probe proved the LISTEN session ours, the check carries the
+        # next probe to it, and its heartbeat names that session.
         listener = self.listener
         probe = None if listener is None else listener.probe_for_check()
         sent = self.clock.now()
