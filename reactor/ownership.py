@@ -55,6 +55,14 @@ def share_channels(channel: str) -> tuple[str, ...] | None:
     return tuple(f"{channel}.{share}" for share in range(SHARES))
 
 
+def replicas_channel(reactor_schema: str, channel: str) -> str:
+    """The channel replicas say they joined or left on: ``<reactor_schema>_replicas``, apart from
+    the jobs' channels, so that a replica hears its peers whatever the trigger notifies. A schema
+    too long to take the suffix keeps them on the main ``channel``, as before."""
+    name = f"{reactor_schema}_replicas"
+    return name if len(name.encode()) <= _CHANNEL_MAX else channel
+
+
 def weight(replica: str, share: int) -> int:
     """The rendezvous weight of ``share`` for ``replica``: 64 well-mixed bits."""
     digest = hashlib.blake2b(f"{replica}\x00{share}".encode(), digest_size=8).digest()

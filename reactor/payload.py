@@ -7,6 +7,7 @@ job, anything else names none.
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 
 import psycopg.sql
 
@@ -52,6 +53,54 @@ def parse_hint(payload: str, id_type: str) -> tuple[str, float | None] | None:
     if not sep:
         return job_id, None
     return (job_id, float(at)) if _EPOCH.fullmatch(at) else None
+
+
+PROBE = "probe:"
+# What a replica sends with its id on the membership channel: with its first heartbeat (the
+# health query) and when it stops cleanly (the replica_leave query). A replica id is 64
+# characters at most.
+JOINED = "joined:"
+LEFT = "left:"
+_REPLICA_MAX = 64
+
+
+@dataclass(frozen=True, slots=True)
+class Probed:
+    """A probe notification, with its token."""
+
+    token: str
+
+
+@dataclass(frozen=True, slots=True)
+class Membership:
+    """A replica said it ``left`` (or joined); only its heartbeat row can confirm it."""
+
+    replica: str
+    left: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Hint:
+    """A job hint: the job's canonical id and, when sent, its updated_at in unix seconds."""
+
+    job: str
+    updated_at: float | None
+
+
+Said = Probed | Membership | Hint
+
+
+def read(payload: str, id_type: str, *, membership: bool = True) -> Said | None:
+    """What ``payload`` says: a probe, a replica joining or leaving (only where ``membership``
+    is heard), a job hint; None when it names nothing."""
+    if payload.startswith(PROBE):
+        return Probed(payload[len(PROBE) :])
+    if membership:
+        for prefix, left in ((LEFT, True), (JOINED, False)):
+            if payload.startswith(prefix):
+                return Membership(payload[len(prefix) : len(prefix) + _REPLICA_MAX], left)
+    hint = parse_hint(payload, id_type)
+    return None if hint is None else Hint(*hint)
 
 
 def listen_statement(channel: str) -> psycopg.sql.Composed:

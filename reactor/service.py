@@ -3,8 +3,8 @@
 - :mod:`reactor.dispatch` owns every claim: the listener, the poll, the scan's re-arm, the
   reconcile and the recorder's retries offer jobs to one work queue, which hands out the due
   ones this replica owns, one claim per job at a time.
-- :mod:`reactor.cadence` owns every periodic duty: the health check (on the LISTEN connection
-  while it is proven, through the pool otherwise), the poll, the scan and the reconcile step.
+- :mod:`reactor.cadence` owns every periodic duty, all through the pool: the health check
+  (which carries the LISTEN session's probe), the poll, the scan and the reconcile step.
 - :mod:`reactor.vitals` keeps what the checks saw, for the loops and for /readyz.
 - :mod:`reactor.ownership` keeps who is live, from the heartbeats and from what replicas say
   when they join and leave.
@@ -25,7 +25,6 @@ import logging
 import math
 from collections.abc import Mapping
 from datetime import datetime, timedelta
-from typing import Any
 
 import anyio
 import anyio.abc
@@ -157,15 +156,12 @@ class Reactor:
         self.subscriber = Subscriber(
             database,
             self.metrics,
-            self.schedule,
             on_job=self._on_notified,
             on_listening=lambda: self.request_scan(rearm=True),
-            ask=self._ask_health,
-            saw=self._saw,
-            poll=self._poll,
-            on_left=lambda replica: self.verifier.replica(replica, left=True),
-            on_joined=lambda replica: self.verifier.replica(replica, left=False),
-            settling=lambda: not self.holding,
+            on_replica=lambda replica, left: self.verifier.replica(replica, left=left),
+            # At once, not at the next check: its heartbeat names the session, which tells the
+            # others at once if this process is killed.
+            on_proven=lambda: self.schedule.hasten("health"),
             shares=self._heard_shares,
         )
         if self.listener is not None:
@@ -191,20 +187,14 @@ class Reactor:
     def _cadence(self) -> Cadence:
         settings = self.settings
         cadence = Cadence()
-        # A check that failed on the LISTEN connection is taken up by the pool at once; one that
-        # failed through the pool says the database is down, and is tried every interval.
+        # Both through the pool: the LISTEN session only listens. A failed check is tried again at
+        # once (a connection of the pool may have died), then every interval.
         cadence.add(
             "health",
             settings.probe_interval,
             retry=lambda failures: 0.0 if failures == 1 else settings.probe_interval,
-            listener_may_carry=True,
         )
-        cadence.add(
-            "poll",
-            settings.poll_interval,
-            retry=lambda failures: settings.poll_interval,
-            listener_may_carry=True,
-        )
+        cadence.add("poll", settings.poll_interval, retry=lambda failures: settings.poll_interval)
         # After a failed scan, try again soon (the database is likely back within seconds and
         # the jobs it missed are waiting), backing off up to the normal interval.
         cadence.add("scan", settings.scan_interval, retry=backoff(0.5, settings.scan_interval))
@@ -349,31 +339,29 @@ class Reactor:
 
     # The duties.
 
-    def _ask_health(self, probe: str | None) -> dict[str, Any]:
-        # The check's parameters on the LISTEN connection, a session of our own.
-        return db.health_params(
-            self.database.install,
-            self.database.grace,
-            self._health_check,
-            probe,
-            own_session=True,
-            holding=self._holding,
-            write_error=self.writes.problem,
-        )
-
-    def _queries(self, conn: db.AnyConnection | None) -> db.Database:
-        # A duty's queries: on the pool, or on the connection the listener carries it on.
-        return self.database if conn is None else self.database.using(conn)
-
     async def _check_pooled(self) -> None:
+        # Through the pool. Once a probe proved the LISTEN session ours, the check carries the
+        # next probe to it, and its heartbeat names that session.
+        listener = self.listener
+        probe = None if listener is None else listener.probe_for_check()
         sent = self.clock.now()
-        with anyio.fail_after(self.settings.probe_timeout):
-            health = await self.database.health(
-                self._health_check, holding=self._holding, write_error=self.writes.problem
-            )
+        try:
+            with anyio.fail_after(self.settings.probe_timeout):
+                health = await self.database.health(
+                    self._health_check,
+                    probe=probe,
+                    session_pid=None if listener is None else listener.session_pid,
+                    holding=self._holding,
+                    write_error=self.writes.problem,
+                )
+        except BaseException:
+            if listener is not None and probe is not None:
+                listener.probe_sent(probe, went=False)
+            raise
+        if listener is not None and probe is not None:
+            # At a half-full NOTIFY queue the check skips it: then it is not waited for.
+            listener.probe_sent(probe, went=health.probes_sent > 0)
         self._saw(health, sent)
-        if self.listener is not None:
-            self.listener.readmit(self.subscriber)
 
     def _saw(self, health: db.Health, sent: float) -> None:
         # What a check read, on either road, sent at ``sent``.
@@ -412,7 +400,7 @@ class Reactor:
             # scan's.
             log.debug("poll failed", extra={"error": db.first_line(error)})
 
-    async def _poll(self, conn: db.AnyConnection | None = None) -> None:
+    async def _poll(self) -> None:
         # While notifications cannot be relied on, the timers come from the queue itself: every
         # poll interval, the queued jobs whose deadline comes within two intervals. Windows
         # overlap by that much, so a job queued by a transaction that was still open at the last
@@ -421,9 +409,10 @@ class Reactor:
             self._poll_low = None
             return
         ahead = 2 * self.settings.poll_interval
-        on = self._queries(conn)
         try:
-            jobs, high = await on.poll_queue(self._poll_low, ahead=ahead, limit=POLL_LIMIT)
+            jobs, high = await self.database.poll_queue(
+                self._poll_low, ahead=ahead, limit=POLL_LIMIT
+            )
         except BaseException:
             self._poll_low = None
             raise

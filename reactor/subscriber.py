@@ -1,50 +1,38 @@
 """One pair's side of the replica's LISTEN session (:class:`reactor.listener.Listener`): its
-channels, what it is told, its duties, and whether its statements fail there on their own."""
+channels and what it is told on them."""
 
 from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
-
-import psycopg
 
 from reactor import db, logs
-from reactor.cadence import Scheduler
+from reactor.errors import ConfigError
 from reactor.hints import LOG_INTERVAL, Tally
 from reactor.metrics import Metrics
-from reactor.ownership import share_channels
+from reactor.ownership import replicas_channel, share_channels
 
 log = logging.getLogger(__name__)
-
-# The poll a pair runs on the listener's proven connection, as the pool would otherwise.
-Poll = Callable[[db.AnyConnection], Awaitable[None]]
 
 
 @dataclass(eq=False)
 class Subscriber:
-    """One pair's side of the LISTEN session: its channels, what it is told, and its duties.
+    """One pair's side of the LISTEN session: its channels, and what it is told on them.
 
-    ``ask`` gives the pair's health check parameters for this session (with the probe payload
-    when this pair's part sends it); ``saw`` takes the check's :class:`~reactor.db.Health` and
-    when it was sent (the listener's clock).
+    ``on_job`` takes a job hint (its id, its updated_at when sent); ``on_listening`` is called
+    once the pair's channels (or some of its shares') are LISTENed on, to re-read what was
+    notified before; ``on_replica`` takes a replica said to have left (True) or joined;
+    ``on_proven`` is called once a probe proved a new session (the heartbeat should name it).
     """
 
     database: db.Database
     metrics: Metrics
-    schedule: Scheduler
     on_job: Callable[[str, float | None], None]
     on_listening: Callable[[], None]
-    ask: Callable[[str | None], dict[str, Any]]
-    saw: Callable[[db.Health, float], None]
-    poll: Poll
-    on_left: Callable[[str], None] = lambda replica: None
-    on_joined: Callable[[str], None] = lambda replica: None
-    # True until the replica holds its share: a duty hastened then (its first heartbeat,
-    # which tells the others it joined) must not wait out a whole probe interval here.
-    settling: Callable[[], bool] = lambda: False
+    on_replica: Callable[[str, bool], None] = lambda replica, left: None
+    on_proven: Callable[[], None] = lambda: None
     # The shares of the jobs whose channels to LISTEN on: those this replica owns, when the
     # trigger was installed with --spread and notifies each share on a channel of its own.
     shares: Callable[[], frozenset[int]] = frozenset
@@ -52,9 +40,6 @@ class Subscriber:
     listening: frozenset[int] = frozenset()
     # The pair's name, for the lines logged on its behalf; None in a replica of one pair.
     name: str | None = None
-    # True while this pair's statements fail on this session (its tables are broken): its
-    # duties go to the pool, and a check there that succeeds brings them back (readmit).
-    benched: bool = False
     # The payloads that named nothing, logged at most once per interval with their count: any
     # role that can connect can send them, as many as it likes.
     garbage: Tally = field(default_factory=Tally)
@@ -62,13 +47,19 @@ class Subscriber:
     def __post_init__(self) -> None:
         # Read once: every notification is parsed by them. A channel too long to take a
         # share's suffix has none: no trigger can spread over it.
-        self.channel = self.database.install.channel
-        self.id_type = self.database.install.id_type
+        install = self.database.install
+        self.channel = install.channel
+        self.id_type = install.id_type
         self.share_channels = share_channels(self.channel) or ()
+        self.replicas_channel = replicas_channel(install.schema, self.channel)
 
     def channels(self, shares: frozenset[int]) -> list[str]:
         """The channels of ``shares``."""
         return [self.share_channels[share] for share in sorted(shares)]
+
+    def owned(self) -> frozenset[int]:
+        """The shares to LISTEN on now (none when the channel cannot take a share's suffix)."""
+        return self.shares() if self.share_channels else frozenset()
 
     def rejected(self, payload: str, now: float) -> None:
         """``payload`` came on this pair's channel at ``now`` and names nothing."""
@@ -92,21 +83,54 @@ class Subscriber:
                 },
             )
 
-    def owned(self) -> frozenset[int]:
-        """The shares to LISTEN on now (none when the channel cannot take a share's suffix)."""
-        return self.shares() if self.share_channels else frozenset()
 
+class Routes:
+    """Which pair a channel's notifications go to: a pair's main channel and its shares' (one
+    pair each), and its membership channel (the pairs of one reactor schema share it); pure."""
 
-def statement_failed(error: BaseException, conn: db.AnyConnection) -> bool:
-    # A statement failed on its own (a table or a grant gone), the session is fine: it costs
-    # only the pair whose statement it was. Anything else (the connection lost, a statement
-    # cut short by its bound) makes the session suspect.
-    return (
-        isinstance(error, psycopg.Error)
-        and not isinstance(error, psycopg.OperationalError)
-        and not conn.closed
-        and not conn.broken
-    )
+    def __init__(self) -> None:
+        self.subscribers: list[Subscriber] = []
+        self._jobs: dict[str, Subscriber] = {}
+        self._members: dict[str, list[Subscriber]] = {}
+
+    def add(self, subscriber: Subscriber) -> None:
+        """Route ``subscriber``'s channels to it."""
+        if subscriber.channel in self._jobs:
+            raise ConfigError(f"two pairs notify one channel: {subscriber.channel}")
+        self.subscribers.append(subscriber)
+        for channel in (subscriber.channel, *subscriber.share_channels):
+            self._jobs[channel] = subscriber
+        if subscriber.replicas_channel != subscriber.channel:
+            self._members.setdefault(subscriber.replicas_channel, []).append(subscriber)
+
+    def remove(self, subscriber: Subscriber) -> bool:
+        """Route nothing more to ``subscriber``; False when it was not routed to."""
+        if subscriber not in self.subscribers:
+            return False
+        self.subscribers.remove(subscriber)
+        self._jobs = {ch: one for ch, one in self._jobs.items() if one is not subscriber}
+        for members in self._members.values():
+            if subscriber in members:
+                members.remove(subscriber)
+        return True
+
+    def main(self) -> frozenset[str]:
+        """The channels LISTENed on whatever the session's state: each pair's main one and its
+        membership channel."""
+        members = (channel for channel, pairs in self._members.items() if pairs)
+        return frozenset({s.channel for s in self.subscribers}.union(members))
+
+    def shares(self) -> frozenset[str]:
+        """The channels of the shares each pair owns now."""
+        return frozenset(ch for s in self.subscribers for ch in s.channels(s.owned()))
+
+    def of(self, channel: str | None) -> tuple[Subscriber | None, list[Subscriber]]:
+        """The pair whose jobs ``channel`` carries (None: no pair's), and the pairs whose
+        membership it carries (none: it is no membership channel). A notification without a
+        channel goes to the first pair."""
+        if channel is None:
+            return next(iter(self.subscribers), None), []
+        return self._jobs.get(channel), self._members.get(channel, [])
 
 
 @contextlib.contextmanager
@@ -118,44 +142,3 @@ def on_behalf(subscriber: Subscriber) -> Iterator[None]:
     finally:
         if token is not None:
             logs.PAIR.reset(token)
-
-
-async def check_pairs(
-    conn: db.AnyConnection,
-    due: list[Subscriber],
-    probe: str | None,
-    *,
-    sent: float,
-    isolate: bool,
-) -> tuple[bool, dict[Subscriber, BaseException]]:
-    """The health check of the pairs ``due``, in one statement on ``conn``, sent at ``sent``;
-    the first pair's part sends ``probe``. Returns whether the probe went out, and the pairs
-    whose own statements failed: with ``isolate``, when one pair's part fails the statement on
-    its own, each part runs alone."""
-    asks = [
-        (subscriber.database, subscriber.ask(probe if index == 0 else None))
-        for index, subscriber in enumerate(due)
-    ]
-    try:
-        results: list[db.Health | BaseException] = list(await db.health_of_pairs(conn, asks))
-    except psycopg.Error as error:
-        if not (isolate and statement_failed(error, conn)):
-            raise
-        results = []
-        for ask in asks:
-            try:
-                results.extend(await db.health_of_pairs(conn, [ask]))
-            except psycopg.Error as alone:
-                if not statement_failed(alone, conn):
-                    raise
-                results.append(alone)
-    failed: dict[Subscriber, BaseException] = {}
-    probes = 0
-    for subscriber, result in zip(due, results, strict=True):
-        if isinstance(result, BaseException):
-            failed[subscriber] = result
-        else:
-            probes += result.probes_sent
-            with on_behalf(subscriber):
-                subscriber.saw(result, sent)
-    return probes > 0, failed

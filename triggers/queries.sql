@@ -495,12 +495,14 @@ SELECT pass AS number,
 -- however fresh its heartbeat: a killed process's sessions end with it, so the others take its
 -- jobs over at their next check. A frozen or cut-off one keeps its session until the server's
 -- keepalives end it; its heartbeat ages out meanwhile. A replica's first heartbeat tells the
--- others at once (`joined:<replica>`), as replica_leave does its last. A replica writes none
+-- others at once (`joined:<replica>` on %(replicas_channel)s), as replica_leave does its last;
+-- %(session_pid)s names the replica's proven LISTEN session when the check runs elsewhere. A replica writes none
 -- until %(holding)s: it holds its share (its first re-arm read the queue), so that no job is
 -- dropped by the others before it is held here.
 WITH beat AS (
     INSERT INTO @reactor@.replicas (id, session_pid, grace_seconds, write_error)
-    SELECT %(replica)s, CASE WHEN %(own_session)s THEN pg_backend_pid() END,
+    SELECT %(replica)s,
+           coalesce(%(session_pid)s::int, CASE WHEN %(own_session)s THEN pg_backend_pid() END),
            %(grace)s, %(write_error)s::text
      WHERE %(holding)s
     ON CONFLICT (id) DO UPDATE
@@ -508,7 +510,7 @@ WITH beat AS (
            grace_seconds = excluded.grace_seconds, write_error = excluded.write_error
     RETURNING xmax = 0 AS joined
 ), announce AS (
-    SELECT pg_notify(%(channel)s, 'joined:' || %(replica)s)
+    SELECT pg_notify(%(replicas_channel)s, 'joined:' || %(replica)s)
       FROM beat
      WHERE beat.joined AND pg_notification_queue_usage() < 0.5
 ), gone AS (
@@ -575,8 +577,9 @@ SELECT pg_notification_queue_usage()::float8 AS queue_usage,
 
 -- name: replica_leave
 -- A replica that stops cleanly hands its jobs to the others: it drops its heartbeat and, in the
--- same statement, tells every replica listening on %(channel)s (`left:<replica>`), so they take
--- its share over in milliseconds rather than at their next health check. The notification is
+-- same statement, tells every replica listening on the membership channel %(channel)s
+-- (`left:<replica>`), so they take its share over in milliseconds rather than at their next
+-- health check. The notification is
 -- skipped when the NOTIFY queue is half full, as the probe is; the health check then tells.
 WITH gone AS (
     DELETE FROM @reactor@.replicas WHERE id = %(replica)s RETURNING id

@@ -38,6 +38,7 @@ from reactor.db.rows import (
 from reactor.db.session import AnyConnection, first_line
 from reactor.errors import PrivilegeMissing, UntrustedSchema
 from reactor.install import Install
+from reactor.ownership import replicas_channel
 
 R = TypeVar("R")
 
@@ -74,12 +75,14 @@ def health_params(
     own_session: bool = False,
     holding: bool = True,
     write_error: str | None = None,
+    session_pid: int | None = None,
 ) -> dict[str, Any]:
     """The parameters of the ``health`` query; ``own_session`` when it runs on the replica's
     LISTEN connection, ``holding`` once it holds its share, ``write_error`` while its record
     statements cannot write (see :meth:`Database.health`)."""
     return {
         "own_session": own_session,
+        "session_pid": session_pid,
         "holding": holding,
         "write_error": write_error,
         "grace": grace,
@@ -87,6 +90,7 @@ def health_params(
         "liveness": check.liveness,
         "retention": check.retention,
         "channel": install.channel,
+        "replicas_channel": replicas_channel(install.schema, install.channel),
         "probe": probe,
     }
 
@@ -338,6 +342,7 @@ class Database:
         *,
         probe: str | None = None,
         own_session: bool = False,
+        session_pid: int | None = None,
         holding: bool = True,
         write_error: str | None = None,
     ) -> Health:
@@ -345,7 +350,8 @@ class Database:
 
         ``probe``: a payload to notify on the install's channel in the same round trip.
         ``own_session`` when this runs on the replica's LISTEN connection, a session of its
-        own: the heartbeat names it. ``holding`` False: the replica has not read its share yet,
+        own: the heartbeat names it, as it names ``session_pid`` (the replica's proven LISTEN
+        session) from the pool. ``holding`` False: the replica has not read its share yet,
         and writes no heartbeat, so nobody counts it as an owner. ``write_error``: what its
         record statements fail with while they cannot write, for `reactor status`.
         """
@@ -357,13 +363,15 @@ class Database:
             own_session=own_session,
             holding=holding,
             write_error=write_error,
+            session_pid=session_pid,
         )
         return (await self.run("health", params, class_row(Health)))[0]
 
     async def leave(self, replica: str) -> None:
         """Drop ``replica``'s heartbeat and tell the replicas listening on the channel: they
         take its jobs over at once (the others at their next check)."""
-        params = {"replica": replica, "channel": self.install.channel}
+        install = self.install
+        params = {"replica": replica, "channel": replicas_channel(install.schema, install.channel)}
         await self.run("replica_leave", params, tuple_row)
 
     async def notify(self, payload: str, channel: str | None = None) -> None:

@@ -225,8 +225,6 @@ def test_a_broken_pair_costs_only_itself(
         proc.send_signal(signal.SIGTERM)
         _, stderr = proc.communicate(timeout=30)
     assert proc.returncode == 0, stderr
-    benched = [json.loads(line) for line in stderr.splitlines() if "through the pool" in line]
-    assert [line.get("pair") for line in benched] == [REPORTS]
     left_out = [json.loads(line) for line in stderr.splitlines() if "pair not served" in line]
     assert [line["pair"] for line in left_out] == ["reactor_gone"]
     assert "app.Gone" in left_out[0]["error"] or "Gone" in left_out[0]["error"]

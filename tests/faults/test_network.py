@@ -12,9 +12,7 @@ import time
 
 import pytest
 
-from reactor import db
 from reactor.service import Reactor
-from reactor.subscriber import Subscriber
 from tests.faults.proxy import FaultProxy
 from tests.faults.scenario import Scenario
 from tests.faults.support import with_port
@@ -137,20 +135,17 @@ async def test_partition_during_the_listeners_check_is_noticed_within_the_probe_
         first = fleet.reactors[0]
         listener = first.listener
         assert listener is not None
-        check = listener.check
+        hand_out = listener.probe_for_check
 
-        async def health(
-            conn: db.AnyConnection, due: list[Subscriber], probe: str | None
-        ) -> tuple[bool, dict[Subscriber, BaseException]]:
-            # The cut lands exactly as the first replica's next health check leaves on its
-            # LISTEN connection (with the probe notification, unless other replicas' probes
-            # arrived meanwhile).
+        def probe_for_check() -> str | None:
+            # The cut lands exactly as the first replica's next health check leaves through the
+            # pool, with the probe for its LISTEN session unless other probes arrived meanwhile.
             if not cut:
                 proxy.partition()
                 cut.append(time.monotonic())
-            return await check(conn, due, probe)
+            return hand_out()
 
-        listener.check = health
+        listener.probe_for_check = probe_for_check  # type: ignore[method-assign]
         await eventually(lambda: cut, timeout=5)
         noticed: float | None = None
         try:

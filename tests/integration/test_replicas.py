@@ -234,19 +234,22 @@ async def test_the_others_hear_a_replica_join_between_their_checks(
     async with start_reactor(**settings) as first:
         await eventually(lambda: first.membership.live == {first.replica_id})
         await eventually(lambda: first.listener is not None and first.listener.proven)
-        # Its checks: the pool's at start, the listener's once proven (it names the session), and
-        # the first once it holds its share (the same one when that came first); then none for
-        # a minute.
+        # Its checks: at start, once it holds its share (its first heartbeat) and once its
+        # listener is proven (the heartbeat names that session); then none for a minute.
         health = first.cadence.duties["health"]
-        await eventually(
-            lambda: (
-                first.holding
-                and first.cadence.listener_carries
-                and health.runs >= 2
-                and health.running is None
-                and health.next_at > first.clock.now()
+        listener = first.listener
+        assert listener is not None
+        named = "SELECT (SELECT session_pid FROM reactor.replicas WHERE id = %s)"
+        with psycopg.connect(database_url, autocommit=True) as conn:
+            await eventually(
+                lambda: (
+                    first.holding
+                    and listener.session_pid is not None
+                    and scalar(conn, named, (first.replica_id,)) == listener.session_pid
+                    and health.running is None
+                    and health.next_at > first.clock.now()
+                )
             )
-        )
         checks = health.runs
         async with start_reactor(**settings) as second:
             both = {first.replica_id, second.replica_id}

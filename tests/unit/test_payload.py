@@ -19,6 +19,7 @@ from reactor.clock import FakeClock
 from reactor.config import Settings
 from reactor.errors import ConfigError
 from reactor.install import Install
+from reactor.listen_session import Probe
 from reactor.listener import Listener
 from reactor.metrics import Metrics
 from reactor.ownership import share_of
@@ -146,13 +147,20 @@ def make_subscriber(channel: str, jobs: list[str]) -> Subscriber:
     return Subscriber(
         db.Database(install, cast(Any, MagicMock())),
         Metrics(),
-        cast(Any, MagicMock()),
         on_job=lambda job_id, updated_at: jobs.append(job_id),
         on_listening=lambda: None,
-        ask=cast(Any, MagicMock()),
-        saw=cast(Any, MagicMock()),
-        poll=cast(Any, MagicMock()),
     )
+
+
+def probing(listener: Listener) -> str:
+    """Connect the listener's session, LISTEN, and return the token of the probe it sends."""
+    session = listener.session
+    session.tick(0.0)
+    [_change] = session.connected(0.0)
+    probe = session.changed(0.0)[-1]
+    assert isinstance(probe, Probe)
+    session.probe_sent(probe.token, 0.0, went=True)
+    return probe.token
 
 
 def make_listener(channel: str = "analysis_jobs_terminal") -> tuple[Listener, list[str]]:
@@ -176,8 +184,8 @@ def test_each_pairs_notifications_go_to_that_pair() -> None:
     listener._receive(str(uuid.uuid4()), "nobody_done")
     assert (first, second) == ([JOB], [other])
     # A probe proves the one session, whichever pair's channel it came on.
-    listener._probe_token = "abc"
-    listener._receive("probe:abc", "second_done")
+    token = probing(listener)
+    listener._receive(f"probe:{token}", "second_done")
     assert listener.proven
     listener.unsubscribe(two)
     listener._receive(str(uuid.uuid4()), "second_done")
@@ -200,12 +208,12 @@ def test_receive_hands_canonical_ids_to_on_job() -> None:
 
 def test_receive_never_hands_a_probe_to_on_job() -> None:
     listener, jobs = make_listener()
-    listener._probe_token = "abc"
+    token = probing(listener)
     listener._receive("probe:other")
     assert not listener.proven
-    listener._receive("probe:abc")
+    listener._receive(f"probe:{token}")
     assert listener.proven
-    assert listener._probe_token is None
+    assert listener.session.probe_token is None
     assert listener.state == "listening"
     assert jobs == []
 
@@ -240,6 +248,11 @@ class _FakeConnection:
         raise _Stop
 
 
+def listened(monkeypatch: pytest.MonkeyPatch, channel: str) -> set[str | None]:
+    """The channels the first statement on a new connection LISTENs on."""
+    return {channel_listened_to(one) for one in listen_statement(monkeypatch, channel).split("; ")}
+
+
 def listen_statement(monkeypatch: pytest.MonkeyPatch, channel: str) -> str:
     listener, _ = make_listener(channel)
     conn = _FakeConnection()
@@ -268,8 +281,11 @@ def channel_listened_to(statement: str) -> str | None:
 
 
 def test_listen_names_the_default_channel(monkeypatch: pytest.MonkeyPatch) -> None:
-    statement = listen_statement(monkeypatch, "analysis_jobs_terminal")
-    assert channel_listened_to(statement) == "analysis_jobs_terminal"
+    # The jobs' channel, and the membership channel of the reactor's schema.
+    assert listened(monkeypatch, "analysis_jobs_terminal") == {
+        "analysis_jobs_terminal",
+        "reactor_replicas",
+    }
 
 
 @pytest.mark.parametrize("channel", ["AnalysisDone", "select"])
@@ -280,8 +296,7 @@ def test_listen_names_exactly_the_channel_pg_notify_uses(
         Settings.from_env({"REACTOR_CHANNEL": channel})
     except ConfigError:
         return  # refusing such a channel up front would be a fix too
-    statement = listen_statement(monkeypatch, channel)
-    assert channel_listened_to(statement) == channel
+    assert listened(monkeypatch, channel) == {channel, "reactor_replicas"}
 
 
 def test_garbage_is_counted_and_logged_at_most_once_per_interval(
