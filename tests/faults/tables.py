@@ -210,13 +210,14 @@ class Tables:
         job: JobId | None = None,
         run: RunKey | None = None,
         finished: bool = False,
-        doc: str = DOC,
+        failed: bool = False,
+        doc: str | None = DOC,
         results: str | None = None,
         created_age: float = 0.0,
         updated_age: float = 0.0,
     ) -> tuple[JobId, RunKey]:
-        """Insert a job, running unless ``finished`` (with ``results``), created and updated
-        the given seconds ago; returns (job id, run key)."""
+        """Insert a job, running unless ``finished`` or ``failed`` (with ``results``), created
+        and updated the given seconds ago; returns (job id, run key)."""
         app = self.app
         row = conn.execute(
             *app.create(
@@ -224,6 +225,7 @@ class Tables:
                 jobs=None if job is None else [job],
                 document=doc,
                 finished=finished,
+                failed=failed,
                 verdicts=results,
                 created_age=created_age,
                 updated_age=updated_age,
