@@ -64,17 +64,17 @@ def new_job(
     created_age: float = 0.0,
     age: float = 0.0,
 ) -> tuple[uuid.UUID, uuid.UUID]:
-    """Insert a job, created ``created_age`` and last updated ``age`` seconds ago (a job can
-    be past its grace without the test waiting for it); returns (job id, run id). ``results``
-    is stored as JSON unless it is None (NULL)."""
-    finished = status != APP.running
-    failed = finished and _failed(status)
+    """Insert a job in ``status`` (terminal or not), created ``created_age`` and last updated
+    ``age`` seconds ago (a job can be past its grace without the test waiting for it); returns
+    (job id, run id). ``results`` is stored as JSON unless it is None (NULL)."""
+    finished = status in APP.mapping.jobs.terminal
     job, run = TABLES.add_job(
         conn,
         job=job_id,
         run=run_id,
         finished=finished,
-        failed=failed,
+        failed=finished and _failed(status),
+        running=None if finished else status,
         doc=doc_html,
         results=_verdicts(results),
         created_age=created_age,
