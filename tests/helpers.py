@@ -19,6 +19,19 @@ AUDIT_SQL = audit.ddl(mapping.REFERENCE)
 
 Conn = psycopg.Connection[Any]
 
+# public.stamp(text), immutable by its word only: it calls public.touch(), which takes the next
+# value of public.ticks and writes a row to public.touched. The planner folds an immutable call
+# with constant arguments, so planning an expression that calls it runs it; nextval is never
+# rolled back, only a READ ONLY transaction refuses it.
+IMMUTABLE_BY_ITS_WORD = (
+    "CREATE SEQUENCE public.ticks; CREATE TABLE public.touched (at timestamptz);"
+    " CREATE FUNCTION public.touch() RETURNS void LANGUAGE plpgsql AS"
+    " $$ BEGIN PERFORM nextval('public.ticks'); INSERT INTO public.touched VALUES"
+    " (now()); END $$;"
+    " CREATE FUNCTION public.stamp(text) RETURNS text LANGUAGE plpgsql IMMUTABLE AS"
+    " $$ BEGIN PERFORM public.touch(); RETURN $1; END $$"
+)
+
 
 def scalar(conn: Conn, query: str, params: Any = None) -> Any:
     """The first column of the first row of ``query``."""
