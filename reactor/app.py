@@ -192,14 +192,16 @@ class App:
         count: int = 1,
         document: str | None = DOCUMENT,
         finished: bool = False,
+        failed: bool = False,
         verdicts: str | None = None,
         created_age: float = 0.0,
         updated_age: float = 0.0,
     ) -> Statement:
-        """New jobs, running unless ``finished``: one per run key of ``runs`` (``count`` fresh
-        ones if none), created and updated the given seconds ago, each with ``document`` and
-        ``verdicts``. Returns rows of (job id, run key). ``jobs`` gives their ids; by default
-        the app makes them (or the database does, :attr:`assigns_ids`)."""
+        """New jobs, running unless ``finished`` (``failed``: finished as failed jobs): one per
+        run key of ``runs`` (``count`` fresh ones if none), created and updated the given
+        seconds ago, each with ``document`` and ``verdicts``. Returns rows of (job id, run
+        key). ``jobs`` gives their ids; by default the app makes them (or the database does,
+        :attr:`assigns_ids`)."""
         runs = list(runs) or [self.new_run() for _ in range(count)]
         ids = list(jobs) if jobs is not None else [self.new_job() for _ in runs]
         if len(ids) != len(runs):
@@ -209,7 +211,7 @@ class App:
         params = {
             "jobs": ids,
             "runs": runs,
-            "status": self.status() if finished else self.running,
+            "status": self.status(failed=failed) if finished or failed else self.running,
             "document": document,
             "verdicts": verdicts,
             "created": created_age,

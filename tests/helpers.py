@@ -1,4 +1,6 @@
-"""Playing the app in tests: the worker, the browser tab, and an audit of every run write."""
+"""Playing the app in tests on the reference tables: the worker, the browser tab (both as
+:mod:`tests.faults.tables` plays them, through :class:`reactor.app.App`), and an audit of every
+run write."""
 
 from __future__ import annotations
 
@@ -9,12 +11,33 @@ from typing import Any
 import psycopg
 
 from reactor import audit, mapping
+from tests.faults import tables
 
 # Every write to analysis_runs, with who made it and when (by the database clock), so tests
 # check dup / clobbered / early from the database itself.
 AUDIT_SQL = audit.ddl(mapping.REFERENCE)
 
 Conn = psycopg.Connection[Any]
+
+# public.stamp(text), immutable by its word only: it calls public.touch(), which takes the next
+# value of public.ticks and writes a row to public.touched. The planner folds an immutable call
+# with constant arguments, so planning an expression that calls it runs it; nextval is never
+# rolled back, only a READ ONLY transaction refuses it.
+IMMUTABLE_BY_ITS_WORD = (
+    "CREATE SEQUENCE public.ticks; CREATE TABLE public.touched (at timestamptz);"
+    " CREATE FUNCTION public.touch() RETURNS void LANGUAGE plpgsql AS"
+    " $$ BEGIN PERFORM nextval('public.ticks'); INSERT INTO public.touched VALUES"
+    " (now()); END $$;"
+    " CREATE FUNCTION public.stamp(text) RETURNS text LANGUAGE plpgsql IMMUTABLE AS"
+    " $$ BEGIN PERFORM public.touch(); RETURN $1; END $$"
+)
+
+
+def scalar(conn: Conn, query: str, params: Any = None) -> Any:
+    """The first column of the first row of ``query``."""
+    row = conn.execute(query, params).fetchone()
+    assert row is not None
+    return row[0]
 
 
 def grant_audit(conn: Conn, role: str) -> None:
@@ -23,51 +46,75 @@ def grant_audit(conn: Conn, role: str) -> None:
     conn.execute(f'GRANT USAGE ON SEQUENCE run_audit_seq_seq TO "{role}"')
 
 
+# The reference tables, and the app that writes them, which every test here plays.
+TABLES = tables.REFERENCE
+APP = TABLES.app
+# What a job starts with, and what the worker finishes it with, unless a test says otherwise.
+DOC_HTML = "<p>body</p>"
+RESULTS = {"verdicts": [1, 2]}
+
+
+def _verdicts(results: Any) -> str | None:
+    return None if results is None else json.dumps(results)
+
+
+def _failed(status: str) -> bool:
+    """Whether the terminal ``status`` is the failed one (the reference's two: complete,
+    failed)."""
+    if status not in APP.mapping.jobs.terminal:
+        raise ValueError(f"{status!r} is not a terminal status of the reference tables")
+    return status == APP.status(failed=True)
+
+
 def new_job(
     conn: Conn,
     *,
     status: str = "running",
     run_id: uuid.UUID | None = None,
-    doc_html: str | None = "<p>body</p>",
+    job_id: uuid.UUID | None = None,
+    doc_html: str | None = DOC_HTML,
     results: Any = None,
+    created_age: float = 0.0,
+    age: float = 0.0,
 ) -> tuple[uuid.UUID, uuid.UUID]:
-    """Insert a job; returns (job id, run id)."""
-    job_id = uuid.uuid4()
-    run_id = run_id or uuid.uuid4()
-    conn.execute(
-        "INSERT INTO analysis_jobs (id, run_id, status, doc_html, results) "
-        "VALUES (%s, %s, %s, %s, %s)",
-        (job_id, run_id, status, doc_html, None if results is None else json.dumps(results)),
+    """Insert a job in ``status`` (terminal or not), created ``created_age`` and last updated
+    ``age`` seconds ago (a job can be past its grace without the test waiting for it); returns
+    (job id, run id). ``results`` is stored as JSON unless it is None (NULL)."""
+    finished = status in APP.mapping.jobs.terminal
+    job, run = TABLES.add_job(
+        conn,
+        job=job_id,
+        run=run_id,
+        finished=finished,
+        failed=finished and _failed(status),
+        running=None if finished else status,
+        doc=doc_html,
+        results=_verdicts(results),
+        created_age=created_age,
+        updated_age=age,
     )
-    return job_id, run_id
+    assert isinstance(job, uuid.UUID)
+    assert isinstance(run, uuid.UUID)
+    return job, run
 
 
-def finish(conn: Conn, job_id: uuid.UUID, *, status: str = "complete", results: Any = None) -> None:
-    """The worker: mark a job terminal with its verdicts."""
-    conn.execute(
-        "UPDATE analysis_jobs SET status = %s, results = %s, updated_at = now() WHERE id = %s",
-        (status, json.dumps(results if results is not None else {"verdicts": [1, 2]}), job_id),
-    )
+def finish(
+    conn: Conn, job_id: uuid.UUID, *, status: str = "complete", results: Any = None, age: float = 0
+) -> None:
+    """The worker: mark a job terminal with its verdicts, ``age`` seconds ago."""
+    verdicts = json.dumps(RESULTS if results is None else results)
+    TABLES.finish(conn, job_id, failed=_failed(status), results=verdicts, age=age)
 
 
-def client_save(conn: Conn, job_id: uuid.UUID) -> None:
-    """The browser tab: the upsert that always wins."""
-    conn.execute(
-        """
-        INSERT INTO analysis_runs (id, job_id, doc_html, results, saved_by)
-        SELECT run_id, id, doc_html, results, 'client' FROM analysis_jobs WHERE id = %s
-        ON CONFLICT (id) DO UPDATE SET job_id = EXCLUDED.job_id, doc_html = EXCLUDED.doc_html,
-            results = EXCLUDED.results, saved_by = 'client', updated_at = now()
-        """,
-        (job_id,),
-    )
+def client_save(conn: Conn, job_id: uuid.UUID, *, legacy: bool = False) -> None:
+    """The browser tab: the upsert that always wins (``legacy``: a row of the days before
+    saved_by, NULL)."""
+    TABLES.client_save(conn, job_id, legacy=legacy)
 
 
 def run_row(conn: Conn, run_id: uuid.UUID) -> tuple[Any, ...] | None:
     """(job_id, saved_by) of a run, or None."""
-    return conn.execute(
-        "SELECT job_id, saved_by FROM analysis_runs WHERE id = %s", (run_id,)
-    ).fetchone()
+    return TABLES.run_row(conn, run_id)
 
 
 def worker_writes(conn: Conn) -> list[tuple[Any, ...]]:

@@ -17,7 +17,8 @@ from psycopg import sql
 from reactor import db
 from tests import pgbouncer as bouncer
 from tests.acceptance.conftest import reactor_env, run_reactor
-from tests.helpers import early_writes, finish, new_job, worker_writes
+from tests.helpers import Conn, early_writes, finish, new_job, worker_writes
+from tests.integration.support import scalar
 from tests.integration.test_pgbouncer import server_sessions
 from tests.polling import wait_for
 
@@ -56,22 +57,30 @@ def test_sigterm_drains_and_exits_zero(database_url: str, spawn: Spawn) -> None:
         assert not listening(conn)
 
 
+def kill_9_and_restart(conn: Conn, spawn: Spawn, env: dict[str, str]) -> subprocess.Popen[str]:
+    """A reactor is killed inside the grace of ten of thirty jobs, the other twenty finish while
+    nobody listens, and another starts: each of the thirty is recorded once, never early (grace
+    1 s). Returns the one started last."""
+    first = spawn("run", env=env)
+    wait_for(lambda: listening(conn))
+    jobs = [new_job(conn)[0] for _ in range(30)]
+    for job_id in jobs[:10]:
+        finish(conn, job_id)
+    first.kill()  # inside the grace window of the first ten: their timers die with it
+    first.communicate()
+    for job_id in jobs[10:]:
+        finish(conn, job_id)  # nobody is listening for these
+    second = spawn("run", env=env)
+    wait_for(lambda: len(worker_writes(conn)) == 30)
+    assert len({(run, job) for run, job, _ in worker_writes(conn)}) == 30
+    assert early_writes(conn, 1.0) == 0
+    return second
+
+
 def test_kill_9_and_restart_loses_nothing(database_url: str, spawn: Spawn) -> None:
     env = reactor_env(database_url, REACTOR_GRACE_SECONDS="1")
-    first = spawn("run", env=env)
     with psycopg.connect(database_url, autocommit=True) as conn:
-        wait_for(lambda: listening(conn))
-        jobs = [new_job(conn)[0] for _ in range(30)]
-        for job_id in jobs[:10]:
-            finish(conn, job_id)
-        first.kill()  # inside the grace window of the first ten: their timers die with it
-        first.communicate()
-        for job_id in jobs[10:]:
-            finish(conn, job_id)  # nobody is listening for these
-        spawn("run", env=env)
-        wait_for(lambda: len(worker_writes(conn)) == 30)
-        assert len({(run, job) for run, job, _ in worker_writes(conn)}) == 30
-        assert early_writes(conn, 1.0) == 0
+        kill_9_and_restart(conn, spawn, env)
 
 
 def test_sweep_once_prints_the_count(database_url: str) -> None:
@@ -274,6 +283,29 @@ def test_missing_schema_exit_4(empty_database_url: str) -> None:
     assert "reactor migrate" in line
 
 
+def _latest_after_one_of_two_is_killed(
+    conn: Conn, spawn: Spawn, env: dict[str, str], where: str
+) -> float:
+    """Two replicas (grace 0.5 s) run until both listen and both rows of reactor.replicas match
+    ``where``; one is killed and forty jobs finish: each is recorded once, never early. Returns
+    how long past its grace the latest write came, in seconds."""
+    victim = spawn("run", env=env)
+    spawn("run", env=env)
+    matching = f"SELECT count(*) FROM reactor.replicas WHERE {where}"
+    wait_for(lambda: listening(conn, 2) and scalar(conn, matching) == 2)
+    victim.kill()
+    victim.communicate()
+    jobs = [new_job(conn)[0] for _ in range(40)]
+    for job_id in jobs:
+        finish(conn, job_id)
+    wait_for(lambda: len(worker_writes(conn)) == len(jobs))
+    assert early_writes(conn, 0.5) == 0
+    assert len({(run, job) for run, job, _ in worker_writes(conn)}) == len(jobs)
+    late = "SELECT max(extract(epoch FROM a.at - j.updated_at))::float8 - 0.5 "
+    late += "FROM run_audit a JOIN analysis_jobs j ON j.id = a.job_id"
+    return float(scalar(conn, late))
+
+
 def test_a_killed_replicas_jobs_are_taken_over_within_the_takeover_delay(
     database_url: str, spawn: Spawn
 ) -> None:
@@ -285,32 +317,10 @@ def test_a_killed_replicas_jobs_are_taken_over_within_the_takeover_delay(
         REACTOR_PROBE_INTERVAL_SECONDS="0.5",
         REACTOR_PROBE_TIMEOUT_SECONDS="1",
     )
-    victim = spawn("run", env=env)
-    spawn("run", env=env)
+    # Both replicas' heartbeats are live before one dies.
+    where = "heartbeat_at > now() - interval '1 second'"
     with psycopg.connect(database_url, autocommit=True) as conn:
-
-        def live() -> int:
-            row = conn.execute(
-                "SELECT count(*) FROM reactor.replicas "
-                "WHERE heartbeat_at > now() - interval '1 second'"
-            ).fetchone()
-            return int(row[0]) if row else 0
-
-        wait_for(lambda: listening(conn, 2) and live() == 2)
-        victim.kill()
-        victim.communicate()
-        jobs = [new_job(conn)[0] for _ in range(40)]
-        for job_id in jobs:
-            finish(conn, job_id)
-        wait_for(lambda: len(worker_writes(conn)) == len(jobs))
-        late = conn.execute(
-            "SELECT max(extract(epoch FROM a.at - j.updated_at))::float8 - 0.5 "
-            "FROM run_audit a JOIN analysis_jobs j ON j.id = a.job_id"
-        ).fetchone()
-        assert late is not None
-        assert late[0] <= 2.0 + 1.0
-        assert early_writes(conn, 0.5) == 0
-        assert len({(run, job) for run, job, _ in worker_writes(conn)}) == len(jobs)
+        assert _latest_after_one_of_two_is_killed(conn, spawn, env, where) <= 2.0 + 1.0
 
 
 def test_a_killed_replica_is_dropped_at_the_next_check_not_when_its_heartbeat_ages(
@@ -326,28 +336,7 @@ def test_a_killed_replica_is_dropped_at_the_next_check_not_when_its_heartbeat_ag
         REACTOR_PROBE_INTERVAL_SECONDS=str(probe),
         REACTOR_PROBE_TIMEOUT_SECONDS="2",
     )
-    victim = spawn("run", env=env)
-    spawn("run", env=env)
+    # Both heartbeats name their replica's LISTEN session before one dies.
+    where = "session_pid IS NOT NULL"
     with psycopg.connect(database_url, autocommit=True) as conn:
-
-        def named_sessions() -> int:
-            row = conn.execute(
-                "SELECT count(*) FROM reactor.replicas WHERE session_pid IS NOT NULL"
-            ).fetchone()
-            return int(row[0]) if row else 0
-
-        wait_for(lambda: listening(conn, 2) and named_sessions() == 2)
-        victim.kill()
-        victim.communicate()
-        jobs = [new_job(conn)[0] for _ in range(40)]
-        for job_id in jobs:
-            finish(conn, job_id)
-        wait_for(lambda: len(worker_writes(conn)) == len(jobs))
-        late = conn.execute(
-            "SELECT max(extract(epoch FROM a.at - j.updated_at))::float8 - 0.5 "
-            "FROM run_audit a JOIN analysis_jobs j ON j.id = a.job_id"
-        ).fetchone()
-        assert late is not None
-        assert late[0] <= probe + 1.0
-        assert early_writes(conn, 0.5) == 0
-        assert len({(run, job) for run, job, _ in worker_writes(conn)}) == len(jobs)
+        assert _latest_after_one_of_two_is_killed(conn, spawn, env, where) <= probe + 1.0

@@ -14,14 +14,11 @@ from __future__ import annotations
 import json
 import os
 import selectors
-import signal
 import socket
 import subprocess
 import sys
 import threading
 import time
-import urllib.error
-import urllib.request
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -37,6 +34,7 @@ from tests.acceptance.conftest import reactor_env
 from tests.acceptance.test_cli import listening
 from tests.helpers import finish, new_job, run_row
 from tests.polling import wait_for
+from tests.ports import free_port, http_status, metrics_text, serving
 
 OPEN_FILES = 256
 HALF_OPEN = 300
@@ -49,24 +47,6 @@ GRACE = 1.0
 # a loaded machine's share.
 LATE_BOUND = 10.0
 LOG_BOUND = 2 * 1024 * 1024
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
-def http_status(url: str) -> int | None:
-    try:
-        with urllib.request.urlopen(url, timeout=2) as response:
-            code: int = response.status
-            return code
-    except urllib.error.HTTPError as error:
-        return error.code
-    except OSError:
-        return None
 
 
 # Sets RLIMIT_NOFILE, then becomes `python -m reactor ARGS`: the limits hold from its first
@@ -173,13 +153,9 @@ def test_half_open_connections_take_nothing_the_reactor_needs(
     assert min(each["limit"], each["peer_limit"]) > 0  # both caps are reached
     over_caps = 2 * (each["limit"] + each["peer_limit"])
     log_path = tmp_path / "reactor.log"
-    with log_path.open("w", encoding="utf-8") as log:
-        command = limited(OPEN_FILES, OPEN_FILES, "run")
-        proc = subprocess.Popen(command, env=env, stdout=log, stderr=log, text=True)
-    try:
-        ready = f"http://127.0.0.1:{probes}/readyz"
-        wait_for(lambda: http_status(ready) == 200 or proc.poll() is not None, 60)
-        assert proc.poll() is None, log_path.read_text(encoding="utf-8")
+    command = limited(OPEN_FILES, OPEN_FILES, "run")
+    ready = f"http://127.0.0.1:{probes}/readyz"
+    with serving(command, env, log_path, ready):
         opened = time.monotonic()
         with (
             psycopg.connect(database_url, autocommit=True) as conn,
@@ -207,14 +183,7 @@ def test_half_open_connections_take_nothing_the_reactor_needs(
             # Listening again as soon as they are gone: probes and LISTEN both answer.
             assert http_status(ready) == 200
             wait_for(lambda: listening(conn))
-        with urllib.request.urlopen(f"http://127.0.0.1:{probes}/metrics", timeout=5) as r:
-            metrics = r.read().decode()
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=30) == 0, log_path.read_text(encoding="utf-8")
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        metrics = metrics_text(probes)
     log_bytes = os.path.getsize(log_path)
     logged = records(log_path)
     print(
@@ -394,15 +363,10 @@ def test_probes_are_answered_while_one_peer_holds_all_it_may(
     probes = free_port()
     env = reactor_env(database_url, REACTOR_HTTP_ADDR=f"127.0.0.1:{probes}")
     log_path = tmp_path / "reactor.log"
-    with log_path.open("w", encoding="utf-8") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "reactor", "run"], env=env, stdout=log, stderr=log, text=True
-        )
-    try:
+    command = [sys.executable, "-m", "reactor", "run"]
+    ready = f"http://127.0.0.1:{probes}/readyz"
+    with serving(command, env, log_path, ready):
         healthz = f"http://127.0.0.1:{probes}/healthz"
-        ready = f"http://127.0.0.1:{probes}/readyz"
-        wait_for(lambda: http_status(ready) == 200 or proc.poll() is not None, 60)
-        assert proc.poll() is None, log_path.read_text(encoding="utf-8")
         # Once it says so, the flood is on: the server has closed as many as it holds.
         with greedy_peer(probes) as greedy:
             answers = []
@@ -412,14 +376,7 @@ def test_probes_are_answered_while_one_peer_holds_all_it_may(
                 answers.append(probe(healthz))
             spent = time.monotonic() - started
         assert greedy["problem"] is None, greedy["problem"]
-        with urllib.request.urlopen(f"http://127.0.0.1:{probes}/metrics", timeout=5) as r:
-            metrics = r.read().decode()
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=30) == 0, log_path.read_text(encoding="utf-8")
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        metrics = metrics_text(probes)
     answered = answers.count(200)
     print(
         f"\n/healthz from {PROBE_PEER}: {answered} of {calls} answered within "

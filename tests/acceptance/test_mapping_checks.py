@@ -15,6 +15,7 @@ import pytest
 
 from reactor import sql
 from tests.acceptance.conftest import reactor_env, run_reactor
+from tests.helpers import IMMUTABLE_BY_ITS_WORD
 
 # (case, SQL run after reference.sql, the mapping file or None, what the line must say)
 CASES = [
@@ -271,14 +272,7 @@ def test_printing_leaves_the_database_as_it_was(
     # rollback takes back) must not happen at all.
     with psycopg.connect(empty_database_url, autocommit=True) as conn:
         conn.execute(sql.read("reference.sql"))
-        conn.execute(
-            "CREATE SEQUENCE public.ticks; CREATE TABLE public.touched (at timestamptz);"
-            " CREATE FUNCTION public.touch() RETURNS void LANGUAGE plpgsql AS"
-            " $$ BEGIN PERFORM nextval('public.ticks'); INSERT INTO public.touched VALUES"
-            " (now()); END $$;"
-            " CREATE FUNCTION public.stamp(text) RETURNS text LANGUAGE plpgsql IMMUTABLE AS"
-            " $$ BEGIN PERFORM public.touch(); RETURN $1; END $$"
-        )
+        conn.execute(IMMUTABLE_BY_ITS_WORD)
     before = _catalog(empty_database_url)
     doc_html = "coalesce(j.doc_html, public.stamp('none'))"
     env = reactor_env(empty_database_url, **_columns(tmp_path, doc_html))

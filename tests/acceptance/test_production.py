@@ -24,8 +24,8 @@ from reactor import audit
 from reactor.mapping import REFERENCE
 from tests import pgbouncer as bouncer
 from tests.acceptance.conftest import reactor_env, run_reactor
-from tests.acceptance.test_cli import listening
-from tests.helpers import client_save, early_writes, finish, new_job, run_row, worker_writes
+from tests.acceptance.test_cli import kill_9_and_restart
+from tests.helpers import client_save, finish, new_job, run_row, worker_writes
 from tests.integration.test_pgbouncer import server_sessions
 from tests.polling import wait_for
 
@@ -108,20 +108,8 @@ def test_listen_direct_pool_through_pgbouncer_survives_kill_9(
         REACTOR_LISTEN_DATABASE_URL=database_url,
         REACTOR_GRACE_SECONDS="1",
     )
-    first = spawn("run", env=env)
     with psycopg.connect(database_url, autocommit=True) as conn:
-        wait_for(lambda: listening(conn))
-        jobs = [new_job(conn)[0] for _ in range(30)]
-        for job_id in jobs[:10]:
-            finish(conn, job_id)
-        first.kill()  # inside the grace window of the first ten: their timers die with it
-        first.communicate()
-        for job_id in jobs[10:]:
-            finish(conn, job_id)
-        second = spawn("run", env=env)
-        wait_for(lambda: len(worker_writes(conn)) == 30)
-        assert len({(run, job) for run, job, _ in worker_writes(conn)}) == 30
-        assert early_writes(conn, 1.0) == 0
+        second = kill_9_and_restart(conn, spawn, env)
     stop(second)
 
 

@@ -5,20 +5,18 @@ runs without it. An address the operator chose that is taken still stops startup
 from __future__ import annotations
 
 import json
-import signal
 import socket
 import subprocess
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
 from reactor.config import Settings
 from tests.acceptance.conftest import reactor_env, run_reactor
 from tests.acceptance.test_cli import assert_one_clean_line
-from tests.acceptance.test_http_flood import free_port, http_status
 from tests.polling import wait_for
+from tests.ports import free_port, http_status, serving
 
 PAGE_TAKEN = "not serving the operator's page"
 PAGE_SERVED = "serving the operator's page"
@@ -34,21 +32,9 @@ def default_page_env(database_url: str, probes: int, **variables: str) -> dict[s
     return env
 
 
-@contextmanager
-def replica(env: dict[str, str], log_path: Path) -> Iterator[subprocess.Popen[str]]:
+def replica(env: dict[str, str], log_path: Path) -> AbstractContextManager[subprocess.Popen[str]]:
     """``reactor run`` while the block runs; stopped with SIGTERM (exit 0) after it."""
-    with log_path.open("w", encoding="utf-8") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "reactor", "run"], env=env, stdout=log, stderr=log, text=True
-        )
-    try:
-        yield proc
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=30) == 0, log_path.read_text(encoding="utf-8")
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+    return serving([sys.executable, "-m", "reactor", "run"], env, log_path)
 
 
 def messages(log_path: Path) -> list[dict[str, Any]]:

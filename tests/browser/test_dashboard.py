@@ -16,8 +16,6 @@ import secrets
 import shutil
 import signal
 import subprocess
-import urllib.error
-import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -31,6 +29,7 @@ from tests.acceptance.conftest import reactor_env
 from tests.helpers import Conn, finish, new_job
 from tests.integration.support import add_job, scalar
 from tests.polling import wait_for
+from tests.ports import free_port, http_status
 
 playwright = pytest.importorskip("playwright.sync_api")
 
@@ -39,26 +38,6 @@ Spawn = Callable[..., subprocess.Popen[str]]
 REJECT_FLAGGED = (
     "ALTER TABLE analysis_runs ADD CONSTRAINT no_flagged CHECK (NOT results ? 'flagged')"
 )
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
-def http_status(url: str, data: bytes | None = None) -> int | None:
-    try:
-        with urllib.request.urlopen(url, data=data, timeout=5) as response:
-            code: int = response.status
-            return code
-    except urllib.error.HTTPError as error:
-        return error.code
-    except OSError:
-        return None
 
 
 def keep(shot: Path) -> None:

@@ -35,6 +35,7 @@ from reactor.app import App
 from reactor.audit import Verdict
 from reactor.mapping import REFERENCE, Mapping
 from tests.faults.tables import JobId, RunKey, Tables
+from tests.helpers import scalar as scalar  # where the fault tests find it
 
 ROOT = Path(__file__).resolve().parents[2]
 Conn = psycopg.Connection[Any]
@@ -56,18 +57,6 @@ SELECT count(*)::int
 def connect(dsn: str, **kwargs: Any) -> Conn:
     """An autocommit connection for the test's own reads and writes."""
     return psycopg.connect(dsn, autocommit=True, connect_timeout=5, **kwargs)
-
-
-def scalar(conn: Conn, query: str, params: Any = None) -> Any:
-    """The first column of the first row."""
-    row = conn.execute(query, params).fetchone()
-    assert row is not None
-    return row[0]
-
-
-def dbname(dsn: str) -> str:
-    """The database a DSN names."""
-    return str(psycopg.conninfo.conninfo_to_dict(dsn)["dbname"])
 
 
 def with_port(dsn: str, port: int, host: str = "127.0.0.1") -> str:
@@ -147,10 +136,6 @@ class Judgement:
     verdict: Verdict
     stale: int
 
-    @property
-    def clean(self) -> bool:
-        return self.verdict.clean and self.stale == 0
-
     def counts(self) -> dict[str, int]:
         v = self.verdict
         return {
@@ -161,6 +146,10 @@ class Judgement:
             "wrong": v.wrong,
             "stale": self.stale,
         }
+
+    @property
+    def clean(self) -> bool:
+        return self.verdict.clean and self.stale == 0
 
     def __str__(self) -> str:
         v = self.verdict

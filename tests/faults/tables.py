@@ -28,7 +28,7 @@ import psycopg.sql
 
 from reactor import audit, db, mapping, sql
 from reactor.app import DOCUMENT, VERDICTS, App, JobId, RunKey
-from reactor.mapping import Mapping
+from reactor.mapping import Mapping, Terminal
 
 MAPPINGS = Path(__file__).resolve().parent.parent / "mappings"
 # The reactor schema of a companion pair.
@@ -210,20 +210,24 @@ class Tables:
         job: JobId | None = None,
         run: RunKey | None = None,
         finished: bool = False,
-        doc: str = DOC,
+        failed: bool = False,
+        running: Terminal | None = None,
+        doc: str | None = DOC,
         results: str | None = None,
         created_age: float = 0.0,
         updated_age: float = 0.0,
     ) -> tuple[JobId, RunKey]:
-        """Insert a job, running unless ``finished`` (with ``results``), created and updated
-        the given seconds ago; returns (job id, run key)."""
-        app = self.app
+        """Insert a job, running unless ``finished`` or ``failed`` (with ``results``), created
+        and updated the given seconds ago; returns (job id, run key). ``running``: the status it
+        runs in, where not the app's usual one (a queued job, say)."""
+        app = self.app if running is None else replace(self.app, running=running)
         row = conn.execute(
             *app.create(
                 [run if run is not None else app.new_run()],
                 jobs=None if job is None else [job],
                 document=doc,
                 finished=finished,
+                failed=failed,
                 verdicts=results,
                 created_age=created_age,
                 updated_age=updated_age,

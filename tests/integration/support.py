@@ -6,25 +6,17 @@ read the audit table, and watch what a running reactor's recorder has finished.
 
 from __future__ import annotations
 
-import json
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
 from typing import Any
 
 import psycopg.conninfo
 
 from reactor.dispatch import Answer
 from reactor.service import Reactor
-from tests.helpers import Conn
-
-
-def scalar(conn: Conn, query: str, params: Any = None) -> Any:
-    """The first column of the first row of ``query``."""
-    row = conn.execute(query, params).fetchone()
-    assert row is not None
-    return row[0]
+from tests.helpers import APP, Conn, new_job
+from tests.helpers import scalar as scalar  # where the integration tests find it
 
 
 def dbname(dsn: str) -> str:
@@ -32,49 +24,17 @@ def dbname(dsn: str) -> str:
     return str(psycopg.conninfo.conninfo_to_dict(dsn)["dbname"])
 
 
-def add_job(
-    conn: Conn,
-    *,
-    run_id: uuid.UUID | None = None,
-    job_id: uuid.UUID | None = None,
-    status: str = "running",
-    doc_html: str | None = "<p>body</p>",
-    results: Any = None,
-    created_at: datetime | None = None,
-    age: float = 0.0,
-) -> tuple[uuid.UUID, uuid.UUID]:
-    """Insert a job with chosen id, created_at and age; returns (job id, run id).
-
-    ``age`` puts updated_at that many seconds in the past, so a job can be past its grace
-    without the test waiting for it. ``results`` is stored as JSON unless it is None (NULL).
-    """
-    job_id = job_id or uuid.uuid4()
-    run_id = run_id or uuid.uuid4()
-    conn.execute(
-        """
-        INSERT INTO analysis_jobs (id, run_id, status, doc_html, results, created_at, updated_at)
-        VALUES (%s, %s, %s, %s, %s::jsonb, coalesce(%s, now()),
-                now() - make_interval(secs => %s))
-        """,
-        (
-            job_id,
-            run_id,
-            status,
-            doc_html,
-            None if results is None else json.dumps(results),
-            created_at,
-            age,
-        ),
-    )
-    return job_id, run_id
+# A job with chosen id, times and age, played by the app: one helper for the whole suite.
+add_job = new_job
 
 
 def touch(conn: Conn, job_id: uuid.UUID, *, age: float = 0.0, **columns: Any) -> None:
-    """The app touching a job: set ``columns`` and updated_at = now() - ``age`` seconds."""
+    """The app touching a job: set ``columns`` and updated_at = now() - ``age`` seconds, in one
+    statement (one trigger firing), in the app's names."""
     sets = "".join(f", {name} = %({name})s" for name in columns)
+    statement = f"UPDATE @jobs@ SET @updated_at@ = @now@ - make_interval(secs => %(age)s){sets}"
     conn.execute(
-        f"UPDATE analysis_jobs SET updated_at = now() - make_interval(secs => %(age)s){sets} "
-        "WHERE id = %(id)s",
+        APP.render(f"{statement} WHERE @id@ = %(id)s", parameters=True),
         {"age": age, "id": job_id, **columns},
     )
 

@@ -25,6 +25,7 @@ from reactor.install import Install
 from reactor.metrics import Metrics
 from reactor.recorder import Recorder
 from tests.acceptance.conftest import reactor_env, run_reactor
+from tests.helpers import IMMUTABLE_BY_ITS_WORD
 
 pytestmark = pytest.mark.anyio
 
@@ -90,28 +91,22 @@ async def drain(install: Install, url: str, hooks: tuple[str, ...] = ()) -> Reco
     return recorder
 
 
-async def test_a_percent_in_an_expression_is_recorded_as_written(
-    second_url: str, tmp_path: Path
+# %(hooks)s is the record statements' own parameter: read as one, the title would be the hook
+# names (or the statement would fail on an array where text belongs).
+@pytest.mark.parametrize(
+    ("title", "hooks"),
+    [("100%", ()), ("%(hooks)s", ("audit",))],
+    ids=["a percent is recorded as written", "a placeholder neither binds nor breaks"],
+)
+async def test_a_percent_in_an_expression_is_written_as_it_stands(
+    second_url: str, tmp_path: Path, title: str, hooks: tuple[str, ...]
 ) -> None:
-    shape = second_with(tmp_path, "coalesce(j.title, '100%')")
+    shape = second_with(tmp_path, f"coalesce(j.title, '{title}')")
     async with installed(second_url, shape) as install:
-        add_job(second_url, "percent")
-        recorder = await drain(install, second_url)
+        add_job(second_url, "untitled")
+        recorder = await drain(install, second_url, hooks=hooks)
         assert recorder.set_aside == {}
-        assert title_of(second_url, "percent") == "100%"
-
-
-async def test_a_placeholder_in_an_expression_neither_binds_nor_breaks(
-    second_url: str, tmp_path: Path
-) -> None:
-    # %(hooks)s is the record statements' own parameter: read as one, the title would be the
-    # hook names (or the statement would fail on an array where text belongs).
-    shape = second_with(tmp_path, "coalesce(j.title, '%(hooks)s')")
-    async with installed(second_url, shape) as install:
-        add_job(second_url, "placeholder")
-        recorder = await drain(install, second_url, hooks=("audit",))
-        assert recorder.set_aside == {}
-        assert title_of(second_url, "placeholder") == "%(hooks)s"
+        assert title_of(second_url, "untitled") == title
 
 
 async def test_a_semicolon_inside_a_literal_is_text(second_url: str, tmp_path: Path) -> None:
@@ -166,15 +161,7 @@ async def test_what_an_expression_tries_to_change_is_refused_and_undone(
     # expression may run one; whatever it writes must not stay. A sequence is the hard case:
     # nextval is never rolled back, only a READ ONLY transaction refuses it.
     with psycopg.connect(second_url, autocommit=True) as conn:
-        conn.execute(
-            "CREATE SEQUENCE public.ticks; CREATE TABLE public.touched (at timestamptz);"
-            " CREATE FUNCTION public.touch() RETURNS void LANGUAGE plpgsql AS"
-            " $$ BEGIN PERFORM nextval('public.ticks'); INSERT INTO public.touched VALUES"
-            " (now()); END $$;"
-            # Immutable by its word only: it calls the volatile one.
-            " CREATE FUNCTION public.stamp(text) RETURNS text LANGUAGE plpgsql IMMUTABLE AS"
-            " $$ BEGIN PERFORM public.touch(); RETURN $1; END $$"
-        )
+        conn.execute(IMMUTABLE_BY_ITS_WORD)
     shape = second_with(tmp_path, "coalesce(j.title, public.stamp('Untitled'))")
     async with await db.connect(second_url, "test") as conn:
         with pytest.raises(ConfigError, match="read-only transaction"):

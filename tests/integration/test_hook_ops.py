@@ -6,7 +6,6 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import AsyncIterator
-from datetime import datetime, timedelta
 from typing import Any
 
 import psycopg
@@ -64,9 +63,8 @@ async def test_a_replaced_runs_hook_is_superseded_and_never_called(
     conn: psycopg.Connection[Any], database: db.Database, start_reactor: StartReactor
 ) -> None:
     run_id = uuid.uuid4()
-    earlier = datetime.now().astimezone() - timedelta(minutes=1)
     first, _ = add_job(
-        conn, run_id=run_id, status="complete", results=RESULTS, created_at=earlier, age=10
+        conn, run_id=run_id, status="complete", results=RESULTS, created_age=60, age=10
     )
     await database.record_jobs([str(first)])
     # A re-analysis of the same run finishes and replaces the run before the hook ran.
@@ -117,26 +115,25 @@ def blocked(caplog: pytest.LogCaptureFixture, *, at_least_ms: int) -> list[str]:
     ]
 
 
-async def test_an_async_hook_that_blocks_the_loop_is_named(
-    conn: psycopg.Connection[Any], start_reactor: StartReactor, caplog: pytest.LogCaptureFixture
+@pytest.mark.parametrize(
+    ("hook", "at_least_ms", "hint"),
+    [("hogs_the_loop", 250, "async def"), ("holds_the_gil", 150, "GIL")],
+    ids=["an async hook that blocks the loop", "a threaded hook holding the GIL"],
+)
+async def test_a_hook_that_blocks_the_loop_is_named(
+    conn: psycopg.Connection[Any],
+    start_reactor: StartReactor,
+    caplog: pytest.LogCaptureFixture,
+    hook: str,
+    at_least_ms: int,
+    hint: str,
 ) -> None:
     caplog.set_level(logging.WARNING, logger="reactor.hooks")
-    async with start_reactor(grace=0.1, hooks="judge=python:tests.hookmods:hogs_the_loop"):
+    async with start_reactor(grace=0.1, hooks=f"judge=python:tests.hookmods:{hook}"):
         finish(conn, new_job(conn)[0])
         await eventually(lambda: statuses(conn) == ["done"])
-    assert blocked(caplog, at_least_ms=250) == ["judge"]
-    assert all("async def" in r.__dict__["hint"] for r in caplog.records if "hint" in r.__dict__)
-
-
-async def test_a_threaded_hook_holding_the_gil_is_named(
-    conn: psycopg.Connection[Any], start_reactor: StartReactor, caplog: pytest.LogCaptureFixture
-) -> None:
-    caplog.set_level(logging.WARNING, logger="reactor.hooks")
-    async with start_reactor(grace=0.1, hooks="judge=python:tests.hookmods:holds_the_gil"):
-        finish(conn, new_job(conn)[0])
-        await eventually(lambda: statuses(conn) == ["done"])
-    assert blocked(caplog, at_least_ms=150) == ["judge"]
-    assert all("GIL" in r.__dict__["hint"] for r in caplog.records if "hint" in r.__dict__)
+    assert blocked(caplog, at_least_ms=at_least_ms) == ["judge"]
+    assert all(hint in r.__dict__["hint"] for r in caplog.records if "hint" in r.__dict__)
 
 
 # -- leases that ran out -------------------------------------------------------------------------

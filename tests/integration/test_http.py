@@ -13,8 +13,6 @@ import socket
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
 from typing import Any
@@ -34,6 +32,7 @@ from tests.acceptance.test_cli import assert_one_clean_line
 from tests.conftest import Server
 from tests.integration.conftest import StartReactor
 from tests.polling import wait_for
+from tests.ports import free_port, http_status
 
 Serve = Callable[..., AbstractAsyncContextManager[tuple[Reactor, str, aiohttp.ClientSession]]]
 
@@ -360,25 +359,6 @@ async def test_a_flood_of_failed_accepts_is_logged_once_per_interval(
         assert loop.get_exception_handler() is before
     finally:
         loop.set_exception_handler(None)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
-def http_status(url: str) -> int | None:
-    """The status of GET ``url``, or None when nothing answers."""
-    try:
-        with urllib.request.urlopen(url, timeout=2) as response:
-            code: int = response.status
-            return code
-    except urllib.error.HTTPError as error:
-        return error.code
-    except OSError:
-        return None
 
 
 def test_reactor_run_serves_http(database_url: str) -> None:

@@ -8,29 +8,22 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import AsyncIterator
-from datetime import UTC, datetime, timedelta
 
 import psycopg
 import pytest
 
 from reactor import db
 from reactor.install import REFERENCE_INSTALL
-from tests.helpers import (
-    Conn,
-    client_save,
-    early_writes,
-    finish,
-    run_row,
-    worker_writes,
-)
+from tests.helpers import APP, Conn, client_save, early_writes, finish, run_row, worker_writes
 from tests.integration.conftest import StartReactor
-from tests.integration.support import add_job, audit, recorded, watch_recorder
+from tests.integration.support import add_job, audit, recorded, scalar, watch_recorder
 from tests.polling import eventually
 
 pytestmark = pytest.mark.anyio
 
 GRACE = 0.3
-EARLIER = datetime.now(UTC) - timedelta(hours=1)
+# How long ago the earlier job of a run was created, in seconds.
+EARLIER = 3600.0
 
 
 def _connect(database_url: str) -> Conn:
@@ -55,7 +48,7 @@ async def test_later_job_replaces_the_earlier_worker_row(
 ) -> None:
     with _connect(database_url) as conn:
         async with start_reactor(grace=GRACE):
-            a, run_id = add_job(conn, created_at=EARLIER)
+            a, run_id = add_job(conn, created_age=EARLIER)
             finish(conn, a)
             assert await eventually(lambda: run_row(conn, run_id)) == (a, "worker")
 
@@ -69,41 +62,23 @@ async def test_later_job_replaces_the_earlier_worker_row(
         assert early_writes(conn, GRACE) == 0
 
 
-async def test_later_job_does_not_replace_a_client_row(
-    database_url: str, start_reactor: StartReactor
+@pytest.mark.parametrize("saved_by", ["client", None], ids=["client", "legacy"])
+async def test_later_job_does_not_replace_a_tab_row(
+    database_url: str, start_reactor: StartReactor, saved_by: str | None
 ) -> None:
+    # A legacy row (saved_by NULL, from before the column) counts as the client's.
     with _connect(database_url) as conn:
         async with start_reactor(grace=GRACE) as reactor:
             log = watch_recorder(reactor)
-            a, run_id = add_job(conn, created_at=EARLIER)
+            a, run_id = add_job(conn, created_age=EARLIER)
             finish(conn, a)
-            client_save(conn, a)
+            client_save(conn, a, legacy=saved_by is None)
             b, _ = add_job(conn, run_id=run_id)
             finish(conn, b)
             await eventually(lambda: log.all_processed([a, b]))
             assert await reactor.scan(rearm=True) == 0
             assert len(reactor.queue) == 0
-        assert run_row(conn, run_id) == (a, "client")
-        assert worker_writes(conn) == []
-
-
-async def test_later_job_does_not_replace_a_legacy_row(
-    database_url: str, start_reactor: StartReactor
-) -> None:
-    with _connect(database_url) as conn:
-        a, run_id = add_job(conn, status="complete", results={"v": 1}, created_at=EARLIER, age=60)
-        conn.execute(
-            "INSERT INTO analysis_runs (id, job_id, doc_html, results, saved_by) "
-            "VALUES (%s, %s, 'old', '{\"v\": 0}', NULL)",
-            (run_id, a),
-        )
-        async with start_reactor(grace=GRACE) as reactor:
-            log = watch_recorder(reactor)
-            b, _ = add_job(conn, run_id=run_id)
-            finish(conn, b)
-            await eventually(lambda: log.processed(b))
-            assert await reactor.scan(rearm=True) == 0
-        assert run_row(conn, run_id) == (a, None)
+        assert run_row(conn, run_id) == (a, saved_by)
         assert worker_writes(conn) == []
 
 
@@ -113,7 +88,7 @@ async def test_earlier_job_never_replaces_the_later_worker_row(
     with _connect(database_url) as conn:
         async with start_reactor(grace=GRACE) as reactor:
             log = watch_recorder(reactor)
-            a, run_id = add_job(conn, created_at=EARLIER)
+            a, run_id = add_job(conn, created_age=EARLIER)
             b, _ = add_job(conn, run_id=run_id)
             finish(conn, b)
             assert await eventually(lambda: run_row(conn, run_id)) == (b, "worker")
@@ -130,14 +105,10 @@ async def test_both_jobs_of_a_run_due_in_one_timer_batch(
     database_url: str, database: db.Database, order: str
 ) -> None:
     with _connect(database_url) as conn:
-        a, run_id = add_job(conn, created_at=EARLIER)
+        a, run_id = add_job(conn, created_age=EARLIER)
         b, _ = add_job(conn, run_id=run_id)
         for job in (a, b):
-            finish(conn, job)
-            conn.execute(
-                "UPDATE analysis_jobs SET updated_at = now() - interval '10 seconds' WHERE id = %s",
-                (job,),
-            )
+            finish(conn, job, age=10)
         batch = [str(a), str(b)] if order == "older first" else [str(b), str(a)]
         outcomes = {o.job_id: o.outcome for o in await database.record_jobs(batch)}
         assert outcomes == {str(a): "superseded", str(b): "recorded"}
@@ -152,22 +123,14 @@ async def test_both_jobs_due_in_one_batch_over_an_older_worker_row(
     database_url: str, database: db.Database
 ) -> None:
     with _connect(database_url) as conn:
-        oldest, run_id = add_job(conn, created_at=EARLIER - timedelta(hours=1))
-        finish(conn, oldest)
-        conn.execute(
-            "UPDATE analysis_jobs SET updated_at = now() - interval '20 seconds' WHERE id = %s",
-            (oldest,),
-        )
+        oldest, run_id = add_job(conn, created_age=2 * EARLIER)
+        finish(conn, oldest, age=20)
         assert [o.outcome for o in await database.record_jobs([str(oldest)])] == ["recorded"]
 
-        a, _ = add_job(conn, run_id=run_id, created_at=EARLIER)
+        a, _ = add_job(conn, run_id=run_id, created_age=EARLIER)
         b, _ = add_job(conn, run_id=run_id)
         for job in (a, b):
-            finish(conn, job)
-            conn.execute(
-                "UPDATE analysis_jobs SET updated_at = now() - interval '10 seconds' WHERE id = %s",
-                (job,),
-            )
+            finish(conn, job, age=10)
         outcomes = {o.job_id: o.outcome for o in await database.record_oldest(10)}
         assert outcomes == {str(a): "superseded", str(b): "recorded"}
         assert run_row(conn, run_id) == (b, "worker")
@@ -181,7 +144,7 @@ async def test_both_jobs_due_at_startup_scan(
     database_url: str, start_reactor: StartReactor
 ) -> None:
     with _connect(database_url) as conn:
-        _, run_id = add_job(conn, status="complete", results={"v": 1}, created_at=EARLIER, age=30)
+        _, run_id = add_job(conn, status="complete", results={"v": 1}, created_age=EARLIER, age=30)
         b, _ = add_job(conn, run_id=run_id, status="failed", results={"v": 2}, age=20)
         async with start_reactor(grace=GRACE) as reactor:
             assert await eventually(lambda: run_row(conn, run_id)) == (b, "worker")
@@ -192,36 +155,27 @@ async def test_both_jobs_due_at_startup_scan(
         assert early_writes(conn, GRACE) == 0
 
 
-async def test_created_at_tie_is_broken_by_id(database_url: str, database: db.Database) -> None:
+@pytest.mark.parametrize("first", ["smaller id", "larger id"])
+async def test_created_at_tie_is_broken_by_id(
+    database_url: str, database: db.Database, first: str
+) -> None:
+    # The larger id is the later job: it replaces the smaller one's worker row, and the smaller
+    # one never replaces the larger one's.
+    small, large = _ordered_ids()
     with _connect(database_url) as conn:
-        # Forward: the larger id is the later job and replaces the smaller one's worker row.
-        small, large = _ordered_ids()
-        _, run_id = add_job(conn, job_id=small, created_at=EARLIER)
-        add_job(conn, job_id=large, run_id=run_id, created_at=EARLIER)
-        finish(conn, small)
-        conn.execute(
-            "UPDATE analysis_jobs SET updated_at = now() - interval '10 seconds' WHERE id = %s",
-            (small,),
-        )
-        assert [o.outcome for o in await database.record_jobs([str(small)])] == ["recorded"]
-        finish(conn, large)
-        conn.execute(
-            "UPDATE analysis_jobs SET updated_at = now() - interval '10 seconds' WHERE id = %s",
-            (large,),
-        )
-        assert [o.outcome for o in await database.record_jobs([str(large)])] == ["recorded"]
+        # Both in one statement, so that their created_at is the same to the microsecond.
+        run_id = uuid.uuid4()
+        conn.execute(*APP.create([run_id, run_id], jobs=[small, large], created_age=EARLIER))
+        created = "SELECT count(DISTINCT created_at) FROM analysis_jobs WHERE run_id = %s"
+        assert scalar(conn, created, (run_id,)) == 1
+        outcomes = []
+        for job in (small, large) if first == "smaller id" else (large, small):
+            finish(conn, job, age=10)
+            outcomes.append([o.outcome for o in await database.record_jobs([str(job)])])
         assert run_row(conn, run_id) == (large, "worker")
-
-        # Backward: the smaller id never replaces the larger one's worker row.
-        small, large = _ordered_ids()
-        _, run_id = add_job(conn, job_id=large, created_at=EARLIER)
-        add_job(conn, job_id=small, run_id=run_id, created_at=EARLIER)
-        for job in (large, small):
-            finish(conn, job)
-            conn.execute(
-                "UPDATE analysis_jobs SET updated_at = now() - interval '10 seconds' WHERE id = %s",
-                (job,),
-            )
-            await database.record_jobs([str(job)])
-        assert run_row(conn, run_id) == (large, "worker")
-        assert [w for w in worker_writes(conn) if w[0] == run_id] == [(run_id, large, "INSERT")]
+        if first == "smaller id":
+            assert outcomes == [["recorded"], ["recorded"]]
+            assert worker_writes(conn) == [(run_id, small, "INSERT"), (run_id, large, "UPDATE")]
+        else:
+            assert outcomes[0] == ["recorded"]
+            assert worker_writes(conn) == [(run_id, large, "INSERT")]

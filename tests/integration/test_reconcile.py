@@ -9,6 +9,7 @@ need the reconcile, which runs every second here.
 from __future__ import annotations
 
 import json
+import random
 import uuid
 
 import anyio
@@ -19,14 +20,16 @@ from reactor import db, sql
 from reactor.install import REFERENCE_INSTALL
 from reactor.mapping import REFERENCE
 from tests.faults.support import judge
-from tests.helpers import Conn, client_save, new_job, run_row
+from tests.helpers import APP, Conn, client_save, new_job, run_row
 from tests.integration.conftest import StartReactor
-from tests.integration.support import add_job, scalar
+from tests.integration.support import scalar
 from tests.polling import eventually
 
 pytestmark = pytest.mark.anyio
 
 GRACE = 0.3
+# What the worker finishes a job with here.
+VERDICTS = '{"v": 1}'
 # Short enough that a test waits for a pass rather than for its timeout.
 RECONCILE = 1.0
 
@@ -50,11 +53,23 @@ async def _clean(dsn: str) -> None:
     assert result.clean, result
 
 
+def _finished(conn: Conn, count: int) -> list[uuid.UUID]:
+    """``count`` jobs the worker has just finished, each of a run of its own."""
+    return [new_job(conn, status="complete", results={"v": 1})[0] for _ in range(count)]
+
+
 def _finish_bypassing_triggers(conn: Conn, count: int) -> list[uuid.UUID]:
     """Finish jobs as a data-only restore or a replication apply worker does: no triggers."""
     with conn.transaction():
         conn.execute("SET LOCAL session_replication_role = replica")
-        return [new_job(conn, status="complete", results={"v": 1})[0] for _ in range(count)]
+        return _finished(conn, count)
+
+
+def _two_jobs_of_one_run(conn: Conn) -> tuple[uuid.UUID, uuid.UUID, uuid.UUID]:
+    """(older, newer, run): two finished jobs of one run, past their grace."""
+    older, run = new_job(conn, status="complete", results={"v": 1}, age=10)
+    newer, _ = new_job(conn, run_id=run, status="complete", results={"v": 2}, age=5)
+    return older, newer, run
 
 
 # -- roads only the reconcile can see ---------------------------------------------------------
@@ -80,7 +95,7 @@ async def test_jobs_finished_while_the_trigger_is_disabled_are_recorded(
     with _connect(database_url) as conn:
         conn.execute("ALTER TABLE analysis_jobs DISABLE TRIGGER reactor_job_insert")
         try:
-            jobs = [new_job(conn, status="complete", results={"v": 1})[0] for _ in range(5)]
+            jobs = _finished(conn, 5)
         finally:
             conn.execute("ALTER TABLE analysis_jobs ENABLE TRIGGER reactor_job_insert")
         assert not any(_queued(conn, j) for j in jobs)
@@ -92,7 +107,7 @@ async def test_queue_rows_deleted_by_hand_are_found_again(
     database_url: str, start_reactor: StartReactor
 ) -> None:
     with _connect(database_url) as conn:
-        jobs = [new_job(conn, status="complete", results={"v": 1})[0] for _ in range(5)]
+        jobs = _finished(conn, 5)
         conn.execute("DELETE FROM reactor.pending")
         async with start_reactor(grace=GRACE, reconcile_interval=RECONCILE):
             await _clean(database_url)
@@ -121,7 +136,7 @@ async def test_truncated_runs_are_written_again(
     with _connect(database_url) as conn:
         # The interval is long: the TRUNCATE itself must ask for the pass.
         async with start_reactor(grace=GRACE, reconcile_interval=3600):
-            jobs = [new_job(conn, status="complete", results={"v": 1})[0] for _ in range(4)]
+            jobs = _finished(conn, 4)
             await eventually(lambda: scalar(conn, "SELECT count(*) FROM analysis_runs") == 4)
             conn.execute("TRUNCATE analysis_runs")
             assert scalar(conn, "SELECT requested_at IS NOT NULL FROM reactor.reconcile")
@@ -138,12 +153,12 @@ async def test_a_deleted_run_is_written_again(
 ) -> None:
     with _connect(database_url) as conn:
         async with start_reactor(grace=GRACE, reconcile_interval=0):
-            jobs = [new_job(conn, status="complete", results={"v": 1}) for _ in range(5)]
+            jobs = _finished(conn, 5)
             await eventually(lambda: scalar(conn, "SELECT count(*) FROM analysis_runs") == 5)
             with conn.transaction():
                 conn.execute("DELETE FROM analysis_runs")
                 # Queued by the trigger, in the deleting transaction itself.
-                assert all(_queued(conn, job) for job, _ in jobs)
+                assert all(_queued(conn, job) for job in jobs)
             await eventually(lambda: scalar(conn, "SELECT count(*) FROM analysis_runs") == 5)
         # Written twice each, but once per life of the row: not a duplicate.
         assert (await judge(database_url, GRACE)).clean
@@ -154,8 +169,7 @@ async def test_a_run_row_moved_to_an_older_job_brings_the_newer_one_back(
     database_url: str, start_reactor: StartReactor
 ) -> None:
     with _connect(database_url) as conn:
-        older, run = add_job(conn, status="complete", results={"v": 1}, age=10)
-        newer, _ = add_job(conn, run_id=run, status="complete", results={"v": 2}, age=5)
+        older, newer, run = _two_jobs_of_one_run(conn)
         client_save(conn, newer)
         conn.execute("DELETE FROM reactor.pending")
         async with start_reactor(grace=GRACE, reconcile_interval=0):
@@ -178,12 +192,11 @@ async def test_deleting_the_job_a_worker_row_stands_for_brings_back_the_earlier_
     database_url: str, start_reactor: StartReactor
 ) -> None:
     with _connect(database_url) as conn:
-        older, run = add_job(conn, status="complete", results={"v": 1}, age=10)
-        newer, _ = add_job(conn, run_id=run, status="complete", results={"v": 2}, age=5)
+        older, newer, run = _two_jobs_of_one_run(conn)
         async with start_reactor(grace=GRACE, reconcile_interval=0):
             await eventually(lambda: run_row(conn, run) == (newer, "worker"))
             with conn.transaction():
-                conn.execute("DELETE FROM analysis_jobs WHERE id = %s", (newer,))
+                conn.execute(*APP.delete(newer))
                 assert _queued(conn, older)
             await eventually(lambda: run_row(conn, run) == (older, "worker"))
         assert (await judge(database_url, GRACE)).clean
@@ -212,7 +225,7 @@ async def test_an_app_before_trigger_that_sets_status_is_seen(
         )
         async with start_reactor(grace=GRACE, reconcile_interval=0):
             with conn.transaction():
-                conn.execute("UPDATE analysis_jobs SET updated_at = now() WHERE id = %s", (job,))
+                conn.execute(*APP.touch(job))
                 status = scalar(conn, "SELECT status FROM analysis_jobs WHERE id = %s", (job,))
                 assert status == "complete"
                 assert _queued(conn, job)
@@ -223,7 +236,7 @@ async def test_an_app_before_trigger_that_sets_status_is_seen(
 async def test_a_client_save_does_not_queue_anything(database_url: str) -> None:
     # The common path stays cheap: a tab's save, first or again, leaves the queue alone.
     with _connect(database_url) as conn:
-        job, _ = add_job(conn, status="complete", results={"v": 1}, age=10)
+        job, _ = new_job(conn, status="complete", results={"v": 1}, age=10)
         conn.execute("DELETE FROM reactor.pending")
         client_save(conn, job)
         client_save(conn, job)
@@ -256,8 +269,7 @@ async def test_the_trigger_skips_the_notify_past_the_queue_limit(
 
 async def test_a_pass_walks_in_chunks_and_counts_what_it_found(database_url: str) -> None:
     with _connect(database_url) as conn:
-        for _ in range(5):
-            new_job(conn, status="complete", results={"v": 1})
+        _finished(conn, 5)
         conn.execute("DELETE FROM reactor.pending")
         async with await db.connect(database_url, "test") as aconn:
             steps = []
@@ -301,7 +313,7 @@ async def test_two_replicas_share_one_pass(database_url: str, start_reactor: Sta
 
 
 def _runs(conn: Conn, jobs: list[uuid.UUID]) -> list[uuid.UUID]:
-    return [scalar(conn, "SELECT run_id FROM analysis_jobs WHERE id = %s", (job,)) for job in jobs]
+    return [scalar(conn, *APP.run_of(job)) for job in jobs]
 
 
 # -- no install window ------------------------------------------------------------------------
@@ -313,15 +325,9 @@ async def test_jobs_finishing_during_migrate_are_all_queued(empty_database_url: 
     dsn = empty_database_url
     with _connect(dsn) as conn:
         conn.execute(sql.read("reference.sql"))
-        conn.execute(
-            "INSERT INTO analysis_jobs (id, run_id, status, doc_html, results) "
-            "SELECT gen_random_uuid(), gen_random_uuid(), 'complete', '<p/>', '{\"v\": 1}' "
-            "FROM generate_series(1, 100000)"
-        )
-        conn.execute(
-            "INSERT INTO analysis_runs (id, job_id, results, saved_by) "
-            "SELECT run_id, id, results, 'client' FROM analysis_jobs WHERE random() < 0.67"
-        )
+        history = APP.create(count=100_000, finished=True, verdicts=VERDICTS)
+        jobs = [job for job, _ in conn.execute(*history).fetchall()]
+        conn.execute(*APP.tab_save(*(job for job in jobs if random.random() < 0.67)))
     finished = 0
     stop = anyio.Event()
 
@@ -331,17 +337,9 @@ async def test_jobs_finishing_during_migrate_are_all_queued(empty_database_url: 
         nonlocal finished
         async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as aconn:
             while not stop.is_set():
-                job = uuid.uuid4()
-                await aconn.execute(
-                    "INSERT INTO analysis_jobs (id, run_id, status, doc_html) "
-                    "VALUES (%s, gen_random_uuid(), 'running', '<p/>')",
-                    (job,),
-                )
-                await aconn.execute(
-                    "UPDATE analysis_jobs SET status = 'complete', results = '{\"v\": 1}', "
-                    "updated_at = now() WHERE id = %s",
-                    (job,),
-                )
+                created = await aconn.execute(*APP.create())
+                [(job, _)] = await created.fetchall()
+                await aconn.execute(*APP.finish(job, verdicts=VERDICTS))
                 finished += 1
 
     async with anyio.create_task_group() as tg:

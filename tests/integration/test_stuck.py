@@ -21,7 +21,8 @@ from reactor.dispatch import Answer
 from reactor.install import REFERENCE_INSTALL
 from reactor.metrics import Metrics
 from reactor.recorder import Recorder, split
-from tests.helpers import Conn, run_row, worker_writes
+from tests.faults.tables import RESULTS
+from tests.helpers import TABLES, Conn, run_row, worker_writes
 from tests.integration.conftest import StartReactor
 from tests.integration.support import scalar
 from tests.polling import eventually
@@ -30,30 +31,28 @@ pytestmark = pytest.mark.anyio
 
 
 def add_due_jobs(conn: Conn, count: int, *, doc_bytes: int = 16) -> list[tuple[str, str]]:
-    """``count`` finished jobs, past any grace, oldest first: [(job id, run id)]."""
-    rows = conn.execute(
-        """
-        INSERT INTO analysis_jobs (id, run_id, status, doc_html, results, created_at, updated_at)
-        SELECT gen_random_uuid(), gen_random_uuid(), 'complete', repeat('x', %s),
-               '{"verdicts": [1]}', now() - interval '1 hour' + g * interval '1 ms',
-               now() - interval '1 hour' + g * interval '1 ms'
-          FROM generate_series(1, %s) AS g
-        RETURNING id::text, run_id::text, updated_at
-        """,
-        (doc_bytes, count),
-    ).fetchall()
-    return [(job, run) for job, run, _ in sorted(rows, key=lambda r: r[2])]
+    """``count`` finished jobs, past any grace, oldest first (an hour ago, a millisecond apart):
+    [(job id, run id)]."""
+    jobs = []
+    # One transaction: one now(), from which each job is a millisecond younger than the last.
+    with conn.transaction():
+        for n in range(count):
+            age = 3600 - n / 1000
+            job, run = TABLES.add_job(
+                conn,
+                finished=True,
+                doc="x" * doc_bytes,
+                results=RESULTS,
+                created_age=age,
+                updated_age=age,
+            )
+            jobs.append((str(job), str(run)))
+    return jobs
 
 
 def hold_run_row(tab: Conn, job_id: str) -> None:
     """A tab saving the job's run in a transaction it does not commit (yet)."""
-    tab.execute(
-        """
-        INSERT INTO analysis_runs (id, job_id, doc_html, results, saved_by)
-        SELECT run_id, id, doc_html, results, 'client' FROM analysis_jobs WHERE id = %s
-        """,
-        (job_id,),
-    )
+    TABLES.client_save(tab, job_id)
 
 
 def written(conn: Conn) -> set[str]:

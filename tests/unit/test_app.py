@@ -46,3 +46,18 @@ def test_each_statement_binds_exactly_its_parameters(name: str) -> None:
     assert "%" not in tokens
     assert placeholders == set(params)
     assert '"jobs 100%%"' in query
+
+
+def test_a_job_is_created_running_finished_or_failed() -> None:
+    app = App(mapping.REFERENCE)
+    created = {
+        (finished, failed): app.create(["r"], finished=finished, failed=failed).params["status"]
+        for finished in (False, True)
+        for failed in (False, True)
+    }
+    assert created == {
+        (False, False): "running",
+        (True, False): "complete",
+        (False, True): "failed",
+        (True, True): "failed",
+    }
