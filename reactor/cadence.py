@@ -1,10 +1,8 @@
 """One schedule for the periodic duties: the health check, the poll, the scan, the reconcile.
 
-Each duty has an interval, a failure policy (how soon after a failure it is tried again) and a
-*carrier*: who runs it. The pool runs every duty, except that the health check rides the LISTEN
-connection while the listener is proven (the same round trip proves that connection alive),
-and goes back to the pool the moment it is not. :meth:`Cadence.begin` is the token: a duty runs
-on one road at a time, is never stacked on itself, and its next run is scheduled as it begins,
+Each duty has an interval and a failure policy (how soon after a failure it is tried again);
+every duty runs through the pool, since the LISTEN connection only listens. :meth:`Cadence.begin`
+is the token: a duty is never stacked on itself, and its next run is scheduled as it begins,
 so a failure cannot lose it (psycopg_pool's scheduler does the same). :meth:`Cadence.hasten`
 brings a duty forward (a scan was asked for, a reconcile pass requested); asked while the duty
 runs, it runs again right after. :meth:`Cadence.pace` puts a duty's next run further off than
@@ -21,7 +19,6 @@ import logging
 import math
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Literal
 
 import anyio
 import anyio.abc
@@ -31,8 +28,6 @@ from reactor.clock import Clock
 from reactor.db import DATABASE_ERRORS
 
 log = logging.getLogger(__name__)
-
-Carrier = Literal["pool", "listener"]
 
 # Seconds until a duty that failed ``failures`` times in a row is tried again.
 RetryPolicy = Callable[[int], float]
@@ -50,11 +45,10 @@ class Duty:
     name: str
     interval: float
     retry: RetryPolicy
-    listener_may_carry: bool = False
     next_at: float = -math.inf  # due at once
     # The next run as begin() or pace() set it: next_at is earlier once something hastened it.
     scheduled: float = -math.inf
-    running: Carrier | None = None
+    running: bool = False
     failures: int = 0
     last_begun: float = -math.inf
     runs: int = 0
@@ -62,11 +56,9 @@ class Duty:
 
 @dataclass
 class Cadence:
-    """The duties and who carries each."""
+    """The duties and when each is due."""
 
     duties: dict[str, Duty] = field(default_factory=dict)
-    # True while the listener is proven: it carries the duties it may carry.
-    listener_carries: bool = False
 
     def add(
         self,
@@ -74,43 +66,31 @@ class Cadence:
         interval: float,
         *,
         retry: RetryPolicy,
-        listener_may_carry: bool = False,
         first_at: float = -math.inf,
     ) -> None:
         """Schedule ``name`` every ``interval`` seconds, first at ``first_at`` (at once)."""
-        self.duties[name] = Duty(name, interval, retry, listener_may_carry, next_at=first_at)
+        self.duties[name] = Duty(name, interval, retry, next_at=first_at)
 
-    def carrier(self, name: str) -> Carrier:
-        """Who runs ``name`` now."""
-        duty = self.duties[name]
-        return "listener" if duty.listener_may_carry and self.listener_carries else "pool"
-
-    def due(self, now: float, carrier: Carrier) -> list[str]:
-        """The duties ``carrier`` should begin now."""
+    def due(self, now: float) -> list[str]:
+        """The duties to begin now."""
         return [
-            duty.name
-            for duty in self.duties.values()
-            if duty.running is None and duty.next_at <= now and self.carrier(duty.name) == carrier
+            duty.name for duty in self.duties.values() if not duty.running and duty.next_at <= now
         ]
 
-    def next_at(self, carrier: Carrier) -> float:
-        """When ``carrier`` has the next duty to begin (inf: none it carries is idle)."""
+    def next_at(self) -> float:
+        """When the next duty is to begin (inf: none is idle)."""
         return min(
-            (
-                duty.next_at
-                for duty in self.duties.values()
-                if duty.running is None and self.carrier(duty.name) == carrier
-            ),
+            (duty.next_at for duty in self.duties.values() if not duty.running),
             default=math.inf,
         )
 
-    def begin(self, name: str, carrier: Carrier, now: float) -> bool:
-        """Take the token for ``name``: True when ``carrier`` may run it now. Its next run is
-        scheduled at once, one interval on."""
+    def begin(self, name: str, now: float) -> bool:
+        """Take the token for ``name``: True when it may run now. Its next run is scheduled at
+        once, one interval on."""
         duty = self.duties[name]
-        if duty.running is not None or duty.next_at > now or self.carrier(name) != carrier:
+        if duty.running or duty.next_at > now:
             return False
-        duty.running = carrier
+        duty.running = True
         duty.last_begun = now
         duty.next_at = duty.scheduled = now + duty.interval
         return True
@@ -124,15 +104,13 @@ class Cadence:
             return
         duty.next_at = duty.scheduled = duty.last_begun + interval
 
-    def end(
-        self, name: str, carrier: Carrier, now: float, *, ok: bool, next_in: float | None = None
-    ) -> None:
+    def end(self, name: str, now: float, *, ok: bool, next_in: float | None = None) -> None:
         """Give the token back. ``next_in``: the duty's own word on when it is due next (never
         later than its interval). A failure is retried by the duty's policy."""
         duty = self.duties[name]
-        if duty.running != carrier:
+        if not duty.running:
             return
-        duty.running = None
+        duty.running = False
         duty.runs += 1
         if ok:
             duty.failures = 0
@@ -150,12 +128,12 @@ class Cadence:
 
 # A duty's work: returns when it is due next (None: one interval on), raises on failure.
 Action = Callable[[], Awaitable[float | None]]
-# Told of a duty's failure (log it, mark the database down): the duty, its road, the error.
-OnFailure = Callable[[str, Carrier, BaseException], None]
+# Told of a duty's failure (log it, mark the database down): the duty and the error.
+OnFailure = Callable[[str, BaseException], None]
 
 
 class Scheduler:
-    """Runs the pool's duties of a :class:`Cadence` on ``clock``."""
+    """Runs the duties of a :class:`Cadence` on ``clock``."""
 
     def __init__(
         self,
@@ -182,12 +160,6 @@ class Scheduler:
         self.cadence.pace(name, interval)
         self._wake.set()
 
-    def carry(self, listener: bool) -> None:
-        """The listener is proven (it carries its duties) or not (the pool takes them back)."""
-        if self.cadence.listener_carries != listener:
-            self.cadence.listener_carries = listener
-            self._wake.set()
-
     def close(self) -> None:
         """Begin no more duties; those running finish."""
         self._closed = True
@@ -197,30 +169,15 @@ class Scheduler:
         """Begin each due duty in ``work`` until :meth:`close`."""
         while not self._closed:
             now = self.clock.now()
-            for name in self.cadence.due(now, "pool"):
-                if self.cadence.begin(name, "pool", now):
-                    work.start_soon(self._carry_out, name, "pool", self.actions[name])
+            for name in self.cadence.due(now):
+                if self.cadence.begin(name, now):
+                    work.start_soon(self._carry_out, name, self.actions[name])
             self._wake = anyio.Event()
-            await self.clock.sleep_until(self.cadence.next_at("pool"), self._wake)
-
-    async def run_duty(self, name: str, carrier: Carrier, action: Action) -> bool:
-        """Run ``action`` as duty ``name`` for ``carrier`` if it holds the token now; True if it
-        ran. A failure goes to ``on_failure`` and the duty's retry policy; on the listener's
-        road it is raised too, since the connection it rode is suspect."""
-        if not self.begin(name, carrier):
-            return False
-        await self._carry_out(name, carrier, action)
-        return True
-
-    def begin(self, name: str, carrier: Carrier) -> bool:
-        """Take the token for ``name`` if ``carrier`` may run it now (see :meth:`Cadence.begin`);
-        give it back with :meth:`end`."""
-        return self.cadence.begin(name, carrier, self.clock.now())
+            await self.clock.sleep_until(self.cadence.next_at(), self._wake)
 
     def end(
         self,
         name: str,
-        carrier: Carrier,
         *,
         ok: bool = True,
         error: BaseException | None = None,
@@ -229,21 +186,19 @@ class Scheduler:
         """Give the token for ``name`` back: done, or failed (not ``ok``, or with ``error``,
         which ``on_failure`` is told of); a failure is retried by the duty's policy."""
         if error is not None:
-            self.on_failure(name, carrier, error)
+            self.on_failure(name, error)
         ok = ok and error is None
-        self.cadence.end(name, carrier, self.clock.now(), ok=ok, next_in=next_in)
+        self.cadence.end(name, self.clock.now(), ok=ok, next_in=next_in)
         self._wake.set()
 
-    async def _carry_out(self, name: str, carrier: Carrier, action: Action) -> None:
+    async def _carry_out(self, name: str, action: Action) -> None:
         try:
             next_in = await action()
         except DATABASE_ERRORS as error:
-            self.end(name, carrier, error=error)
-            if carrier == "listener":
-                raise
+            self.end(name, error=error)
             return
         except BaseException:
             # Cancelled, or a bug: retried by the duty's policy, and nobody is told.
-            self.end(name, carrier, ok=False)
+            self.end(name, ok=False)
             raise
-        self.end(name, carrier, next_in=next_in)
+        self.end(name, next_in=next_in)

@@ -30,7 +30,7 @@ import anyio
 import anyio.abc
 
 from reactor import db, tracing
-from reactor.cadence import Action, Cadence, Carrier, Scheduler, backoff
+from reactor.cadence import Action, Cadence, Scheduler, backoff
 from reactor.clock import Clock, SystemClock
 from reactor.config import Settings
 from reactor.dbclock import DatabaseClock
@@ -382,12 +382,9 @@ class Reactor:
         self.subscriber.report(self.clock.now())
         self.verifier.report()
 
-    def _duty_failed(self, name: str, carrier: Carrier, error: BaseException) -> None:
+    def _duty_failed(self, name: str, error: BaseException) -> None:
         if name == "health":
-            # On the listener's road the connection is suspect, not the database: the listener
-            # says so and the pool checks at once.
-            if carrier == "pool":
-                self.vitals.failed(error)
+            self.vitals.failed(error)
         elif name == "scan":
             self.metrics.record_errors.inc()
             log.warning("scan failed, will retry", extra={"error": db.first_line(error)})
