@@ -48,7 +48,8 @@ BEGIN
         PERFORM @reactor@.app_table_v1('jobs', TG_RELID);
     END IF;
     -- The row-local half of "needs a run"; the runs table decides the rest at record time.
-    IF @eligible(NEW)@ AND NOT (TG_OP = 'UPDATE' AND @eligible(OLD)@) THEN
+    IF @eligible(NEW)@
+       AND NOT (TG_OP = 'UPDATE' AND @eligible(OLD)@) THEN
         INSERT INTO @reactor@.pending (job_id, since)
         VALUES (@NEW.id@, least(@NEW.updated_at@, now()))
             ON CONFLICT (job_id) DO UPDATE SET since = EXCLUDED.since;
