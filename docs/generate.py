@@ -557,9 +557,7 @@ def _sql(text: str) -> str:
 
 
 def _job_trigger_lines(script: str) -> str:
-    return _excerpt(
-        script, ("    became_eligible := (", 4), ("INSERT INTO reactor.pending (job_id", 2)
-    )
+    return _excerpt(script, ("    IF (NEW.", 4), ("INSERT INTO reactor.pending (job_id", 2))
 
 
 def second_job_trigger() -> str:

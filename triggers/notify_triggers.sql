@@ -29,16 +29,15 @@ END
 $$;
 
 -- The one function a job-finishing commit of the app's calls, so it is kept to one call: the
--- guard, the queueing and the hint are inline. What it writes is one row of the queue.
+-- guard, the queueing and the hint are inline. What it writes is one row of the queue. It is
+-- kept to few statements: PL/pgSQL prepares each expression once per transaction, and an app's
+-- finishing commit is a transaction of its own, so every statement here is paid per job.
 CREATE OR REPLACE FUNCTION @reactor@.job_changed_v1() RETURNS trigger
     LANGUAGE plpgsql
     -- It runs in the app's transactions, as the app's role, which need not see the reactor's
     -- schema: it acts as its owner instead, with a search_path nobody else can plant objects in.
     SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS
 $$
-DECLARE
-    became_eligible boolean;
-    queue_limit text;
 BEGIN
     -- First, before any column of the row is read: another table's columns could be of types
     -- whose casts or operators run their owner's code with this function's rights. The table
@@ -49,12 +48,14 @@ BEGIN
         PERFORM @reactor@.app_table_v1('jobs', TG_RELID);
     END IF;
     -- The row-local half of "needs a run"; the runs table decides the rest at record time.
-    became_eligible := @eligible(NEW)@
-                       AND NOT (TG_OP = 'UPDATE' AND @eligible(OLD)@);
-    IF became_eligible THEN
+    IF @eligible(NEW)@
+       AND NOT (TG_OP = 'UPDATE' AND @eligible(OLD)@) THEN
         INSERT INTO @reactor@.pending (job_id, since)
         VALUES (@NEW.id@, least(@NEW.updated_at@, now()))
             ON CONFLICT (job_id) DO UPDATE SET since = EXCLUDED.since;
+    ELSIF TG_OP = 'UPDATE' AND @OLD.status@ IS NOT DISTINCT FROM @NEW.status@ THEN
+        -- A terminal job updated while not yet eligible, and still not: nothing to say.
+        RETURN NULL;
     END IF;
     -- Wake the reactors on the transition into a terminal status, and when a terminal job
     -- becomes eligible later (its results arrive in a second update); not at all when the
@@ -62,20 +63,17 @@ BEGIN
     -- app's sessions may set reactor.notify_queue_limit; one that is not a number is ignored,
     -- so it never fails the app's commit): the queued row is enough.
     IF TG_ARGV[0] <> ''
-       AND (became_eligible OR TG_OP = 'INSERT' OR @OLD.status@ IS DISTINCT FROM @NEW.status@) THEN
-        queue_limit := current_setting('reactor.notify_queue_limit', true);
-        IF queue_limit IS NULL
-           OR queue_limit !~ '^\s*([0-9]+\.?[0-9]*|\.[0-9]+)([eE][-+]?[0-9]+)?\s*$' THEN
-            queue_limit := '0.5';
-        END IF;
-        IF pg_notification_queue_usage() < queue_limit::float8 THEN
-            -- Installed with --spread (the second argument): on the channel of the job's share
-            -- (reactor/ownership.py, share_of), which only the replica that owns it LISTENs on.
-            PERFORM pg_notify(CASE WHEN TG_ARGV[1] = 'spread'
-                                   THEN TG_ARGV[0] || '.' || @share(NEW)@
-                                   ELSE TG_ARGV[0] END,
-                              @NEW.id@::text || '@' || extract(epoch FROM @NEW.updated_at@));
-        END IF;
+       AND pg_notification_queue_usage()
+           < (CASE WHEN current_setting('reactor.notify_queue_limit', true)
+                        ~ '^\s*([0-9]+\.?[0-9]*|\.[0-9]+)([eE][-+]?[0-9]+)?\s*$'
+                   THEN current_setting('reactor.notify_queue_limit', true)::float8
+                   ELSE 0.5 END) THEN
+        -- Installed with --spread (the second argument): on the channel of the job's share
+        -- (reactor/ownership.py, share_of), which only the replica that owns it LISTENs on.
+        PERFORM pg_notify(CASE WHEN TG_ARGV[1] = 'spread'
+                               THEN TG_ARGV[0] || '.' || @share(NEW)@
+                               ELSE TG_ARGV[0] END,
+                          @NEW.id@::text || '@' || extract(epoch FROM @NEW.updated_at@));
     END IF;
     RETURN NULL;
 END
