@@ -45,7 +45,7 @@ from bench.result import Context, Result, Table, conditions, unmeasured
 from bench.server import Server, open_counting_server
 from bench.stats import ms, ratio, safe_div, summarize
 from bench.workload import RESULTS, bench_settings
-from reactor import audit, db, mapping
+from reactor import audit, db, mapping_file
 from reactor.app import App
 from reactor.config import Settings
 from reactor.db.session import POOL_MAX_IDLE
@@ -278,7 +278,7 @@ async def _pair_database(server: Server, label: str) -> tuple[str, dict[str, Ins
                 f"CREATE TABLE analysis_jobs_{pair} (LIKE analysis_jobs INCLUDING ALL);"
                 f"CREATE TABLE analysis_runs_{pair} (LIKE analysis_runs INCLUDING ALL)"
             )
-            parsed = mapping.parse(_document(pair), source=f"pair {pair}")
+            parsed = mapping_file.parse(_document(pair), source=f"pair {pair}")
             installs[pair] = (await db.migrate(conn, parsed)).install
             await audit.install(conn, installs[pair].mapping)
     return dsn, installs

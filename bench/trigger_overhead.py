@@ -35,7 +35,7 @@ from bench.result import BENCH_DIR, Context, Result, Table, conditions
 from bench.server import Server, open_server
 from bench.stats import ratio, safe_div
 from bench.workload import bench_settings, replicas, wait_for_first_scan
-from reactor import db, mapping, sql
+from reactor import db, mapping_file, sql
 from reactor.install import REFERENCE_INSTALL
 
 TITLE = "Notify trigger overhead on the worker's commit throughput"
@@ -397,7 +397,7 @@ async def _second_database(server: Server) -> str:
     dsn = server.dsn_for(await server.create_database("triggers_second"))
     async with await connect(dsn, "setup") as conn:
         await conn.execute((SECOND_DIR / "second.sql").read_text())
-        second = mapping.load(str(SECOND_DIR / "second.toml"))
+        second = mapping_file.load(str(SECOND_DIR / "second.toml"))
         await db.migrate(conn, second, channel=SECOND_CHANNEL)
     return dsn
 

@@ -32,7 +32,7 @@ from typing import NamedTuple
 from prometheus_client import Counter, Histogram
 from prometheus_client.metrics import MetricWrapperBase
 
-from reactor import arguments, config, db, errors, mapping, metrics, sql
+from reactor import arguments, config, db, errors, mapping, mapping_file, metrics, sql
 from reactor.install import Install
 
 DOCS = Path(__file__).resolve().parent
@@ -508,7 +508,7 @@ SECOND_TYPES = {
 
 def second_mapping() -> mapping.Mapping:
     """second.toml as `reactor migrate` types it from the catalog of second.sql."""
-    return mapping.load(str(ROOT / SECOND_TOML)).in_public().typed(SECOND_TYPES)
+    return mapping_file.load(str(ROOT / SECOND_TOML)).in_public().typed(SECOND_TYPES)
 
 
 def second_script() -> str:

@@ -89,7 +89,7 @@ class App:
     @classmethod
     async def fit(cls, conn: psycopg.AsyncConnection[Any], mapping: Mapping) -> App:
         """The app of the tables ``mapping`` names, with what the catalog says of them."""
-        from reactor.db.fit import describe, enum_labels
+        from reactor.db.catalog import describe, enum_labels
 
         jobs = mapping.jobs
         table = await describe(conn, jobs.table)

@@ -16,7 +16,7 @@ from collections.abc import Mapping as Environ
 from dataclasses import dataclass, replace
 from typing import Any
 
-from reactor import mapping
+from reactor import mapping_file
 from reactor.config import Settings
 from reactor.errors import ConfigError
 from reactor.hooks.spec import own_secrets
@@ -140,7 +140,7 @@ def _names(pairs: tuple[Pair, ...]) -> str:
 
 
 def _read(path: str) -> tuple[str, dict[str, Any]]:
-    return path, mapping.read(path)
+    return path, mapping_file.read(path)
 
 
 def _pair(read: tuple[str, dict[str, Any]], settings: Settings, flags: frozenset[str]) -> Pair:
@@ -153,4 +153,4 @@ def _pair(read: tuple[str, dict[str, Any]], settings: Settings, flags: frozenset
             f"--{name.replace('_', '-')} is given, and {source} sets [reactor] {name}; "
             "say it in one place"
         )
-    return Pair.of(mapping.parse(document, source=source), settings.overridden(own, source))
+    return Pair.of(mapping_file.parse(document, source=source), settings.overridden(own, source))

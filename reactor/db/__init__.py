@@ -10,7 +10,8 @@ by concern, and every public name is re-exported here, so callers write ``db.X``
   each written once, bound to an install and to where they run;
 - :mod:`.migrations`: the migration engine behind `reactor migrate`, and :mod:`.indexes`, the
   indexes it builds on the app's tables, as data;
-- :mod:`.fit`: the mapping checked against the catalog before anything runs.
+- :mod:`.fit`: the mapping checked against the catalog before anything runs, and
+  :mod:`.catalog`, what it reads there (a table's kind, owner and columns).
 """
 
 from __future__ import annotations
@@ -27,8 +28,9 @@ from reactor.db.calls import (
     run_bare,
     run_pinned,
 )
+from reactor.db.catalog import owners_note
 from reactor.db.drift import REINSTALLED, mapping_changed, require_current_mapping
-from reactor.db.fit import fit, owners_note
+from reactor.db.fit import fit
 from reactor.db.migrations import (
     OUTSIDE_TRANSACTION,
     Migrated,

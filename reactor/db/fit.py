@@ -3,19 +3,19 @@
 `reactor migrate` runs :func:`fit` before it touches the database, and `run`, `sweep` and
 `status` at start. The first mismatch raises ConfigError (exit 2) in one line that names the
 table or column and the fix. What passes comes back as the mapping with the columns' types and
-the tables' schemas filled in, which is what the SQL is rendered from.
+the tables' schemas filled in, which is what the SQL is rendered from. What the checks read
+of the catalog is :mod:`.catalog`'s.
 """
 
 from __future__ import annotations
 
-import re
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import psycopg
 import psycopg.errors
-from psycopg.rows import dict_row
 
 from reactor import mapping as mapping_module
+from reactor.db.catalog import Column, Table, default_sequences, describe, enum_labels, unique_on
 from reactor.db.session import AnyConnection
 from reactor.errors import ConfigError, SchemaMissing
 from reactor.mapping import ID_TYPES, Mapping, Terminal
@@ -24,35 +24,6 @@ from reactor.quote import readable
 _TIMES = ("timestamp with time zone", "timestamp without time zone")
 _TEXTS = ("text", "character varying")
 _INTEGERS = ("smallint", "integer", "bigint")
-_TYPMOD = re.compile(r"\(\d+(?:,\d+)?\)")
-
-
-@dataclass(frozen=True)
-class Column:
-    name: str
-    type: str
-    enum: bool
-    not_null: bool
-    filled: bool  # has a default, or is an identity or generated column
-
-
-@dataclass(frozen=True)
-class Table:
-    oid: int
-    schema: str
-    name: str
-    kind: str  # pg_class.relkind: r a table, p a partitioned one, v a view...
-    owner: str
-    owned: bool  # the current role is the owner, or a member of it
-    columns: dict[str, Column]
-
-    @property
-    def partitioned(self) -> bool:
-        return self.kind == "p"
-
-    @property
-    def shown(self) -> str:
-        return self.name if self.schema == "public" else f"{self.schema}.{self.name}"
 
 
 async def fit(
@@ -151,7 +122,7 @@ async def fit(
     if jobs_map.time_zone:
         await _check_zone(conn, jobs_map.time_zone)
     await _check_status(conn, jobs, status, jobs_map.terminal)
-    if not await _unique_on(conn, runs.oid, run_key.name):
+    if not await unique_on(conn, runs.oid, run_key.name):
         raise ConfigError(
             f"{runs.shown}.{run_key.name} (runs.key) has no unique index on it alone; add one "
             f"(CREATE UNIQUE INDEX ON {readable(runs.schema, runs.name)} "
@@ -176,36 +147,13 @@ async def fit(
         runs=replace(
             typed.runs,
             table=(runs.schema, runs.name),
-            sequences=await _default_sequences(conn, runs.oid, unwritten),
+            sequences=await default_sequences(conn, runs.oid, unwritten),
         ),
     )
     await _check_expressions(conn, located, where)
     if not installing:
         await _check_installed(conn, located)
     return located
-
-
-async def _default_sequences(
-    conn: AnyConnection, table: int, columns: list[str]
-) -> tuple[tuple[str, str], ...]:
-    """The sequences the defaults of ``table``'s ``columns`` draw from (a serial column's
-    nextval), from the default expressions' dependencies: an identity column's sequence needs
-    no grant of its own, and none is found here."""
-    cur = await conn.execute(
-        "SELECT DISTINCT n.nspname, s.relname"
-        "  FROM pg_catalog.pg_attrdef d"
-        "  JOIN pg_catalog.pg_attribute a ON a.attrelid = d.adrelid AND a.attnum = d.adnum"
-        "  JOIN pg_catalog.pg_depend dep"
-        "    ON dep.classid = 'pg_catalog.pg_attrdef'::pg_catalog.regclass"
-        "   AND dep.objid = d.oid"
-        "   AND dep.refclassid = 'pg_catalog.pg_class'::pg_catalog.regclass"
-        "  JOIN pg_catalog.pg_class s ON s.oid = dep.refobjid AND s.relkind = 'S'"
-        "  JOIN pg_catalog.pg_namespace n ON n.oid = s.relnamespace"
-        " WHERE d.adrelid = %s AND a.attname = ANY(%s)"
-        " ORDER BY 1, 2",
-        (table, columns),
-    )
-    return tuple((schema, name) for schema, name in await cur.fetchall())
 
 
 async def _table(
@@ -255,60 +203,6 @@ def _check_relation(table: Table, section: str, where: str, *, installing: bool)
             f"this role is not a member of; run `reactor migrate` as {table.owner} (the "
             f"owner of the app's tables), or name the app's own table there"
         )
-
-
-# Every catalog read below names pg_catalog's objects in full, so that what a role's
-# search_path puts before pg_catalog is never consulted; the mapped tables are found by schema
-# and name, never through the search_path.
-async def describe(conn: AnyConnection, name: tuple[str, ...]) -> Table | None:
-    """The relation ``name`` (schema, name; a bare name is in public) and its columns as the
-    catalog has them, or None when it is absent."""
-    schema, relname = name if len(name) == 2 else ("public", name[-1])
-    cur = await conn.execute(
-        "SELECT c.oid, c.relkind::text, pg_catalog.pg_get_userbyid(c.relowner)::text,"
-        "       pg_catalog.pg_has_role(current_user, c.relowner, 'MEMBER')"
-        "  FROM pg_catalog.pg_class c"
-        "  JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace"
-        " WHERE n.nspname = %s AND c.relname = %s",
-        (schema, relname),
-    )
-    found = await cur.fetchone()
-    if found is None:
-        return None
-    oid, kind, owner, owned = found
-    cur = await conn.cursor(row_factory=dict_row).execute(
-        "SELECT a.attname AS name, pg_catalog.format_type(a.atttypid, a.atttypmod) AS type,"
-        "       t.typtype = 'e' AS enum, a.attnotnull AS not_null,"
-        "       a.atthasdef OR a.attidentity <> '' OR a.attgenerated <> '' AS filled"
-        "  FROM pg_catalog.pg_attribute a JOIN pg_catalog.pg_type t ON t.oid = a.atttypid"
-        " WHERE a.attrelid = %s AND a.attnum > 0 AND NOT a.attisdropped"
-        " ORDER BY a.attnum",
-        (oid,),
-    )
-    # Without a type's modifiers: timestamp(3) is a timestamp, varchar(200) a varchar.
-    columns = {
-        row["name"]: Column(**{**row, "type": _TYPMOD.sub("", row["type"])})
-        for row in await cur.fetchall()
-    }
-    return Table(oid, schema, relname, kind, owner, bool(owned), columns)
-
-
-async def owners_note(conn: AnyConnection, mapping: Mapping) -> str | None:
-    """For a superuser, for whom every ownership check passes: one line naming each mapped
-    table's owner, so that whoever migrates sees whose tables got the triggers. None for any
-    other role, which the checks held to its own tables."""
-    cur = await conn.execute(
-        "SELECT r.rolsuper FROM pg_catalog.pg_roles r WHERE r.rolname = current_user"
-    )
-    row = await cur.fetchone()
-    if not row or not row[0]:
-        return None
-    owned = []
-    for table in (mapping.jobs.table, mapping.runs.table):
-        found = await describe(conn, table)
-        if found is not None:
-            owned.append(f"{readable(found.schema, found.name)} belongs to {found.owner}")
-    return "migrated as a superuser: " + ", ".join(owned) if owned else None
 
 
 async def _check_status(
@@ -398,29 +292,6 @@ async def _check_zone(conn: AnyConnection, zone: str) -> None:
             f"jobs.time_zone = {zone!r} is not a time zone PostgreSQL knows; use a name of "
             "pg_timezone_names, e.g. UTC or Europe/Berlin"
         ) from None
-
-
-async def enum_labels(conn: AnyConnection, table: int, column: str) -> list[str]:
-    """The labels of the enum type of ``table``'s ``column`` in their order; [] for another type."""
-    cur = await conn.execute(
-        "SELECT e.enumlabel FROM pg_catalog.pg_attribute a"
-        "  JOIN pg_catalog.pg_enum e ON e.enumtypid = a.atttypid"
-        " WHERE a.attrelid = %s AND a.attname = %s ORDER BY e.enumsortorder",
-        (table, column),
-    )
-    return [label for (label,) in await cur.fetchall()]
-
-
-async def _unique_on(conn: AnyConnection, table: int, column: str) -> bool:
-    cur = await conn.execute(
-        "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_index i JOIN pg_catalog.pg_attribute a"
-        "    ON a.attrelid = i.indrelid AND a.attnum = i.indkey[0]"
-        " WHERE i.indrelid = %s AND i.indisunique AND i.indisvalid AND i.indpred IS NULL"
-        "   AND i.indnkeyatts = 1 AND i.indexprs IS NULL AND a.attname = %s)",
-        (table, column),
-    )
-    row = await cur.fetchone()
-    return bool(row and row[0])
 
 
 # The check of one [runs.columns] expression: the record statements' write of its column, in

@@ -21,7 +21,8 @@ from reactor.draft.links import candidates, status_column
 from reactor.draft.propose import Draft, draft
 from reactor.draft.role import create_role
 from reactor.errors import ConfigError, ReactorError, SchemaMissing, UsageError
-from reactor.mapping import Mapping, parse
+from reactor.mapping import Mapping
+from reactor.mapping_file import parse
 
 # The exit code of a draft that needs a decision, or of a choice left to make: a usage error.
 NEEDS_DECISION = 2

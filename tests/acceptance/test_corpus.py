@@ -21,7 +21,7 @@ import psycopg
 import psycopg.conninfo
 import pytest
 
-from reactor import audit, db, mapping, sql
+from reactor import audit, db, mapping_file, sql
 from reactor.app import DOCUMENT, App
 from reactor.db.fit import fit
 from reactor.mapping import Mapping
@@ -78,7 +78,7 @@ def _audited(url: str, path: Path) -> App:
 
     async def typed() -> tuple[Mapping, App]:
         async with await db.connect(url, "test") as conn:
-            drafted = await fit(conn, mapping.load(str(path)))
+            drafted = await fit(conn, mapping_file.load(str(path)))
             return drafted, await App.fit(conn, drafted)
 
     drafted, app = anyio.run(typed, backend="asyncio")

@@ -26,7 +26,7 @@ import anyio
 import psycopg
 import psycopg.sql
 
-from reactor import audit, db, mapping, sql
+from reactor import audit, db, mapping, mapping_file, sql
 from reactor.app import DOCUMENT, VERDICTS, App, JobId, RunKey
 from reactor.mapping import Mapping, Terminal
 
@@ -105,7 +105,7 @@ class Tables:
 
     def loaded(self) -> Mapping:
         """The mapping as its file says, in its reactor schema (untyped)."""
-        loaded = mapping.load(str(self.config)) if self.config else mapping.REFERENCE
+        loaded = mapping_file.load(str(self.config)) if self.config else mapping.REFERENCE
         if self.reactor_schema is not None:
             loaded = replace(loaded, reactor_schema=self.reactor_schema)
         return loaded

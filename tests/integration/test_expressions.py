@@ -18,7 +18,7 @@ import psycopg
 import psycopg.sql
 import pytest
 
-from reactor import db, mapping, status
+from reactor import db, mapping, mapping_file, status
 from reactor.config import Settings
 from reactor.errors import ConfigError
 from reactor.install import Install
@@ -44,7 +44,7 @@ def second_with(tmp_path: Path, title: str, *, report: str = "Report") -> mappin
     text = text.replace('table = "app.Report"', f"table = {json.dumps('app.' + report)}")
     path = tmp_path / "second.toml"
     path.write_text(text)
-    return mapping.load(str(path))
+    return mapping_file.load(str(path))
 
 
 @pytest.fixture
@@ -140,7 +140,7 @@ async def test_a_percent_in_a_table_name_reaches_every_named_query(
 async def test_the_check_runs_one_statement_and_changes_nothing(second_url: str) -> None:
     # Past the file's own check (a mapping made in code): the server is sent one statement, so
     # the second one is refused, never run.
-    second = mapping.load(str(MAPPINGS / "second.toml"))
+    second = mapping_file.load(str(MAPPINGS / "second.toml"))
     pwned = (
         'j.title FROM app."Job" j WHERE false; CREATE TABLE public.pwned AS SELECT 1; '
         "SELECT j.title"

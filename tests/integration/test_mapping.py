@@ -21,7 +21,7 @@ import psycopg.conninfo
 import pytest
 
 from docs import generate
-from reactor import db, grants, mapping, sql, status
+from reactor import db, grants, mapping, mapping_file, sql, status
 from reactor.config import Settings
 from reactor.install import Install
 from reactor.metrics import Metrics
@@ -59,7 +59,7 @@ def second_url(empty_database_url: str) -> str:
 async def second(second_url: str) -> Install:
     """The second mapping installed by `reactor migrate`, typed by the catalog."""
     async with await db.connect(second_url, "test") as conn:
-        migrated = await db.migrate(conn, mapping.load(str(SECOND_TOML)), channel=CHANNEL)
+        migrated = await db.migrate(conn, mapping_file.load(str(SECOND_TOML)), channel=CHANNEL)
     return migrated.install
 
 
@@ -321,7 +321,7 @@ async def test_two_installs_live_side_by_side_in_one_process(second_url: str) ->
     # running replica in this one process, and neither reads the other's statements or jobs.
     with psycopg.connect(second_url, autocommit=True) as conn:
         conn.execute(sql.read("reference.sql"))
-    second_shape = mapping.parse(
+    second_shape = mapping_file.parse(
         {"reactor_schema": "second_reactor", **tomllib.loads(SECOND_TOML.read_text())},
         source=str(SECOND_TOML),
     )

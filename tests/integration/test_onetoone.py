@@ -16,7 +16,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from reactor import db, mapping
+from reactor import db, mapping_file
 from reactor.errors import ConfigError
 from reactor.install import Install
 from reactor.mapping import Mapping
@@ -28,7 +28,7 @@ pytestmark = pytest.mark.anyio
 
 MAPPINGS = Path(__file__).parent.parent / "mappings"
 ONETOONE_SQL = (MAPPINGS / "onetoone.sql").read_text()
-ONETOONE = mapping.load(str(MAPPINGS / "onetoone.toml"))
+ONETOONE = mapping_file.load(str(MAPPINGS / "onetoone.toml"))
 GRACE = 2.0
 
 
@@ -190,7 +190,7 @@ CREATE TABLE task_results (
     output      text NOT NULL
 );
 """
-INTEGER = mapping.parse(
+INTEGER = mapping_file.parse(
     {
         "jobs": {
             "table": "tasks",

@@ -16,7 +16,7 @@ import psycopg.conninfo
 import pytest
 from rich.console import Console
 
-from reactor import db, grants, mapping, sql, status
+from reactor import db, grants, mapping, mapping_file, sql, status
 from reactor.config import Settings
 from reactor.install import Install
 from reactor.metrics import Metrics
@@ -50,7 +50,7 @@ def my_app(empty_database_url: str, tmp_path: Path) -> tuple[str, mapping.Mappin
         conn.execute('ALTER TABLE analysis_runs RENAME TO "Runs"')
     path = tmp_path / "reactor.toml"
     path.write_text(TOML)
-    return empty_database_url, mapping.load(str(path))
+    return empty_database_url, mapping_file.load(str(path))
 
 
 async def install(url: str, shape: mapping.Mapping) -> Install:

@@ -6,11 +6,11 @@ import re
 
 import pytest
 
-from reactor import mapping
+from reactor import mapping, mapping_file
 from reactor.app import App
 
 # Names with a % in them, as the mapping accepts: each must reach the server as written.
-PERCENT = mapping.parse(
+PERCENT = mapping_file.parse(
     {
         "jobs": {
             "table": "jobs 100%",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from reactor import mapping
+from reactor import mapping_file
 from reactor.errors import ConfigError
 from reactor.expressions import expression_problem
 
@@ -78,7 +78,7 @@ def test_what_is_not_one_expression_is_named(expression: str, says: str) -> None
 def test_the_mapping_names_the_column_in_one_line() -> None:
     document = {"runs": {"columns": {"doc_html": PWNED, "results": "j.results"}}}
     with pytest.raises(ConfigError) as raised:
-        mapping.parse(document, source="m.toml")
+        mapping_file.parse(document, source="m.toml")
     message = str(raised.value)
     assert message.startswith("m.toml: [runs.columns] doc_html must be one SQL expression")
     assert "holds a ;" in message
@@ -86,5 +86,7 @@ def test_the_mapping_names_the_column_in_one_line() -> None:
 
 
 def test_the_statements_use_each_expression_in_parentheses() -> None:
-    m = mapping.parse({"runs": {"columns": {"doc_html": "j.doc_html", "results": "j.results"}}})
+    m = mapping_file.parse(
+        {"runs": {"columns": {"doc_html": "j.doc_html", "results": "j.results"}}}
+    )
     assert m.slot("run_values", None, None) == ", (j.doc_html), (j.results)"

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from reactor import mapping, sql
+from reactor import mapping, mapping_file, sql
 from reactor.errors import ConfigError
 from reactor.payload import parse_hint, parse_payload
 
@@ -20,7 +20,7 @@ def test_the_reference_mapping_is_the_reference() -> None:
 
 
 def test_the_second_mapping_parses_as_written() -> None:
-    second = mapping.load(str(SECOND))
+    second = mapping_file.load(str(SECOND))
     assert not second.is_reference
     assert second.jobs.table == ("app", "Job")
     assert second.jobs.deleted_at is None
@@ -51,18 +51,18 @@ def test_the_second_mapping_parses_as_written() -> None:
 )
 def test_a_wrong_key_is_named(document: dict[str, Any], says: str) -> None:
     with pytest.raises(ConfigError, match=None) as raised:
-        mapping.parse(document, source="m.toml")
+        mapping_file.parse(document, source="m.toml")
     assert says in str(raised.value)
     assert str(raised.value).startswith("m.toml:")
 
 
 def test_a_reactor_schema_of_its_own_has_a_channel_of_its_own() -> None:
     assert mapping.REFERENCE.default_channel == "analysis_jobs_terminal"
-    other = mapping.parse({"reactor_schema": "reports_reactor"})
+    other = mapping_file.parse({"reactor_schema": "reports_reactor"})
     assert other.default_channel == "reports_reactor_jobs_terminal"
     # The app's own tables in the default reactor schema: named after the schema too, not
     # after the reference's tables.
-    own_tables = mapping.parse({"jobs": {"table": "app.exports"}})
+    own_tables = mapping_file.parse({"jobs": {"table": "app.exports"}})
     assert own_tables.reactor_schema == "reactor"
     assert own_tables.default_channel == "reactor_jobs_terminal"
     assert not other.is_reference
@@ -75,11 +75,11 @@ def test_a_file_that_is_not_toml_is_one_line(tmp_path: Path) -> None:
     path = tmp_path / "m.toml"
     path.write_text("[jobs\n")
     with pytest.raises(ConfigError, match="is not valid TOML"):
-        mapping.load(str(path))
+        mapping_file.load(str(path))
 
 
 def test_names_and_values_are_quoted_whatever_they_hold() -> None:
-    hostile = mapping.parse(
+    hostile = mapping_file.parse(
         {
             "jobs": {"table": 'x"; DROP TABLE y; --', "terminal": ["it's done"], "not_null": []},
             "runs": {"worker": "o'brien"},
@@ -91,7 +91,7 @@ def test_names_and_values_are_quoted_whatever_they_hold() -> None:
 
 
 def test_a_naive_time_column_is_read_at_the_configured_zone() -> None:
-    second = mapping.load(str(SECOND)).typed({"updatedAt": "timestamp without time zone"})
+    second = mapping_file.load(str(SECOND)).typed({"updatedAt": "timestamp without time zone"})
     assert second.slot("updated_at", "j", None) == """(j."updatedAt" AT TIME ZONE 'UTC')"""
     assert second.slot("created_at", "j", None) == 'j."createdAt"'  # untyped: as it is
 
@@ -100,12 +100,12 @@ def test_an_unknown_slot_is_an_error_not_text() -> None:
     with pytest.raises(KeyError):
         sql.render("SELECT @nope@", mapping.REFERENCE)
     with pytest.raises(KeyError, match="leaves out"):
-        mapping.load(str(SECOND)).slot("deleted_at", "j", None)
+        mapping_file.load(str(SECOND)).slot("deleted_at", "j", None)
 
 
 def test_every_shipped_query_renders_for_the_second_mapping() -> None:
     second = (
-        mapping.load(str(SECOND))
+        mapping_file.load(str(SECOND))
         .in_public()
         .typed({"jobId": "bigint", "reportKey": "text", "updatedAt": "timestamp without time zone"})
     )

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from reactor import mapping, sql
+from reactor import mapping, mapping_file, sql
 from reactor.db import indexes
 from reactor.install import REFERENCE_INSTALL
 from reactor.mapping import REFERENCE
@@ -222,7 +222,7 @@ def test_migrations_and_schema_have_no_unfilled_includes() -> None:
 
 # -- a % the mapping fills in ---------------------------------------------------------------------
 
-PERCENT = mapping.parse(
+PERCENT = mapping_file.parse(
     {
         "jobs": {"table": "jobs 100%", "not_null": ["doc%"]},
         "runs": {"table": "runs 100%", "columns": {"title": "coalesce(j.title, '100%(hooks)s')"}},
@@ -312,7 +312,7 @@ def test_a_union_holds_every_part_once_in_order() -> None:
 
 
 def test_the_health_check_of_two_pairs_takes_each_pairs_parameters() -> None:
-    second = mapping.load(str(Path(__file__).parents[1] / "mappings" / "second.toml"))
+    second = mapping_file.load(str(Path(__file__).parents[1] / "mappings" / "second.toml"))
     statement = sql.union_query("health", (REFERENCE, second))
     single = set(re.findall(r"%\((\w+)\)s", QUERIES["health"]))
     assert set(re.findall(r"%\((\w+)\)s", statement)) == {
