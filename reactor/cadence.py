@@ -25,7 +25,6 @@ import anyio.abc
 
 from reactor.backoff import exponential
 from reactor.clock import Clock
-from reactor.db import DATABASE_ERRORS
 
 log = logging.getLogger(__name__)
 
@@ -142,11 +141,15 @@ class Scheduler:
         actions: dict[str, Action],
         *,
         on_failure: OnFailure,
+        failures: tuple[type[BaseException], ...],
     ) -> None:
         self.cadence = cadence
         self.clock = clock
         self.actions = actions
         self.on_failure = on_failure
+        # What a duty's failure looks like (the database's errors): retried by the duty's
+        # policy and told to on_failure; anything else is a bug, and raised.
+        self.failures = failures
         self._wake = anyio.Event()
         self._closed = False
 
@@ -194,7 +197,7 @@ class Scheduler:
     async def _carry_out(self, name: str, action: Action) -> None:
         try:
             next_in = await action()
-        except DATABASE_ERRORS as error:
+        except self.failures as error:
             self.end(name, error=error)
             return
         except BaseException:

@@ -148,7 +148,11 @@ class Reactor:
             )
         self.cadence = self._cadence()
         self.schedule = Scheduler(
-            self.cadence, self.clock, self._duties(), on_failure=self._duty_failed
+            self.cadence,
+            self.clock,
+            self._duties(),
+            on_failure=self._duty_failed,
+            failures=db.DATABASE_ERRORS,
         )
         # The replica's LISTEN session (None: polling), which the replica runs.
         self.listener = listener

@@ -123,6 +123,7 @@ def scheduler(clock: FakeClock, runs: Runs) -> Scheduler:
         clock,
         {name: runs.action(name) for name in ("health", "scan")},
         on_failure=lambda name, error: runs.failures.append(name),
+        failures=(psycopg.Error, OSError),
     )
 
 
