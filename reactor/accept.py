@@ -34,7 +34,8 @@ from reactor.admission import MAX_PER_PEER as MAX_PER_PEER
 from reactor.admission import Door, HeadEnd, Tally
 from reactor.errors import ConfigError
 
-log = logging.getLogger(__name__)
+# The servers' log lines keep one logger name, the one operators filter on.
+log = logging.getLogger("reactor.http")
 
 # How long closing may wait for requests in flight; probes answer in microseconds.
 SHUTDOWN_SECONDS = 2.0

@@ -343,16 +343,16 @@ async def test_a_flood_of_failed_accepts_is_logged_once_per_interval(
     loop.set_exception_handler(before)
     failed = {"message": accept.ACCEPT_FAILED, "exception": OSError(24, "Too many open files")}
     try:
-        with caplog.at_level(logging.INFO, logger="reactor.accept"):
+        with caplog.at_level(logging.INFO, logger="reactor.http"):
             with accept.accept_errors_counted(interval=3600):
                 for _ in range(10_000):
                     loop.call_exception_handler(failed)
                 loop.call_exception_handler({"message": "something else"})
-                lines = [r for r in caplog.records if r.name == "reactor.accept"]
+                lines = [r for r in caplog.records if r.name == "reactor.http"]
                 assert [(r.levelname, getattr(r, "times", None)) for r in lines] == [("ERROR", 1)]
                 assert "Too many open files" in getattr(lines[0], "error", "")
             # On the way out, what was held back is reported in one line.
-            lines = [r for r in caplog.records if r.name == "reactor.accept"]
+            lines = [r for r in caplog.records if r.name == "reactor.http"]
             assert [getattr(r, "times", None) for r in lines] == [1, 9_999]
         # Anything else goes where it went before, and the handler is put back.
         assert passed_on == [{"message": "something else"}]
