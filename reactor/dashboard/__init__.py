@@ -16,8 +16,9 @@ retry|cancel`` and ``reactor sweep``) needs ``REACTOR_DASHBOARD_TOKEN``; see :cl
 Without it the page has no buttons, and every POST is refused with 403.
 
 The package's rooms: :mod:`.source` collects the report, :mod:`.guard` decides who may act and
-which requests are the page's own, :mod:`.view` renders the page from the document, and
-:mod:`.routes` serves it all with aiohttp.
+which requests are the page's own, :mod:`.signin` holds sign-in and the admission of an action
+at the door, :mod:`.view` renders the page from the document, and :mod:`.routes` serves it all
+with aiohttp.
 """
 
 from __future__ import annotations

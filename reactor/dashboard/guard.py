@@ -263,3 +263,18 @@ def cross_site(headers: Mapping[str, str], host: str) -> str | None:
     if origin == "null" or urllib.parse.urlsplit(origin).netloc.lower() != host.lower():
         return "Origin names another site"
     return None
+
+
+# What every response of the page carries.
+HEADERS = {
+    "Cache-Control": "no-store",
+    # No script, no frames, no requests anywhere else; forms post only back here.
+    "Content-Security-Policy": (
+        "default-src 'none'; style-src 'unsafe-inline'; img-src data:; "
+        "form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
+    ),
+    "X-Content-Type-Options": "nosniff",
+    "X-Frame-Options": "DENY",
+    # Not no-referrer: under it a browser sends "Origin: null" even for the page's own forms.
+    "Referrer-Policy": "same-origin",
+}

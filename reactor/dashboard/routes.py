@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import math
 import secrets
 import time
 from collections import OrderedDict
@@ -18,35 +17,20 @@ from aiohttp import hdrs, web
 
 from reactor import db, hook_ops, redact
 from reactor.config import Settings
-from reactor.dashboard.guard import COOKIE, Auth, HostAllowlist, Throttle, Who, cross_site
+from reactor.dashboard.guard import COOKIE, HEADERS, HostAllowlist, Who
+from reactor.dashboard.signin import SignIn
 from reactor.dashboard.source import Snapshot, StatusSource
-from reactor.dashboard.view import render_login, render_page, replica_view
+from reactor.dashboard.view import render_page, replica_view
 from reactor.errors import UsageError
 from reactor.payload import parse_payload
 
 if TYPE_CHECKING:
-    from multidict import MultiDictProxy
-
     from reactor.service import Reactor
 
 log = logging.getLogger("reactor.dashboard")
 
 # Outcomes of actions, shown once on the page the browser is sent back to.
 _NOTES = 64
-
-
-_HEADERS = {
-    "Cache-Control": "no-store",
-    # No script, no frames, no requests anywhere else; forms post only back here.
-    "Content-Security-Policy": (
-        "default-src 'none'; style-src 'unsafe-inline'; img-src data:; "
-        "form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
-    ),
-    "X-Content-Type-Options": "nosniff",
-    "X-Frame-Options": "DENY",
-    # Not no-referrer: under it a browser sends "Origin: null" even for the page's own forms.
-    "Referrer-Policy": "same-origin",
-}
 
 
 @dataclass(frozen=True)
@@ -90,8 +74,9 @@ class Dashboard:
     ) -> None:
         self.settings = settings
         self.clock = clock
-        self.auth = Auth(settings.dashboard_token, clock=clock)
-        self.throttle = Throttle()
+        self.signin = SignIn(settings, clock=clock)
+        self.auth = self.signin.auth
+        self.throttle = self.signin.throttle
         self._token = settings.dashboard_token
         self._notes: OrderedDict[str, tuple[str, bool]] = OrderedDict()
         # The reactor whose metrics count the page's dropped connections: the first pair's.
@@ -148,7 +133,7 @@ class Dashboard:
         if shown is None:
             raise web.HTTPNotFound(
                 text=f"no pair {name[:64]!r} here; pairs: {', '.join(map(str, self.shown))}\n",
-                headers=_HEADERS,
+                headers=HEADERS,
             )
         return shown
 
@@ -162,9 +147,9 @@ class Dashboard:
         """Serve the page, the document and the actions on ``app``."""
         app.router.add_get("/", self.page)
         app.router.add_get("/api/status", self.api_status)
-        app.router.add_get("/login", self.login_form)
-        app.router.add_post("/login", self.login)
-        app.router.add_post("/logout", self.logout)
+        app.router.add_get("/login", self.signin.login_form)
+        app.router.add_post("/login", self.signin.login)
+        app.router.add_post("/logout", self.signin.logout)
         app.router.add_post("/actions/hooks/retry", self.retry_hooks)
         app.router.add_post("/actions/hooks/cancel", self.cancel_hooks)
         app.router.add_post("/actions/set-aside/release", self.release_set_aside)
@@ -209,57 +194,14 @@ class Dashboard:
             pair=shown.name,
             pairs=[name for name in self.shown if name is not None],
         )
-        response = web.Response(text=html, content_type="text/html", headers=_HEADERS)
+        response = web.Response(text=html, content_type="text/html", headers=HEADERS)
         return self._masked(response)
-
-    async def login_form(self, request: web.Request) -> web.Response:
-        """``GET /login``: the form that takes the token."""
-        html = render_login(refused=False, enabled=self.auth.enabled)
-        return web.Response(text=html, content_type="text/html", headers=_HEADERS)
-
-    async def login(self, request: web.Request) -> web.Response:
-        """``POST /login``: the token in, a session cookie out."""
-        self._same_site(request)
-        client = _client(request)
-        wait = self.throttle.wait(client, self.clock())
-        if wait is not None:
-            return self._login_page(429, wait=wait)
-        # The one body read before anyone is known; the application bounds its size.
-        form = await request.post()
-        presented = form.get("token")
-        if not isinstance(presented, str) or not self.auth.token_ok(presented):
-            self._wrong_token(request, client, "sign-in")
-            return self._login_page(403)
-        self.throttle.succeeded(client)
-        log.info("dashboard sign-in", extra={"client": client})
-        response = web.HTTPSeeOther("/", headers=_HEADERS)
-        response.set_cookie(
-            COOKIE,
-            self.auth.issue(),
-            max_age=int(self.auth.lifetime),
-            path="/",
-            httponly=True,
-            samesite="Strict",
-            # Behind a proxy that ends TLS the request here is plain HTTP: REACTOR_DASHBOARD_URL
-            # says the browser's side is HTTPS.
-            secure=request.secure or self.settings.dashboard_https,
-        )
-        raise response
-
-    async def logout(self, request: web.Request) -> web.Response:
-        """``POST /logout``: end the session, here and in the browser."""
-        who = self._admit(request)
-        await self._form(request, who)
-        self.auth.end(request.cookies.get(COOKIE))
-        response = web.HTTPSeeOther("/", headers=_HEADERS)
-        response.del_cookie(COOKIE, path="/")
-        raise response
 
     async def retry_hooks(self, request: web.Request) -> web.Response:
         """``POST /actions/hooks/retry`` with ``id`` fields: ``reactor hooks retry ID...``."""
-        who = self._admit(request)
+        who = self.signin.admit(request)
         shown = self._pair(request)
-        form = await self._form(request, who)
+        form = await self.signin.form(request, who)
         ids = hook_ops.parse_ids([str(v) for v in form.getall("id", [])])
         changes = await self._acting(shown).retry_hooks(ids)
         message = hook_ops.judge_changes(
@@ -272,9 +214,9 @@ class Dashboard:
 
     async def cancel_hooks(self, request: web.Request) -> web.Response:
         """``POST /actions/hooks/cancel`` with ``id`` fields: ``reactor hooks cancel ID...``."""
-        who = self._admit(request)
+        who = self.signin.admit(request)
         shown = self._pair(request)
-        form = await self._form(request, who)
+        form = await self.signin.form(request, who)
         ids = hook_ops.parse_ids([str(v) for v in form.getall("id", [])])
         changes = await self._acting(shown).cancel_hooks(ids)
         message = hook_ops.judge_changes(
@@ -284,9 +226,9 @@ class Dashboard:
 
     async def release_set_aside(self, request: web.Request) -> web.Response:
         """``POST /actions/set-aside/release`` with ``job_id``: try that job again now."""
-        who = self._admit(request)
+        who = self.signin.admit(request)
         shown = self._pair(request)
-        form = await self._form(request, who)
+        form = await self.signin.form(request, who)
         job_id = str(form.get("job_id", ""))
         database = self._acting(shown)
         # A job id of the install's type, in its canonical form, as a notification's is read.
@@ -301,76 +243,6 @@ class Dashboard:
             reactor.request_scan()  # it is due: the scan takes it at once
         message = f"released job {job}: it is tried again now"
         return self._done(request, who, "set-aside release", {"job_id": job}, message)
-
-    def _same_site(self, request: web.Request) -> None:
-        if not self.auth.enabled:
-            raise _forbidden("the page is read-only: REACTOR_DASHBOARD_TOKEN is not set")
-        problem = cross_site(request.headers, request.host)
-        if problem is not None:
-            log.warning(
-                "dashboard POST refused: not from the page",
-                extra={"client": request.remote, "path": request.path, "reason": problem},
-            )
-            raise _forbidden(f"refused: {problem}")
-
-    def _admit(self, request: web.Request) -> Who:
-        """Who sent ``request``, from its headers alone: nothing of the body is read before the
-        sender is known, so a stranger cannot make the process read or parse one."""
-        self._same_site(request)
-        scheme, _, presented = request.headers.get("Authorization", "").partition(" ")
-        if scheme.lower() == "bearer":
-            client = _client(request)
-            wait = self.throttle.wait(client, self.clock())
-            if wait is not None:
-                raise _too_many(wait)
-            if self.auth.token_ok(presented.strip()):
-                self.throttle.succeeded(client)
-                return "bearer"
-            self._wrong_token(request, client, "bearer")
-            raise _forbidden("refused: wrong token")
-        if not self.auth.session_ok(request.cookies.get(COOKIE)):
-            raise _forbidden("refused: sign in at /login first")
-        return "cookie"
-
-    async def _form(
-        self, request: web.Request, who: Who
-    ) -> MultiDictProxy[str | bytes | bytearray | web.FileField]:
-        """The body of an admitted POST (at most the application's client_max_size; 413
-        beyond it), with its form token checked when a session cookie carried it."""
-        form = await request.post()
-        if who == "cookie":
-            session = request.cookies.get(COOKIE, "")
-            csrf = form.get("csrf")
-            if not isinstance(csrf, str) or not self.auth.form_ok(session, csrf):
-                raise _forbidden("refused: the form is stale or not from this page; reload it")
-        return form
-
-    def _wrong_token(self, request: web.Request, client: str, via: str) -> None:
-        """Log and count a wrong token from ``client``; never the token."""
-        wait = self.throttle.failed(client, self.clock())
-        log.warning(
-            "dashboard token refused",
-            extra={"client": client, "path": request.path, "via": via},
-        )
-        if wait is not None:
-            # Once per lockout: the attempts it refuses are not logged, so a client that keeps
-            # guessing cannot fill the log either.
-            log.warning(
-                "dashboard sign-in throttled",
-                extra={
-                    "client": client,
-                    "failures": self.throttle.limit,
-                    "window_s": self.throttle.window,
-                    "retry_after_s": math.ceil(wait),
-                },
-            )
-
-    def _login_page(self, status: int, *, wait: float | None = None) -> web.Response:
-        html = render_login(refused=status == 403, enabled=self.auth.enabled, wait=wait)
-        headers = dict(_HEADERS)
-        if wait is not None:
-            headers["Retry-After"] = str(math.ceil(wait))
-        return web.Response(text=html, status=status, content_type="text/html", headers=headers)
 
     def _done(
         self, request: web.Request, who: Who, action: str, touched: dict[str, Any], message: str
@@ -389,17 +261,17 @@ class Dashboard:
             },
         )
         if who == "bearer":
-            return web.json_response({"message": message}, headers=_HEADERS)
-        raise web.HTTPSeeOther(self._back(shown, self._note(message, ok=True)), headers=_HEADERS)
+            return web.json_response({"message": message}, headers=HEADERS)
+        raise web.HTTPSeeOther(self._back(shown, self._note(message, ok=True)), headers=HEADERS)
 
     def refused(self, request: web.Request, error: UsageError) -> web.Response:
         """An action the database turned down (unknown ids, a row in the wrong state)."""
         message = str(error)
         log.info("dashboard action refused", extra={"path": request.path, "result": message})
         if request.headers.get("Authorization"):
-            return web.json_response({"error": message}, status=409, headers=_HEADERS)
+            return web.json_response({"error": message}, status=409, headers=HEADERS)
         shown = self._pair(request)
-        raise web.HTTPSeeOther(self._back(shown, self._note(message, ok=False)), headers=_HEADERS)
+        raise web.HTTPSeeOther(self._back(shown, self._note(message, ok=False)), headers=HEADERS)
 
     @staticmethod
     def _back(shown: Shown, note: str) -> str:
@@ -420,23 +292,6 @@ class Dashboard:
         if self._token and response.text and self._token in response.text:
             response.text = response.text.replace(self._token, redact.MASK)
         return response
-
-
-def _client(request: web.Request) -> str:
-    """The address a request came from: the peer of the connection. Behind a proxy that is
-    the proxy's, so its clients share one count: no header a client writes is believed."""
-    return request.remote or "unknown"
-
-
-def _too_many(wait: float) -> web.HTTPTooManyRequests:
-    return web.HTTPTooManyRequests(
-        text="refused: too many wrong tokens from this address; try again later\n",
-        headers={**_HEADERS, "Retry-After": str(math.ceil(wait))},
-    )
-
-
-def _forbidden(reason: str) -> web.HTTPForbidden:
-    return web.HTTPForbidden(text=reason + "\n", headers=_HEADERS)
 
 
 @web.middleware
@@ -465,7 +320,7 @@ async def right_host(
         raise web.HTTPMisdirectedRequest(
             text="this page answers to localhost and its configured address only; to reach it "
             "by another name, set REACTOR_DASHBOARD_URL to the address you open it at\n",
-            headers=_HEADERS,
+            headers=HEADERS,
         )
     response: web.StreamResponse = await handler(request)
     return response

@@ -28,7 +28,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from reactor import http
+from reactor import accept
 from reactor.admission import Door
 from tests.acceptance.conftest import reactor_env
 from tests.acceptance.test_cli import listening
@@ -393,7 +393,7 @@ def test_probes_are_answered_while_one_peer_holds_all_it_may(
             'reactor_http_connections_dropped_total{reason="peer_limit",server="probes"}'
         )
     ]
-    assert refused >= GREEDY_CONNECTIONS - http.MAX_PER_PEER, metrics
+    assert refused >= GREEDY_CONNECTIONS - accept.MAX_PER_PEER, metrics
 
 
 def test_run_raises_its_soft_open_files_limit_to_the_hard_one(database_url: str) -> None:

@@ -23,7 +23,7 @@ import anyio.abc
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from reactor import http
+from reactor import accept, http
 from reactor.admission import KEPT_FOR_NEW_PEERS
 from reactor.errors import ConfigError
 from reactor.service import Reactor
@@ -255,12 +255,12 @@ async def test_a_connection_without_a_request_head_is_closed_at_the_deadline(
             await prompt.send(b"\r\nGET /healthz HTTP/1.1\r\n")
             await prompt.send(b"Host: 127.0.0.1\r\n\r\n")
             assert (await read_response(prompt))[0] == 200
-            with anyio.fail_after(http.HEAD_SECONDS + 5):
+            with anyio.fail_after(accept.HEAD_SECONDS + 5):
                 async with anyio.create_task_group() as tg:
                     tg.start_soon(closed_by_server, silent)
                     tg.start_soon(closed_by_server, partial)
             waited = time.monotonic() - started
-            assert http.HEAD_SECONDS - 0.5 <= waited < http.HEAD_SECONDS + 5
+            assert accept.HEAD_SECONDS - 0.5 <= waited < accept.HEAD_SECONDS + 5
             assert dropped(reactor, "probes", "head_timeout") == 2
             # The one that sent its head in time is still open: the keep-alive governs it now.
             await prompt.send(HEALTHZ)
@@ -287,23 +287,23 @@ async def test_connections_past_the_caps_are_closed_at_once(serve: Serve) -> Non
         async def refused(peer: str) -> None:
             started = time.monotonic()
             async with await connect(peer) as over:
-                with anyio.fail_after(http.HEAD_SECONDS / 2):
+                with anyio.fail_after(accept.HEAD_SECONDS / 2):
                     await closed_by_server(over)
-            assert time.monotonic() - started < http.HEAD_SECONDS / 2
+            assert time.monotonic() - started < accept.HEAD_SECONDS / 2
 
         async def answered(peer: str) -> None:
             async with await connect(peer) as stream:
                 await stream.send(HEALTHZ)
                 assert (await read_response(stream))[0] == 200
 
-        held = [await hold("127.0.1.1") for _ in range(http.MAX_PER_PEER)]
+        held = [await hold("127.0.1.1") for _ in range(accept.MAX_PER_PEER)]
         await refused("127.0.1.1")
         assert dropped(reactor, "probes", "peer_limit") == 1
         await answered("127.0.0.1")  # another peer is not held back by it
         # Five more peers at their caps take what peers holding connections may share.
-        shared = http.MAX_CONNECTIONS - KEPT_FOR_NEW_PEERS
-        for n in range(2, 2 + shared // http.MAX_PER_PEER - 1):
-            held += [await hold(f"127.0.1.{n}") for _ in range(http.MAX_PER_PEER)]
+        shared = accept.MAX_CONNECTIONS - KEPT_FOR_NEW_PEERS
+        for n in range(2, 2 + shared // accept.MAX_PER_PEER - 1):
+            held += [await hold(f"127.0.1.{n}") for _ in range(accept.MAX_PER_PEER)]
         assert len(held) == shared
         # A new peer takes a kept place, but its second connection would be a shared one.
         held.append(await hold("127.0.2.1"))
@@ -311,7 +311,7 @@ async def test_connections_past_the_caps_are_closed_at_once(serve: Serve) -> Non
         assert dropped(reactor, "probes", "limit") == 1
         # The other kept places, one per new peer; then none is left, even for a new peer.
         held += [await hold(f"127.0.2.{n}") for n in range(2, KEPT_FOR_NEW_PEERS + 1)]
-        assert len(held) == http.MAX_CONNECTIONS
+        assert len(held) == accept.MAX_CONNECTIONS
         await refused("127.0.3.1")
         assert dropped(reactor, "probes", "limit") == 2
         assert dropped(reactor, "probes", "peer_limit") == 1
@@ -341,10 +341,10 @@ async def test_a_flood_of_failed_accepts_is_logged_once_per_interval(
         passed_on.append(context)
 
     loop.set_exception_handler(before)
-    failed = {"message": http.ACCEPT_FAILED, "exception": OSError(24, "Too many open files")}
+    failed = {"message": accept.ACCEPT_FAILED, "exception": OSError(24, "Too many open files")}
     try:
         with caplog.at_level(logging.INFO, logger="reactor.http"):
-            with http.accept_errors_counted(interval=3600):
+            with accept.accept_errors_counted(interval=3600):
                 for _ in range(10_000):
                     loop.call_exception_handler(failed)
                 loop.call_exception_handler({"message": "something else"})

@@ -1,5 +1,5 @@
-"""reactor.http without a socket: where a request head ends, which connections are admitted,
-and a flood counted."""
+"""reactor.admission and reactor.accept without a socket: where a request head ends, which
+connections are admitted, and a flood counted."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from reactor.accept import peer_address
 from reactor.admission import (
     KEPT_FOR_NEW_PEERS,
     MAX_CONNECTIONS,
@@ -17,7 +18,6 @@ from reactor.admission import (
     HeadEnd,
     Tally,
 )
-from reactor.http import peer_address
 
 
 @pytest.mark.parametrize(
