@@ -25,6 +25,7 @@ import logging
 import math
 from collections.abc import Mapping
 from datetime import datetime, timedelta
+from typing import Any
 
 import anyio
 import anyio.abc
@@ -35,6 +36,7 @@ from reactor.clock import Clock, SystemClock
 from reactor.config import Settings
 from reactor.dbclock import DatabaseClock
 from reactor.dispatch import Dispatcher, WorkQueue
+from reactor.duties import check_pair
 from reactor.hints import Verifier
 from reactor.hooks import Hook, HookRetention, HookRunner
 from reactor.listener import Listener
@@ -213,7 +215,7 @@ class Reactor:
 
     def _duties(self) -> dict[str, Action]:
         duties: dict[str, Action] = {
-            "health": self._check_pooled,
+            "health": lambda: check_pair(self),
             "poll": self._poll,
             "scan": self._scan_duty,
         }
@@ -258,7 +260,7 @@ class Reactor:
     def scan_pending(self) -> bool:
         """True while a fallback scan is asked for, running, or waiting to retry a failure."""
         scan = self.cadence.duties["scan"]
-        return self._scan_requested or scan.running is not None or scan.failures > 0
+        return self._scan_requested or scan.running or scan.failures > 0
 
     @property
     def stopping(self) -> bool:
@@ -292,7 +294,7 @@ class Reactor:
         self.schedule.close()
         if self._work_group is not None:
             # Hand this replica's jobs over now, not after the drain: its timers stop here.
-            self._work_group.start_soon(self._leave)
+            self._work_group.start_soon(self.leave)
 
     async def run(
         self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
@@ -315,11 +317,12 @@ class Reactor:
             await self.reconciler.release()
         # Again after the drain: a health check still in flight at stop() may have written the
         # heartbeat back after the first leave deleted it; nothing checks any more now.
-        await self._leave()
+        await self.leave()
         log.info("stopped")
 
-    async def _leave(self) -> None:
-        # Rather than when its heartbeat goes stale: the others hear it at once.
+    async def leave(self) -> None:
+        """Drop this replica's heartbeat of the pair: the others hear it at once, rather than
+        when it goes stale."""
         with anyio.move_on_after(2, shield=True), contextlib.suppress(*db.DATABASE_ERRORS):
             await self.database.leave(self.replica_id)
 
@@ -339,32 +342,23 @@ class Reactor:
 
     # The duties.
 
-    async def _check_pooled(self) -> None:
-        # Through the pool. Once a probe proved the LISTEN session ours, the check carries the
-        # next probe to it, and its heartbeat names that session.
+    def health_ask(self, probe: str | None) -> dict[str, Any]:
+        """The parameters of this pair's health check now, carrying ``probe`` (see
+        :func:`reactor.duties.check_pair`). Once a probe proved the LISTEN session ours, its
+        heartbeat names that session."""
         listener = self.listener
-        probe = None if listener is None else listener.probe_for_check()
-        sent = self.clock.now()
-        try:
-            with anyio.fail_after(self.settings.probe_timeout):
-                health = await self.database.health(
-                    self._health_check,
-                    probe=probe,
-                    session_pid=None if listener is None else listener.session_pid,
-                    holding=self._holding,
-                    write_error=self.writes.problem,
-                )
-        except BaseException:
-            if listener is not None and probe is not None:
-                listener.probe_sent(probe, went=False)
-            raise
-        if listener is not None and probe is not None:
-            # At a half-full NOTIFY queue the check skips it: then it is not waited for.
-            listener.probe_sent(probe, went=health.probes_sent > 0)
-        self._saw(health, sent)
+        return db.health_params(
+            self.database.install,
+            self.database.grace,
+            self._health_check,
+            probe,
+            session_pid=None if listener is None else listener.session_pid,
+            holding=self._holding,
+            write_error=self.writes.problem,
+        )
 
-    def _saw(self, health: db.Health, sent: float) -> None:
-        # What a check read, on either road, sent at ``sent``.
+    def saw(self, health: db.Health, sent: float) -> None:
+        """What this pair's health check read, sent at ``sent``: judged as its own."""
         self.db_clock.observe(health.database_time, sent, self.clock.now())
         spread = self.vitals.trigger_spread
         self.vitals.saw(health)

@@ -26,6 +26,7 @@ from reactor.db.calls import (
     read_only_server,
     run_bare,
     run_pinned,
+    statement_refused,
 )
 from reactor.db.drift import REINSTALLED, mapping_changed, require_current_mapping
 from reactor.db.fit import fit, owners_note
@@ -138,4 +139,5 @@ __all__ = [
     "schema_version",
     "session_identity",
     "standby_problem",
+    "statement_refused",
 ]
