@@ -1,4 +1,7 @@
-"""The health check: a pair's own duty, or the replica's for all its pairs in one statement.
+"""The health check and the poll: a pair's own duties, and the health check of all the
+replica's pairs in one statement.
+
+A pair polls its queue on its own (:class:`PairPoll`) while notifications cannot be relied on.
 
 A replica of one pair checks it as the pair's own duty (:func:`check_pair`, begun by the pair's
 :class:`~reactor.cadence.Scheduler`). A replica of two or more checks them together
@@ -26,6 +29,7 @@ import contextlib
 import logging
 import math
 from collections.abc import Iterator, Sequence
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -33,6 +37,7 @@ import anyio
 from reactor import db, logs
 from reactor.clock import Clock
 from reactor.listener import Listener
+from reactor.sources import POLL
 
 if TYPE_CHECKING:
     from reactor.service import Reactor
@@ -40,6 +45,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 HEALTH = "health"
+
+# Most queued jobs one poll offers; more (a burst) are read by the next poll, from where it ended.
+POLL_LIMIT = 10_000
 
 # The share of the check's bound its combined statement waits for a lock: one pair's tables
 # locked fail it soon enough that each part alone still has time that round.
@@ -68,6 +76,37 @@ async def check_pair(reactor: Reactor) -> None:
 def _probe_sent(listener: Listener | None, probe: str | None, *, went: bool) -> None:
     if listener is not None and probe is not None:
         listener.probe_sent(probe, went=went)
+
+
+class PairPoll:
+    """``reactor``'s poll of its queue, while notifications cannot be relied on; ``runs``: the
+    polls run so far."""
+
+    def __init__(self, reactor: Reactor) -> None:
+        self.reactor = reactor
+        self.runs = 0
+        # Where the next poll's window begins.
+        self.low: datetime | None = None
+
+    async def run(self) -> None:
+        """One poll: every poll interval, the queued jobs whose deadline comes within two
+        intervals, offered to the pair's work queue."""
+        # Windows overlap by that much, so a job queued by a transaction that was still open at
+        # the last poll is read now (one that committed after its deadline is the scan's).
+        reactor = self.reactor
+        if not reactor.polling:
+            self.low = None
+            return
+        ahead = 2 * reactor.settings.poll_interval
+        try:
+            jobs, high = await reactor.database.poll_queue(self.low, ahead=ahead, limit=POLL_LIMIT)
+        except BaseException:
+            self.low = None
+            raise
+        self.runs += 1
+        reactor.dispatcher.intake(POLL.hints((job.job_id, job.due_in) for job in jobs))
+        full = len(jobs) >= POLL_LIMIT
+        self.low = jobs[-1].since if full else high - timedelta(seconds=ahead)
 
 
 class PairsHealth:
@@ -136,9 +175,10 @@ class PairsHealth:
                     continue
                 reactor.saw(outcome, sent)
                 reactor.schedule.end(HEALTH)
-                if reactor.stopping:
-                    # Its heartbeat is written back: its reactor may have left already.
-                    await reactor.leave()
+        for _, reactor in due:
+            if reactor.stopping and isinstance(outcomes[reactor], db.Health):
+                # Its heartbeat was written back, perhaps after its reactor left for good.
+                await reactor.leave()
 
     async def _check(
         self, due: list[tuple[str | None, Reactor]], out: dict[Reactor, Outcome]

@@ -4,7 +4,9 @@
   reconcile and the recorder's retries offer jobs to one work queue, which hands out the due
   ones this replica owns, one claim per job at a time.
 - :mod:`reactor.cadence` owns every periodic duty, all through the pool: the health check
-  (which carries the LISTEN session's probe), the poll, the scan and the reconcile step.
+  (which carries the LISTEN session's probe; in a replica of several pairs the replica begins
+  it, for all of them in one statement: :mod:`reactor.duties`), the poll, the scan and the
+  reconcile step.
 - :mod:`reactor.vitals` keeps what the checks saw, for the loops and for /readyz.
 - :mod:`reactor.ownership` keeps who is live, from the heartbeats and from what replicas say
   when they join and leave.
@@ -24,7 +26,6 @@ import contextlib
 import logging
 import math
 from collections.abc import Mapping
-from datetime import datetime, timedelta
 from typing import Any
 
 import anyio
@@ -36,7 +37,7 @@ from reactor.clock import Clock, SystemClock
 from reactor.config import Settings
 from reactor.dbclock import DatabaseClock
 from reactor.dispatch import Dispatcher, WorkQueue
-from reactor.duties import check_pair
+from reactor.duties import PairPoll, check_pair
 from reactor.hints import Verifier
 from reactor.hooks import Hook, HookRetention, HookRunner
 from reactor.listener import Listener
@@ -44,7 +45,7 @@ from reactor.metrics import Metrics
 from reactor.ownership import LIVENESS_PROBES, Membership, Roster
 from reactor.reconcile import MAX_ERROR_WAIT, Reconciler
 from reactor.recorder import Recorder
-from reactor.sources import LISTEN, POLL, REARM, RECONCILE, STUCK
+from reactor.sources import LISTEN, REARM, RECONCILE, STUCK
 from reactor.subscriber import Subscriber
 from reactor.vitals import Vitals
 from reactor.writes import WriteHealth
@@ -58,10 +59,6 @@ log = logging.getLogger(__name__)
 # the rest, few enough to leave the pool room for the scan and the probes.
 RECORD_CONCURRENCY = 4
 POOL_SIZE = RECORD_CONCURRENCY + 3
-
-
-# Most queued jobs one poll offers; more (a burst) are read by the next poll, from where it ended.
-POLL_LIMIT = 10_000
 
 
 class Reactor:
@@ -148,6 +145,7 @@ class Reactor:
                 ),
                 clock=self.clock,
             )
+        self.poll = PairPoll(self)
         self.cadence = self._cadence()
         self.schedule = Scheduler(
             self.cadence, self.clock, self._duties(), on_failure=self._duty_failed
@@ -174,14 +172,11 @@ class Reactor:
             retention=settings.hook_retention,
         )
         self.scans = 0
-        self.polls = 0
         self._scan_requested = False
         self._rearm_wanted = False
         # Whether this replica holds its share: its first re-arm read the queue. Until then it
         # writes no heartbeat, so the others go on holding the jobs it will own.
         self._holding = False
-        # Where the next poll's window begins.
-        self._poll_low: datetime | None = None
         self._stopping = anyio.Event()
         self._work = anyio.CancelScope()
         self._work_group: anyio.abc.TaskGroup | None = None
@@ -216,7 +211,7 @@ class Reactor:
     def _duties(self) -> dict[str, Action]:
         duties: dict[str, Action] = {
             "health": lambda: check_pair(self),
-            "poll": self._poll,
+            "poll": self.poll.run,
             "scan": self._scan_duty,
         }
         if self.reconciler is not None:
@@ -249,6 +244,11 @@ class Reactor:
     def polling(self) -> bool:
         """True when timers come from polling the queue rather than from notifications."""
         return self.vitals.polling(self.listener)
+
+    @property
+    def polls(self) -> int:
+        """The polls of the queue run so far."""
+        return self.poll.runs
 
     @property
     def holding(self) -> bool:
@@ -390,27 +390,6 @@ class Reactor:
             # The check says so when the database is down; anything overdue meanwhile is the
             # scan's.
             log.debug("poll failed", extra={"error": db.first_line(error)})
-
-    async def _poll(self) -> None:
-        # While notifications cannot be relied on, the timers come from the queue itself: every
-        # poll interval, the queued jobs whose deadline comes within two intervals. Windows
-        # overlap by that much, so a job queued by a transaction that was still open at the last
-        # poll is read now (one that committed after its deadline is the scan's).
-        if not self.polling:
-            self._poll_low = None
-            return
-        ahead = 2 * self.settings.poll_interval
-        try:
-            jobs, high = await self.database.poll_queue(
-                self._poll_low, ahead=ahead, limit=POLL_LIMIT
-            )
-        except BaseException:
-            self._poll_low = None
-            raise
-        self.polls += 1
-        self.dispatcher.intake(POLL.hints((job.job_id, job.due_in) for job in jobs))
-        full = len(jobs) >= POLL_LIMIT
-        self._poll_low = jobs[-1].since if full else high - timedelta(seconds=ahead)
 
     async def _scan_duty(self) -> None:
         requested, self._scan_requested = self._scan_requested, False
