@@ -58,6 +58,9 @@ class Cadence:
     """The duties and when each is due."""
 
     duties: dict[str, Duty] = field(default_factory=dict)
+    # Duties whose runs another loop begins (the replica's, for all its pairs at once): kept
+    # here for their schedule, never due here.
+    held: set[str] = field(default_factory=set)
 
     def add(
         self,
@@ -73,13 +76,19 @@ class Cadence:
     def due(self, now: float) -> list[str]:
         """The duties to begin now."""
         return [
-            duty.name for duty in self.duties.values() if not duty.running and duty.next_at <= now
+            duty.name
+            for duty in self.duties.values()
+            if not duty.running and duty.next_at <= now and duty.name not in self.held
         ]
 
     def next_at(self) -> float:
         """When the next duty is to begin (inf: none is idle)."""
         return min(
-            (duty.next_at for duty in self.duties.values() if not duty.running),
+            (
+                duty.next_at
+                for duty in self.duties.values()
+                if not duty.running and duty.name not in self.held
+            ),
             default=math.inf,
         )
 
@@ -152,20 +161,42 @@ class Scheduler:
         self.failures = failures
         self._wake = anyio.Event()
         self._closed = False
+        # Who begins each held duty: woken whenever its schedule changes here.
+        self._holders: dict[str, Callable[[], None]] = {}
+
+    @property
+    def closed(self) -> bool:
+        """True once :meth:`close` was called."""
+        return self._closed
+
+    def hold(self, name: str, wake: Callable[[], None]) -> None:
+        """Leave ``name``'s runs to another loop, which ``wake`` wakes whenever its schedule
+        changes here (hastened, paced, or this schedule closed): it begins and ends them
+        through this cadence and :meth:`end`."""
+        self.cadence.held.add(name)
+        self._holders[name] = wake
 
     def hasten(self, name: str) -> None:
         """Run ``name`` now (or right after the run in progress)."""
         self.cadence.hasten(name, self.clock.now())
-        self._wake.set()
+        self._changed(name)
 
     def pace(self, name: str, interval: float) -> None:
         """Run ``name`` next ``interval`` after its last run began (see :meth:`Cadence.pace`)."""
         self.cadence.pace(name, interval)
-        self._wake.set()
+        self._changed(name)
 
     def close(self) -> None:
         """Begin no more duties; those running finish."""
         self._closed = True
+        self._wake.set()
+        for wake in self._holders.values():
+            wake()
+
+    def _changed(self, name: str) -> None:
+        holder = self._holders.get(name)
+        if holder is not None:
+            holder()
         self._wake.set()
 
     async def run(self, work: anyio.abc.TaskGroup) -> None:

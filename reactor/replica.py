@@ -3,8 +3,9 @@
 The :class:`Replica` is the process's one supervisor. It owns what every pair shares: the
 replica's identity (one id, in every pair's heartbeats, claims and hook leases), each pair's
 view of who is live (its :class:`~reactor.ownership.Roster`, from that pair's heartbeats), the
-pool, the LISTEN session (one for every pair, and one health check on it, so that a replica
-costs the database about what one pair does) and the one task group everything runs in. Each
+pool, the LISTEN session (one for every pair), the pairs' health check (one statement per
+interval for all of them, :mod:`reactor.duties`, so that a replica costs the database about
+what one pair does) and the one task group everything runs in. Each
 pair is built from one value, a :class:`~reactor.pairs.Pair`, and runs under it as a
 :class:`~reactor.service.Reactor`; the replica starts them, and stops and drains them together.
 
@@ -37,6 +38,7 @@ import anyio.abc
 from reactor import db, logs
 from reactor.clock import Clock, SystemClock
 from reactor.config import ProcessSettings
+from reactor.duties import PairsHealth
 from reactor.hooks import Hook, open_hooks
 from reactor.listener import Listener
 from reactor.metrics import Metrics, PairMetrics
@@ -117,6 +119,8 @@ class Replica:
                 dsn=listen_dsn or settings.listen_database_url or settings.require_database(),
             )
         self._metrics: Metrics | PairMetrics | None = None
+        # The pairs' health checks, run as one while the replica serves two or more.
+        self.checks: PairsHealth | None = None
 
     def add(
         self,
@@ -210,6 +214,15 @@ class Replica:
             if self.listener is not None:
                 # Until every pair has left it (see Listener.unsubscribe).
                 tg.start_soon(self.listener.run)
+            if len(self.reactors) > 1:
+                # One health check for every pair, rather than one each (see reactor.duties):
+                # theirs are held before they start.
+                self.checks = PairsHealth(
+                    [(n if self._named else None, r) for n, r in self.reactors.items()],
+                    self.clock,
+                    self.listener,
+                )
+                tg.start_soon(self.checks.run)
             for name, reactor in self.reactors.items():
                 await tg.start(self._run_pair, name if self._named else None, reactor)
             task_status.started()

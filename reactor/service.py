@@ -4,7 +4,9 @@
   reconcile and the recorder's retries offer jobs to one work queue, which hands out the due
   ones this replica owns, one claim per job at a time.
 - :mod:`reactor.cadence` owns every periodic duty, all through the pool: the health check
-  (which carries the LISTEN session's probe), the poll, the scan and the reconcile step.
+  (which carries the LISTEN session's probe; in a replica of several pairs the replica begins
+  it, for all of them in one statement: :mod:`reactor.duties`), the poll, the scan and the
+  reconcile step.
 - :mod:`reactor.vitals` keeps what the checks saw, for the loops and for /readyz.
 - :mod:`reactor.ownership` keeps who is live, from the heartbeats and from what replicas say
   when they join and leave.
@@ -24,7 +26,7 @@ import contextlib
 import logging
 import math
 from collections.abc import Mapping
-from datetime import datetime, timedelta
+from typing import Any
 
 import anyio
 import anyio.abc
@@ -35,6 +37,7 @@ from reactor.clock import Clock, SystemClock
 from reactor.config import Settings
 from reactor.dbclock import DatabaseClock
 from reactor.dispatch import Dispatcher, WorkQueue
+from reactor.duties import PairPoll, check_pair
 from reactor.hints import Verifier
 from reactor.hooks import Hook, HookRetention, HookRunner
 from reactor.listener import Listener
@@ -42,7 +45,7 @@ from reactor.metrics import Metrics
 from reactor.ownership import LIVENESS_PROBES, Membership, Roster
 from reactor.reconcile import MAX_ERROR_WAIT, Reconciler
 from reactor.recorder import Recorder
-from reactor.sources import LISTEN, POLL, REARM, RECONCILE, STUCK
+from reactor.sources import LISTEN, REARM, RECONCILE, STUCK
 from reactor.subscriber import Subscriber
 from reactor.vitals import Vitals
 from reactor.writes import WriteHealth
@@ -56,10 +59,6 @@ log = logging.getLogger(__name__)
 # the rest, few enough to leave the pool room for the scan and the probes.
 RECORD_CONCURRENCY = 4
 POOL_SIZE = RECORD_CONCURRENCY + 3
-
-
-# Most queued jobs one poll offers; more (a burst) are read by the next poll, from where it ended.
-POLL_LIMIT = 10_000
 
 
 class Reactor:
@@ -146,6 +145,7 @@ class Reactor:
                 ),
                 clock=self.clock,
             )
+        self.poll = PairPoll(self)
         self.cadence = self._cadence()
         self.schedule = Scheduler(
             self.cadence,
@@ -176,14 +176,11 @@ class Reactor:
             retention=settings.hook_retention,
         )
         self.scans = 0
-        self.polls = 0
         self._scan_requested = False
         self._rearm_wanted = False
         # Whether this replica holds its share: its first re-arm read the queue. Until then it
         # writes no heartbeat, so the others go on holding the jobs it will own.
         self._holding = False
-        # Where the next poll's window begins.
-        self._poll_low: datetime | None = None
         self._stopping = anyio.Event()
         self._work = anyio.CancelScope()
         self._work_group: anyio.abc.TaskGroup | None = None
@@ -217,8 +214,8 @@ class Reactor:
 
     def _duties(self) -> dict[str, Action]:
         duties: dict[str, Action] = {
-            "health": self._check_pooled,
-            "poll": self._poll,
+            "health": lambda: check_pair(self),
+            "poll": self.poll.run,
             "scan": self._scan_duty,
         }
         if self.reconciler is not None:
@@ -253,6 +250,11 @@ class Reactor:
         return self.vitals.polling(self.listener)
 
     @property
+    def polls(self) -> int:
+        """The polls of the queue run so far."""
+        return self.poll.runs
+
+    @property
     def holding(self) -> bool:
         """True once this replica's first re-arm read its share of the queue: from then on it
         heartbeats, and the others leave that share to it."""
@@ -262,7 +264,7 @@ class Reactor:
     def scan_pending(self) -> bool:
         """True while a fallback scan is asked for, running, or waiting to retry a failure."""
         scan = self.cadence.duties["scan"]
-        return self._scan_requested or scan.running is not None or scan.failures > 0
+        return self._scan_requested or scan.running or scan.failures > 0
 
     @property
     def stopping(self) -> bool:
@@ -296,7 +298,7 @@ class Reactor:
         self.schedule.close()
         if self._work_group is not None:
             # Hand this replica's jobs over now, not after the drain: its timers stop here.
-            self._work_group.start_soon(self._leave)
+            self._work_group.start_soon(self.leave)
 
     async def run(
         self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
@@ -319,11 +321,12 @@ class Reactor:
             await self.reconciler.release()
         # Again after the drain: a health check still in flight at stop() may have written the
         # heartbeat back after the first leave deleted it; nothing checks any more now.
-        await self._leave()
+        await self.leave()
         log.info("stopped")
 
-    async def _leave(self) -> None:
-        # Rather than when its heartbeat goes stale: the others hear it at once.
+    async def leave(self) -> None:
+        """Drop this replica's heartbeat of the pair: the others hear it at once, rather than
+        when it goes stale."""
         with anyio.move_on_after(2, shield=True), contextlib.suppress(*db.DATABASE_ERRORS):
             await self.database.leave(self.replica_id)
 
@@ -343,32 +346,23 @@ class Reactor:
 
     # The duties.
 
-    async def _check_pooled(self) -> None:
-        # Through the pool. Once a probe proved the LISTEN session ours, the check carries the
-        # next probe to it, and its heartbeat names that session.
+    def health_ask(self, probe: str | None) -> dict[str, Any]:
+        """The parameters of this pair's health check now, carrying ``probe`` (see
+        :func:`reactor.duties.check_pair`). Once a probe proved the LISTEN session ours, its
+        heartbeat names that session."""
         listener = self.listener
-        probe = None if listener is None else listener.probe_for_check()
-        sent = self.clock.now()
-        try:
-            with anyio.fail_after(self.settings.probe_timeout):
-                health = await self.database.health(
-                    self._health_check,
-                    probe=probe,
-                    session_pid=None if listener is None else listener.session_pid,
-                    holding=self._holding,
-                    write_error=self.writes.problem,
-                )
-        except BaseException:
-            if listener is not None and probe is not None:
-                listener.probe_sent(probe, went=False)
-            raise
-        if listener is not None and probe is not None:
-            # At a half-full NOTIFY queue the check skips it: then it is not waited for.
-            listener.probe_sent(probe, went=health.probes_sent > 0)
-        self._saw(health, sent)
+        return db.health_params(
+            self.database.install,
+            self.database.grace,
+            self._health_check,
+            probe,
+            session_pid=None if listener is None else listener.session_pid,
+            holding=self._holding,
+            write_error=self.writes.problem,
+        )
 
-    def _saw(self, health: db.Health, sent: float) -> None:
-        # What a check read, on either road, sent at ``sent``.
+    def saw(self, health: db.Health, sent: float) -> None:
+        """What this pair's health check read, sent at ``sent``: judged as its own."""
         self.db_clock.observe(health.database_time, sent, self.clock.now())
         spread = self.vitals.trigger_spread
         self.vitals.saw(health)
@@ -400,27 +394,6 @@ class Reactor:
             # The check says so when the database is down; anything overdue meanwhile is the
             # scan's.
             log.debug("poll failed", extra={"error": db.first_line(error)})
-
-    async def _poll(self) -> None:
-        # While notifications cannot be relied on, the timers come from the queue itself: every
-        # poll interval, the queued jobs whose deadline comes within two intervals. Windows
-        # overlap by that much, so a job queued by a transaction that was still open at the last
-        # poll is read now (one that committed after its deadline is the scan's).
-        if not self.polling:
-            self._poll_low = None
-            return
-        ahead = 2 * self.settings.poll_interval
-        try:
-            jobs, high = await self.database.poll_queue(
-                self._poll_low, ahead=ahead, limit=POLL_LIMIT
-            )
-        except BaseException:
-            self._poll_low = None
-            raise
-        self.polls += 1
-        self.dispatcher.intake(POLL.hints((job.job_id, job.due_in) for job in jobs))
-        full = len(jobs) >= POLL_LIMIT
-        self._poll_low = jobs[-1].since if full else high - timedelta(seconds=ahead)
 
     async def _scan_duty(self) -> None:
         requested, self._scan_requested = self._scan_requested, False

@@ -27,6 +27,7 @@ from reactor.db.calls import (
     read_only_server,
     run_bare,
     run_pinned,
+    statement_refused,
 )
 from reactor.db.catalog import owners_note
 from reactor.db.drift import REINSTALLED, mapping_changed, require_current_mapping
@@ -140,4 +141,5 @@ __all__ = [
     "schema_version",
     "session_identity",
     "standby_problem",
+    "statement_refused",
 ]

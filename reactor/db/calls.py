@@ -124,6 +124,16 @@ def read_only_server(error: BaseException, conn: AnyConnection | None = None) ->
     return conn is None or conn.closed or conn.info.parameter_status("in_hot_standby") != "off"
 
 
+def statement_refused(error: BaseException) -> bool:
+    """True when the server refused the statement for what it names (a table or a schema
+    gone, a privilege revoked, a lock not granted in time) and the connection and the server
+    are fine: a statement about other objects would have run."""
+    state = error.sqlstate if isinstance(error, psycopg.Error) else None
+    # 08: the connection; 53: the server's resources; 57: the server shutting down or the
+    # statement cancelled (its timeout); 25006: a read-only server.
+    return state is not None and state[:2] not in ("08", "53", "57") and state != "25006"
+
+
 async def _drop(conn: AnyConnection, error: BaseException) -> None:
     if conn.closed:
         return  # the pool discards it as it is

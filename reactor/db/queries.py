@@ -96,21 +96,22 @@ def health_params(
 
 
 async def health_of_pairs(
-    conn: AnyConnection, asks: Sequence[tuple[Database, dict[str, Any]]]
+    asks: Sequence[tuple[Database, dict[str, Any]]], *, lock_timeout: float | None = None
 ) -> list[Health]:
     """The ``health`` query of each (pair's queries, their :func:`health_params`) of ``asks``,
-    in one statement on ``conn``: one :class:`Health` for each, in order. One pair's is its own
-    statement, as :meth:`Database.health` runs it."""
+    in one statement where the first pair's queries run (the pool the pairs share): one
+    :class:`Health` for each, in order. One pair's is its own statement, as
+    :meth:`Database.health` runs it. ``lock_timeout``: see :meth:`Database.run`."""
+    first, params = asks[0]
     if len(asks) == 1:
-        database, params = asks[0]
-        return await database.using(conn).run("health", params, class_row(Health))
+        return await first.run("health", params, class_row(Health), lock_timeout=lock_timeout)
     query = sql.union_query("health", tuple(database.install.mapping for database, _ in asks))
     merged = {
         sql.part_name(name, index): value
         for index, (_, params) in enumerate(asks)
         for name, value in params.items()
     }
-    rows = await Dedicated(conn).fetch(query, merged, dict_row)
+    rows = await first.on.fetch(query, merged, dict_row, lock_timeout=lock_timeout)
     return [Health(**{key: value for key, value in row.items() if key != "part"}) for row in rows]
 
 

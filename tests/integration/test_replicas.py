@@ -246,7 +246,7 @@ async def test_the_others_hear_a_replica_join_between_their_checks(
                     first.holding
                     and listener.session_pid is not None
                     and scalar(conn, named, (first.replica_id,)) == listener.session_pid
-                    and health.running is None
+                    and not health.running
                     and health.next_at > first.clock.now()
                 )
             )

@@ -164,3 +164,24 @@ async def test_a_failed_duty_is_retried_by_its_policy() -> None:
         s.close()
     assert runs.at["scan"] == [0.0, 0.5, 1.5, 3.5]
     assert runs.failures == ["scan"] * 3
+
+
+async def test_a_held_duty_is_left_to_its_holder_who_hears_of_its_changes() -> None:
+    clock = FakeClock()
+    runs = Runs(clock)
+    s = scheduler(clock, runs)
+    woken: list[str] = []
+    s.hold("health", lambda: woken.append("changed"))
+    # Never due here: its holder begins it, through the cadence.
+    assert s.cadence.due(0.0) == ["scan"]
+    s.hasten("health")
+    s.pace("health", 10.0)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(s.run, tg)
+        await clock.advance(60.0)
+        s.close()
+    assert runs.at["health"] == []
+    assert runs.at["scan"] == [0.0, 30.0, 60.0]
+    # Hastened, paced, and closed: each time the holder's loop has something to look at.
+    assert woken == ["changed", "changed", "changed"]
+    assert "health" not in s.cadence.due(math.inf)

@@ -1,0 +1,167 @@
+"""A replica of two pairs checks their health in one statement per interval, and a pair whose
+objects are dropped while it runs does not stop the other's checks or its readiness."""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, TypeVar
+
+import psycopg
+import pytest
+from psycopg.rows import AsyncRowFactory
+from psycopg_pool import AsyncConnectionPool
+
+from reactor import db, mapping
+from reactor.config import Settings
+from reactor.pairs import Pair
+from reactor.replica import Replica, open_replica
+from reactor.service import Reactor
+from tests.polling import eventually
+
+pytestmark = pytest.mark.anyio
+
+MAPPINGS = Path(__file__).parent.parent / "mappings"
+SECOND_SCHEMA = "second_reactor"
+SCHEMAS = ("reactor", SECOND_SCHEMA)
+PROBE = 0.4
+
+R = TypeVar("R")
+
+
+@dataclass(frozen=True)
+class Counting:
+    """A connector that notes each statement it runs."""
+
+    on: db.Pooled
+    seen: list[str]
+
+    @property
+    def pool(self) -> AsyncConnectionPool[db.AnyConnection]:
+        return self.on.pool
+
+    async def fetch(
+        self, query: str, params: Any, row_factory: AsyncRowFactory[R], **options: Any
+    ) -> list[R]:
+        self.seen.append(query)
+        return await self.on.fetch(query, params, row_factory, **options)
+
+
+def checks_both(query: str) -> bool:
+    """Whether ``query`` writes the heartbeat of both pairs: the check of both in one."""
+    return all(re.search(rf"(?<![\w.]){schema}\.replicas", query) for schema in SCHEMAS)
+
+
+def heartbeat(url: str, schema: str, reactor: Reactor) -> object:
+    """The replica's last heartbeat in the pair of ``schema``; None before its first."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        row = conn.execute(
+            f"SELECT heartbeat_at FROM {schema}.replicas WHERE id = %s", (reactor.replica_id,)
+        ).fetchone()
+    return None if row is None else row[0]
+
+
+async def next_heartbeat(url: str, schema: str, reactor: Reactor) -> None:
+    """Wait for the replica's next heartbeat in the pair of ``schema``."""
+    seen = heartbeat(url, schema, reactor)
+    await eventually(lambda: heartbeat(url, schema, reactor) != seen, timeout=4 * PROBE + 2)
+
+
+@asynccontextmanager
+async def two_pairs(url: str, seen: list[str]) -> AsyncIterator[Replica]:
+    """A running replica of the reference pair and a second one, in one database; every
+    statement its pairs send through the pool is noted in ``seen``."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute((MAPPINGS / "second.sql").read_text())
+    shape = mapping.parse(
+        {"reactor_schema": SECOND_SCHEMA, **tomllib.loads((MAPPINGS / "second.toml").read_text())},
+        source="second.toml",
+    )
+    async with await db.connect(url, "test") as migrating:
+        reference = (await db.migrate(migrating, mapping.REFERENCE)).install
+        second = (await db.migrate(migrating, shape)).install
+
+    def counted(database: db.Database) -> db.Database:
+        assert isinstance(database.on, db.Pooled)
+        return replace(database, on=Counting(database.on, seen))
+
+    settings = Settings(
+        database_url=url,
+        grace=0.6,
+        scan_interval=30.0,
+        probe_interval=PROBE,
+        probe_timeout=PROBE,
+        reconcile_interval=0,  # its pass is pool work of its own
+        http_addr=None,
+    )
+    pairs = [Pair(reference, settings), Pair(second, replace(settings, channel=None))]
+    async with (
+        open_replica(settings, pairs, instrument=counted) as replica,
+        replica.running(),
+    ):
+        yield replica
+
+
+def quiet(replica: Replica) -> bool:
+    listener = replica.listener
+    return (
+        listener is not None
+        and listener.proven
+        and all(r.holding and not r.scan_pending for r in replica.reactors.values())
+    )
+
+
+async def test_two_pairs_send_one_health_statement_per_interval(database_url: str) -> None:
+    seen: list[str] = []
+    async with two_pairs(database_url, seen) as replica:
+        first = replica.reactors["reactor"]
+        await eventually(lambda: quiet(replica))
+        await next_heartbeat(database_url, "reactor", first)
+        # An interval with nothing but the check: the start's work is over.
+        for _ in range(20):
+            seen.clear()
+            await next_heartbeat(database_url, "reactor", first)
+            if len(seen) == 1:
+                break
+        seen.clear()
+        for _ in range(5):
+            await next_heartbeat(database_url, "reactor", first)
+        # One statement per interval, each both pairs' check: the heartbeat of each.
+        assert len(seen) in (5, 6), [query[:60] for query in seen]
+        assert all(checks_both(query) for query in seen), [query[:60] for query in seen]
+        assert replica.checks is not None
+        assert replica.health() == (True, True, "ok")
+
+
+async def test_a_pair_whose_schema_is_dropped_leaves_the_other_checked_and_ready(
+    database_url: str,
+) -> None:
+    seen: list[str] = []
+    async with two_pairs(database_url, seen) as replica:
+        first, second = replica.reactors["reactor"], replica.reactors[SECOND_SCHEMA]
+        await eventually(lambda: quiet(replica))
+        with psycopg.connect(database_url, autocommit=True) as conn:
+            conn.execute(f"DROP SCHEMA {SECOND_SCHEMA} CASCADE")
+        await eventually(lambda: second.vitals.database_ok is False, timeout=4 * PROBE + 2)
+        checks = replica.checks
+        assert checks is not None
+        await eventually(lambda: second in checks.apart, timeout=4 * PROBE + 2)
+        # The other pair's checks go on, each one answered, and it stays ready.
+        for _ in range(3):
+            await next_heartbeat(database_url, "reactor", first)
+            assert first.vitals.database_ok is True
+            assert first.health() == (True, True, "ok")
+        alive, ready, reason = replica.health()
+        assert (alive, ready) == (True, False)
+        assert reason.startswith(f"pair {SECOND_SCHEMA}: "), reason
+        # The broken pair checks alone, the other on its own: no combined statement fails
+        # every round.
+        seen.clear()
+        await next_heartbeat(database_url, "reactor", first)
+        await next_heartbeat(database_url, "reactor", first)
+        assert seen
+        assert not any(checks_both(query) for query in seen)
