@@ -16,7 +16,7 @@ import pytest
 from psycopg.rows import AsyncRowFactory
 from psycopg_pool import AsyncConnectionPool
 
-from reactor import db, mapping
+from reactor import db, mapping, mapping_file
 from reactor.config import Settings
 from reactor.pairs import Pair
 from reactor.replica import Replica, open_replica
@@ -77,7 +77,7 @@ async def two_pairs(url: str, seen: list[str]) -> AsyncIterator[Replica]:
     statement its pairs send through the pool is noted in ``seen``."""
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute((MAPPINGS / "second.sql").read_text())
-    shape = mapping.parse(
+    shape = mapping_file.parse(
         {"reactor_schema": SECOND_SCHEMA, **tomllib.loads((MAPPINGS / "second.toml").read_text())},
         source="second.toml",
     )
