@@ -33,7 +33,7 @@ from bench.report import (
     write_result,
 )
 from bench.result import Benchmark, Context, product_version
-from reactor import sql
+from reactor.install import sql
 
 # Name -> module, in report order. The chosen ones are imported when the run starts.
 BENCHMARKS: dict[str, str] = {

@@ -20,7 +20,7 @@ import psycopg
 import psycopg.conninfo
 
 from bench.workload import APP
-from reactor.embedded import EmbeddedPostgres
+from reactor.demo.embedded import EmbeddedPostgres
 
 CHANNEL = "analysis_jobs_terminal"
 GRACE = 1.0

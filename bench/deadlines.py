@@ -1,6 +1,6 @@
 """deadlines: the reactor's deadlines at a million pending jobs.
 
-Memory per entry (tracemalloc) and operations per second for ``reactor.deadlines.Deadlines``,
+Memory per entry (tracemalloc) and operations per second for ``reactor.core.deadlines.Deadlines``,
 against the obvious alternative: one asyncio ``loop.call_later`` handle per job, kept in a dict
 so that a job can be re-armed (last write wins); and against the keyed binary heap it replaced,
 kept here as :class:`KeyedHeap`. Deadlines arrive as the reactor makes them: receipt time plus a
@@ -29,7 +29,7 @@ import anyio
 
 from bench.result import Context, Result, Table, conditions
 from bench.stats import ratio, safe_div
-from reactor.deadlines import Deadlines
+from reactor.core.deadlines import Deadlines
 
 TITLE = "Deadlines at 1M pending: memory per entry and operations per second"
 GOAL = (

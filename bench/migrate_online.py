@@ -23,8 +23,9 @@ from bench.result import Context, Result, Table, conditions
 from bench.server import Server, open_server
 from bench.stats import ms
 from bench.workload import APP, RESULTS
-from reactor import db, sql
-from reactor.mapping import REFERENCE
+from reactor import db
+from reactor.install import sql
+from reactor.install.mapping import REFERENCE
 
 TITLE = "reactor migrate on a big live database"
 GOAL = (

@@ -23,7 +23,7 @@ from reactor import db
 from reactor.config import Settings
 from reactor.db import indexes
 from reactor.install import REFERENCE_INSTALL
-from reactor.mapping import REFERENCE
+from reactor.install.mapping import REFERENCE
 
 TITLE = "Reconcile pass over the job table, against the article's sweep"
 GOAL = (

@@ -39,8 +39,8 @@ from bench.workload import (
 )
 from reactor import audit
 from reactor.config import Settings
+from reactor.core.ownership import LIVENESS_PROBES
 from reactor.install import REFERENCE_INSTALL
-from reactor.ownership import LIVENESS_PROBES
 
 TITLE = "Replicas: record statements and database time per job, and a killed owner's takeover"
 GOAL = (

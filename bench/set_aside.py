@@ -34,8 +34,8 @@ from bench.stats import ms
 from bench.workload import insert_jobs
 from reactor import db
 from reactor.install import REFERENCE_INSTALL
-from reactor.metrics import Metrics
-from reactor.recorder import SPLIT, Recorder
+from reactor.record.recorder import SPLIT, Recorder
+from reactor.telemetry.metrics import Metrics
 
 TITLE = "Jobs the app's constraint rejects at the head of a backlog: drain time against none"
 GOAL = "a drain with N rejected jobs at the head takes at most 1 s more than with none, each N"
@@ -119,7 +119,7 @@ async def run(ctx: Context) -> Result:
     sweeps: list[Sweep] = []
     # The recorder logs each job it sets aside at ERROR, and psycopg warns of the aborted
     # pipeline of each failed statement: one line per job or statement per drain is noise.
-    quiet = [logging.getLogger(name) for name in ("reactor.recorder", "psycopg")]
+    quiet = [logging.getLogger(name) for name in ("reactor.record.recorder", "psycopg")]
     levels = [logger.level for logger in quiet]
     for logger in quiet:
         logger.setLevel(logging.CRITICAL)

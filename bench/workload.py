@@ -26,10 +26,10 @@ from reactor import db
 from reactor.app import App
 from reactor.config import Settings
 from reactor.install import REFERENCE_INSTALL, Install
-from reactor.mapping import REFERENCE
+from reactor.install.mapping import REFERENCE
 from reactor.pairs import Pair
-from reactor.replica import open_replica
-from reactor.service import Reactor
+from reactor.runtime.replica import open_replica
+from reactor.runtime.service import Reactor
 
 # The worker of the eager design writes the run itself at finalize, in the same transaction;
 # it never overwrites a client row.

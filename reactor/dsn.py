@@ -10,8 +10,8 @@ import re
 
 import psycopg.conninfo
 
-from reactor import redact
 from reactor.errors import ConfigError
+from reactor.telemetry import redact
 
 # What a malformed DSN is shown as: one that does not parse, or parses into a value that cannot
 # be what its key says. No rule can tell which of its fragments are secret, so none is shown.
@@ -72,7 +72,7 @@ def malformed_dsn(dsn: str) -> bool:
 def redact_dsn(dsn: str) -> str:
     """``dsn`` in key=value form with every secret masked, for logs and messages.
 
-    The value of every libpq secret parameter (:data:`reactor.redact.DSN_SECRET_PARAMS`:
+    The value of every libpq secret parameter (:data:`reactor.telemetry.redact.DSN_SECRET_PARAMS`:
     password, sslpassword, ...) is masked, in either form, a URL's userinfo password included.
     A malformed DSN gives :data:`UNPARSABLE_DSN`: one that does not parse, or that parses into a
     host, port or dbname that cannot be one (a URL broken by a password's unencoded "@" or "/")

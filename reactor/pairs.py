@@ -16,12 +16,11 @@ from collections.abc import Mapping as Environ
 from dataclasses import dataclass, replace
 from typing import Any
 
-from reactor import mapping_file
 from reactor.config import Settings
 from reactor.errors import ConfigError
 from reactor.hooks.spec import own_secrets
-from reactor.install import Install
-from reactor.mapping import CONFIG_VARIABLE, REFERENCE, Mapping
+from reactor.install import Install, mapping_file
+from reactor.install.mapping import CONFIG_VARIABLE, REFERENCE, Mapping
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from reactor.errors import (
     SchemaMissing,
     UntrustedSchema,
 )
-from reactor.mapping import Mapping
+from reactor.install.mapping import Mapping
 from reactor.pairs import Pair
 
 

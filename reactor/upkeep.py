@@ -12,12 +12,14 @@ from typing import TYPE_CHECKING
 
 import psycopg.errors
 
-from reactor import db, logs, pairs, sql, tracing
+from reactor import db, pairs
 from reactor.arguments import pairs_from, settings_from
 from reactor.config import Settings
 from reactor.errors import ConfigError, PrivilegeMissing, UsageError
 from reactor.hooks import check_hooks
+from reactor.install import sql
 from reactor.served import fit_for_print, fit_pair, resolve_served, startup_connection
+from reactor.telemetry import logs, tracing
 
 if TYPE_CHECKING:
     from reactor.pairs import Pair
@@ -26,7 +28,8 @@ if TYPE_CHECKING:
 async def cmd_migrate(args: argparse.Namespace) -> int:
     """``reactor migrate``: apply (or print) the migrations of every pair, idempotently; or
     print the grants every pair needs."""
-    from reactor import grants, progress
+    from reactor.install import grants
+    from reactor.telemetry import progress
 
     if args.print_grants is not None:
         # Text for each mapping: checked against the database when DATABASE_URL names one
@@ -131,10 +134,10 @@ async def cmd_sweep(args: argparse.Namespace) -> int:
 
 async def _sweep(pair: Pair, which: str) -> tuple[int, bool]:
     # (runs recorded, whether any job was set aside) for one pair.
-    from reactor import progress
     from reactor.hooks import open_hooks
-    from reactor.metrics import Metrics
-    from reactor.recorder import Recorder
+    from reactor.record.recorder import Recorder
+    from reactor.telemetry import progress
+    from reactor.telemetry.metrics import Metrics
 
     settings, install = pair.settings, pair.install
     pool = db.make_pool(settings.require_database(), max_size=1)
@@ -167,7 +170,7 @@ async def _sweep(pair: Pair, which: str) -> tuple[int, bool]:
 
 async def cmd_hooks(args: argparse.Namespace) -> int:
     """``reactor hooks list|retry|cancel``: look at and re-drive the hook outbox."""
-    from reactor import hook_ops
+    from reactor.hooks import ops as hook_ops
 
     action = args.hooks_command
     if action == "retry" and bool(args.failed) == bool(args.ids):

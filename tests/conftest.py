@@ -20,8 +20,8 @@ from typing import Any, cast
 import psycopg
 import pytest
 
-from reactor import sql
-from reactor.embedded import EmbeddedPostgres
+from reactor.demo.embedded import EmbeddedPostgres
+from reactor.install import sql
 from tests import pgbouncer as bouncer
 from tests.helpers import AUDIT_SQL
 
@@ -145,7 +145,7 @@ def template(server: Server) -> str:
     import anyio
 
     from reactor import db
-    from reactor.mapping import REFERENCE
+    from reactor.install.mapping import REFERENCE
 
     async def migrate() -> None:
         async with await db.connect(server.dsn_for(TEMPLATE), "test") as conn:

@@ -10,7 +10,8 @@ from typing import Any
 
 import psycopg
 
-from reactor import audit, mapping
+from reactor import audit
+from reactor.install import mapping
 from tests.faults import tables
 
 # Every write to analysis_runs, with who made it and when (by the database clock), so tests

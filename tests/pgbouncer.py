@@ -22,7 +22,7 @@ from typing import Self
 import psycopg
 import psycopg.conninfo
 
-from reactor import embedded_root
+from reactor.demo import embedded_root
 
 # A role some tests create, with session defaults of its own; the auth file lets it in too.
 HOSTILE_ROLE = "reactor_hostile_defaults"

@@ -17,7 +17,7 @@ import psycopg
 import psycopg.conninfo
 import pytest
 
-from reactor.embedded import EmbeddedPostgres
+from reactor.demo.embedded import EmbeddedPostgres
 from tests.conftest import Server
 from tests.faults.support import connect, scalar, with_port
 from tests.polling import wait_for

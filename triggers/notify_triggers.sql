@@ -2,7 +2,7 @@
 -- triggers on them, on the NOTIFY channel (@channel@, from REACTOR_CHANNEL). Repeatable:
 -- `reactor migrate` applies it after the numbered migrations every time, so a changed channel
 -- or mapping needs no new migration. Its names and values are the mapping's
--- (reactor/mapping.py), filled in by `reactor migrate` and shown by `reactor migrate --print`.
+-- (reactor/install/mapping.py), filled in by `reactor migrate` and shown by `reactor migrate --print`.
 --
 -- The trigger functions act only for the tables their triggers are on (see migration 0013):
 -- app_table_v1 refuses any other before a column is read. They run with a search_path nobody
@@ -69,7 +69,7 @@ BEGIN
                    THEN current_setting('reactor.notify_queue_limit', true)::float8
                    ELSE 0.5 END) THEN
         -- Installed with --spread (the second argument): on the channel of the job's share
-        -- (reactor/ownership.py, share_of), which only the replica that owns it LISTENs on.
+        -- (reactor/core/ownership.py, share_of), which only the replica that owns it LISTENs on.
         PERFORM pg_notify(CASE WHEN TG_ARGV[1] = 'spread'
                                THEN TG_ARGV[0] || '.' || @share(NEW)@
                                ELSE TG_ARGV[0] END,

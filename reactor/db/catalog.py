@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from psycopg.rows import dict_row
 
 from reactor.db.session import AnyConnection
-from reactor.mapping import Mapping
-from reactor.quote import readable
+from reactor.install.mapping import Mapping
+from reactor.install.quote import readable
 
 _TYPMOD = re.compile(r"\(\d+(?:,\d+)?\)")
 

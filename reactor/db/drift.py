@@ -16,13 +16,12 @@ from __future__ import annotations
 
 import hashlib
 
-from reactor import sql
 from reactor.db import indexes
 from reactor.db.indexes import Index
 from reactor.db.session import AnyConnection
 from reactor.errors import ConfigError
-from reactor.install import Install
-from reactor.quote import identifier, readable
+from reactor.install import Install, sql
+from reactor.install.quote import identifier, readable
 
 # The column that holds the digest (migration 0019).
 COLUMN = "mapping_digest"

@@ -14,12 +14,12 @@ from dataclasses import replace
 import psycopg
 import psycopg.errors
 
-from reactor import mapping as mapping_module
 from reactor.db.catalog import Column, Table, default_sequences, describe, enum_labels, unique_on
 from reactor.db.session import AnyConnection
 from reactor.errors import ConfigError, SchemaMissing
-from reactor.mapping import ID_TYPES, Mapping, Terminal
-from reactor.quote import readable
+from reactor.install import mapping as mapping_module
+from reactor.install.mapping import ID_TYPES, Mapping, Terminal
+from reactor.install.quote import readable
 
 _TIMES = ("timestamp with time zone", "timestamp without time zone")
 _TEXTS = ("text", "character varying")
@@ -314,7 +314,7 @@ async def _check_expressions(conn: AnyConnection, mapping: Mapping, where: str) 
     runs in a READ ONLY transaction of its own that is rolled back: what an expression's
     functions try to change fails, and is named as the reason it does not fit.
     """
-    from reactor import sql
+    from reactor.install import sql
 
     for name, expression in mapping.runs.columns:
         text = sql.render(

@@ -14,7 +14,7 @@ import hashlib
 from dataclasses import dataclass, replace
 
 from reactor.install import Install
-from reactor.quote import identifier
+from reactor.install.quote import identifier
 
 # The longest identifier PostgreSQL keeps (NAMEDATALEN - 1).
 MAX_NAME = 63

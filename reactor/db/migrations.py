@@ -16,17 +16,16 @@ import psycopg
 import psycopg.errors
 import tenacity
 
-from reactor import sql
+from reactor.core.ownership import SHARES, share_channels
 from reactor.db import drift, indexes
 from reactor.db.fit import fit
 from reactor.db.indexes import DropIndex, Index, Step
 from reactor.db.queries import Database
 from reactor.db.session import AnyConnection
 from reactor.errors import ConfigError, DatabaseUnreachable, SchemaMissing, UntrustedSchema
-from reactor.install import Install
-from reactor.mapping import Mapping
-from reactor.ownership import SHARES, share_channels
-from reactor.quote import identifier, readable
+from reactor.install import Install, sql
+from reactor.install.mapping import Mapping
+from reactor.install.quote import identifier, readable
 
 # The package's one logger, named as the JSON log lines have always named it.
 log = logging.getLogger("reactor.db")

@@ -21,7 +21,7 @@ import psycopg
 from psycopg.rows import AsyncRowFactory, class_row, dict_row, kwargs_row, tuple_row
 from psycopg_pool import AsyncConnectionPool
 
-from reactor import grants, sql
+from reactor.core.ownership import replicas_channel
 from reactor.db.calls import Connector, Dedicated, Pooled
 from reactor.db.rows import (
     Health,
@@ -37,8 +37,7 @@ from reactor.db.rows import (
 )
 from reactor.db.session import AnyConnection, first_line
 from reactor.errors import PrivilegeMissing, UntrustedSchema
-from reactor.install import Install
-from reactor.ownership import replicas_channel
+from reactor.install import Install, grants, sql
 
 R = TypeVar("R")
 

@@ -13,7 +13,7 @@ import sys
 import tomllib
 from pathlib import Path
 
-from reactor import db, grants, pairs
+from reactor import db, pairs
 from reactor.config import Settings
 from reactor.draft import catalog
 from reactor.draft.facts import Table
@@ -21,8 +21,9 @@ from reactor.draft.links import candidates, status_column
 from reactor.draft.propose import Draft, draft
 from reactor.draft.role import create_role
 from reactor.errors import ConfigError, ReactorError, SchemaMissing, UsageError
-from reactor.mapping import Mapping
-from reactor.mapping_file import parse
+from reactor.install import grants
+from reactor.install.mapping import Mapping
+from reactor.install.mapping_file import parse
 
 # The exit code of a draft that needs a decision, or of a choice left to make: a usage error.
 NEEDS_DECISION = 2

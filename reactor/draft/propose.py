@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from reactor.draft.facts import INTEGER_TYPES, TEXT_TYPES, TIME_TYPES, Column, Table
 from reactor.draft.links import Link, link, normal, status_column
 from reactor.draft.toml import Writer, key_text
-from reactor.quote import readable
+from reactor.install.quote import readable
 
 # Status values that mean "finished", compared in lower case.
 TERMINAL_NAMES = (

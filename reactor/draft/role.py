@@ -1,12 +1,12 @@
 """The runtime role's ``CREATE ROLE``, as ``reactor init --role`` prints it before the grants
-(:func:`reactor.grants.grant_script`). Pure text."""
+(:func:`reactor.install.grants.grant_script`). Pure text."""
 
 from __future__ import annotations
 
 
 def create_role(role: str) -> str:
     """SQL that creates the login role ``role`` unless it exists; ``role`` is a plain identifier
-    (:func:`reactor.grants.check_role`), double-quoted as the grants name it."""
+    (:func:`reactor.install.grants.check_role`), double-quoted as the grants name it."""
     tag = "role"
     while f"${tag}$" in role:
         tag += "_"

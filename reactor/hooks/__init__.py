@@ -29,14 +29,14 @@ Kinds:
   a plain ``def`` runs in a worker thread, so blocking code cannot stall the reactor. Raising
   fails the attempt (:class:`PermanentFailure`: parked at once).
 - ``notify:channel``: ``pg_notify(channel, json)``, for a worker that judges on its own.
-- ``webhook:url``: a JSON POST, signed (:mod:`reactor.signature`) with the hook's own
+- ``webhook:url``: a JSON POST, signed (:mod:`reactor.hooks.signature`) with the hook's own
   secret (:mod:`reactor.hooks.secrets`: its pair's ``REACTOR_WEBHOOK_SECRET_<PAIR>_<HOOK>``,
   its ``REACTOR_WEBHOOK_SECRET_<HOOK>``, or the shared ``REACTOR_WEBHOOK_SECRET``); unsigned
   when none is set. 2xx is success; redirects are never
   followed; :func:`webhook_verdict` says which other statuses are permanent.
 
 Nothing a hook reports is shown whole: URLs are cut to scheme, host and path, and configured
-secrets are masked (:mod:`reactor.redact`), in logs, stored errors and status alike. A
+secrets are masked (:mod:`reactor.telemetry.redact`), in logs, stored errors and status alike. A
 configuration error names the hook and what is wrong, and quotes only what cannot be secret
 (names, module paths): never a URL but as scheme, host and path, never a target that failed
 its check.

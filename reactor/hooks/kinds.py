@@ -19,10 +19,11 @@ import anyio
 from psycopg.rows import tuple_row
 from psycopg_pool import AsyncConnectionPool
 
-from reactor import db, redact, tracing
+from reactor import db
 from reactor.hooks.call import HookCall, PermanentFailure
 from reactor.hooks.guard import in_thread
-from reactor.signature import SIGNATURE_HEADER, sign
+from reactor.hooks.signature import SIGNATURE_HEADER, sign
+from reactor.telemetry import redact, tracing
 
 if TYPE_CHECKING:
     # Imported where a webhook is called: the commands that call none start faster without it.

@@ -22,12 +22,13 @@ from typing import TYPE_CHECKING, Literal
 import anyio
 from psycopg_pool import AsyncConnectionPool
 
-from reactor import db, redact, tracing
+from reactor import db
 from reactor.config import webhook_secret_variable
 from reactor.errors import ConfigError
 from reactor.hooks.call import Hook, HookCall
 from reactor.hooks.kinds import NotifyHook, PythonHook, WebhookHook
 from reactor.hooks.secrets import secret_variables
+from reactor.telemetry import redact, tracing
 
 if TYPE_CHECKING:
     import aiohttp

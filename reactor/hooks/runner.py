@@ -1,6 +1,6 @@
 """Claiming, running and settling hook attempts: one replica's share of the hook outbox.
 
-The runner is a duty of the replica's cadence (:mod:`reactor.cadence`): each run of it leases
+The runner is a duty of the replica's cadence (:mod:`reactor.core.cadence`): each run of it leases
 as many runnable rows as it has free slots, starts each attempt in the replica's task group and
 says when it is due next: at once while rows keep coming, else when the next row's backoff or
 lease ends, never later than the scan interval (rows other replicas queue are found so). A
@@ -18,11 +18,13 @@ from typing import Any
 import anyio
 import anyio.abc
 
-from reactor import backoff, db, redact, tracing
+from reactor import db
 from reactor.config import Settings
+from reactor.core import backoff
 from reactor.hooks.call import Hook, HookCall, PermanentFailure, idempotency_key
 from reactor.hooks.guard import ASYNC_HINT, LoopGuard
-from reactor.metrics import Metrics
+from reactor.telemetry import redact, tracing
+from reactor.telemetry.metrics import Metrics
 
 log = logging.getLogger("reactor.hooks")
 
@@ -39,7 +41,7 @@ _LEASE_HINT = (
 
 def retry_delay(attempt: int, *, base: float, cap: float, jitter: float) -> float:
     """Seconds to wait after failed attempt number ``attempt`` (1 = the first try): the capped
-    exponential schedule of :mod:`reactor.backoff`, then up to JITTER longer as ``jitter``
+    exponential schedule of :mod:`reactor.core.backoff`, then up to JITTER longer as ``jitter``
     (0..1, random in production) goes from 0 to 1. Pure, so tests pass the jitter."""
     delay = backoff.exponential(attempt, first=base, cap=cap)
     return backoff.jittered(delay, jitter, low=1.0, high=1.0 + JITTER)

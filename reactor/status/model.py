@@ -6,13 +6,14 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from reactor import db, redact, sql
+from reactor import db
 from reactor.config import Settings
+from reactor.core.ownership import LIVENESS_PROBES
 from reactor.db import errors as db_errors
 from reactor.errors import PrivilegeMissing, SchemaMissing
-from reactor.install import Install
-from reactor.ownership import LIVENESS_PROBES
-from reactor.quote import readable
+from reactor.install import Install, sql
+from reactor.install.quote import readable
+from reactor.telemetry import redact
 
 # Past this share of the NOTIFY queue, the app's commits are at risk (they fail when it is full),
 # and the job trigger stops notifying (migration 0008): the reactors poll instead.

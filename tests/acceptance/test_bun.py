@@ -26,8 +26,8 @@ import pytest
 
 from reactor.audit import Verdict
 from reactor.hooks import IDEMPOTENCY_HEADER, HookCall
+from reactor.hooks.signature import SIGNATURE_HEADER, sign
 from reactor.install import REFERENCE_INSTALL
-from reactor.signature import SIGNATURE_HEADER, sign
 from tests import tools
 from tests.acceptance.conftest import reactor_env
 from tests.acceptance.test_cli import listening

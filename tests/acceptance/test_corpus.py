@@ -21,10 +21,11 @@ import psycopg
 import psycopg.conninfo
 import pytest
 
-from reactor import audit, db, mapping_file, sql
+from reactor import audit, db
 from reactor.app import DOCUMENT, App
 from reactor.db.fit import fit
-from reactor.mapping import Mapping
+from reactor.install import mapping_file, sql
+from reactor.install.mapping import Mapping
 from tests.acceptance.conftest import reactor_env, run_reactor
 from tests.acceptance.test_init import CORPUS
 from tests.acceptance.test_init import App as Schema

@@ -13,7 +13,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from reactor import sql
+from reactor.install import sql
 from tests.acceptance.conftest import reactor_env, run_reactor
 from tests.helpers import IMMUTABLE_BY_ITS_WORD
 

@@ -16,7 +16,8 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from reactor import db, sql
+from reactor import db
+from reactor.install import sql
 from tests.acceptance.conftest import reactor_env, run_reactor
 from tests.acceptance.test_cli import assert_one_clean_line
 from tests.integration.test_schema import execute

@@ -16,7 +16,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from reactor import sql
+from reactor.install import sql
 from tests.acceptance.conftest import reactor_env, run_reactor
 from tests.acceptance.test_trust import as_role, is_superuser, neighbour, one_line
 from tests.conftest import NewRole

@@ -15,7 +15,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from reactor.signature import SIGNATURE_HEADER, verify_signature
+from reactor.hooks.signature import SIGNATURE_HEADER, verify_signature
 from tests.acceptance.conftest import reactor_env, run_reactor
 from tests.acceptance.test_cli import listening
 from tests.acceptance.test_pairs import MAPPINGS, REPORTS, add_report_job

@@ -21,7 +21,7 @@ import psycopg
 import psycopg.conninfo
 
 from reactor import audit
-from reactor.mapping import REFERENCE
+from reactor.install.mapping import REFERENCE
 from tests import pgbouncer as bouncer
 from tests.acceptance.conftest import reactor_env, run_reactor
 from tests.acceptance.test_cli import kill_9_and_restart

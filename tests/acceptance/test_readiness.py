@@ -13,7 +13,7 @@ import psycopg
 import psycopg.conninfo
 import pytest
 
-from reactor.recorder import MAX_BROKEN_RETRY
+from reactor.record.recorder import MAX_BROKEN_RETRY
 from tests.acceptance.conftest import reactor_env, run_reactor
 from tests.acceptance.test_cli import listening
 from tests.acceptance.test_pairs import free_port, get

@@ -20,8 +20,8 @@ import psycopg
 import psycopg.conninfo
 import pytest
 
-from reactor import db, sql
-from reactor.install import REFERENCE_INSTALL
+from reactor import db
+from reactor.install import REFERENCE_INSTALL, sql
 from tests.acceptance.conftest import reactor_env, run_reactor
 from tests.conftest import Server
 from tests.helpers import finish, new_job

@@ -24,10 +24,10 @@ import psycopg
 import pytest
 
 from reactor.config import Settings
-from reactor.embedded import EmbeddedPostgres
+from reactor.demo.embedded import EmbeddedPostgres
 from reactor.pairs import Pair
-from reactor.replica import open_replica
-from reactor.service import Reactor
+from reactor.runtime.replica import open_replica
+from reactor.runtime.service import Reactor
 from tests.conftest import FAULT_ROW, Server
 from tests.faults import tables as app_tables
 from tests.faults.proxy import FaultProxy

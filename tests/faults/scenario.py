@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING
 
 import anyio
 
-from reactor.listener import Listener
-from reactor.service import Reactor
+from reactor.intake.listener import Listener
+from reactor.runtime.service import Reactor
 from tests.faults.support import Judgement, Workload, settle
 from tests.faults.tables import Tables
 

@@ -30,10 +30,11 @@ import anyio
 import psycopg
 import psycopg.conninfo
 
-from reactor import audit, sql
+from reactor import audit
 from reactor.app import App
 from reactor.audit import Verdict
-from reactor.mapping import REFERENCE, Mapping
+from reactor.install import sql
+from reactor.install.mapping import REFERENCE, Mapping
 from tests.faults.tables import JobId, RunKey, Tables
 from tests.helpers import scalar as scalar  # where the fault tests find it
 

@@ -26,9 +26,10 @@ import anyio
 import psycopg
 import psycopg.sql
 
-from reactor import audit, db, mapping, mapping_file, sql
+from reactor import audit, db
 from reactor.app import DOCUMENT, VERDICTS, App, JobId, RunKey
-from reactor.mapping import Mapping, Terminal
+from reactor.install import mapping, mapping_file, sql
+from reactor.install.mapping import Mapping, Terminal
 
 MAPPINGS = Path(__file__).resolve().parent.parent / "mappings"
 # The reactor schema of a companion pair.

@@ -10,7 +10,7 @@ import anyio
 import psycopg
 import pytest
 
-from reactor.embedded import EmbeddedPostgres
+from reactor.demo.embedded import EmbeddedPostgres
 from tests.faults.conftest import Report
 from tests.faults.scenario import GRACE
 from tests.faults.support import Replicas, Workload, connect, listeners, replica_env, scalar, settle

@@ -22,7 +22,7 @@ import anyio
 import pytest
 
 from reactor import audit
-from reactor.embedded import EmbeddedPostgres
+from reactor.demo.embedded import EmbeddedPostgres
 from tests.acceptance.conftest import reactor_env, run_reactor
 from tests.conftest import Server
 from tests.faults.conftest import Report

@@ -17,7 +17,7 @@ from collections.abc import Iterator
 import anyio
 import pytest
 
-from reactor.embedded import EmbeddedPostgres
+from reactor.demo.embedded import EmbeddedPostgres
 from tests.faults.proxy import FaultProxy
 from tests.faults.scenario import Scenario
 from tests.faults.support import Conn, connect, scalar, with_port

@@ -14,7 +14,7 @@ from collections.abc import Callable
 import anyio
 import pytest
 
-from reactor.service import Reactor
+from reactor.runtime.service import Reactor
 from tests.faults.conftest import Report, StartReactor
 from tests.faults.scenario import GRACE
 from tests.faults.support import (

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from reactor.service import Reactor
+from reactor.runtime.service import Reactor
 from tests.faults.proxy import FaultProxy
 from tests.faults.scenario import Scenario
 from tests.faults.support import with_port

@@ -19,7 +19,7 @@ import anyio
 import psycopg
 import pytest
 
-from reactor.embedded import EmbeddedPostgres
+from reactor.demo.embedded import EmbeddedPostgres
 from tests.faults.scenario import Scenario
 from tests.faults.support import connect, reactor_pids, scalar
 from tests.polling import eventually

@@ -11,7 +11,7 @@ import time
 import anyio
 import pytest
 
-from reactor.embedded import EmbeddedPostgres
+from reactor.demo.embedded import EmbeddedPostgres
 from tests.faults.scenario import Scenario
 from tests.faults.support import Judgement, connect, scalar
 from tests.faults.tables import JobId, Tables

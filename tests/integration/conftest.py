@@ -10,10 +10,10 @@ import pytest
 
 from reactor import db
 from reactor.config import Settings
-from reactor.mapping import REFERENCE
+from reactor.install.mapping import REFERENCE
 from reactor.pairs import Pair
-from reactor.replica import open_replica
-from reactor.service import Reactor
+from reactor.runtime.replica import open_replica
+from reactor.runtime.service import Reactor
 
 StartReactor = Callable[..., AbstractAsyncContextManager[Reactor]]
 

@@ -13,8 +13,8 @@ from typing import Any
 
 import psycopg.conninfo
 
-from reactor.dispatch import Answer
-from reactor.service import Reactor
+from reactor.intake.dispatch import Answer
+from reactor.runtime.service import Reactor
 from tests.helpers import APP, Conn, new_job
 from tests.helpers import scalar as scalar  # where the integration tests find it
 

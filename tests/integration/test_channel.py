@@ -13,7 +13,7 @@ import psycopg
 import psycopg.conninfo
 import pytest
 
-from reactor.service import Reactor
+from reactor.runtime.service import Reactor
 from tests.conftest import NewRole
 from tests.helpers import Conn, finish, new_job, worker_writes
 from tests.integration.conftest import StartReactor

@@ -16,7 +16,8 @@ import aiohttp
 import anyio
 import pytest
 
-from reactor import accept, dashboard, http, status
+from reactor import status
+from reactor.ops import accept, dashboard, http
 from tests.integration.conftest import StartReactor
 
 pytestmark = pytest.mark.anyio

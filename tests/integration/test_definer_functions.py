@@ -21,8 +21,8 @@ import psycopg
 import psycopg.errors
 import pytest
 
-from reactor import grants
-from reactor.mapping import REFERENCE
+from reactor.install import grants
+from reactor.install.mapping import REFERENCE
 from tests.conftest import Server
 from tests.helpers import finish, new_job
 

@@ -13,8 +13,8 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from reactor import embedded, embedded_root
-from reactor.embedded import EmbeddedPostgres
+from reactor.demo import embedded, embedded_root
+from reactor.demo.embedded import EmbeddedPostgres
 
 DEBIAN_PG15 = Path("/usr/lib/postgresql/15/bin")
 

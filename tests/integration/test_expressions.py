@@ -18,12 +18,12 @@ import psycopg
 import psycopg.sql
 import pytest
 
-from reactor import db, mapping, mapping_file, status
+from reactor import db, status
 from reactor.config import Settings
 from reactor.errors import ConfigError
-from reactor.install import Install
-from reactor.metrics import Metrics
-from reactor.recorder import Recorder
+from reactor.install import Install, mapping, mapping_file
+from reactor.record.recorder import Recorder
+from reactor.telemetry.metrics import Metrics
 from tests.acceptance.conftest import reactor_env, run_reactor
 from tests.helpers import IMMUTABLE_BY_ITS_WORD
 

@@ -20,7 +20,7 @@ import pytest
 from aiohttp import web
 
 from reactor.hooks import IDEMPOTENCY_HEADER, HookCall
-from reactor.signature import SIGNATURE_HEADER, verify_signature
+from reactor.hooks.signature import SIGNATURE_HEADER, verify_signature
 from tests import hookmods
 from tests.helpers import client_save, finish, new_job
 from tests.integration.conftest import StartReactor

@@ -30,7 +30,7 @@ import pytest
 
 from reactor import db
 from reactor.install import REFERENCE_INSTALL
-from reactor.mapping import REFERENCE
+from reactor.install.mapping import REFERENCE
 from tests.helpers import Conn
 from tests.integration.support import scalar
 

@@ -23,10 +23,10 @@ import anyio.abc
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from reactor import accept, http
-from reactor.admission import KEPT_FOR_NEW_PEERS
+from reactor.core.admission import KEPT_FOR_NEW_PEERS
 from reactor.errors import ConfigError
-from reactor.service import Reactor
+from reactor.ops import accept, http
+from reactor.runtime.service import Reactor
 from tests.acceptance.conftest import reactor_env, run_reactor
 from tests.acceptance.test_cli import assert_one_clean_line
 from tests.conftest import Server

@@ -21,14 +21,14 @@ import psycopg.conninfo
 import pytest
 
 from docs import generate
-from reactor import db, grants, mapping, mapping_file, sql, status
+from reactor import db, status
 from reactor.config import Settings
-from reactor.install import Install
-from reactor.metrics import Metrics
+from reactor.core.payload import parse_hint
+from reactor.install import Install, grants, mapping, mapping_file, sql
 from reactor.pairs import Pair
-from reactor.payload import parse_hint
-from reactor.recorder import Recorder
-from reactor.replica import open_replica
+from reactor.record.recorder import Recorder
+from reactor.runtime.replica import open_replica
+from reactor.telemetry.metrics import Metrics
 from tests.acceptance.conftest import reactor_env, run_reactor
 from tests.helpers import Conn
 from tests.polling import eventually

@@ -17,13 +17,13 @@ import anyio
 import psycopg
 import pytest
 
-from reactor import db, sql
+from reactor import db
 from reactor.config import Settings
-from reactor.embedded import EmbeddedPostgres
-from reactor.install import REFERENCE_INSTALL
-from reactor.mapping import REFERENCE
+from reactor.demo.embedded import EmbeddedPostgres
+from reactor.install import REFERENCE_INSTALL, sql
+from reactor.install.mapping import REFERENCE
 from reactor.pairs import Pair
-from reactor.replica import open_replica
+from reactor.runtime.replica import open_replica
 from tests.faults.support import judge
 from tests.helpers import AUDIT_SQL, Conn
 from tests.polling import eventually

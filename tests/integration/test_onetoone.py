@@ -16,12 +16,12 @@ from typing import Any
 import psycopg
 import pytest
 
-from reactor import db, mapping_file
+from reactor import db
 from reactor.errors import ConfigError
-from reactor.install import Install
-from reactor.mapping import Mapping
-from reactor.metrics import Metrics
-from reactor.recorder import Recorder
+from reactor.install import Install, mapping_file
+from reactor.install.mapping import Mapping
+from reactor.record.recorder import Recorder
+from reactor.telemetry.metrics import Metrics
 from tests.helpers import Conn
 
 pytestmark = pytest.mark.anyio

@@ -16,11 +16,12 @@ import pytest
 from psycopg.rows import AsyncRowFactory
 from psycopg_pool import AsyncConnectionPool
 
-from reactor import db, mapping, mapping_file
+from reactor import db
 from reactor.config import Settings
+from reactor.install import mapping, mapping_file
 from reactor.pairs import Pair
-from reactor.replica import Replica, open_replica
-from reactor.service import Reactor
+from reactor.runtime.replica import Replica, open_replica
+from reactor.runtime.service import Reactor
 from tests.polling import eventually
 
 pytestmark = pytest.mark.anyio

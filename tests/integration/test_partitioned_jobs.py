@@ -20,9 +20,9 @@ from typing import Any
 import psycopg
 import pytest
 
-from reactor import db, sql
-from reactor.install import REFERENCE_INSTALL
-from reactor.mapping import REFERENCE
+from reactor import db
+from reactor.install import REFERENCE_INSTALL, sql
+from reactor.install.mapping import REFERENCE
 from tests.acceptance.conftest import reactor_env, run_reactor
 from tests.helpers import AUDIT_SQL, Conn
 from tests.integration.support import scalar

@@ -18,7 +18,7 @@ import psycopg
 import psycopg.conninfo
 import pytest
 
-from reactor import grants
+from reactor.install import grants
 from tests.acceptance.conftest import reactor_env, run_reactor
 from tests.acceptance.test_cli import assert_one_clean_line
 from tests.conftest import NewRole

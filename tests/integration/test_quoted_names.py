@@ -16,12 +16,12 @@ import psycopg.conninfo
 import pytest
 from rich.console import Console
 
-from reactor import db, grants, mapping, mapping_file, sql, status
+from reactor import db, status
 from reactor.config import Settings
-from reactor.install import Install
-from reactor.metrics import Metrics
-from reactor.quote import quote_ident, readable
-from reactor.recorder import Recorder
+from reactor.install import Install, grants, mapping, mapping_file, sql
+from reactor.install.quote import quote_ident, readable
+from reactor.record.recorder import Recorder
+from reactor.telemetry.metrics import Metrics
 from tests.conftest import Server
 
 pytestmark = pytest.mark.anyio

@@ -16,9 +16,9 @@ import anyio
 import psycopg
 import pytest
 
-from reactor import db, sql
-from reactor.install import REFERENCE_INSTALL
-from reactor.mapping import REFERENCE
+from reactor import db
+from reactor.install import REFERENCE_INSTALL, sql
+from reactor.install.mapping import REFERENCE
 from tests.faults.support import judge
 from tests.helpers import APP, Conn, client_save, new_job, run_row
 from tests.integration.conftest import StartReactor

@@ -15,8 +15,8 @@ import pytest
 
 from reactor import db
 from reactor.install import REFERENCE_INSTALL
-from reactor.metrics import Metrics
-from reactor.recorder import Recorder
+from reactor.record.recorder import Recorder
+from reactor.telemetry.metrics import Metrics
 from tests.helpers import (
     Conn,
     client_save,

@@ -10,7 +10,7 @@ import psycopg
 import pytest
 
 from reactor import db
-from reactor.service import Reactor
+from reactor.runtime.service import Reactor
 from tests.conftest import Server
 from tests.helpers import Conn, early_writes, finish, new_job, run_row, worker_writes
 from tests.integration.conftest import StartReactor

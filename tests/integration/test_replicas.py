@@ -8,9 +8,9 @@ import psycopg
 import pytest
 
 from reactor import db
-from reactor.mapping import REFERENCE
-from reactor.ownership import ALL_SHARES
-from reactor.service import Reactor
+from reactor.core.ownership import ALL_SHARES
+from reactor.install.mapping import REFERENCE
+from reactor.runtime.service import Reactor
 from tests.helpers import Conn, client_save, early_writes, finish, new_job, worker_writes
 from tests.integration.conftest import StartReactor
 from tests.integration.support import audit, claims_skipped, recorded, scalar, watch_recorder

@@ -13,11 +13,11 @@ import psycopg
 import psycopg.errors
 import pytest
 
-from reactor import db, sql
+from reactor import db
 from reactor.db import indexes
 from reactor.errors import SchemaMissing
-from reactor.install import REFERENCE_INSTALL
-from reactor.mapping import REFERENCE
+from reactor.install import REFERENCE_INSTALL, sql
+from reactor.install.mapping import REFERENCE
 from tests.conftest import Server
 from tests.polling import eventually
 

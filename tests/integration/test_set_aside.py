@@ -18,8 +18,8 @@ import pytest
 from reactor import db, status
 from reactor.config import Settings
 from reactor.install import REFERENCE_INSTALL
-from reactor.metrics import Metrics
-from reactor.recorder import Recorder
+from reactor.record.recorder import Recorder
+from reactor.telemetry.metrics import Metrics
 from tests.acceptance.conftest import reactor_env, run_reactor
 from tests.helpers import Conn
 from tests.integration.conftest import StartReactor
@@ -183,7 +183,7 @@ async def test_a_table_that_is_gone_is_said_once_not_at_every_statement(
             str(add_job(conn, status="complete", results={"ok": i}, age=30)[0]) for i in range(3)
         ]
         conn.execute("ALTER TABLE analysis_runs RENAME TO analysis_runs_away")
-        caplog.set_level("DEBUG", logger="reactor.recorder")
+        caplog.set_level("DEBUG", logger="reactor.record.recorder")
         delays = []
         for job in jobs:
             answer = await recorder.record([job])

@@ -9,9 +9,9 @@ import psycopg
 import pytest
 
 from reactor import db
-from reactor.mapping import REFERENCE
-from reactor.ownership import SHARES, share_channels, share_of, share_sql
-from reactor.service import Reactor
+from reactor.core.ownership import SHARES, share_channels, share_of, share_sql
+from reactor.install.mapping import REFERENCE
+from reactor.runtime.service import Reactor
 from tests.acceptance.conftest import reactor_env, run_reactor
 from tests.helpers import finish, new_job, run_row, worker_writes
 from tests.integration.conftest import StartReactor

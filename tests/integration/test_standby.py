@@ -16,7 +16,7 @@ import psycopg.errors
 import pytest
 
 from reactor import db
-from reactor.embedded import EmbeddedPostgres
+from reactor.demo.embedded import EmbeddedPostgres
 from reactor.errors import DatabaseReadOnly
 from tests.faults.proxy import FaultProxy
 from tests.faults.support import host_port, with_port

@@ -17,10 +17,10 @@ from typing import Any
 import psycopg
 import pytest
 
-from reactor import db, sql, status
+from reactor import db, status
 from reactor.config import Settings
-from reactor.install import REFERENCE_INSTALL
-from reactor.mapping import REFERENCE
+from reactor.install import REFERENCE_INSTALL, sql
+from reactor.install.mapping import REFERENCE
 from tests.acceptance.conftest import reactor_env, run_reactor
 from tests.integration.support import add_job
 

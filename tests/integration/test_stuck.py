@@ -17,10 +17,10 @@ import psycopg
 import pytest
 
 from reactor import db
-from reactor.dispatch import Answer
 from reactor.install import REFERENCE_INSTALL
-from reactor.metrics import Metrics
-from reactor.recorder import Recorder, split
+from reactor.intake.dispatch import Answer
+from reactor.record.recorder import Recorder, split
+from reactor.telemetry.metrics import Metrics
 from tests.faults.tables import RESULTS
 from tests.helpers import TABLES, Conn, run_row, worker_writes
 from tests.integration.conftest import StartReactor

@@ -1,7 +1,7 @@
 """Traces on a real PostgreSQL: the spans of the scan, the record statements, the reconcile and
 the hooks, the traceparent a real webhook receiver gets, and no secret in any span.
 
-Spans go to the SDK's in-memory exporter through :func:`reactor.tracing.use`, so no global
+Spans go to the SDK's in-memory exporter through :func:`reactor.telemetry.tracing.use`, so no global
 TracerProvider is installed and the other tests of the worker trace nothing.
 """
 
@@ -28,14 +28,14 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import StatusCode
 
-from reactor import tracing
 from reactor.config import Settings
 from reactor.hooks import HookCall, WebhookHook
+from reactor.hooks.signature import SIGNATURE_HEADER, verify_signature
 from reactor.install import REFERENCE_INSTALL
 from reactor.pairs import Pair
-from reactor.replica import open_replica
-from reactor.service import Reactor
-from reactor.signature import SIGNATURE_HEADER, verify_signature
+from reactor.runtime.replica import open_replica
+from reactor.runtime.service import Reactor
+from reactor.telemetry import tracing
 from tests import hookmods
 from tests.helpers import finish, new_job
 from tests.integration.conftest import StartReactor
@@ -435,7 +435,7 @@ _SCRIPT = textwrap.dedent(
     from reactor.config import Settings
     from reactor.install import REFERENCE_INSTALL
     from reactor.pairs import Pair
-    from reactor.replica import open_replica
+    from reactor.runtime.replica import open_replica
     from tests import hookmods
 
     JOB = (

@@ -18,10 +18,10 @@ import pytest
 from psycopg.rows import AsyncRowFactory
 from psycopg_pool import AsyncConnectionPool
 
-from reactor import db, sql
-from reactor.install import REFERENCE_INSTALL
-from reactor.mapping import REFERENCE
-from reactor.service import Reactor
+from reactor import db
+from reactor.install import REFERENCE_INSTALL, sql
+from reactor.install.mapping import REFERENCE
+from reactor.runtime.service import Reactor
 from tests.faults.proxy import FaultProxy
 from tests.faults.support import host_port, with_port
 from tests.helpers import finish, new_job, run_row

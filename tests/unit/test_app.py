@@ -6,8 +6,8 @@ import re
 
 import pytest
 
-from reactor import mapping, mapping_file
 from reactor.app import App
+from reactor.install import mapping, mapping_file
 
 # Names with a % in them, as the mapping accepts: each must reach the server as written.
 PERCENT = mapping_file.parse(

@@ -8,8 +8,8 @@ import anyio
 import psycopg
 import pytest
 
-from reactor.cadence import Cadence, Scheduler, backoff
-from reactor.clock import FakeClock
+from reactor.core.cadence import Cadence, Scheduler, backoff
+from reactor.core.clock import FakeClock
 
 pytestmark = pytest.mark.anyio
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import anyio
 import pytest
 
-from reactor.clock import FakeClock, SystemClock
+from reactor.core.clock import FakeClock, SystemClock
 
 pytestmark = pytest.mark.anyio
 

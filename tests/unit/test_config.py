@@ -9,7 +9,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from reactor import redact
 from reactor.config import (
     ENVIRONMENT,
     PAIR_SETTINGS,
@@ -20,6 +19,7 @@ from reactor.config import (
 )
 from reactor.dsn import UNPARSABLE_DSN, check_dsn, redact_dsn
 from reactor.errors import ConfigError
+from reactor.telemetry import redact
 
 PASSWORD = "s3cr3t-Pa55"
 

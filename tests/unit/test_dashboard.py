@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from reactor.dashboard import (
+from reactor.ops.dashboard import (
     Auth,
     HostAllowlist,
     Throttle,
@@ -14,7 +14,7 @@ from reactor.dashboard import (
     next_reconcile,
     split_host,
 )
-from reactor.metrics import Metrics
+from reactor.telemetry.metrics import Metrics
 
 TOKEN = "a-token-of-32-characters-or-so!!"
 

@@ -1,11 +1,11 @@
-"""reactor.dbclock: database times land on the local clock no earlier than they happen."""
+"""reactor.core.dbclock: database times land on the local clock no earlier than they happen."""
 
 from __future__ import annotations
 
 from hypothesis import given
 from hypothesis import strategies as st
 
-from reactor.dbclock import DatabaseClock
+from reactor.core.dbclock import DatabaseClock
 
 
 def test_without_samples_there_is_no_estimate() -> None:

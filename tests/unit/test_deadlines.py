@@ -1,4 +1,5 @@
-"""reactor.deadlines: its FIFO and heap, driven by a fake clock (``now`` is always passed in)."""
+"""reactor.core.deadlines: its FIFO and heap, driven by a fake clock (``now`` is always passed
+in)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from reactor.deadlines import Deadlines, pack_text, unpack_text
+from reactor.core.deadlines import Deadlines, pack_text, unpack_text
 
 GRACE = 120.0
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import yaml
 
-from reactor.metrics import Metrics
+from reactor.telemetry.metrics import Metrics
 from tests import tools
 
 DEPLOY = tools.ROOT / "deploy"

@@ -9,11 +9,11 @@ from typing import Any
 import anyio
 import pytest
 
-from reactor.clock import FakeClock
-from reactor.dispatch import Answer, Dispatcher, WorkQueue
-from reactor.metrics import Metrics
-from reactor.ownership import Membership, owner, share_of
-from reactor.sources import LISTEN, POLL, REARM, RECONCILE, RETRY, STUCK, Hint, Source
+from reactor.core.clock import FakeClock
+from reactor.core.ownership import Membership, owner, share_of
+from reactor.intake.dispatch import Answer, Dispatcher, WorkQueue
+from reactor.intake.sources import LISTEN, POLL, REARM, RECONCILE, RETRY, STUCK, Hint, Source
+from reactor.telemetry.metrics import Metrics
 
 pytestmark = pytest.mark.anyio
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from reactor import mapping_file
 from reactor.errors import ConfigError
-from reactor.expressions import expression_problem
+from reactor.install import mapping_file
+from reactor.install.expressions import expression_problem
 
 PWNED = (
     "j.doc_html FROM public.analysis_jobs j WHERE false; "

@@ -1,5 +1,5 @@
-"""reactor.hints: hints wait in a bounded buffer for one statement per batch; what the tables do
-not confirm is counted and logged at most once per interval."""
+"""reactor.intake.hints: hints wait in a bounded buffer for one statement per batch; what the tables
+do not confirm is counted and logged at most once per interval."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from unittest.mock import MagicMock
 import pytest
 
 from reactor import db
-from reactor.clock import FakeClock
-from reactor.hints import LOG_INTERVAL, HintBatch, Tally, Verifier
+from reactor.core.clock import FakeClock
+from reactor.intake.hints import LOG_INTERVAL, HintBatch, Tally, Verifier
 
 
 def ids(count: int) -> list[str]:
@@ -187,7 +187,7 @@ async def test_forged_claims_are_logged_at_most_once_per_interval(
 ) -> None:
     heard, clock = Heard(), FakeClock()
     verifier = heard.verifier(clock)
-    caplog.set_level(logging.WARNING, logger="reactor.hints")
+    caplog.set_level(logging.WARNING, logger="reactor.intake.hints")
     for n in range(4_500):  # 45 s, one every 10 ms
         verifier.replica(f"fake-{n}", left=False)
         batch = verifier.pending.take(clock.now() + 1)
@@ -200,7 +200,7 @@ async def test_forged_claims_are_logged_at_most_once_per_interval(
     assert sum(cast(Any, r).count for r in caplog.records) < 4_500, "the rest waits its turn"
     await clock.advance(LOG_INTERVAL)
     verifier.report()
-    lines = [r for r in caplog.records if r.name == "reactor.hints"]
+    lines = [r for r in caplog.records if r.name == "reactor.intake.hints"]
     assert 1 <= len(lines) <= 45 / LOG_INTERVAL + 2
     assert sum(cast(Any, r).count for r in lines) == 4_500
     assert heard.joined == []

@@ -15,7 +15,6 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from reactor import hook_ops, redact
 from reactor.config import Settings
 from reactor.db import HookChange, HookRow
 from reactor.errors import ConfigError, UsageError
@@ -34,6 +33,7 @@ from reactor.hooks import (
     retry_span,
     webhook_verdict,
 )
+from reactor.hooks import ops as hook_ops
 from reactor.hooks.guard import LoopGuard
 from reactor.hooks.secrets import (
     SHARED_SECRET,
@@ -41,6 +41,7 @@ from reactor.hooks.secrets import (
     resolve,
     secret_variables,
 )
+from reactor.telemetry import redact
 
 SECRET = "Zq9-pl4nted~S3cret"  # no character that splits a URL, and no identifier either
 

@@ -1,4 +1,4 @@
-"""reactor.admission and reactor.accept without a socket: where a request head ends, which
+"""reactor.core.admission and reactor.accept without a socket: where a request head ends, which
 connections are admitted, and a flood counted."""
 
 from __future__ import annotations
@@ -9,8 +9,7 @@ from typing import Any
 
 import pytest
 
-from reactor.accept import peer_address
-from reactor.admission import (
+from reactor.core.admission import (
     KEPT_FOR_NEW_PEERS,
     MAX_CONNECTIONS,
     MAX_PER_PEER,
@@ -18,6 +17,7 @@ from reactor.admission import (
     HeadEnd,
     Tally,
 )
+from reactor.ops.accept import peer_address
 
 
 @pytest.mark.parametrize(

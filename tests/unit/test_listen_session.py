@@ -1,4 +1,4 @@
-"""reactor.listen_session: the LISTEN session's states, on a fake clock (times passed in)."""
+"""reactor.intake.listen_session: the LISTEN session's states, on a fake clock (times passed in)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import itertools
 
 import pytest
 
-from reactor.listen_session import (
+from reactor.intake.listen_session import (
     PROBE_LOST,
     Action,
     Change,

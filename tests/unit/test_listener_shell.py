@@ -1,5 +1,5 @@
-"""reactor.listener's shell on a fake clock and a fake session: connect, back off, LISTEN, prove,
-reconnect, follow subscriptions, route; no database."""
+"""reactor.intake.listener's shell on a fake clock and a fake session: connect, back off, LISTEN,
+prove, reconnect, follow subscriptions, route; no database."""
 
 from __future__ import annotations
 
@@ -14,14 +14,14 @@ import psycopg
 import psycopg.sql
 import pytest
 
-from reactor import db, mapping
-from reactor.clock import FakeClock
+from reactor import db
 from reactor.config import Settings
+from reactor.core.clock import FakeClock
 from reactor.errors import ReactorError
-from reactor.install import Install
-from reactor.listener import Listener
-from reactor.metrics import Metrics
-from reactor.subscriber import Subscriber
+from reactor.install import Install, mapping
+from reactor.intake.listener import Listener
+from reactor.intake.subscriber import Subscriber
+from reactor.telemetry.metrics import Metrics
 
 pytestmark = pytest.mark.anyio
 

@@ -1,4 +1,4 @@
-"""reactor.logs: JSON lines for machines, short lines for people, extras in both."""
+"""reactor.telemetry.logs: JSON lines for machines, short lines for people, extras in both."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from reactor.logs import ConsoleFormatter, JsonFormatter, fields_of
+from reactor.telemetry.logs import ConsoleFormatter, JsonFormatter, fields_of
 
 JOB = "5f0c6a2e-1b7d-4c3e-9a8f-0123456789ab"
 RUN = "0e2d7a51-8c4b-4f6a-b3e1-fedcba987654"

@@ -1,4 +1,4 @@
-"""reactor.mapping: the file is validated key by key, and slots render quoted SQL."""
+"""reactor.install.mapping: the file is validated key by key, and slots render quoted SQL."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from reactor import mapping, mapping_file, sql
+from reactor.core.payload import parse_hint, parse_payload
 from reactor.errors import ConfigError
-from reactor.payload import parse_hint, parse_payload
+from reactor.install import mapping, mapping_file, sql
 
 UPPER = "0C6F3F1A-2B3C-4D8E-9A51-7F1C0B4E2D7A"
 SECOND = Path(__file__).parent.parent / "mappings" / "second.toml"

@@ -1,4 +1,5 @@
-"""reactor.mapping for the shapes apps have: one-to-one artifacts, integer status, no created_at."""
+"""reactor.install.mapping for the shapes apps have: one-to-one artifacts, integer status, no
+created_at."""
 
 from __future__ import annotations
 
@@ -8,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from reactor import mapping, mapping_file, sql
 from reactor.errors import ConfigError
+from reactor.install import mapping, mapping_file, sql
 
 ONETOONE = Path(__file__).parent.parent / "mappings" / "onetoone.toml"
 

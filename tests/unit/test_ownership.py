@@ -1,4 +1,4 @@
-"""reactor.ownership: one owner per job, agreed without talking, moving little on a change."""
+"""reactor.core.ownership: one owner per job, agreed without talking, moving little on a change."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from collections import Counter
 from hypothesis import given
 from hypothesis import strategies as st
 
-from reactor.ownership import SHARES, Membership, Roster, owner, share_channels, share_of
+from reactor.core.ownership import SHARES, Membership, Roster, owner, share_channels, share_of
 
 JOBS = [str(uuid.UUID(int=i * 7919 + 1)) for i in range(20_000)]
 REPLICAS = [f"reactor-{i}" for i in range(5)]

@@ -11,13 +11,15 @@ from typing import cast
 import pytest
 from prometheus_client.exposition import generate_latest
 
-from reactor import logs, mapping, pairs
+from reactor import pairs
 from reactor.config import Settings
 from reactor.errors import ConfigError
 from reactor.hooks import check_hooks
-from reactor.metrics import Metrics, PairMetrics
-from reactor.replica import Replica
-from reactor.service import Reactor
+from reactor.install import mapping
+from reactor.runtime.replica import Replica
+from reactor.runtime.service import Reactor
+from reactor.telemetry import logs
+from reactor.telemetry.metrics import Metrics, PairMetrics
 
 SECOND = (Path(__file__).parent.parent / "mappings" / "second.toml").read_text()
 ENV = Settings.from_env({"REACTOR_GRACE_SECONDS": "30", "REACTOR_HOOK_TIMEOUT_SECONDS": "60"})

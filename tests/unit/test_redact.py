@@ -1,4 +1,4 @@
-"""reactor.redact: which values are secret, and that nothing shown carries one."""
+"""reactor.telemetry.redact: which values are secret, and that nothing shown carries one."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import urllib.parse
 import psycopg.pq
 import pytest
 
-from reactor import redact
+from reactor.telemetry import redact
 
 SECRET = "Qx7vW2kZ9mJ4"
 

@@ -1,4 +1,5 @@
-"""reactor.replica: one process, one identity and one LISTEN session for every pair it serves."""
+"""reactor.runtime.replica: one process, one identity and one LISTEN session for every pair it
+serves."""
 
 from __future__ import annotations
 
@@ -8,9 +9,9 @@ import pytest
 
 from reactor import db
 from reactor.config import Settings
-from reactor.mapping import REFERENCE
+from reactor.install.mapping import REFERENCE
 from reactor.pairs import Pair
-from reactor.replica import Replica
+from reactor.runtime.replica import Replica
 
 pytestmark = pytest.mark.anyio
 

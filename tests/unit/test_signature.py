@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from reactor.signature import SignatureError, check_signature, sign, verify_signature
+from reactor.hooks.signature import SignatureError, check_signature, sign, verify_signature
 
 SECRET = "whsec_test_Zq8"
 BODY = b'{"run_id":"r","job_id":"j","hook":"judge","attempt":1,"idempotency_key":"r:j:judge"}'

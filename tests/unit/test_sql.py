@@ -1,4 +1,4 @@
-"""reactor.sql: the shipped SQL loads, is fully assembled, and migrations are numbered."""
+"""reactor.install.sql: the shipped SQL loads, is fully assembled, and migrations are numbered."""
 
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from reactor import mapping, mapping_file, sql
+import reactor
 from reactor.db import indexes
-from reactor.install import REFERENCE_INSTALL
-from reactor.mapping import REFERENCE
+from reactor.install import REFERENCE_INSTALL, mapping, mapping_file, sql
+from reactor.install.mapping import REFERENCE
 
 QUERIES = sql.queries("queries.sql", REFERENCE_INSTALL.mapping)
 EXPECTED = ("record_jobs", "record_oldest", "upcoming", "reconcile_step")
@@ -120,7 +120,7 @@ def test_writers_use_the_precedence_clause(name: str) -> None:
 def test_every_query_the_code_names_exists() -> None:
     # Database.run("name", ..., filename="x.sql"), and status's _one(queries, "name"), which
     # reads status.sql: every name the code sends is a query of the file it names.
-    root = Path(sql.__file__).parent
+    root = Path(reactor.__file__).parent
     call = re.compile(
         r"""(\.run|\.fetch_dicts|_one)\(\s*(?:queries,\s*)?"(\w+)"((?:(?!\.run\(|\n\s*\n).){0,200})""",
         re.DOTALL,
@@ -161,7 +161,7 @@ def test_migrations_are_numbered_one_to_n() -> None:
 
 def test_migration_files_all_follow_the_naming_rule() -> None:
     # A file that doesn't match NNNN_name.sql would be silently skipped.
-    directory = Path(sql.__file__).parent.parent / "triggers" / "migrations"
+    directory = Path(reactor.__file__).parent.parent / "triggers" / "migrations"
     if not directory.is_dir():
         pytest.skip("triggers is not installed from the source tree")
     names = sorted(p.name for p in directory.iterdir() if p.suffix == ".sql")

@@ -15,8 +15,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from reactor import tracing
 from reactor.errors import ConfigError
+from reactor.telemetry import tracing
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -157,7 +157,7 @@ def test_job_ids_are_listed_up_to_ten_then_only_counted() -> None:
 _SCRIPT = textwrap.dedent(
     """
     import json, sys
-    from reactor import tracing
+    from reactor.telemetry import tracing
 
     case = sys.argv[1]
     if case == "app":

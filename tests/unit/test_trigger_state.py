@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from reactor.metrics import TRIGGER_STATES
-from reactor.vitals import trigger_state
+from reactor.runtime.vitals import trigger_state
+from reactor.telemetry.metrics import TRIGGER_STATES
 
 
 @pytest.mark.parametrize(

@@ -7,11 +7,11 @@ import dataclasses
 import pytest
 
 from reactor import db
-from reactor.clock import FakeClock
 from reactor.config import Settings
+from reactor.core.clock import FakeClock
 from reactor.install import REFERENCE_INSTALL
-from reactor.metrics import Metrics
-from reactor.vitals import Vitals, calm_interval
+from reactor.runtime.vitals import Vitals, calm_interval
+from reactor.telemetry.metrics import Metrics
 
 CHANNEL = REFERENCE_INSTALL.channel
 

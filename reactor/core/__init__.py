@@ -1,0 +1,1 @@
+"""Pure logic, no I/O and no database: time is passed in."""

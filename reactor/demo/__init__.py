@@ -1,0 +1,1 @@
+"""The demo on an embedded PostgreSQL."""

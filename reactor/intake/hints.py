@@ -1,0 +1,317 @@
+"""What the channel says, verified before anything is armed by it.
+
+PostgreSQL has no privilege on NOTIFY: any role that can connect can send on the reactor's
+channel. So a notification only names something to look up, never something to act on:
+
+- A job hint (``<job id>@<updated_at>``) arms a timer only once one statement found the job in
+  the queue (``<reactor_schema>.pending``); the deadline is the job's own ``updated_at`` plus
+  the grace, read in that statement, never the time the hint carries. A made-up hint costs a
+  slot in a bounded buffer for a few milliseconds, then nothing.
+- ``joined:<replica>`` and ``left:<replica>`` change the live set only when the heartbeat rows
+  agree: a replica said to have joined must be live by its heartbeat, one said to have left must
+  not be. A replica's own word comes after its heartbeat row was written or deleted (one
+  statement does both), so a true one is always confirmed.
+
+Hints are verified in batches: the first one to arrive in an empty buffer starts a short wait
+(:data:`LINGER`), so that a burst costs one statement per batch rather than one per job; a full
+batch goes at once. When the buffer is full (a flood, whether forged or not), further job hints
+are dropped and counted, and the reactor re-reads the queue (its re-arm) every
+:data:`REREAD_EVERY` seconds meanwhile and once it has drained: a real job whose hint was
+dropped, or waits behind the flood, is found there, and the scan remains the backstop of both.
+
+:class:`HintBatch` and :class:`Tally` are pure: no I/O, no clock; what needs the time takes
+``now``. :class:`Verifier` is their async shell.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from itertools import islice
+
+import anyio
+
+from reactor import db
+from reactor.core.clock import Clock
+
+log = logging.getLogger(__name__)
+
+# How long the first hint of a batch waits for others to join it: a few milliseconds of
+# lateness on a grace of seconds, and one statement for a whole burst.
+LINGER = 0.005
+# Most job ids verified by one statement.
+BATCH = 2_000
+# Most job hints waiting to be verified; more are dropped until the buffer drains. About 2 MB.
+CAPACITY = 20_000
+# Most membership claims waiting: a live set is a handful of replicas.
+REPLICA_CAPACITY = 256
+# While job hints are dropped at a full buffer, the queue is read again at most this often (and
+# once the buffer has drained): a real job hinted behind a flood is armed from there, not from
+# its hint, which the flood holds back in the NOTIFY queue.
+REREAD_EVERY = 1.0
+# A batch with this many job hints naming no queued job is a flood too: real hints wait behind it
+# in the NOTIFY queue, so the queue is read again as when hints are dropped.
+FLOOD = 500
+# Lines about what the channel brought that the reactor ignores: at most one per this many
+# seconds for each kind, with the count since the last one.
+LOG_INTERVAL = 10.0
+
+
+@dataclass(frozen=True, slots=True)
+class Batch:
+    """Hints to verify in one statement: job ids, and replicas said to have left (True) or
+    joined (False)."""
+
+    jobs: list[str]
+    replicas: dict[str, bool] = field(default_factory=dict)
+
+
+class HintBatch:
+    """The hints heard and not yet verified, bounded, and when the next batch is due."""
+
+    def __init__(
+        self,
+        *,
+        capacity: int = CAPACITY,
+        batch: int = BATCH,
+        linger: float = LINGER,
+        replica_capacity: int = REPLICA_CAPACITY,
+    ) -> None:
+        self.capacity = capacity
+        self.batch = batch
+        self.linger = linger
+        self.replica_capacity = replica_capacity
+        # Insertion-ordered: the oldest hints go first. A job hinted twice is verified once.
+        self._jobs: dict[str, None] = {}
+        self._replicas: dict[str, bool] = {}
+        self._since: float | None = None
+        # Counters: job hints and membership claims dropped because the buffer was full.
+        self.dropped = 0
+        self.replicas_dropped = 0
+        # Whether job hints were dropped since the last time :meth:`missed` said so.
+        self._missed = False
+        self._reread_at = -math.inf
+
+    def __len__(self) -> int:
+        """Hints waiting: job ids and membership claims."""
+        return len(self._jobs) + len(self._replicas)
+
+    def add_job(self, job: str, now: float) -> bool:
+        """``job`` was hinted at ``now``; False when the buffer is full and it was dropped."""
+        if job not in self._jobs and len(self._jobs) >= self.capacity:
+            self.dropped += 1
+            self._missed = True
+            return False
+        self._jobs[job] = None
+        self._started(now)
+        return True
+
+    def add_replica(self, replica: str, *, left: bool, now: float) -> bool:
+        """``replica`` said it ``left`` (or joined) at ``now``; the last word for a replica wins.
+        False when the buffer is full and it was dropped (the next health check reads the live
+        set anyway)."""
+        if replica not in self._replicas and len(self._replicas) >= self.replica_capacity:
+            self.replicas_dropped += 1
+            return False
+        self._replicas[replica] = left
+        self._started(now)
+        return True
+
+    def _started(self, now: float) -> None:
+        if self._since is None:
+            self._since = now
+
+    def due_at(self) -> float | None:
+        """When the next batch should go: at once when a batch is full, otherwise the first
+        waiting hint's arrival plus the linger; None when nothing waits."""
+        if self._since is None:
+            return None
+        if len(self._jobs) >= self.batch:
+            return -math.inf
+        return self._since + self.linger
+
+    def take(self, now: float) -> Batch | None:
+        """The next batch, if one is due at ``now``: up to :attr:`batch` job ids, oldest first,
+        and every membership claim; None when none is due."""
+        due = self.due_at()
+        if due is None or now < due:
+            return None
+        jobs = list(islice(self._jobs, self.batch))
+        for job in jobs:
+            del self._jobs[job]
+        replicas, self._replicas = self._replicas, {}
+        # What is left (a flood) goes as the next batch, without another linger.
+        self._since = now - self.linger if self._jobs else None
+        return Batch(jobs, replicas)
+
+    def flooded(self, unverified: int) -> None:
+        """A batch held ``unverified`` job hints that named no queued job."""
+        if unverified >= FLOOD:
+            self._missed = True
+
+    def missed(self, now: float) -> bool:
+        """True when job hints were dropped since the last time it said so, and the buffer has
+        drained or the last re-read is :data:`REREAD_EVERY` old: the queue should be read
+        again now."""
+        if not self._missed or (self._jobs and now - self._reread_at < REREAD_EVERY):
+            return False
+        self._missed = False
+        self._reread_at = now
+        return True
+
+
+class Tally:
+    """Counts one kind of event and says when to log it: the first at once, then at most once
+    per ``interval`` with the count since the last line."""
+
+    def __init__(self, interval: float = LOG_INTERVAL) -> None:
+        self.interval = interval
+        self.total = 0
+        self._unlogged = 0
+        self._logged_at = -math.inf
+
+    def note(self, now: float, count: int = 1) -> int:
+        """``count`` more happened at ``now``; returns how many to log now (0: not yet)."""
+        self.total += count
+        self._unlogged += count
+        return self.due(now)
+
+    def due(self, now: float) -> int:
+        """How many to log now, if any are unlogged and the interval has passed; 0 otherwise."""
+        if not self._unlogged or now - self._logged_at < self.interval:
+            return 0
+        count, self._unlogged = self._unlogged, 0
+        self._logged_at = now
+        return count
+
+
+class Verifier:
+    """Verifies the hints heard against the database, in batches, and hands on what holds.
+
+    ``arm`` takes a queued job and the seconds until it is due; ``left`` and ``joined`` a
+    replica whose heartbeat agrees; ``reread`` is called when hints were dropped (the queue
+    should be read again). A statement that takes longer than ``timeout`` (a pooled connection
+    whose network froze) is given up, and the queue read again: the batches are verified one
+    after another, and one hung statement must not hold every hint behind it.
+    """
+
+    def __init__(
+        self,
+        database: db.Database,
+        clock: Clock,
+        *,
+        liveness: float,
+        timeout: float,
+        arm: Callable[[str, float], None],
+        left: Callable[[str], None],
+        joined: Callable[[str], None],
+        reread: Callable[[], None],
+        on_unverified: Callable[[str, int], None] = lambda kind, count: None,
+    ) -> None:
+        self.database = database
+        self.clock = clock
+        self.liveness = liveness
+        self.timeout = timeout
+        self.pending = HintBatch()
+        self._arm, self._left, self._joined, self._reread = arm, left, joined, reread
+        self._on_unverified = on_unverified
+        # What did not hold, for the log: job hints naming no queued job, membership claims
+        # the heartbeats contradict, and job hints dropped at a full buffer.
+        self.tallies = {kind: Tally() for kind in ("job", "replica", "dropped")}
+        self.statements = 0
+        self._wake = anyio.Event()
+        self._closed = False
+
+    def job(self, job: str) -> None:
+        """A notification named ``job``."""
+        now = self.clock.now()
+        if not self.pending.add_job(job, now):
+            self._count("dropped", 1, now)
+        self._wake.set()
+
+    def replica(self, replica: str, *, left: bool) -> None:
+        """A notification said ``replica`` left (or joined)."""
+        if not self.pending.add_replica(replica, left=left, now=self.clock.now()):
+            self._on_unverified("replica", 1)
+        self._wake.set()
+
+    def close(self) -> None:
+        """Verify no more; what waits is dropped (the next replica's re-arm reads the queue)."""
+        self._closed = True
+        self._wake.set()
+
+    async def run(self) -> None:
+        """Verify batches as they come due, until :meth:`close`."""
+        while not self._closed:
+            now = self.clock.now()
+            batch = self.pending.take(now)
+            if batch is None:
+                due = self.pending.due_at()
+                self._wake = anyio.Event()
+                await self.clock.sleep_until(math.inf if due is None else due, self._wake)
+                continue
+            await self._verify(batch)
+            if self.pending.missed(self.clock.now()):
+                self._reread()
+
+    async def _verify(self, batch: Batch) -> None:
+        try:
+            self.statements += 1
+            with anyio.fail_after(self.timeout):
+                found = await self.database.verify_hints(
+                    batch.jobs, list(batch.replicas), liveness=self.liveness
+                )
+        except (*db.DATABASE_ERRORS, TimeoutError) as error:
+            # Nothing is lost: the queue rows stay, and the re-arm reads them once the
+            # database answers; the live set is the health check's to read.
+            log.debug("could not verify notifications", extra={"error": db.first_line(error)})
+            self._reread()
+            return
+        self.apply(batch, found)
+
+    def apply(self, batch: Batch, found: db.Verified) -> None:
+        """Hand on what ``found`` confirms of ``batch``; count the rest."""
+        now = self.clock.now()
+        for job, due_in in found.jobs:
+            self._arm(job, due_in)
+        self._count("job", len(batch.jobs) - len(found.jobs), now)
+        self.pending.flooded(len(batch.jobs) - len(found.jobs))
+        forged = 0
+        for replica, left in batch.replicas.items():
+            if left == (replica in found.live):
+                forged += 1
+            elif left:
+                self._left(replica)
+            else:
+                self._joined(replica)
+        self._count("replica", forged, now)
+
+    def _count(self, kind: str, count: int, now: float) -> None:
+        if count:
+            self._on_unverified(kind, count)
+            self._log(kind, self.tallies[kind].note(now, count))
+
+    def report(self) -> None:
+        """Log the counts a flood left behind, once their interval has passed (the health
+        check calls it)."""
+        now = self.clock.now()
+        for kind, tally in self.tallies.items():
+            self._log(kind, tally.due(now))
+
+    def _log(self, kind: str, count: int) -> None:
+        if not count:
+            return
+        message = {
+            # Mostly the app's own: a job saved or touched in the few milliseconds before its
+            # hint was checked, a status changed between two finished values. Counted, said
+            # at info; the flood and the contradicted membership messages are a stranger's.
+            "job": "ignored notifications naming no queued job (settled first, or not ours)",
+            "replica": "ignored notifications of replicas joining or leaving that their "
+            "heartbeats contradict",
+            "dropped": "dropped job notifications while too many waited to be verified; the "
+            "queue is read again",
+        }[kind]
+        level = logging.INFO if kind == "job" else logging.WARNING
+        log.log(level, message, extra={"count": count, "interval_s": LOG_INTERVAL})

@@ -1,0 +1,117 @@
+"""The level-triggered half: a periodic walk of the job table that repairs the pending queue.
+
+The triggers and NOTIFY are the edge: fast, cheap, and blind to anything that goes around them
+(a data-only restore, logical replication, a disabled trigger, queue rows deleted by hand). The
+job table is the truth, so every ``REACTOR_RECONCILE_INTERVAL_SECONDS`` a pass walks the jobs that
+can still need a run and queues the ones missing from ``reactor.pending``, as controller-runtime's
+periodic resync does for missed events. A job it finds keeps its full grace: the reactor arms its
+timer, which fires at once for a job already due.
+
+The pass is shared through one row of ``reactor.reconcile``: each step walks one chunk under that
+row's lock, and the replica that stepped holds a lease on the pass, so one pass runs at a time
+across replicas, a pass never stacks on itself, and a replica that dies mid-pass hands it on when
+its lease runs out. On SIGTERM the replica stops between steps and gives its lease back.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Callable
+
+import anyio
+
+from reactor import db
+from reactor.core.clock import Clock
+from reactor.telemetry import tracing
+from reactor.telemetry.metrics import Metrics
+
+log = logging.getLogger(__name__)
+
+# Between two steps, the walk rests as long as the step took: it keeps the database at most
+# half as busy as it could, and yields to the app's queries.
+_MIN_REST = 0.005
+# After a failed step: retry soon, backing off to this.
+MAX_ERROR_WAIT = 30.0
+
+
+class Reconciler:
+    """One replica's share of the reconcile: steps the shared pass when it is this replica's.
+
+    The service's cadence runs :meth:`step` as a duty, as soon as the step before asks: it
+    returns how long to rest, and raises when the database failed it (the duty's policy backs
+    off). On SIGTERM the service stops stepping and calls :meth:`release`.
+    """
+
+    def __init__(
+        self,
+        database: db.Database,
+        metrics: Metrics,
+        *,
+        owner: str,
+        interval: float,
+        arm: Callable[[str, float], None],
+        clock: Clock,
+    ) -> None:
+        self.database = database
+        self.metrics = metrics
+        self.interval = interval
+        self.arm = arm
+        self.clock = clock
+        self.owner = owner
+        self.steps = 0
+        self._holding = False
+        metrics.reconcile_interval.set(interval)
+
+    async def step(self) -> float:
+        """Step the pass once; returns the seconds until the next step is due."""
+        started = self.clock.now()
+        try:
+            with tracing.span("reactor.reconcile") as traced:
+                step = await self.database.reconcile_step(owner=self.owner, interval=self.interval)
+                traced.set(outcome=step.outcome, examined=step.examined, found=len(step.found))
+        except db.DATABASE_ERRORS as error:
+            log.warning("reconcile step failed, will retry", extra={"error": db.first_line(error)})
+            raise
+        self.steps += 1
+        self._digest(step)
+        if step.outcome == "stepped":
+            return max(_MIN_REST, self.clock.now() - started)
+        if step.outcome == "completed":
+            # The next pass is due one interval after this one began, so that it ends one
+            # interval after this one did: no step to ask when.
+            return max(_MIN_REST, self.interval - (step.pass_seconds or 0.0))
+        # Idle: the next pass is due in next_in. Busy: another replica holds the pass, and it is
+        # ours to take over if its lease runs out.
+        wait = step.next_in if step.next_in is not None else self.interval
+        return min(max(wait, _MIN_REST), self.interval)
+
+    def _digest(self, step: db.ReconcileStep) -> None:
+        self._holding = step.outcome == "stepped"
+        if step.found:
+            self.metrics.reconcile_found.inc(len(step.found))
+            for job_id, due_in in step.found:
+                # A found job still has its whole grace: due ones fire at once.
+                self.arm(job_id, max(0.0, due_in) + 0.001)
+        # reactor_reconcile_last_pass_timestamp_seconds comes from the health check alone: the
+        # state row's end time, by the database clock, whichever replica ended the pass.
+        if step.outcome == "completed" and step.pass_found:
+            log.warning(
+                "reconcile found jobs missing from the pending queue: something went around "
+                "the reactor's triggers (a restore, replication, a disabled trigger, queue "
+                "rows deleted by hand); they are queued now",
+                extra={
+                    "found": step.pass_found,
+                    "example_job_id": step.pass_example,
+                    "examined": step.pass_examined,
+                    "pass_seconds": round(step.pass_seconds or 0.0, 3),
+                },
+            )
+
+    async def release(self) -> None:
+        """Give the lease on the pass back, if this replica holds it (stopping)."""
+        if not self._holding:
+            return
+        # Shielded: it runs during the drain. On failure the lease simply runs out.
+        with anyio.move_on_after(2, shield=True), contextlib.suppress(*db.DATABASE_ERRORS):
+            await self.database.reconcile_release(self.owner)

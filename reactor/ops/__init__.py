@@ -1,0 +1,1 @@
+"""The operator's server: probes, metrics and the page."""

@@ -1,0 +1,217 @@
+"""The page's HTML, rendered server-side from the report document and this replica's own view,
+with no script: the lateness chart's bars, the next reconcile in words, the sign-in form."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, Literal
+from urllib.parse import urlencode
+
+from jinja2 import Environment, PackageLoader, StrictUndefined, select_autoescape
+
+from reactor import status
+from reactor.ops.dashboard.source import Snapshot
+from reactor.telemetry.metrics import Metrics
+
+if TYPE_CHECKING:
+    from reactor.runtime.service import Reactor
+
+# The page refreshes itself this often.
+REFRESH_SECONDS = 5
+
+
+def lateness_buckets(metrics: Metrics) -> list[tuple[float, int]]:
+    """(upper bound in seconds, count in that bucket alone) of the lateness histogram; the last
+    bound is infinity."""
+    cumulative: list[tuple[float, float]] = []
+    for family in metrics.lateness.collect():
+        for sample in family.samples:
+            if sample.name.endswith("_bucket"):
+                cumulative.append((float(sample.labels["le"]), sample.value))
+    cumulative.sort()
+    buckets, below = [], 0.0
+    for bound, count in cumulative:
+        buckets.append((bound, int(count - below)))
+        below = count
+    return buckets
+
+
+def replica_view(reactor: Reactor | None) -> dict[str, Any] | None:
+    """This replica's own state, from memory only; None where no replica runs (the demo's
+    outage)."""
+    if reactor is None:
+        return None
+    listener = reactor.listener
+    _, ready, reason = reactor.health()
+    live = sorted(reactor.membership.live)
+    return {
+        "id": reactor.replica_id,
+        "mode": reactor.settings.mode,
+        "ready": ready,
+        "reason": reason,
+        "listener": None
+        if listener is None
+        else {
+            "state": listener.state,
+            "proven": listener.proven,
+            "problem": listener.problem,
+            "reconnects": max(0, listener.connections - 1),
+        },
+        "polling": reactor.polling,
+        "trigger": reactor.vitals.trigger,
+        "live": live,
+        # Rendezvous hashing splits the jobs evenly between the live replicas it sees; before
+        # its first heartbeat a replica claims every job.
+        "share": 1.0 / len(live) if reactor.replica_id in live else 1.0,
+        "deadlines": len(reactor.queue),
+        "lateness": [
+            {"le": None if bound == float("inf") else bound, "count": count}
+            for bound, count in lateness_buckets(reactor.metrics)
+        ],
+        "recent": [
+            {
+                "job_id": s.job_id,
+                "run_id": s.run_id,
+                "outcome": s.outcome,
+                "source": s.source,
+                "lateness_seconds": s.lateness,
+                "at": s.at.isoformat(),
+            }
+            for s in reversed(reactor.recorder.recent)
+        ],
+    }
+
+
+_ENV = Environment(
+    loader=PackageLoader("reactor", "templates"),
+    autoescape=select_autoescape(default=True, default_for_string=True),
+    undefined=StrictUndefined,
+    trim_blocks=True,
+    lstrip_blocks=True,
+)
+
+
+def _duration(seconds: float | None) -> str:
+    return "-" if seconds is None else status.duration(max(0.0, seconds))
+
+
+def _bound(seconds: float | None) -> str:
+    if seconds is None:
+        return "more"
+    if seconds < 1:
+        return f"{seconds * 1000:g} ms"
+    return status.duration(seconds)
+
+
+def _tick(seconds: float | None) -> str:
+    # The chart's axis: short enough for 17 buckets side by side.
+    if seconds is None:
+        return "more"
+    if seconds < 1:
+        return f"{seconds * 1000:g}ms"
+    if seconds < 60:
+        return f"{seconds:g}s"
+    return f"{seconds / 60:g}m"
+
+
+_ENV.filters["duration"] = _duration
+_ENV.filters["bound"] = _bound
+_ENV.filters["short"] = lambda text: str(text)[:8]
+_ENV.filters["time"] = lambda iso: "-" if iso is None else str(iso)[:19].replace("T", " ")
+
+
+@dataclass(frozen=True)
+class Bar:
+    """One bar of the lateness chart, in SVG user units."""
+
+    x: float
+    y: float
+    width: float
+    height: float
+    count: int
+    label: str
+
+
+CHART_WIDTH = 640
+CHART_HEIGHT = 120
+
+
+def bars(buckets: Sequence[Mapping[str, Any]]) -> list[Bar]:
+    """The lateness chart's bars, one per bucket, scaled to the fullest; pure."""
+    if not buckets:
+        return []
+    width = CHART_WIDTH / len(buckets)
+    top = max(int(b["count"]) for b in buckets) or 1
+    drawn = []
+    for index, bucket in enumerate(buckets):
+        count = int(bucket["count"])
+        height = 0.0 if not count else max(2.0, CHART_HEIGHT * count / top)
+        label = _tick(bucket["le"])
+        drawn.append(Bar(index * width + 2, CHART_HEIGHT - height, width - 4, height, count, label))
+    return drawn
+
+
+def next_reconcile(document: Mapping[str, Any]) -> str:
+    """When the next reconcile pass is due, in words, from the report alone."""
+    reconcile = document.get("reconcile")
+    if reconcile is None:
+        return "no reconcile in this schema (run `reactor migrate`)"
+    interval = reconcile["interval_seconds"]
+    if not interval:
+        return "turned off here (REACTOR_RECONCILE_INTERVAL_SECONDS=0)"
+    if reconcile["in_progress"]:
+        return "a pass is running now"
+    if reconcile["requested"]:
+        return "asked for: starts at a replica's next step"
+    last = reconcile["last_pass"]
+    if last is None:
+        return "the first pass starts at a replica's next step"
+    finished = datetime.fromisoformat(last["finished_at"])
+    checked = datetime.fromisoformat(document["checked_at"])
+    left = interval - (checked - finished).total_seconds()
+    return "due now" if left <= 0 else f"in about {status.duration(left)}"
+
+
+def render_page(
+    snapshot: Snapshot,
+    replica: dict[str, Any] | None,
+    *,
+    actions: Literal["none", "sign in", "yes"],
+    form_token: str | None,
+    note: tuple[str, bool] | None,
+    now: float,
+    pair: str | None = None,
+    pairs: Sequence[str] = (),
+) -> str:
+    """The page's HTML, from the document alone (and how this request may act); ``pair``:
+    the pair shown, one of ``pairs`` in a replica of several (None: the replica's only one)."""
+    document = snapshot.document
+    template = _ENV.get_template("dashboard.html")
+    return template.render(
+        doc=document,
+        error=snapshot.error,
+        stale=None if snapshot.document_at is None else now - snapshot.document_at,
+        replica=replica,
+        bars=bars(replica["lateness"]) if replica else [],
+        chart_width=CHART_WIDTH,
+        chart_height=CHART_HEIGHT,
+        next_reconcile=next_reconcile(document) if document else "",
+        actions=actions,
+        form_token=form_token,
+        note=note,
+        refresh=REFRESH_SECONDS,
+        pair=pair,
+        pairs=pairs,
+        # What each of the page's own links and forms carries, so they stay on this pair.
+        pair_query="" if pair is None else "?" + urlencode({"pair": pair}),
+    )
+
+
+def render_login(*, refused: bool, enabled: bool, wait: float | None = None) -> str:
+    """The sign-in page; ``wait``: seconds until this client may try again."""
+    return _ENV.get_template("login.html").render(
+        refused=refused, enabled=enabled, wait=None if wait is None else math.ceil(wait)
+    )

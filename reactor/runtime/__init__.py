@@ -1,0 +1,1 @@
+"""The process-level replica and each pair's reactor under it."""
