@@ -6,19 +6,8 @@ import itertools
 
 import pytest
 
-from reactor.intake.listen_session import (
-    PROBE_LOST,
-    Action,
-    Change,
-    Close,
-    Configure,
-    Connect,
-    Ping,
-    Probe,
-    Rearm,
-    Report,
-    Session,
-)
+from reactor.intake import listen_session as ls
+from reactor.intake.listen_session import PROBE_LOST, Session
 
 INTERVAL = 5.0
 TIMEOUT = 2.0
@@ -35,18 +24,18 @@ def make_session() -> Session:
     return session
 
 
-def only(actions: list[Action], kind: type) -> list[Action]:
+def only(actions: list[ls.Action], kind: type) -> list[ls.Action]:
     return [action for action in actions if isinstance(action, kind)]
 
 
 def listening(session: Session, now: float = 0.0) -> str:
     """Connect and LISTEN on the main channels; the token of the first probe."""
-    assert session.tick(now) == [Connect()]
-    assert session.connected(now) == [Change(tuple(sorted(MAIN)), ())]
+    assert session.tick(now) == [ls.Connect()]
+    assert session.connected(now) == [ls.Change(tuple(sorted(MAIN)), ())]
     actions = session.changed(now)
-    assert actions[0] == Rearm(MAIN), "what was notified before LISTEN is read after it"
-    [probe] = only(actions, Probe)
-    assert isinstance(probe, Probe)
+    assert actions[0] == ls.Rearm(MAIN), "what was notified before LISTEN is read after it"
+    [probe] = only(actions, ls.Probe)
+    assert isinstance(probe, ls.Probe)
     session.probe_sent(probe.token, now, went=True)
     return probe.token
 
@@ -55,27 +44,27 @@ def proven(session: Session, now: float = 0.0, token: str | None = None) -> None
     token = token or listening(session, now)
     actions = session.probe_heard(token)
     assert session.phase == "proven"
-    assert actions[0] == Configure()
-    assert only(actions, Change) == [Change(tuple(sorted(SHARES)), ())]
-    assert session.changed(now) == [Rearm(SHARES)]
+    assert actions[0] == ls.Configure()
+    assert only(actions, ls.Change) == [ls.Change(tuple(sorted(SHARES)), ())]
+    assert session.changed(now) == [ls.Rearm(SHARES)]
     assert session.on == MAIN | SHARES
 
 
 def test_a_failed_connect_backs_off_and_says_each_problem_once() -> None:
     session = make_session()
-    assert session.tick(0.0) == [Connect()]
+    assert session.tick(0.0) == [ls.Connect()]
     assert session.tick(0.0) == [], "one attempt at a time"
     [report] = session.connect_failed(0.0, "password authentication failed", permanent=False)
-    assert report == Report(
+    assert report == ls.Report(
         "listener cannot connect; polling meanwhile", "password authentication failed", True
     )
     first_retry = session.retry_at
     assert first_retry > 0.0
     assert session.wake_at() == first_retry
     assert session.tick(first_retry - 0.001) == []
-    assert session.tick(first_retry) == [Connect()]
+    assert session.tick(first_retry) == [ls.Connect()]
     [again] = session.connect_failed(first_retry, "password authentication failed", permanent=False)
-    assert isinstance(again, Report)
+    assert isinstance(again, ls.Report)
     assert not again.news
     assert session.retry_at - first_retry > first_retry, "the pause grows with each failure"
 
@@ -84,7 +73,7 @@ def pause_after(failures: int, *, permanent: bool) -> float:
     session = make_session()
     now = 0.0
     for _ in range(failures):
-        assert session.tick(now) == [Connect()]
+        assert session.tick(now) == [ls.Connect()]
         session.connect_failed(now, "refused", permanent=permanent)
         now, pause = session.retry_at, session.retry_at - now
     return pause
@@ -115,17 +104,17 @@ def test_a_probe_that_never_comes_back_degrades_and_pings_the_session() -> None:
     assert session.tick(TIMEOUT - 0.01) == []
     actions = session.tick(TIMEOUT)
     assert session.phase == "degraded"
-    assert isinstance(actions[0], Report)
+    assert isinstance(actions[0], ls.Report)
     assert actions[0].alarm
-    assert actions[-1] == Ping()
+    assert actions[-1] == ls.Ping()
     # The next probe one interval after the last.
     assert session.tick(INTERVAL - 0.01) == []
     [probe] = session.tick(INTERVAL)
-    assert isinstance(probe, Probe)
+    assert isinstance(probe, ls.Probe)
     session.probe_sent(probe.token, INTERVAL, went=True)
     actions = session.probe_heard(probe.token)
     assert session.proven
-    assert Report("listener is back", None) in actions
+    assert ls.Report("listener is back", None) in actions
 
 
 def test_a_proven_session_whose_probe_is_lost_is_closed_and_reconnected() -> None:
@@ -138,10 +127,10 @@ def test_a_proven_session_whose_probe_is_lost_is_closed_and_reconnected() -> Non
     assert session.wake_at() == 10.0 + INTERVAL
     assert session.tick(10.0 + INTERVAL - 0.01) == []
     actions = session.tick(10.0 + INTERVAL)
-    assert actions[0] == Close(PROBE_LOST)
+    assert actions[0] == ls.Close(PROBE_LOST)
     assert session.phase == "waiting"
     assert session.on == frozenset()
-    assert session.tick(session.retry_at) == [Connect()]
+    assert session.tick(session.retry_at) == [ls.Connect()]
 
 
 def test_any_notification_proves_delivery_as_well_as_a_probe() -> None:
@@ -158,7 +147,7 @@ def test_any_notification_proves_delivery_as_well_as_a_probe() -> None:
     token = session.probe_for_check()
     assert token is not None
     session.probe_sent(token, 100.0, went=True)
-    assert session.tick(100.0 + INTERVAL)[0] == Close(PROBE_LOST)
+    assert session.tick(100.0 + INTERVAL)[0] == ls.Close(PROBE_LOST)
 
 
 def test_a_check_that_could_not_carry_the_probe_pings_the_session() -> None:
@@ -166,7 +155,7 @@ def test_a_check_that_could_not_carry_the_probe_pings_the_session() -> None:
     proven(session)
     token = session.probe_for_check()
     assert token is not None
-    assert session.probe_sent(token, 10.0, went=False) == [Ping()]
+    assert session.probe_sent(token, 10.0, went=False) == [ls.Ping()]
     assert session.tick(100.0) == [], "not waited for"
 
 
@@ -175,14 +164,14 @@ def test_channels_change_while_connected_one_round_trip_at_a_time() -> None:
     proven(session)
     # A second pair subscribes, and the first loses a share meanwhile.
     [change] = session.want(MAIN | {"other"}, SHARES)
-    assert change == Change(("other",), ())
+    assert change == ls.Change(("other",), ())
     assert session.want(MAIN | {"other"}, frozenset({"jobs.1"})) == [], "after the one in flight"
     actions = session.changed(1.0)
-    assert actions == [Rearm(frozenset({"other"})), Change((), ("jobs.7",))]
+    assert actions == [ls.Rearm(frozenset({"other"})), ls.Change((), ("jobs.7",))]
     assert session.changed(1.0) == []
     assert session.on == MAIN | {"other", "jobs.1"}
     # The pair leaves.
-    assert session.want(MAIN, frozenset({"jobs.1"})) == [Change((), ("other",))]
+    assert session.want(MAIN, frozenset({"jobs.1"})) == [ls.Change((), ("other",))]
     session.changed(2.0)
     assert session.on == MAIN | {"jobs.1"}
 
@@ -192,7 +181,7 @@ def test_channels_wanted_while_down_are_listened_on_at_connect() -> None:
     assert session.want(MAIN | {"other"}, SHARES) == []
     session.tick(0.0)
     [change] = session.connected(0.0)
-    assert change == Change(tuple(sorted(MAIN | {"other"})), ())
+    assert change == ls.Change(tuple(sorted(MAIN | {"other"})), ())
 
 
 @pytest.mark.parametrize("where", ["listen", "changing", "proven"])
@@ -207,10 +196,10 @@ def test_a_lost_session_starts_over(where: str) -> None:
     else:
         proven(session)
     actions = session.lost(3.0, "server closed the connection unexpectedly")
-    assert actions[0] == Close("server closed the connection unexpectedly")
+    assert actions[0] == ls.Close("server closed the connection unexpectedly")
     assert session.phase == "waiting"
     assert not session.proven
-    assert session.tick(session.retry_at) == [Connect()]
+    assert session.tick(session.retry_at) == [ls.Connect()]
     [change] = session.connected(session.retry_at)
-    assert isinstance(change, Change)
+    assert isinstance(change, ls.Change)
     assert frozenset(change.listen) == session.wanted()
