@@ -6,50 +6,44 @@ mistake the user can fix. Messages say what to do, and never contain a password.
 
 from __future__ import annotations
 
+from typing import Any, ClassVar
+
 
 class ReactorError(Exception):
     """Base class of the errors the CLI reports as one line."""
 
-    exit_code = 1
+    exit_code: ClassVar[int] = 1
+
+    def __init_subclass__(cls, *, exit_code: int | None = None, **kwargs: Any) -> None:
+        # Each error names its code on its class line; one that names none keeps its base's.
+        super().__init_subclass__(**kwargs)
+        if exit_code is not None:
+            cls.exit_code = exit_code
 
 
-class ConfigError(ReactorError):
+class ConfigError(ReactorError, exit_code=2):
     """A setting, flag or hook specification is invalid."""
 
-    exit_code = 2
 
-
-class UsageError(ReactorError):
+class UsageError(ReactorError, exit_code=2):
     """A command names something that does not exist, or asks what cannot be done to it."""
 
-    exit_code = 2
 
-
-class DatabaseUnreachable(ReactorError):
+class DatabaseUnreachable(ReactorError, exit_code=3):
     """The database did not accept a connection at startup, even after retries."""
 
-    exit_code = 3
 
-
-class DatabaseReadOnly(ReactorError):
+class DatabaseReadOnly(ReactorError, exit_code=3):
     """The database is a read-only hot standby, and the reactor writes: it needs the primary."""
 
-    exit_code = 3
 
-
-class SchemaMissing(ReactorError):
+class SchemaMissing(ReactorError, exit_code=4):
     """The reactor's schema is absent or older than this version needs."""
 
-    exit_code = 4
 
-
-class UntrustedSchema(ReactorError):
+class UntrustedSchema(ReactorError, exit_code=2):
     """The reactor's schema holds, or lets others make, what its owner did not."""
 
-    exit_code = 2
 
-
-class PrivilegeMissing(ReactorError):
+class PrivilegeMissing(ReactorError, exit_code=5):
     """The database role lacks a privilege the reactor needs."""
-
-    exit_code = 5
