@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Literal
 
 # Open connections per server. Probes, a scraper and a few browsers need a handful; a
@@ -61,32 +62,27 @@ class HeadEnd:
         return False
 
 
+@dataclass(eq=False, repr=False)
 class Door:
     """The connections one server holds, by peer address: at most ``limit`` at once, at most
     ``per_peer`` from one peer, and the last ``kept_for_new`` places only for a peer holding
     none. Each connection has ``head_seconds`` to send its first request head. ``dropped``
     hears of each connection closed before a request, with the reason."""
 
-    def __init__(
-        self,
-        server: str,
-        *,
-        limit: int = MAX_CONNECTIONS,
-        per_peer: int = MAX_PER_PEER,
-        kept_for_new: int = KEPT_FOR_NEW_PEERS,
-        head_seconds: float = HEAD_SECONDS,
-        dropped: Callable[[DropReason], None] = lambda reason: None,
-    ) -> None:
-        if not 0 <= kept_for_new < limit or per_peer < 1:
+    server: str
+    _: KW_ONLY
+    limit: int = MAX_CONNECTIONS
+    per_peer: int = MAX_PER_PEER
+    kept_for_new: int = KEPT_FOR_NEW_PEERS
+    head_seconds: float = HEAD_SECONDS
+    dropped: Callable[[DropReason], None] = lambda reason: None
+    open: int = field(default=0, init=False)
+    # By peer address; a peer holding none is absent.
+    held: dict[str, int] = field(default_factory=dict, init=False)
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.kept_for_new < self.limit or self.per_peer < 1:
             raise ValueError("a door needs 0 <= kept_for_new < limit and per_peer >= 1")
-        self.server = server
-        self.limit = limit
-        self.per_peer = per_peer
-        self.kept_for_new = kept_for_new
-        self.head_seconds = head_seconds
-        self.dropped = dropped
-        self.open = 0
-        self.held: dict[str, int] = {}  # by peer address; a peer holding none is absent
 
     def refusal(self, peer: str) -> DropReason | None:
         """Why a connection from ``peer`` would be refused now; None: it would be admitted."""

@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Callable
+from dataclasses import KW_ONLY, dataclass, field
 
 import anyio
 
@@ -35,6 +36,7 @@ _MIN_REST = 0.005
 MAX_ERROR_WAIT = 30.0
 
 
+@dataclass(eq=False, repr=False)
 class Reconciler:
     """One replica's share of the reconcile: steps the shared pass when it is this replica's.
 
@@ -43,25 +45,18 @@ class Reconciler:
     off). On SIGTERM the service stops stepping and calls :meth:`release`.
     """
 
-    def __init__(
-        self,
-        database: db.Database,
-        metrics: Metrics,
-        *,
-        owner: str,
-        interval: float,
-        arm: Callable[[str, float], None],
-        clock: Clock,
-    ) -> None:
-        self.database = database
-        self.metrics = metrics
-        self.interval = interval
-        self.arm = arm
-        self.clock = clock
-        self.owner = owner
-        self.steps = 0
-        self._holding = False
-        metrics.reconcile_interval.set(interval)
+    database: db.Database
+    metrics: Metrics
+    _: KW_ONLY
+    owner: str
+    interval: float
+    arm: Callable[[str, float], None]
+    clock: Clock
+    steps: int = field(default=0, init=False)
+    _holding: bool = field(default=False, init=False)
+
+    def __post_init__(self) -> None:
+        self.metrics.reconcile_interval.set(self.interval)
 
     async def step(self) -> float:
         """Step the pass once; returns the seconds until the next step is due."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Any
 
 import anyio
@@ -33,30 +33,22 @@ class Snapshot:
     document_at: float | None  # monotonic time the document was collected
 
 
+@dataclass(eq=False, repr=False)
 class StatusSource:
     """The ``status`` report for the page, collected at most once every ``ttl`` seconds."""
 
-    def __init__(
-        self,
-        settings: Settings,
-        queries: Callable[[], db.Database | None],
-        *,
-        ttl: float = REPORT_TTL,
-        timeout: float = REPORT_TIMEOUT,
-        clock: Callable[[], float] = time.monotonic,
-        absent: Callable[[], str] = lambda: "no replica runs yet: the database is being checked",
-    ) -> None:
-        self.settings = settings
-        # Where the report is read: the pooled queries of the install shown (None: not yet,
-        # and ``absent`` says why).
-        self.queries = queries
-        self.absent = absent
-        self.ttl = ttl
-        self.timeout = timeout
-        self.clock = clock
-        self.collections = 0  # how many times the database was asked
-        self._last: Snapshot | None = None
-        self._lock = anyio.Lock()
+    settings: Settings
+    # Where the report is read: the pooled queries of the install shown (None: not yet, and
+    # ``absent`` says why).
+    queries: Callable[[], db.Database | None]
+    _: KW_ONLY
+    ttl: float = REPORT_TTL
+    timeout: float = REPORT_TIMEOUT
+    clock: Callable[[], float] = time.monotonic
+    absent: Callable[[], str] = lambda: "no replica runs yet: the database is being checked"
+    collections: int = field(default=0, init=False)  # how many times the database was asked
+    _last: Snapshot | None = field(default=None, init=False)
+    _lock: anyio.Lock = field(default_factory=anyio.Lock, init=False)
 
     def invalidate(self) -> None:
         """Forget the report: an action changed what it says."""
