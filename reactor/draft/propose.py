@@ -187,37 +187,36 @@ def _find_time(table: Table, names: tuple[str, ...]) -> Column | None:
     return None
 
 
+def _time(out: Writer, jobs: Table, key: str, names: tuple[str, ...], why: str) -> Column | None:
+    """The column of ``jobs`` that ``key`` maps to, written as that key (its type, then ``why``);
+    None, and nothing written, when no column fits."""
+    column = _find_time(jobs, names)
+    if column is not None:
+        out.key(key, column.name, f"{column.type}, by its name{why}")
+    return column
+
+
 def _times(out: Writer, jobs: Table, one_to_one: bool) -> list[Column]:
-    found = []
-    updated = _find_time(jobs, _UPDATED)
+    updated = _time(out, jobs, "updated_at", _UPDATED, "")
     if updated is None:
         out.todo(
             f"{jobs.shown} has no updated_at: the reactor needs a timestamp the app sets "
             "whenever it touches a job; add one and set updated_at to it"
         )
-    else:
-        found.append(updated)
-        out.key("updated_at", updated.name, f"{updated.type}, by its name")
-    created = _find_time(jobs, _CREATED)
+    created = None
     if one_to_one:
         out.comment("created_at is left out: it orders several jobs of one run, and a run has one.")
-    elif created is None:
-        out.todo(
-            f"{jobs.shown} has no created_at: several jobs share a run, and the reactor orders "
-            "them by the time they were created; set created_at to that column"
-        )
     else:
-        found.append(created)
-        out.key("created_at", created.name, f"{created.type}, by its name: orders a run's jobs")
-    deleted = _find_time(jobs, _DELETED)
+        created = _time(out, jobs, "created_at", _CREATED, ": orders a run's jobs")
+        if created is None:
+            out.todo(
+                f"{jobs.shown} has no created_at: several jobs share a run, and the reactor "
+                "orders them by the time they were created; set created_at to that column"
+            )
+    deleted = _time(out, jobs, "deleted_at", _DELETED, ": a deleted job needs no run")
     if deleted is None:
         out.comment("deleted_at is left out: no soft-delete column was found.")
-    else:
-        found.append(deleted)
-        out.key(
-            "deleted_at", deleted.name, f"{deleted.type}, by its name: a deleted job needs no run"
-        )
-    return found
+    return [column for column in (updated, created, deleted) if column is not None]
 
 
 def _saved_by(runs: Table, tied: Link) -> tuple[Column | None, str]:
