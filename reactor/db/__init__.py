@@ -8,6 +8,8 @@ by concern, and every public name is re-exported here, so callers write ``db.X``
 - :mod:`.rows`: the rows the queries return, decoded by column name;
 - :mod:`.queries`: :class:`Database`, the named queries of ``triggers/*.sql`` as its methods,
   each written once, bound to an install and to where they run;
+- :mod:`.health`: what the replica's health check sends, and the checks of several pairs in one
+  statement;
 - :mod:`.migrations`: the migration engine behind `reactor migrate`; :mod:`.online_ddl`, how it
   changes the app's tables while the app writes; :mod:`.indexes`, the indexes it builds there,
   as data; and :mod:`.script`, the script `reactor migrate --print` prints instead;
@@ -33,17 +35,9 @@ from reactor.db.calls import (
 from reactor.db.catalog import owners_note
 from reactor.db.drift import REINSTALLED, mapping_changed, require_current_mapping
 from reactor.db.fit import fit
+from reactor.db.health import HealthCheck, health_of_pairs, health_params
 from reactor.db.migrations import Migrated, migrate, require_schema, schema_version
-from reactor.db.queries import (
-    BATCH_BYTES,
-    PURGE_LOCK,
-    RECONCILE_CHUNK,
-    RECONCILE_LEASE,
-    Database,
-    HealthCheck,
-    health_of_pairs,
-    health_params,
-)
+from reactor.db.queries import BATCH_BYTES, PURGE_LOCK, RECONCILE_CHUNK, RECONCILE_LEASE, Database
 from reactor.db.rows import (
     Health,
     HookChange,
