@@ -8,8 +8,11 @@ by concern, and every public name is re-exported here, so callers write ``db.X``
 - :mod:`.rows`: the rows the queries return, decoded by column name;
 - :mod:`.queries`: :class:`Database`, the named queries of ``triggers/*.sql`` as its methods,
   each written once, bound to an install and to where they run;
-- :mod:`.migrations`: the migration engine behind `reactor migrate`, and :mod:`.indexes`, the
-  indexes it builds on the app's tables, as data;
+- :mod:`.health`: what the replica's health check sends, and the checks of several pairs in one
+  statement;
+- :mod:`.migrations`: the migration engine behind `reactor migrate`; :mod:`.online_ddl`, how it
+  changes the app's tables while the app writes; :mod:`.indexes`, the indexes it builds there,
+  as data; and :mod:`.script`, the script `reactor migrate --print` prints instead;
 - :mod:`.fit`: the mapping checked against the catalog before anything runs, and
   :mod:`.catalog`, what it reads there (a table's kind, owner and columns).
 """
@@ -32,24 +35,9 @@ from reactor.db.calls import (
 from reactor.db.catalog import owners_note
 from reactor.db.drift import REINSTALLED, mapping_changed, require_current_mapping
 from reactor.db.fit import fit
-from reactor.db.migrations import (
-    OUTSIDE_TRANSACTION,
-    Migrated,
-    migrate,
-    migration_script,
-    require_schema,
-    schema_version,
-)
-from reactor.db.queries import (
-    BATCH_BYTES,
-    PURGE_LOCK,
-    RECONCILE_CHUNK,
-    RECONCILE_LEASE,
-    Database,
-    HealthCheck,
-    health_of_pairs,
-    health_params,
-)
+from reactor.db.health import HealthCheck, health_of_pairs, health_params
+from reactor.db.migrations import Migrated, migrate, require_schema, schema_version
+from reactor.db.queries import BATCH_BYTES, PURGE_LOCK, RECONCILE_CHUNK, RECONCILE_LEASE, Database
 from reactor.db.rows import (
     Health,
     HookChange,
@@ -64,6 +52,7 @@ from reactor.db.rows import (
     ReconcileStep,
     Verified,
 )
+from reactor.db.script import OUTSIDE_TRANSACTION, migration_script
 from reactor.db.session import (
     DATABASE_ERRORS,
     LISTENER_APPLICATION_NAME,

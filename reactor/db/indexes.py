@@ -5,7 +5,7 @@ keeps writing; PostgreSQL builds none so on a partitioned table, which gets it O
 parent, CONCURRENTLY on each partition, and each attached. That takes knowing the index's name,
 table, columns and predicate, so each is an :class:`Index` value: rendered as SQL for the printed
 script and for each step of a build, with every name quoted by psycopg, never parsed back out of
-SQL text. The build itself, which needs the catalog, is :mod:`.migrations`'.
+SQL text. The build itself, which needs the catalog, is :mod:`.online_ddl`'s.
 """
 
 from __future__ import annotations

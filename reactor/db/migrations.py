@@ -1,8 +1,8 @@
-"""The migration engine: what `reactor migrate` applies, and the script it prints instead.
+"""The migration engine: what `reactor migrate` applies, in order.
 
 Migrations run on a dedicated connection, one short transaction each, while the app keeps
-writing: a migration that waits on the app's locks gives way and is tried again, and index
-builds run CONCURRENTLY outside any transaction.
+writing (:mod:`.online_ddl` says how); the script `reactor migrate --print` prints instead is
+:mod:`.script`'s, from the same statements.
 """
 
 from __future__ import annotations
@@ -12,17 +12,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import anyio
-import psycopg
-import psycopg.errors
-import tenacity
 
 from reactor.core.ownership import SHARES, share_channels
 from reactor.db import drift, indexes
 from reactor.db.fit import fit
-from reactor.db.indexes import DropIndex, Index, Step
+from reactor.db.indexes import DropIndex, Index
+from reactor.db.online_ddl import build, copied_by, migration_transaction
 from reactor.db.queries import Database
 from reactor.db.session import AnyConnection
-from reactor.errors import ConfigError, DatabaseUnreachable, SchemaMissing, UntrustedSchema
+from reactor.errors import ConfigError, SchemaMissing, UntrustedSchema
 from reactor.install import Install, sql
 from reactor.install.mapping import Mapping
 from reactor.install.quote import identifier, readable
@@ -31,21 +29,7 @@ from reactor.install.quote import identifier, readable
 log = logging.getLogger("reactor.db")
 
 # The migrations of two processes must not interleave; any constant works, this one is ours.
-_MIGRATE_LOCK = 0x7265_6163  # "reac"
-# A migration waits this long for a lock the app holds, then gives way and tries again: while a
-# DDL statement waits, every app query on that table queues behind it.
-_MIGRATE_LOCK_TIMEOUT = "1s"
-_MIGRATE_ATTEMPTS = 30
-# In the printed script: the statement after this line runs on its own, outside any
-# transaction (CREATE INDEX CONCURRENTLY cannot run inside one, and is the point).
-OUTSIDE_TRANSACTION = "-- reactor: outside-transaction"
-# What `migrate --print` says before an index build: the script is text, written without a
-# connection, so it cannot know whether the job table is partitioned or what its partitions are.
-_PARTITIONED_NOTE = (
-    "-- On a partitioned job table PostgreSQL refuses the next statement: run `reactor migrate`,\n"
-    "-- which builds the index ON ONLY the table, CONCURRENTLY on each partition, and attaches\n"
-    "-- each with ALTER INDEX ... ATTACH PARTITION; or do those steps with your tool."
-)
+MIGRATE_LOCK = 0x7265_6163  # "reac"
 
 
 # The first schema version a mapping other than the reference could install (the baseline of
@@ -93,114 +77,6 @@ async def require_schema(conn: AnyConnection, schema: str) -> None:
         )
 
 
-def migration_script(
-    install: Install,
-    *,
-    reference_schema: bool,
-    applied: int = 0,
-    notify: bool = True,
-    spread: bool = False,
-) -> str:
-    """The SQL `reactor migrate` runs from version ``applied``, for a migration tool to apply;
-    with ``notify`` False, the job trigger queues without notifying; with ``spread``, it
-    notifies each share of the jobs on a channel of its own.
-
-    Each migration is one transaction; the statements that must run outside any transaction
-    (index builds that leave the app writing) follow it, marked as such. The walk that queues
-    the jobs which finished before the triggers existed is the reactor's, not SQL's: the script
-    ends by saying to run `reactor sweep --once`, or to let a running reactor's reconcile do it.
-    """
-    lock = f"SELECT pg_advisory_xact_lock({_MIGRATE_LOCK});"
-    timeout = f"SET LOCAL lock_timeout = '{_MIGRATE_LOCK_TIMEOUT}';"
-    parts = []
-    if reference_schema:
-        parts += ["BEGIN;", sql.read("reference.sql"), "COMMIT;"]
-    guard = install.query("guard", "trust.sql") + ";"
-    if applied == 0:
-        baseline = sql.baseline()
-        parts += [f"-- a first install: the schema at version {baseline.version}", "BEGIN;"]
-        parts += [lock, timeout, guard, install.render(baseline.text).strip()]
-        parts += [_record_all_statement(install), "COMMIT;"]
-    for migration in sql.migrations():
-        if migration.version <= applied or applied == 0:
-            continue
-        parts += [f"-- {migration.version:04d}_{migration.name}", "BEGIN;", lock, timeout, guard]
-        parts.append(install.render(migration.text).strip())
-        steps = indexes.of_migration(migration.version, install)
-        if not steps:
-            parts += [_record_statement(install, migration), "COMMIT;"]
-            continue
-        parts.append("COMMIT;")
-        parts += _printed(steps)
-        parts.append(_record_statement(install, migration))
-    parts += ["-- the triggers, repeatable", "BEGIN;", lock, timeout, guard]
-    trigger_channel = install.channel if notify else ""
-    repeatable = sql.repeatable()
-    triggers = install.render(
-        repeatable.text, channel=trigger_channel, spread=_spreadable(install, spread)
-    )
-    parts += [triggers.strip(), drift.record_statement(install), "COMMIT;"]
-    parts += _printed(indexes.repeatable(install))
-    parts.append(
-        "-- Jobs that finished before the triggers existed are not queued yet: run\n"
-        "-- `reactor sweep --once`, or let a running reactor's reconcile pass find them."
-    )
-    parts.append(_reviewed(install))
-    return "\n".join(parts) + "\n"
-
-
-# The statements the running reactor sends to the app's tables, printed after the script for
-# review, as comments (the script does not run them), each under when it runs.
-_REVIEWED = (
-    (
-        "record_jobs",
-        "`reactor run`, when a queued job's grace has passed: claims the jobs (FOR NO KEY\n"
-        "UPDATE ... SKIP LOCKED), writes their runs and queues their hooks.",
-    ),
-    (
-        "record_oldest",
-        "`reactor run`'s fallback scan, and `reactor sweep --once`: the same claim and write\n"
-        "for the oldest queued jobs past their grace.",
-    ),
-    (
-        "reconcile_step",
-        "The reconcile's walk, every REACTOR_RECONCILE_INTERVAL_SECONDS, by `reactor run`,\n"
-        "`reactor sweep --once` and `reactor migrate`: reads the job and run tables in\n"
-        "chunks and queues the jobs that need a run and are not queued.",
-    ),
-)
-
-
-def _reviewed(install: Install) -> str:
-    """The statements of :data:`_REVIEWED` rendered for ``install``'s mapping, commented out:
-    %(name)s are the parameters each is sent with."""
-    lines = [
-        "",
-        "-- ------------------------------------------------------------------------------",
-        "-- For review, not run by this script: the statements the running reactor sends",
-        "-- to the app's tables, rendered for this mapping.",
-    ]
-    templates = sql.templates()
-    for name, when in _REVIEWED:
-        lines += ["--", f"-- {name}: {when.splitlines()[0]}"]
-        lines += [f"-- {line}" for line in when.splitlines()[1:]]
-        lines.append("--")
-        rendered = sql.render(templates[name], install.mapping, channel=install.channel)
-        lines += [f"--   {line}".rstrip() for line in rendered.strip().splitlines()]
-    return "\n".join(lines)
-
-
-def _printed(steps: tuple[Step, ...]) -> list[str]:
-    # The marker names the one statement after it: run it on its own, in autocommit.
-    parts = []
-    for step in steps:
-        if isinstance(step, Index):
-            parts += [_PARTITIONED_NOTE, OUTSIDE_TRANSACTION, f"{step.create()};"]
-        else:
-            parts += [OUTSIDE_TRANSACTION, f"{step.drop()};"]
-    return parts
-
-
 async def migrate(
     conn: AnyConnection,
     mapping: Mapping,
@@ -236,7 +112,7 @@ async def migrate(
         fresh = await _own_schema(conn, mapping.reactor_schema)
         await Database.dedicated(Install.of(mapping), conn).require_trusted()
         if reference_schema:
-            await _migration_transaction(conn, sql.read("reference.sql"))
+            await migration_transaction(conn, sql.read("reference.sql"))
         # Checks before harm: nothing is changed until the mapping fits the app's tables.
         install = Install.of(
             await fit(conn, mapping, installing=True, reference_schema=reference_schema), channel
@@ -248,18 +124,18 @@ async def migrate(
             notify = installed is None or installed.channel != ""
         if spread is None:
             spread = installed is not None and installed.spread
-        spread = _spreadable(install, spread)
+        spread = spreadable(install, spread)
         applied = await schema_version(conn, install.schema) or 0
         reinstalled = await drift.mapping_changed(conn, install)
         done = []
         if applied == 0:
-            text = install.render(sql.baseline().text) + _record_all_statement(install)
+            text = install.render(sql.baseline().text) + record_all_statement(install)
             if fresh:
                 # Made here, or the install fails: a schema planted since the check above would
                 # otherwise be adopted by the baseline's IF NOT EXISTS.
                 text = f"CREATE SCHEMA {identifier(install.schema)};\n{text}"
             # One transaction: the schema and its versions appear together or not at all.
-            await _migration_transaction(conn, text)
+            await migration_transaction(conn, text)
             done = [m.version for m in sql.migrations()]
         elif not install.mapping.is_reference and applied < MAPPED_SINCE:
             raise ConfigError(
@@ -273,29 +149,29 @@ async def migrate(
             steps = indexes.of_migration(migration.version, install)
             text = install.render(migration.text)
             if not steps:
-                text += ";\n" + _record_statement(install, migration)
-            await _migration_transaction(conn, text)
+                text += ";\n" + record_statement(install, migration)
+            await migration_transaction(conn, text)
             for step in steps:
-                await _build(conn, step)
+                await build(conn, step)
             if steps:
-                await _migration_transaction(conn, _record_statement(install, migration))
+                await migration_transaction(conn, record_statement(install, migration))
             done.append(migration.version)
         repeatable = sql.repeatable()
         text = install.render(
             repeatable.text, channel=install.channel if notify else "", spread=spread
         )
         # With the functions it stands for, in their transaction.
-        await _migration_transaction(conn, f"{text}\n{drift.record_statement(install)}")
+        await migration_transaction(conn, f"{text}\n{drift.record_statement(install)}")
         skipped = []
         for step in indexes.repeatable(install):
-            copied = await _copied_by(conn, step) if isinstance(step, Index) else None
+            copied = await copied_by(conn, step) if isinstance(step, Index) else None
             if copied is None or not isinstance(step, Index):
-                await _build(conn, step)
+                await build(conn, step)
                 continue
             skipped.append((readable(step.table[0], step.name), copied))
             # One an earlier migrate built before it looked (the (id, id) of a one-to-one job
             # table) is a copy too.
-            await _build(conn, DropIndex(step.table[0], step.name))
+            await build(conn, DropIndex(step.table[0], step.name))
         # Nothing was made meanwhile by another role: the definer functions are trusted now.
         await queries.require_trusted()
         # After an install, the pass queues what finished before the triggers existed: that is
@@ -303,11 +179,11 @@ async def migrate(
         owner = "install" if done else "migrate"
         await queries.reconcile_pass(owner, on_progress=on_progress)
     finally:
-        await conn.execute("SELECT pg_advisory_unlock(%s)", (_MIGRATE_LOCK,))
+        await conn.execute("SELECT pg_advisory_unlock(%s)", (MIGRATE_LOCK,))
     return Migrated(install, done, skipped, reinstalled)
 
 
-def _spreadable(install: Install, spread: bool) -> bool:
+def spreadable(install: Install, spread: bool) -> bool:
     """``spread``, once the channel is known to take a share's suffix."""
     if spread and share_channels(install.channel) is None:
         raise ConfigError(
@@ -347,7 +223,7 @@ async def _take_migrate_lock(conn: AnyConnection) -> None:
     # Waiting in the lock would deadlock the two.
     waited = False
     while True:
-        cur = await conn.execute("SELECT pg_try_advisory_lock(%s)", (_MIGRATE_LOCK,))
+        cur = await conn.execute("SELECT pg_try_advisory_lock(%s)", (MIGRATE_LOCK,))
         row = await cur.fetchone()
         if row and row[0]:
             return
@@ -357,127 +233,7 @@ async def _take_migrate_lock(conn: AnyConnection) -> None:
         await anyio.sleep(0.2)
 
 
-async def _migration_transaction(conn: AnyConnection, text: str) -> None:
-    # Retried whole when a lock wait gives way to the app (each attempt rolls back cleanly).
-    retrying = tenacity.AsyncRetrying(
-        stop=tenacity.stop_after_attempt(_MIGRATE_ATTEMPTS),
-        wait=tenacity.wait_random_exponential(multiplier=0.2, max=5),
-        retry=tenacity.retry_if_exception_type(psycopg.errors.LockNotAvailable),
-        reraise=True,
-    )
-    try:
-        async for attempt in retrying:
-            with attempt:
-                async with conn.transaction():
-                    await conn.execute(
-                        "SELECT set_config('lock_timeout', %s, true)", (_MIGRATE_LOCK_TIMEOUT,)
-                    )
-                    await conn.execute(text)
-    except psycopg.errors.LockNotAvailable:
-        raise DatabaseUnreachable(
-            f"migrate could not take a table lock in {_MIGRATE_ATTEMPTS} tries of "
-            f"{_MIGRATE_LOCK_TIMEOUT}: a long transaction holds the app's tables; nothing was "
-            "changed by the last try, run `reactor migrate` again later"
-        ) from None
-
-
-async def _build(conn: AnyConnection, step: Step) -> None:
-    """Build (or drop) an index while the app writes, whatever the table's kind."""
-    if isinstance(step, DropIndex):
-        if await _relkind(conn, step.qualified) == "I":
-            # PostgreSQL drops no partitioned index CONCURRENTLY: it goes in one short
-            # transaction, with its partitions' indexes, under the lock timeout that gives way
-            # to the app.
-            await _migration_transaction(conn, step.drop(concurrently=False))
-        else:
-            await _unbounded(conn, step.drop())
-        return
-    if await _relkind(conn, identifier(*step.table)) == "p":
-        # PostgreSQL builds no index CONCURRENTLY on a partitioned table: build it per partition.
-        await _partitioned_index(conn, step)
-        return
-    # A CONCURRENTLY build that failed (a crash, a cancel) leaves an invalid index behind that
-    # IF NOT EXISTS would keep for ever: drop it and build again.
-    cur = await conn.execute(
-        "SELECT NOT i.indisvalid FROM pg_index i WHERE i.indexrelid = to_regclass(%s)",
-        (step.qualified,),
-    )
-    row = await cur.fetchone()
-    if row and row[0]:
-        log.warning("dropping an invalid index left by an earlier build: %s", step.qualified)
-        await _unbounded(conn, f"DROP INDEX CONCURRENTLY IF EXISTS {step.qualified}")
-    await _unbounded(conn, step.create())
-
-
-async def _copied_by(conn: AnyConnection, index: Index) -> str | None:
-    """The name of an index of ``index``'s table, other than itself, that does what it would:
-    a valid btree whose leading key columns are its columns, in order, over the same rows (no
-    predicate where it has none, the same one where it has one). None when there is none."""
-    predicate = None if index.predicate is None else await _deparsed(conn, index)
-    if index.predicate is not None and predicate is None:
-        return None
-    cur = await conn.execute(
-        """
-        SELECT c.relname::text
-          FROM pg_index i
-          JOIN pg_class c ON c.oid = i.indexrelid
-          JOIN pg_am am ON am.oid = c.relam
-         WHERE i.indrelid = to_regclass(%(table)s) AND i.indisvalid AND am.amname = 'btree'
-           AND c.relname <> %(name)s AND i.indnkeyatts >= cardinality(%(columns)s::text[])
-           AND ARRAY(SELECT a.attname::text
-                       FROM generate_series(0, cardinality(%(columns)s::text[]) - 1) AS k(n)
-                       JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = i.indkey[k.n]
-                      ORDER BY k.n) = %(columns)s::text[]
-           AND pg_get_expr(i.indpred, i.indrelid) IS NOT DISTINCT FROM %(predicate)s
-         ORDER BY i.indisprimary DESC, c.relname
-         LIMIT 1
-        """,
-        {
-            "table": identifier(*index.table),
-            "name": index.name,
-            "columns": list(index.columns),
-            "predicate": predicate,
-        },
-    )
-    row = await cur.fetchone()
-    return None if row is None else str(row[0])
-
-
-async def _deparsed(conn: AnyConnection, index: Index) -> str | None:
-    """``index``'s predicate as PostgreSQL prints an index's (pg_get_expr), to compare with the
-    table's own indexes' without parsing SQL: from the same index on an empty temporary copy of
-    the table's columns, rolled back. None when it cannot be made (no TEMP privilege)."""
-    copy = identifier("pg_temp", "reactor_index_predicate")
-    columns = ", ".join(identifier(column) for column in index.columns)
-    try:
-        async with conn.transaction(force_rollback=True):
-            await conn.execute(f"CREATE TEMPORARY TABLE {copy} (LIKE {identifier(*index.table)})")
-            await conn.execute(f"CREATE INDEX ON {copy} ({columns}) WHERE {index.predicate}")
-            cur = await conn.execute(
-                "SELECT pg_get_expr(i.indpred, i.indrelid) FROM pg_index i"
-                " WHERE i.indrelid = to_regclass(%s)",
-                (copy,),
-            )
-            row = await cur.fetchone()
-    except psycopg.Error:
-        return None
-    return None if row is None else str(row[0])
-
-
-async def _unbounded(conn: AnyConnection, statement: str) -> None:
-    # A concurrent build waits for old transactions to end, which blocks nobody: no lock
-    # timeout for it.
-    cur = await conn.execute("SELECT current_setting('lock_timeout')")
-    row = await cur.fetchone()
-    await conn.execute("SELECT set_config('lock_timeout', '0', false)")
-    try:
-        await conn.execute(statement)
-    finally:
-        if row is not None:
-            await conn.execute("SELECT set_config('lock_timeout', %s, false)", (row[0],))
-
-
-def _record_all_statement(install: Install) -> str:
+def record_all_statement(install: Install) -> str:
     """Marks every migration applied: what a first install from the baseline leaves."""
     values = ", ".join(f"({m.version}, '{m.name}')" for m in sql.migrations())
     return (
@@ -486,62 +242,9 @@ def _record_all_statement(install: Install) -> str:
     )
 
 
-def _record_statement(install: Install, migration: sql.Migration) -> str:
+def record_statement(install: Install, migration: sql.Migration) -> str:
+    """Marks ``migration`` applied."""
     return (
         f"INSERT INTO {readable(install.schema, 'schema_version')} (version, name) "
         f"VALUES ({migration.version}, '{migration.name}') ON CONFLICT DO NOTHING;"
     )
-
-
-async def _relkind(conn: AnyConnection, name: str) -> str | None:
-    cur = await conn.execute(
-        "SELECT relkind::text FROM pg_class WHERE oid = to_regclass(%s)", (name,)
-    )
-    row = await cur.fetchone()
-    return str(row[0]) if row else None
-
-
-async def _partitioned_index(conn: AnyConnection, index: Index) -> None:
-    """Build ``index`` on its partitioned table while the app writes to it.
-
-    The index on the table itself is made ON ONLY it: an instant catalog change, invalid until
-    each partition has its own index attached. Each partition's is then built CONCURRENTLY (a
-    sub-partitioned one the same way, recursively) and attached, which makes the table's valid
-    once the last one is. A run cut short resumes: partitions whose index is attached are
-    skipped. A partition created or attached later gets its index from PostgreSQL itself.
-    """
-    await _migration_transaction(conn, index.create(concurrently=False, only=True))
-    cur = await conn.execute(
-        """
-        SELECT n.nspname::text, c.relname::text, c.relkind::text
-          FROM pg_inherits i
-          JOIN pg_class c ON c.oid = i.inhrelid
-          JOIN pg_namespace n ON n.oid = c.relnamespace
-         WHERE i.inhparent = to_regclass(%(table)s)
-           AND c.relkind IN ('r', 'p')
-           AND NOT EXISTS (SELECT 1 FROM pg_inherits ii
-                             JOIN pg_index x ON x.indexrelid = ii.inhrelid
-                            WHERE ii.inhparent = to_regclass(%(index)s) AND x.indrelid = c.oid)
-         ORDER BY c.oid
-        """,
-        {"table": identifier(*index.table), "index": index.qualified},
-    )
-    for schema, relname, kind in await cur.fetchall():
-        child = index.on_partition((schema, relname))
-        if kind == "p":
-            await _partitioned_index(conn, child)
-        else:
-            await _build(conn, child)
-        await _migration_transaction(
-            conn, f"ALTER INDEX {index.qualified} ATTACH PARTITION {child.qualified}"
-        )
-    cur = await conn.execute(
-        "SELECT indisvalid FROM pg_index WHERE indexrelid = to_regclass(%s)", (index.qualified,)
-    )
-    valid = await cur.fetchone()
-    if not (valid and valid[0]):
-        log.warning(
-            "index %s is not valid yet: a partition of %s has no index",
-            index.qualified,
-            identifier(*index.table),
-        )

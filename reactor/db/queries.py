@@ -22,22 +22,12 @@ from psycopg.rows import AsyncRowFactory, class_row, dict_row, kwargs_row, tuple
 from psycopg_pool import AsyncConnectionPool
 
 from reactor.core.ownership import replicas_channel
+from reactor.db import rows
 from reactor.db.calls import Connector, Dedicated, Pooled
-from reactor.db.rows import (
-    Health,
-    HookChange,
-    HookClaim,
-    HookRow,
-    JobOutcome,
-    JobTrigger,
-    QueuedJob,
-    ReconcilePass,
-    ReconcileStep,
-    Verified,
-)
+from reactor.db.health import HealthCheck, health_params
 from reactor.db.session import AnyConnection, first_line
 from reactor.errors import PrivilegeMissing, UntrustedSchema
-from reactor.install import Install, grants, sql
+from reactor.install import Install, grants
 
 R = TypeVar("R")
 
@@ -54,64 +44,6 @@ RECONCILE_LEASE = 30.0
 _NEVER = 365 * 86400.0
 # The hook outbox's retention job runs on one replica at a time; a constant of ours.
 PURGE_LOCK = 0x7265_6170  # "reap"
-
-
-@dataclass(frozen=True, slots=True)
-class HealthCheck:
-    """Who checks, and what the ``health`` query needs besides the grace and the channel."""
-
-    replica: str  # this replica's heartbeat row
-    liveness: float  # seconds within which a heartbeat counts as live
-    retention: float  # REACTOR_HOOK_RETENTION_SECONDS, for hooks_expired
-
-
-def health_params(
-    install: Install,
-    grace: float,
-    check: HealthCheck,
-    probe: str | None = None,
-    *,
-    own_session: bool = False,
-    holding: bool = True,
-    write_error: str | None = None,
-    session_pid: int | None = None,
-) -> dict[str, Any]:
-    """The parameters of the ``health`` query; ``own_session`` when it runs on the replica's
-    LISTEN connection, ``holding`` once it holds its share, ``write_error`` while its record
-    statements cannot write (see :meth:`Database.health`)."""
-    return {
-        "own_session": own_session,
-        "session_pid": session_pid,
-        "holding": holding,
-        "write_error": write_error,
-        "grace": grace,
-        "replica": check.replica,
-        "liveness": check.liveness,
-        "retention": check.retention,
-        "channel": install.channel,
-        "replicas_channel": replicas_channel(install.schema, install.channel),
-        "probe": probe,
-    }
-
-
-async def health_of_pairs(
-    asks: Sequence[tuple[Database, dict[str, Any]]], *, lock_timeout: float | None = None
-) -> list[Health]:
-    """The ``health`` query of each (pair's queries, their :func:`health_params`) of ``asks``,
-    in one statement where the first pair's queries run (the pool the pairs share): one
-    :class:`Health` for each, in order. One pair's is its own statement, as
-    :meth:`Database.health` runs it. ``lock_timeout``: see :meth:`Database.run`."""
-    first, params = asks[0]
-    if len(asks) == 1:
-        return await first.run("health", params, class_row(Health), lock_timeout=lock_timeout)
-    query = sql.union_query("health", tuple(database.install.mapping for database, _ in asks))
-    merged = {
-        sql.part_name(name, index): value
-        for index, (_, params) in enumerate(asks)
-        for name, value in params.items()
-    }
-    rows = await first.on.fetch(query, merged, dict_row, lock_timeout=lock_timeout)
-    return [Health(**{key: value for key, value in row.items() if key != "part"}) for row in rows]
 
 
 @dataclass(frozen=True)
@@ -179,7 +111,7 @@ class Database:
 
     async def record_jobs(
         self, job_ids: Sequence[str], *, lock_timeout: float | None = None
-    ) -> list[JobOutcome]:
+    ) -> list[rows.JobOutcome]:
         """Record the given jobs that are due; report on each of them that still needs a run.
 
         Every run written gets its hook rows in the same statement. ``lock_timeout`` (seconds)
@@ -188,7 +120,7 @@ class Database:
         """
         params = {"grace": self.grace, "hooks": list(self.hooks), "ids": list(job_ids)}
         return await self.run(
-            "record_jobs", params, class_row(JobOutcome), lock_timeout=lock_timeout
+            "record_jobs", params, class_row(rows.JobOutcome), lock_timeout=lock_timeout
         )
 
     async def record_oldest(
@@ -198,7 +130,7 @@ class Database:
         only: Sequence[str] | None = None,
         skip: Sequence[str] = (),
         lock_timeout: float | None = None,
-    ) -> list[JobOutcome]:
+    ) -> list[rows.JobOutcome]:
         """Settle up to ``limit`` queued jobs past their grace, oldest first; report on each.
 
         ``only`` restricts the statement to those queued jobs, ``skip`` leaves those out; at
@@ -213,14 +145,14 @@ class Database:
             "max_bytes": self.batch_bytes,
         }
         return await self.run(
-            "record_oldest", params, class_row(JobOutcome), lock_timeout=lock_timeout
+            "record_oldest", params, class_row(rows.JobOutcome), lock_timeout=lock_timeout
         )
 
     async def oldest_queued(self, limit: int, *, skip: Sequence[str] = ()) -> list[str]:
         """The ids :meth:`record_oldest` would take next, oldest first, without locking them."""
         params = {"grace": self.grace, "limit": limit, "skip": list(skip)}
-        rows = await self.run("oldest_queued", params, dict_row)
-        return [row["job_id"] for row in rows]
+        found = await self.run("oldest_queued", params, dict_row)
+        return [row["job_id"] for row in found]
 
     async def set_aside(
         self, job_id: str, error: psycopg.Error, *, first_retry: float, max_retry: float
@@ -235,29 +167,29 @@ class Database:
             "first_retry": first_retry,
             "max_retry": max_retry,
         }
-        rows = await self.run("set_aside", params, dict_row)
-        return rows[0]["failures"], rows[0]["retry_in"]
+        found = await self.run("set_aside", params, dict_row)
+        return found[0]["failures"], found[0]["retry_in"]
 
     async def release_set_aside(self) -> int:
         """Try every job set aside again at once; how many there were."""
-        rows = await self.run("release_set_aside", {}, dict_row)
-        return int(rows[0]["released"])
+        found = await self.run("release_set_aside", {}, dict_row)
+        return int(found[0]["released"])
 
     async def release_set_aside_job(self, job_id: str) -> bool:
         """Try one job set aside again at once; False when it was not set aside."""
-        rows = await self.run(
+        found = await self.run(
             "release_set_aside_job", {"job": job_id}, dict_row, filename="dashboard.sql"
         )
-        return bool(rows)
+        return bool(found)
 
     async def upcoming(self, limit: int) -> list[tuple[str, float]]:
         """(job id, seconds until due) for jobs that need a run and are inside their grace."""
-        rows = await self.run("upcoming", {"grace": self.grace, "limit": limit}, dict_row)
-        return [(row["job_id"], row["due_in"]) for row in rows]
+        found = await self.run("upcoming", {"grace": self.grace, "limit": limit}, dict_row)
+        return [(row["job_id"], row["due_in"]) for row in found]
 
     async def verify_hints(
         self, job_ids: Sequence[str], replicas: Sequence[str], *, liveness: float
-    ) -> Verified:
+    ) -> rows.Verified:
         """Of ``job_ids``, those queued with the seconds until each is due; of ``replicas``,
         those whose heartbeat is within ``liveness`` seconds (see the ``verify_hints`` query)."""
         params = {
@@ -266,25 +198,25 @@ class Database:
             "replicas": list(replicas),
             "liveness": liveness,
         }
-        rows = await self.run("verify_hints", params, dict_row)
-        jobs = [(row["id"], row["due_in"]) for row in rows if row["kind"] == "job"]
-        live = frozenset(row["id"] for row in rows if row["kind"] == "replica")
-        return Verified(jobs, live)
+        found = await self.run("verify_hints", params, dict_row)
+        jobs = [(row["id"], row["due_in"]) for row in found if row["kind"] == "job"]
+        live = frozenset(row["id"] for row in found if row["kind"] == "replica")
+        return rows.Verified(jobs, live)
 
     async def poll_queue(
         self, low: datetime | None, *, ahead: float, limit: int
-    ) -> tuple[list[QueuedJob], datetime]:
+    ) -> tuple[list[rows.QueuedJob], datetime]:
         """Queued jobs whose deadline comes within ``ahead`` seconds, from ``low`` on (see the
         ``poll_queue`` query), and the end of the window they were read from."""
         params = {"grace": self.grace, "low": low, "ahead": ahead, "limit": limit}
-        rows = await self.run("poll_queue", params, kwargs_row(_in_window))
-        return [job for job, _ in rows if job is not None], rows[0][1]
+        found = await self.run("poll_queue", params, kwargs_row(_in_window))
+        return [job for job, _ in found if job is not None], found[0][1]
 
     # -- the reconcile ---------------------------------------------------------------------------
 
     async def reconcile_step(
         self, *, owner: str, interval: float, force: bool = False, limit: int = RECONCILE_CHUNK
-    ) -> ReconcileStep:
+    ) -> rows.ReconcileStep:
         """Walk the next chunk of the shared reconcile pass, if it is ``owner``'s to walk: see
         the ``reconcile_step`` query."""
         params = {
@@ -295,12 +227,12 @@ class Database:
             "limit": limit,
             "lease": RECONCILE_LEASE,
         }
-        rows = await self.run("reconcile_step", params, kwargs_row(ReconcileStep.from_row))
-        return rows[0]
+        found = await self.run("reconcile_step", params, kwargs_row(rows.ReconcileStep.from_row))
+        return found[0]
 
     async def reconcile_pass(
         self, owner: str, *, on_progress: Callable[[int], None] | None = None
-    ) -> ReconcilePass:
+    ) -> rows.ReconcilePass:
         """Run a fresh full pass to its end (`reactor migrate`, `reactor sweep --once`); its
         totals.
 
@@ -329,9 +261,9 @@ class Database:
         """Let another replica take over the pass ``owner`` holds, at once."""
         await self.run("reconcile_release", {"owner": owner}, tuple_row)
 
-    async def last_reconcile_pass(self) -> ReconcilePass:
+    async def last_reconcile_pass(self) -> rows.ReconcilePass:
         """The last completed reconcile pass and whether one is running."""
-        [found] = await self.run("reconcile_last_pass", {}, class_row(ReconcilePass))
+        [found] = await self.run("reconcile_last_pass", {}, class_row(rows.ReconcilePass))
         return found
 
     # -- health and replicas ---------------------------------------------------------------------
@@ -345,7 +277,7 @@ class Database:
         session_pid: int | None = None,
         holding: bool = True,
         write_error: str | None = None,
-    ) -> Health:
+    ) -> rows.Health:
         """The replica's periodic check, and its heartbeat; see the ``health`` query.
 
         ``probe``: a payload to notify on the install's channel in the same round trip.
@@ -365,7 +297,7 @@ class Database:
             write_error=write_error,
             session_pid=session_pid,
         )
-        return (await self.run("health", params, class_row(Health)))[0]
+        return (await self.run("health", params, class_row(rows.Health)))[0]
 
     async def leave(self, replica: str) -> None:
         """Drop ``replica``'s heartbeat and tell the replicas listening on the channel: they
@@ -389,7 +321,7 @@ class Database:
         *,
         replica: str | None = None,
         max_attempts: int | None = None,
-    ) -> list[HookClaim]:
+    ) -> list[rows.HookClaim]:
         """Lease up to ``limit`` runnable rows of our hooks to ``replica``, oldest first (the
         others take them back when they see it die); park a row whose lease ran out on attempt
         ``max_attempts`` of its schedule (None: never)."""
@@ -400,21 +332,21 @@ class Database:
             "replica": replica,
             "max_attempts": max_attempts,
         }
-        return await self.run("claim_hooks", params, kwargs_row(HookClaim.from_row))
+        return await self.run("claim_hooks", params, kwargs_row(rows.HookClaim.from_row))
 
     async def next_hook_in(self) -> float | None:
         """Seconds until one of our hook rows becomes claimable; None when none is queued."""
-        rows = await self.run("next_hook_in", {"hooks": list(self.hooks)}, dict_row)
-        return None if not rows or rows[0]["next_in"] is None else float(rows[0]["next_in"])
+        found = await self.run("next_hook_in", {"hooks": list(self.hooks)}, dict_row)
+        return None if not found or found[0]["next_in"] is None else float(found[0]["next_in"])
 
     async def finish_hook(
-        self, claim: HookClaim, status: str, *, error: str | None = None, delay: float = 0.0
+        self, claim: rows.HookClaim, status: str, *, error: str | None = None, delay: float = 0.0
     ) -> None:
         """Settle an attempt: ``done``, ``pending`` (retry after ``delay``) or ``failed``."""
         params = {"status": status, "error": error, "delay": delay}
         await self.run("finish_hook", _attempt(claim, params), tuple_row)
 
-    async def release_hook(self, claim: HookClaim) -> None:
+    async def release_hook(self, claim: rows.HookClaim) -> None:
         """Give an interrupted attempt back for another replica to take at once."""
         await self.run("release_hook", _attempt(claim, {}), tuple_row)
 
@@ -427,44 +359,50 @@ class Database:
         [row] = await self.run("purge_hooks", params, dict_row, filename="hooks.sql")
         return int(row["deleted"]) if row["ours"] else None
 
-    async def list_hooks(self, *, failed_only: bool, limit: int) -> tuple[list[HookRow], int, int]:
+    async def list_hooks(
+        self, *, failed_only: bool, limit: int
+    ) -> tuple[list[rows.HookRow], int, int]:
         """Unsettled hook rows (or the parked ones only), oldest first, at most ``limit``; and
         how many there are in all, and of them failed."""
         params = {"failed_only": failed_only, "limit": limit}
-        rows = await self.run("list_hooks", params, kwargs_row(_listed), filename="hooks.sql")
-        total, failed = (rows[0][1], rows[0][2]) if rows else (0, 0)
-        return [row for row, _, _ in rows], total, failed
+        found = await self.run("list_hooks", params, kwargs_row(_listed), filename="hooks.sql")
+        total, failed = (found[0][1], found[0][2]) if found else (0, 0)
+        return [row for row, _, _ in found], total, failed
 
-    async def retry_hooks(self, ids: Sequence[int]) -> list[HookChange]:
+    async def retry_hooks(self, ids: Sequence[int]) -> list[rows.HookChange]:
         """Re-queue the given parked hook rows, all or none; one HookChange per id."""
         params = {"ids": sorted(set(ids))}
-        return await self.run("retry_hooks", params, class_row(HookChange), filename="hooks.sql")
+        return await self.run(
+            "retry_hooks", params, class_row(rows.HookChange), filename="hooks.sql"
+        )
 
     async def retry_failed(self) -> list[int]:
         """Re-queue every failed hook row; returns their ids."""
-        rows = await self.run("retry_failed", {}, dict_row, filename="hooks.sql")
-        return sorted(row["id"] for row in rows)
+        found = await self.run("retry_failed", {}, dict_row, filename="hooks.sql")
+        return sorted(row["id"] for row in found)
 
-    async def cancel_hooks(self, ids: Sequence[int]) -> list[HookChange]:
+    async def cancel_hooks(self, ids: Sequence[int]) -> list[rows.HookChange]:
         """Cancel the given pending or failed hook rows, all or none; one HookChange per id."""
         params = {"ids": sorted(set(ids))}
-        return await self.run("cancel_hooks", params, class_row(HookChange), filename="hooks.sql")
+        return await self.run(
+            "cancel_hooks", params, class_row(rows.HookChange), filename="hooks.sql"
+        )
 
     # -- the installation ------------------------------------------------------------------------
 
-    async def job_trigger(self) -> JobTrigger | None:
+    async def job_trigger(self) -> rows.JobTrigger | None:
         """The job trigger as installed; None when there is none."""
-        rows = await self.run("job_trigger", {}, class_row(JobTrigger))
-        return rows[0] if rows else None
+        found = await self.run("job_trigger", {}, class_row(rows.JobTrigger))
+        return found[0] if found else None
 
     async def require_privileges(self) -> None:
         """Raise PrivilegeMissing naming every grant of :func:`grants.required` the role
         lacks."""
         params = grants.check_params(self.install.mapping)
-        rows = await self.run("missing_privileges", params, dict_row, filename="status.sql")
-        if rows:
-            role = rows[0]["role"]
-            missing = "; ".join(f"{row['grant_sql']} TO {role}" for row in rows)
+        found = await self.run("missing_privileges", params, dict_row, filename="status.sql")
+        if found:
+            role = found[0]["role"]
+            missing = "; ".join(f"{row['grant_sql']} TO {role}" for row in found)
             raise PrivilegeMissing(
                 f"the role lacks a privilege: {missing}; "
                 f"`reactor migrate --print-grants {role}` prints every grant it needs"
@@ -473,8 +411,8 @@ class Database:
     async def untrusted(self) -> list[str]:
         """What the reactor's schema holds, or allows, that its owner did not make: one
         sentence each (see ``triggers/trust.sql``); empty when it is the reactor's alone."""
-        rows = await self.run("untrusted", {}, dict_row, filename="trust.sql")
-        return [row["problem"] for row in rows]
+        found = await self.run("untrusted", {}, dict_row, filename="trust.sql")
+        return [row["problem"] for row in found]
 
     async def require_trusted(self) -> None:
         """Raise UntrustedSchema naming the first of :meth:`untrusted`'s problems."""
@@ -495,16 +433,16 @@ class Database:
         return await self.run(name, params, dict_row, filename=filename)
 
 
-def _in_window(*, high: datetime, **job: Any) -> tuple[QueuedJob | None, datetime]:
+def _in_window(*, high: datetime, **job: Any) -> tuple[rows.QueuedJob | None, datetime]:
     # Every row carries the window's end; an empty window is one row whose job_id is NULL.
-    return (QueuedJob(**job) if job["job_id"] else None), high
+    return (rows.QueuedJob(**job) if job["job_id"] else None), high
 
 
-def _attempt(claim: HookClaim, params: dict[str, Any]) -> dict[str, Any]:
+def _attempt(claim: rows.HookClaim, params: dict[str, Any]) -> dict[str, Any]:
     # The fencing token: only the holder of the claim's attempt may settle it.
     return {"id": claim.id, "attempt": claim.attempt, **params}
 
 
-def _listed(*, total: int, failed_total: int, **row: Any) -> tuple[HookRow, int, int]:
+def _listed(*, total: int, failed_total: int, **row: Any) -> tuple[rows.HookRow, int, int]:
     # Every row carries the totals of the whole list, whatever the limit.
-    return HookRow(**row), int(total), int(failed_total)
+    return rows.HookRow(**row), int(total), int(failed_total)

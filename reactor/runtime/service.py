@@ -43,12 +43,13 @@ from reactor.intake.dispatch import Dispatcher, WorkQueue
 from reactor.intake.hints import Verifier
 from reactor.intake.listener import Listener
 from reactor.intake.reconcile import MAX_ERROR_WAIT, Reconciler
-from reactor.intake.sources import LISTEN, REARM, RECONCILE, STUCK
+from reactor.intake.sources import LISTEN, RECONCILE
 from reactor.intake.subscriber import Subscriber
 from reactor.record.recorder import Recorder
 from reactor.runtime.duties import PairPoll, check_pair
+from reactor.runtime.membership import PairMembership
+from reactor.runtime.scan import PairScan
 from reactor.runtime.vitals import Vitals
-from reactor.telemetry import tracing
 from reactor.telemetry.metrics import Metrics
 
 # The least time a batch of hints is given to be verified (see Verifier).
@@ -119,6 +120,7 @@ class Reactor:
             concurrency=RECORD_CONCURRENCY,
             batch_size=settings.batch_size,
         )
+        self.members = PairMembership(self)
         # Nothing the channel says is acted on before the tables confirm it: any role that
         # can connect can NOTIFY (see reactor.hints).
         self.verifier = Verifier(
@@ -129,8 +131,8 @@ class Reactor:
             # loaded machine or a pooler's hop from giving up a healthy one.
             timeout=max(settings.probe_timeout, VERIFY_TIMEOUT_FLOOR),
             arm=lambda job_id, due_in: self.dispatcher.intake(LISTEN.hints([(job_id, due_in)])),
-            left=self._on_replica_left,
-            joined=self._on_replica_joined,
+            left=self.members.left,
+            joined=self.members.joined,
             reread=lambda: self.request_scan(rearm=True),
             on_unverified=self._count_unverified,
         )
@@ -147,6 +149,7 @@ class Reactor:
                 clock=self.clock,
             )
         self.poll = PairPoll(self)
+        self.scanner = PairScan(self)
         self.cadence = self._cadence()
         self.schedule = Scheduler(
             self.cadence,
@@ -167,7 +170,7 @@ class Reactor:
             # At once, not at the next check: its heartbeat names the session, which tells the
             # others at once if this process is killed.
             on_proven=lambda: self.schedule.hasten("health"),
-            shares=self._heard_shares,
+            shares=self.members.heard_shares,
         )
         if self.listener is not None:
             self.listener.subscribe(self.subscriber)
@@ -176,12 +179,6 @@ class Reactor:
             liveness=LIVENESS_PROBES * settings.probe_interval,
             retention=settings.hook_retention,
         )
-        self.scans = 0
-        self._scan_requested = False
-        self._rearm_wanted = False
-        # Whether this replica holds its share: its first re-arm read the queue. Until then it
-        # writes no heartbeat, so the others go on holding the jobs it will own.
-        self._holding = False
         self._stopping = anyio.Event()
         self._work = anyio.CancelScope()
         self._work_group: anyio.abc.TaskGroup | None = None
@@ -217,7 +214,7 @@ class Reactor:
         duties: dict[str, Action] = {
             "health": lambda: check_pair(self),
             "poll": self.poll.run,
-            "scan": self._scan_duty,
+            "scan": self.scanner.duty,
         }
         if self.reconciler is not None:
             duties["reconcile"] = self.reconciler.step
@@ -259,13 +256,17 @@ class Reactor:
     def holding(self) -> bool:
         """True once this replica's first re-arm read its share of the queue: from then on it
         heartbeats, and the others leave that share to it."""
-        return self._holding
+        return self.scanner.holding
+
+    @property
+    def scans(self) -> int:
+        """The fallback scans run so far."""
+        return self.scanner.runs
 
     @property
     def scan_pending(self) -> bool:
         """True while a fallback scan is asked for, running, or waiting to retry a failure."""
-        scan = self.cadence.duties["scan"]
-        return self._scan_requested or scan.running or scan.failures > 0
+        return self.scanner.pending
 
     @property
     def stopping(self) -> bool:
@@ -280,9 +281,14 @@ class Reactor:
 
     def request_scan(self, *, rearm: bool = False) -> None:
         """Run the fallback scan soon; with ``rearm``, also offer upcoming jobs from the queue."""
-        self._rearm_wanted |= rearm
-        self._scan_requested = True
-        self.schedule.hasten("scan")
+        self.scanner.request(rearm=rearm)
+
+    async def scan(self, *, rearm: bool) -> int:
+        """One fallback pass: offer upcoming jobs if asked, then record the due backlog, oldest
+        first, leaving out the jobs this replica's work queue holds a claim of. Returns the runs
+        recorded; raises when the database failed the pass (a re-arm asked for is kept for the
+        retry)."""
+        return await self.scanner.run(rearm=rearm)
 
     def stop(self) -> None:
         """Stop intake now and give in-flight work ``settings.drain`` seconds to finish."""
@@ -358,7 +364,7 @@ class Reactor:
             self._health_check,
             probe,
             session_pid=None if listener is None else listener.session_pid,
-            holding=self._holding,
+            holding=self.scanner.holding,
             write_error=self.writes.problem,
         )
 
@@ -377,7 +383,7 @@ class Reactor:
         if health.hooks_orphaned and self.hook_runner is not None:
             # A dead replica's running hook calls are due now: run them again at once.
             self.hook_runner.wake()
-        self._see_lost(self.roster.heartbeats(frozenset(health.live_replicas)))
+        self.members.see_lost(self.roster.heartbeats(frozenset(health.live_replicas)))
         self.subscriber.report(self.clock.now())
         self.verifier.report()
 
@@ -396,49 +402,6 @@ class Reactor:
             # scan's.
             log.debug("poll failed", extra={"error": db.first_line(error)})
 
-    async def _scan_duty(self) -> None:
-        requested, self._scan_requested = self._scan_requested, False
-        rearm, self._rearm_wanted = self._rearm_wanted, False
-        retrying = self.cadence.duties["scan"].failures > 0
-        if not (requested or rearm or retrying) and self.vitals.nothing_overdue():
-            # The health check just read the queue and found nothing past its grace: a
-            # periodic scan would find nothing either.
-            return
-        await self.scan(rearm=rearm)
-
-    async def scan(self, *, rearm: bool) -> int:
-        """One fallback pass: offer upcoming jobs if asked, then record the due backlog, oldest
-        first, leaving out the jobs this replica's work queue holds a claim of. Returns the runs
-        recorded; raises when the database failed the pass (a re-arm asked for is kept for the
-        retry)."""
-        started = self.clock.now()
-        try:
-            with tracing.span("reactor.scan", rearm=rearm) as traced:
-                if rearm:
-                    upcoming = await self.database.upcoming(self.settings.max_pending)
-                    self.dispatcher.intake(REARM.hints(upcoming))
-                    if not self._holding:
-                        # The first heartbeat, and the word that this replica joined, now
-                        # rather than at the next check, a probe interval on.
-                        self._holding = True
-                        self.schedule.hasten("health")
-                drained = await self.recorder.drain(
-                    self.settings.batch_size, skip=self.queue.claimed
-                )
-                traced.set(recorded=drained.recorded)
-            # Settled on this road: no claim of the queue's is needed; stuck: claimed alone.
-            self.queue.forget(drained.settled)
-            self.dispatcher.intake(STUCK.hints(drained.stuck))
-        except BaseException:
-            self._rearm_wanted |= rearm
-            raise
-        finally:
-            self.scans += 1
-            self.metrics.scan_duration.observe(self.clock.now() - started)
-        if drained.recorded:
-            log.info("scan recorded runs", extra={"recorded": drained.recorded})
-        return drained.recorded
-
     # What the listener hears.
 
     def _on_notified(self, job_id: str, updated_at: float | None) -> None:
@@ -452,42 +415,6 @@ class Reactor:
 
     def _count_unverified(self, kind: str, count: int) -> None:
         self.metrics.notified["dropped" if kind == "dropped" else "unverified"].inc(count)
-
-    def _on_replica_left(self, replica: str) -> None:
-        # Another replica stopped cleanly and said so, and its heartbeat row is gone: its jobs
-        # are ours now, not at our next check. Our own word comes back to us too.
-        self._see_lost(self.roster.left(replica))
-
-    def _on_replica_joined(self, replica: str) -> None:
-        # A new replica wrote its first heartbeat, and it is live by it: its share is its own
-        # from now on, rather than claimed by two until our next check.
-        if self.roster.joined(replica):
-            self._membership_changed(frozenset())
-
-    def _see_lost(self, lost: frozenset[str]) -> None:
-        if self.roster.membership != self.queue.membership:
-            self._membership_changed(lost)
-
-    def _membership_changed(self, lost: frozenset[str]) -> None:
-        membership = self.roster.membership
-        log.info(
-            "replicas changed",
-            extra={"live": len(membership.live), "left": ",".join(sorted(lost)) or None},
-        )
-        self.queue.see(membership)
-        self.metrics.replicas_live.set(len(membership.live))
-        # What we gained was never held here: the re-arm reads the queue's jobs inside their
-        # grace (by the database's deadlines, so a job touched since its notification is aimed
-        # right), and the scan records whatever came due. When the trigger spreads, a proven
-        # listener first LISTENs on the shares we gained, then asks for it.
-        rearms = self.listener is not None and self.listener.refresh(self.subscriber)
-        if lost and not rearms:
-            self.request_scan(rearm=True)
-
-    def _heard_shares(self) -> frozenset[int]:
-        # The shares whose channels the listener LISTENs on: those this replica owns, when the
-        # trigger notifies a channel per share; none otherwise (all comes on the main one).
-        return self.queue.membership.shares if self.vitals.trigger_spread else frozenset()
 
     async def _first_listen_attempt(self, listener: Listener) -> None:
         # Whichever comes first: the listener's first attempt ends, or stop() is called.
