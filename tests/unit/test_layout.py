@@ -1,0 +1,62 @@
+"""The layout holds: core/ is pure, and no two rooms of reactor/ import each other."""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+import reactor
+
+PACKAGE = Path(reactor.__file__).parent
+
+
+def room_of(module: str) -> str:
+    # A room is a folder of reactor/ (reactor.intake), or a module at its top (reactor.cli).
+    return ".".join(module.split(".")[:2])
+
+
+def imports(path: Path) -> Iterator[str]:
+    """The reactor modules ``path`` imports, at the top, inside functions or for type checks."""
+    module = ".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            yield from (alias.name for alias in node.names if alias.name.startswith("reactor"))
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                yield ".".join([*base, *([node.module] if node.module else [])])
+            elif node.module == "reactor":
+                yield from (f"reactor.{alias.name}" for alias in node.names)
+            elif node.module and node.module.startswith("reactor"):
+                yield node.module
+
+
+def room_graph() -> dict[str, set[str]]:
+    graph: dict[str, set[str]] = {}
+    for path in PACKAGE.rglob("*.py"):
+        room = room_of(".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts))
+        targets = {room_of(name) for name in imports(path)} - {room, "reactor"}
+        graph.setdefault(room, set()).update(targets)
+    return graph
+
+
+def test_the_pure_room_imports_no_other() -> None:
+    assert room_graph()["reactor.core"] == set()
+
+
+def test_no_two_rooms_import_each_other() -> None:
+    graph = room_graph()
+    done: set[str] = set()
+
+    def visit(room: str, path: tuple[str, ...]) -> None:
+        assert room not in path, f"rooms in a circle: {' -> '.join((*path, room))}"
+        if room in done:
+            return
+        for target in sorted(graph.get(room, ())):
+            visit(target, (*path, room))
+        done.add(room)
+
+    for room in sorted(graph):
+        visit(room, ())
