@@ -7,12 +7,15 @@ read the audit table, and watch what a running reactor's recorder has finished.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import psycopg.conninfo
+from psycopg.rows import AsyncRowFactory
+from psycopg_pool import AsyncConnectionPool
 
+from reactor import db
 from reactor.intake.dispatch import Answer
 from reactor.runtime.service import Reactor
 from tests.helpers import APP, Conn, new_job
@@ -114,3 +117,29 @@ def watch_recorder(reactor: Reactor) -> RecorderLog:
 
     reactor.recorder.record = record  # type: ignore[method-assign]
     return log
+
+
+R = TypeVar("R")
+
+
+def whole(query: str) -> str:
+    return query
+
+
+@dataclass(frozen=True)
+class Counting:
+    """A connector that notes each statement it runs (as ``note`` renders it)."""
+
+    on: db.Pooled
+    seen: list[str]
+    note: Callable[[str], str] = whole
+
+    @property
+    def pool(self) -> AsyncConnectionPool[db.AnyConnection]:
+        return self.on.pool
+
+    async def fetch(
+        self, query: str, params: Any, row_factory: AsyncRowFactory[R], **options: Any
+    ) -> list[R]:
+        self.seen.append(self.note(query))
+        return await self.on.fetch(query, params, row_factory, **options)
