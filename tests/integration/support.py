@@ -7,11 +7,13 @@ read the audit table, and watch what a running reactor's recorder has finished.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import psycopg.conninfo
+from aiohttp import web
 from psycopg.rows import AsyncRowFactory
 from psycopg_pool import AsyncConnectionPool
 
@@ -117,6 +119,18 @@ def watch_recorder(reactor: Reactor) -> RecorderLog:
 
     reactor.recorder.record = record  # type: ignore[method-assign]
     return log
+
+
+@asynccontextmanager
+async def serving(app: web.Application, port: int) -> AsyncIterator[None]:
+    """``app`` answering HTTP on 127.0.0.1:``port`` until the block ends."""
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    try:
+        yield
+    finally:
+        await runner.cleanup()
 
 
 R = TypeVar("R")

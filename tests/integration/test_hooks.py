@@ -24,6 +24,7 @@ from reactor.hooks.signature import SIGNATURE_HEADER, verify_signature
 from tests import hookmods
 from tests.helpers import client_save, finish, new_job
 from tests.integration.conftest import StartReactor
+from tests.integration.support import serving
 from tests.polling import eventually
 
 pytestmark = pytest.mark.anyio
@@ -34,6 +35,11 @@ def outbox(conn: psycopg.Connection[Any]) -> list[tuple[Any, ...]]:
     return conn.execute(
         "SELECT hook, status, attempts, last_error FROM reactor.hook_outbox ORDER BY hook"
     ).fetchall()
+
+
+async def first_row_becomes(conn: psycopg.Connection[Any], status: str) -> None:
+    """Wait until the outbox's first row (by hook name) has ``status``."""
+    await eventually(lambda: bool(outbox(conn)) and outbox(conn)[0][1] == status)
 
 
 @pytest.fixture(autouse=True)
@@ -50,7 +56,7 @@ async def test_fails_twice_then_succeeds_with_backoff(
             grace=0.1, hooks="judge=python:tests.hookmods:flaky", hook_backoff=backoff
         ):
             finish(conn, new_job(conn)[0])
-            await eventually(lambda: outbox(conn) and outbox(conn)[0][1] == "done")
+            await first_row_becomes(conn, "done")
         assert outbox(conn) == [("judge", "done", 3, None)]
     attempts = [(attempt, at) for _, attempt, at in hookmods.calls]
     assert [a for a, _ in attempts] == [1, 2, 3]
@@ -70,7 +76,7 @@ async def test_always_failing_hook_is_parked(
             hook_max_attempts=3,
         ) as reactor:
             finish(conn, new_job(conn)[0])
-            await eventually(lambda: outbox(conn) and outbox(conn)[0][1] == "failed")
+            await first_row_becomes(conn, "failed")
             assert reactor.metrics.hook_outcomes.labels("judge", "failed")._value.get() == 1
             assert reactor.metrics.hook_outcomes.labels("judge", "retry")._value.get() == 2
         ((hook, status, attempts, error),) = outbox(conn)
@@ -234,13 +240,8 @@ async def receiver() -> AsyncIterator[Receiver]:
     app = web.Application()
     app.router.add_route("*", "/judge", handle)
     app.router.add_route("*", "/elsewhere", handle)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
-    try:
+    async with serving(app, port):
         yield state
-    finally:
-        await runner.cleanup()
 
 
 def signed(secret: str, header: str, body: bytes) -> int:
@@ -267,7 +268,7 @@ async def test_webhook_is_signed_with_a_timestamp_and_retried(
         ):  # fmt: skip
             job_id, run_id = new_job(conn)
             finish(conn, job_id)
-            await eventually(lambda: outbox(conn) and outbox(conn)[0][1] == "done")
+            await first_row_becomes(conn, "done")
         assert outbox(conn) == [("judge", "done", 5, None)]
     calls = receiver.at("/judge")
     assert len(calls) == 5
@@ -291,7 +292,7 @@ async def test_webhook_410_is_permanent(
     with psycopg.connect(database_url, autocommit=True) as conn:
         async with start_reactor(grace=0.1, hooks=f"judge=webhook:{receiver.url}"):
             finish(conn, new_job(conn)[0])
-            await eventually(lambda: outbox(conn) and outbox(conn)[0][1] == "failed")
+            await first_row_becomes(conn, "failed")
         ((_, _, attempts, error),) = outbox(conn)
     assert attempts == 1
     assert error == f"HTTP 410 from {receiver.url}"
@@ -307,7 +308,7 @@ async def test_a_301_parks_the_row_and_is_not_followed(
             grace=0.1, hooks=f"judge=webhook:{receiver.url}", hook_backoff=0.05
         ):
             finish(conn, new_job(conn)[0])
-            await eventually(lambda: outbox(conn) and outbox(conn)[0][1] == "failed")
+            await first_row_becomes(conn, "failed")
         ((_, _, attempts, error),) = outbox(conn)
     # Followed, the POST would have become a GET to /elsewhere, answered 200: a false "done".
     assert receiver.at("/elsewhere") == []
@@ -330,7 +331,7 @@ async def test_a_307_is_retried_and_never_sends_the_body_elsewhere(
             hook_backoff=0.05,
         ):  # fmt: skip
             finish(conn, new_job(conn)[0])
-            await eventually(lambda: outbox(conn) and outbox(conn)[0][1] == "done")
+            await first_row_becomes(conn, "done")
         assert [row[2] for row in outbox(conn)] == [2]
     # Followed, the signed body would have gone to the redirect's target at the first attempt.
     assert receiver.at("/elsewhere") == []
@@ -351,7 +352,7 @@ async def test_notify_hook_reaches_a_listener(
                     async for notify in listener.notifies():
                         payload = json.loads(notify.payload)
                         break
-                await eventually(lambda: outbox(conn) and outbox(conn)[0][1] == "done")
+                await first_row_becomes(conn, "done")
     assert payload["run_id"] == str(run_id)
     assert payload["job_id"] == str(job_id)
     assert payload["hook"] == "judge"

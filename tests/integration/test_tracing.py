@@ -36,7 +36,7 @@ from reactor.telemetry import tracing
 from tests import hookmods
 from tests.helpers import finish, new_job, python_without_otel
 from tests.integration.conftest import StartReactor
-from tests.integration.support import add_job, scalar
+from tests.integration.support import add_job, scalar, serving
 from tests.polling import eventually
 
 pytestmark = pytest.mark.anyio
@@ -263,13 +263,8 @@ async def receiver() -> AsyncIterator[Receiver]:
 
     app = web.Application()
     app.router.add_route("*", "/{tail:.*}", handle)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
-    try:
+    async with serving(app, port):
         yield state
-    finally:
-        await runner.cleanup()
 
 
 def traceparent(span: ReadableSpan) -> str:
