@@ -7,8 +7,8 @@ read the audit table, and watch what a running reactor's recorder has finished.
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator, Callable, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -119,6 +119,17 @@ def watch_recorder(reactor: Reactor) -> RecorderLog:
 
     reactor.recorder.record = record  # type: ignore[method-assign]
     return log
+
+
+@contextmanager
+def app_and_a_tab(database_url: str) -> Iterator[tuple[Conn, Conn]]:
+    """Two connections: the app's, in autocommit, and a tab's, whose transaction can hold a
+    run row's lock for as long as the test needs."""
+    with (
+        psycopg.connect(database_url, autocommit=True) as app,
+        psycopg.connect(database_url) as tab,
+    ):
+        yield app, tab
 
 
 @asynccontextmanager
