@@ -117,6 +117,13 @@ class Runs:
         return run
 
 
+def on_a_fake_clock() -> tuple[FakeClock, Runs, Scheduler]:
+    """A clock at 0, the record of the duties' runs, and a scheduler of both duties on it."""
+    clock = FakeClock()
+    runs = Runs(clock)
+    return clock, runs, scheduler(clock, runs)
+
+
 def scheduler(clock: FakeClock, runs: Runs) -> Scheduler:
     return Scheduler(
         cadence(),
@@ -128,9 +135,7 @@ def scheduler(clock: FakeClock, runs: Runs) -> Scheduler:
 
 
 async def test_the_loop_runs_each_duty_on_its_interval() -> None:
-    clock = FakeClock()
-    runs = Runs(clock)
-    s = scheduler(clock, runs)
+    clock, runs, s = on_a_fake_clock()
     async with running(s):
         await clock.advance(60.0)
     assert runs.at["health"] == [0.0, 5.0, 10.0, 15.0, 20.0, 25.0, 30.0, 35.0, 40.0, 45.0, 50.0,
@@ -139,9 +144,7 @@ async def test_the_loop_runs_each_duty_on_its_interval() -> None:
 
 
 async def test_a_hastened_duty_runs_at_once_and_keeps_its_interval_after() -> None:
-    clock = FakeClock()
-    runs = Runs(clock)
-    s = scheduler(clock, runs)
+    clock, runs, s = on_a_fake_clock()
     async with running(s):
         await clock.advance(7.0)
         s.hasten("scan")
@@ -150,10 +153,8 @@ async def test_a_hastened_duty_runs_at_once_and_keeps_its_interval_after() -> No
 
 
 async def test_a_failed_duty_is_retried_by_its_policy() -> None:
-    clock = FakeClock()
-    runs = Runs(clock)
+    clock, runs, s = on_a_fake_clock()
     runs.fail_scan = 3
-    s = scheduler(clock, runs)
     async with running(s):
         await clock.advance(10.0)
     assert runs.at["scan"] == [0.0, 0.5, 1.5, 3.5]
@@ -161,9 +162,7 @@ async def test_a_failed_duty_is_retried_by_its_policy() -> None:
 
 
 async def test_a_held_duty_is_left_to_its_holder_who_hears_of_its_changes() -> None:
-    clock = FakeClock()
-    runs = Runs(clock)
-    s = scheduler(clock, runs)
+    clock, runs, s = on_a_fake_clock()
     woken: list[str] = []
     s.hold("health", lambda: woken.append("changed"))
     # Never due here: its holder begins it, through the cadence.
