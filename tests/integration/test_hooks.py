@@ -11,6 +11,7 @@ import re
 import socket
 import time
 from collections.abc import AsyncIterator
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,6 +22,7 @@ from aiohttp import web
 
 from reactor.hooks import IDEMPOTENCY_HEADER, HookCall
 from reactor.hooks.signature import SIGNATURE_HEADER, verify_signature
+from reactor.runtime.service import Reactor
 from tests import hookmods
 from tests.helpers import client_save, finish, new_job
 from tests.integration.conftest import StartReactor
@@ -244,6 +246,18 @@ async def receiver() -> AsyncIterator[Receiver]:
         yield state
 
 
+SECRET = "s3cret-key"
+
+
+def signing_webhook(
+    start_reactor: StartReactor, receiver: Receiver
+) -> AbstractAsyncContextManager[Reactor]:
+    """A reactor whose judge hook posts to ``receiver``, signed with SECRET, retried quickly."""
+    return start_reactor(
+        grace=0.1, hooks=f"judge=webhook:{receiver.url}", webhook_secret=SECRET, hook_backoff=0.05
+    )
+
+
 def signed(secret: str, header: str, body: bytes) -> int:
     """The signature check written from docs/hooks.md alone: returns t, fails the test on a
     mismatch."""
@@ -260,12 +274,8 @@ async def test_webhook_is_signed_with_a_timestamp_and_retried(
 ) -> None:
     # 401 and 404 are what a receiver mid-deploy or mid-key-rotation answers: retried too.
     receiver.answers.extend([(503, {}), (429, {}), (404, {}), (401, {})])
-    secret = "s3cret-key"
     with psycopg.connect(database_url, autocommit=True) as conn:
-        async with start_reactor(
-            grace=0.1, hooks=f"judge=webhook:{receiver.url}", webhook_secret=secret,
-            hook_backoff=0.05,
-        ):  # fmt: skip
+        async with signing_webhook(start_reactor, receiver):
             job_id, run_id = new_job(conn)
             finish(conn, job_id)
             await first_row_becomes(conn, "done")
@@ -274,11 +284,11 @@ async def test_webhook_is_signed_with_a_timestamp_and_retried(
     assert len(calls) == 5
     for call in calls:
         header = call.headers[SIGNATURE_HEADER]
-        t = signed(secret, header, call.body)
+        t = signed(SECRET, header, call.body)
         assert abs(call.at - t) < 5  # signed when sent, by the sender's clock
-        assert verify_signature(secret, header, call.body, now=call.at)
+        assert verify_signature(SECRET, header, call.body, now=call.at)
         # The same request replayed after the tolerance is refused.
-        assert not verify_signature(secret, header, call.body, now=call.at + 301)
+        assert not verify_signature(SECRET, header, call.body, now=call.at + 301)
         assert call.headers[IDEMPOTENCY_HEADER] == f"{run_id}:{job_id}:judge"
     payloads = [json.loads(call.body) for call in calls]
     assert [p["attempt"] for p in payloads] == [1, 2, 3, 4, 5]
@@ -324,12 +334,8 @@ async def test_a_307_is_retried_and_never_sends_the_body_elsewhere(
     database_url: str, start_reactor: StartReactor, receiver: Receiver
 ) -> None:
     receiver.answers.append((307, {"Location": receiver.elsewhere}))
-    secret = "s3cret-key"
     with psycopg.connect(database_url, autocommit=True) as conn:
-        async with start_reactor(
-            grace=0.1, hooks=f"judge=webhook:{receiver.url}", webhook_secret=secret,
-            hook_backoff=0.05,
-        ):  # fmt: skip
+        async with signing_webhook(start_reactor, receiver):
             finish(conn, new_job(conn)[0])
             await first_row_becomes(conn, "done")
         assert [row[2] for row in outbox(conn)] == [2]
