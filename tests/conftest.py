@@ -155,26 +155,27 @@ def template(server: Server) -> str:
     return TEMPLATE
 
 
-@pytest.fixture
-def database_url(server: Server, template: str) -> Iterator[str]:
-    """A fresh database cloned from the template; dropped afterwards."""
-    name = f"t_{uuid.uuid4().hex[:12]}"
+def _fresh_database(server: Server, prefix: str, template: str | None) -> Iterator[str]:
+    """A database of a new name (from ``template`` if given), dropped when the test is over."""
+    name = f"{prefix}_{uuid.uuid4().hex[:12]}"
+    cloned = f" TEMPLATE {template}" if template else ""
     with psycopg.connect(server.admin_dsn, autocommit=True) as conn:
-        conn.execute(f"CREATE DATABASE {name} TEMPLATE {template}")
+        conn.execute(f"CREATE DATABASE {name}{cloned}")
     yield server.dsn_for(name)
     with psycopg.connect(server.admin_dsn, autocommit=True) as conn:
         conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+
+@pytest.fixture
+def database_url(server: Server, template: str) -> Iterator[str]:
+    """A fresh database cloned from the template; dropped afterwards."""
+    yield from _fresh_database(server, "t", template)
 
 
 @pytest.fixture
 def empty_database_url(server: Server) -> Iterator[str]:
     """A fresh database with nothing in it."""
-    name = f"e_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(server.admin_dsn, autocommit=True) as conn:
-        conn.execute(f"CREATE DATABASE {name}")
-    yield server.dsn_for(name)
-    with psycopg.connect(server.admin_dsn, autocommit=True) as conn:
-        conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+    yield from _fresh_database(server, "e", None)
 
 
 NewRole = Callable[[str], str]

@@ -5,7 +5,12 @@ run write."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import uuid
+from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -19,6 +24,26 @@ from tests.faults import tables
 AUDIT_SQL = audit.ddl(mapping.REFERENCE)
 
 Conn = psycopg.Connection[Any]
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def python_without_otel(
+    *args: str, environ: Mapping[str, str], timeout: float = 60
+) -> subprocess.CompletedProcess[str]:
+    """``python ARGS`` from the repository, with no OTEL_ variable but those of ``environ``:
+    its output as text, whatever its exit code."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    return subprocess.run(
+        [sys.executable, *args],
+        env={**env, **environ},
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
 
 # public.stamp(text), immutable by its word only: it calls public.touch(), which takes the next
 # value of public.ticks and writes a row to public.touched. The planner folds an immutable call

@@ -31,24 +31,42 @@ def log_lines(log: Path) -> list[list[str]]:
     return [line.split() for line in log.read_text().splitlines()] if log.exists() else []
 
 
-def test_kill_9_mid_hook_another_replica_runs_it_again_without_waiting_out_the_lease(
-    database_url: str, spawn: Spawn, tmp_path: Path
-) -> None:
+def blocking_hook_env(
+    database_url: str, tmp_path: Path, **variables: str
+) -> tuple[dict[str, str], Path, Path]:
+    """A reactor's environment whose hook notes its calls in ``log`` and blocks until
+    ``release`` exists: the environment, the log and the release file."""
     log, release = tmp_path / "hooks.log", tmp_path / "release"
     env = reactor_env(
         database_url,
         REACTOR_GRACE_SECONDS="0.2",
         REACTOR_HOOKS=BLOCK,
-        REACTOR_HOOK_TIMEOUT_SECONDS="2",
-        REACTOR_HOOK_LEASE_SECONDS="60",
         HOOK_LOG=str(log),
         HOOK_RELEASE=str(release),
+        **variables,
     )
+    return env, log, release
+
+
+def first_replica_in_a_hook(
+    spawn: Spawn, env: dict[str, str], conn: psycopg.Connection[Any], log: Path
+) -> subprocess.Popen[str]:
+    """A replica started, a job finished, and its hook running, blocked, in that replica."""
     first = spawn("run", env=env)
+    wait_for(lambda: listening(conn))
+    finish(conn, new_job(conn)[0])
+    wait_for(lambda: log_lines(log))
+    return first
+
+
+def test_kill_9_mid_hook_another_replica_runs_it_again_without_waiting_out_the_lease(
+    database_url: str, spawn: Spawn, tmp_path: Path
+) -> None:
+    env, log, release = blocking_hook_env(
+        database_url, tmp_path, REACTOR_HOOK_TIMEOUT_SECONDS="2", REACTOR_HOOK_LEASE_SECONDS="60"
+    )
     with psycopg.connect(database_url, autocommit=True) as conn:
-        wait_for(lambda: listening(conn))
-        finish(conn, new_job(conn)[0])
-        wait_for(lambda: log_lines(log))  # the hook is running, blocked, in the first replica
+        first = first_replica_in_a_hook(spawn, env, conn, log)
         first.kill()
         first.communicate()
         killed_at = time.monotonic()
@@ -67,21 +85,14 @@ def test_kill_9_mid_hook_another_replica_runs_it_again_without_waiting_out_the_l
 def test_sigterm_mid_hook_releases_the_lease_at_once(
     database_url: str, spawn: Spawn, tmp_path: Path
 ) -> None:
-    log, release = tmp_path / "hooks.log", tmp_path / "release"
-    env = reactor_env(
+    env, log, release = blocking_hook_env(
         database_url,
-        REACTOR_GRACE_SECONDS="0.2",
-        REACTOR_HOOKS=BLOCK,
+        tmp_path,
         REACTOR_HOOK_TIMEOUT_SECONDS="120",  # lease 150 s: only a release explains a fast pickup
         REACTOR_DRAIN_SECONDS="0.5",
-        HOOK_LOG=str(log),
-        HOOK_RELEASE=str(release),
     )
-    first = spawn("run", env=env)
     with psycopg.connect(database_url, autocommit=True) as conn:
-        wait_for(lambda: listening(conn))
-        finish(conn, new_job(conn)[0])
-        wait_for(lambda: log_lines(log))
+        first = first_replica_in_a_hook(spawn, env, conn, log)
         first.send_signal(signal.SIGTERM)
         first.communicate(timeout=30)
         assert first.returncode == 0

@@ -28,6 +28,10 @@ class App:
     # Keys the draft must hold, by section, with their values; None: the key must be absent.
     expected: dict[str, dict[str, Any]] = field(default_factory=dict)
 
+    def flags(self) -> tuple[str, ...]:
+        """The flags that name its pair."""
+        return ("--jobs", self.jobs, "--runs", self.runs)
+
     def load(self, url: str) -> None:
         with psycopg.connect(url, autocommit=True) as conn:
             conn.execute((APPS / f"{self.name}.sql").read_text())
@@ -158,9 +162,7 @@ def test_without_names_it_lists_the_pair_and_asks_for_the_choice(
 @_by_name(CORPUS)
 def test_the_draft_proposes_the_keys_of_the_schema(empty_database_url: str, app: App) -> None:
     app.load(empty_database_url)
-    result = _init(
-        empty_database_url, "--jobs", app.jobs, "--runs", app.runs, "--terminal", app.terminal
-    )
+    result = _init(empty_database_url, *app.flags(), "--terminal", app.terminal)
     assert "Traceback" not in result.stderr
     drafted = tomllib.loads(result.stdout)
     for section, keys in app.expected.items():
@@ -182,9 +184,7 @@ def _migrates_as_it_stands(url: str, app: App, tmp_path: Path) -> None:
     role it made passes `reactor status`'s privilege checks."""
     app.load(url)
     path = tmp_path / "reactor.toml"
-    result = _init(
-        url, "--jobs", app.jobs, "--runs", app.runs, "--terminal", app.terminal, "-o", str(path)
-    )
+    result = _init(url, *app.flags(), "--terminal", app.terminal, "-o", str(path))
     assert result.returncode == 0, result.stderr
     assert "# TODO" not in path.read_text()
     assert "reactor migrate" in result.stderr
@@ -229,7 +229,7 @@ def test_the_drafts_of_integer_status_and_no_created_at_migrate(
 
 def test_guessed_terminal_values_are_a_todo(empty_database_url: str) -> None:
     DJANGO.load(empty_database_url)
-    result = _init(empty_database_url, "--jobs", DJANGO.jobs, "--runs", DJANGO.runs)
+    result = _init(empty_database_url, *DJANGO.flags())
     assert result.returncode == 2, result.stderr
     drafted = tomllib.loads(result.stdout)
     assert drafted["jobs"]["terminal"] == ["done", "error"]
@@ -240,7 +240,7 @@ def test_guessed_terminal_values_are_a_todo(empty_database_url: str) -> None:
 
 def test_an_integer_status_without_terminal_values_is_a_todo(empty_database_url: str) -> None:
     RAILS.load(empty_database_url)
-    result = _init(empty_database_url, "--jobs", RAILS.jobs, "--runs", RAILS.runs)
+    result = _init(empty_database_url, *RAILS.flags())
     assert result.returncode == 2, result.stderr
     # The file as it stands refuses to migrate: no status value is taken for granted.
     assert "terminal = []" in result.stdout
@@ -249,15 +249,7 @@ def test_an_integer_status_without_terminal_values_is_a_todo(empty_database_url:
 
 def test_a_terminal_value_no_row_can_hold_is_a_todo(empty_database_url: str) -> None:
     DJANGO.load(empty_database_url)
-    result = _init(
-        empty_database_url,
-        "--jobs",
-        DJANGO.jobs,
-        "--runs",
-        DJANGO.runs,
-        "--terminal",
-        "done,failed",
-    )
+    result = _init(empty_database_url, *DJANGO.flags(), "--terminal", "done,failed")
     assert result.returncode == 2
     assert "--terminal 'failed' is none of the CHECK constraint's values" in result.stderr
 
@@ -305,15 +297,7 @@ def test_a_role_name_that_is_not_an_identifier_is_refused(empty_database_url: st
 
 def test_drafting_changes_nothing(empty_database_url: str) -> None:
     HANDWRITTEN.load(empty_database_url)
-    result = _init(
-        empty_database_url,
-        "--jobs",
-        HANDWRITTEN.jobs,
-        "--runs",
-        HANDWRITTEN.runs,
-        "--terminal",
-        HANDWRITTEN.terminal,
-    )
+    result = _init(empty_database_url, *HANDWRITTEN.flags(), "--terminal", HANDWRITTEN.terminal)
     assert result.returncode == 0, result.stderr
     with psycopg.connect(empty_database_url) as conn:
         assert conn.execute("SELECT to_regnamespace('reactor')").fetchone() == (None,)

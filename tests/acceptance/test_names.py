@@ -18,7 +18,7 @@ import pytest
 
 from reactor.install import sql
 from tests.acceptance.conftest import reactor_env, run_reactor
-from tests.acceptance.test_trust import as_role, is_superuser, neighbour, one_line
+from tests.acceptance.test_trust import as_role, is_superuser, may_create, neighbour, one_line
 from tests.conftest import NewRole
 from tests.helpers import finish, grant_audit, new_job, run_row
 from tests.integration.test_privileges import dsn_as, grant_all
@@ -50,12 +50,29 @@ def unqualified_mapping(tmp_path: Path) -> str:
     return str(path)
 
 
-def may_create(url: str, role: str) -> None:
+def reference_app(url: str) -> str:
+    """The reference tables made in public by the admin: the admin's name, their owner."""
     with psycopg.connect(url, autocommit=True) as admin:
-        admin.execute(
-            "DO $$ BEGIN EXECUTE format('GRANT CREATE ON DATABASE %I TO %I', "
-            f"current_database(), '{role}'); END $$"
-        )
+        admin.execute(sql.read("reference.sql"))
+        row = admin.execute("SELECT current_user::text").fetchone()
+    assert row is not None
+    return str(row[0])
+
+
+def runtime_beside_a_neighbour(url: str, runtime: str, neighbour: str) -> None:
+    """``runtime`` granted what the reactor needs (writing run_audit too), and ``neighbour``
+    free to create schemas, one of them named after ``runtime``."""
+    grant_all(url, runtime)
+    may_create(url, neighbour)
+    with psycopg.connect(url, autocommit=True) as admin:
+        grant_audit(admin, runtime)
+
+
+def sweep_records_the_one_due_job_as(url: str, role: str) -> None:
+    env = reactor_env(dsn_as(url, role), REACTOR_GRACE_SECONDS="0")
+    sweep = run_reactor("sweep", "--once", env=env)
+    assert sweep.returncode == 0, sweep.stderr
+    assert sweep.stdout.strip() == "1"
 
 
 def triggers_on(conn: psycopg.Connection[tuple[object, ...]], table: str) -> int:
@@ -71,11 +88,7 @@ def test_migrate_installs_on_public_not_on_a_schema_named_after_its_role(
     empty_database_url: str, neighbour: str, tmp_path: Path
 ) -> None:
     url = empty_database_url
-    with psycopg.connect(url, autocommit=True) as admin:
-        admin.execute(sql.read("reference.sql"))
-        row = admin.execute("SELECT current_user::text").fetchone()
-        assert row is not None
-        migrator = str(row[0])
+    migrator = reference_app(url)
     may_create(url, neighbour)
     # The look-alikes, in the first schema of the migrate role's search_path.
     with as_role(url, neighbour) as conn:
@@ -124,11 +137,7 @@ def test_migrate_refuses_a_table_of_another_role_naming_the_owner(
     # The app's tables belong to the admin; the neighbour, with CREATE on the database but no
     # membership in the owner, runs migrate.
     url = empty_database_url
-    with psycopg.connect(url, autocommit=True) as admin:
-        admin.execute(sql.read("reference.sql"))
-        row = admin.execute("SELECT current_user::text").fetchone()
-        assert row is not None
-        owner = str(row[0])
+    owner = reference_app(url)
     may_create(url, neighbour)
     for command in (["migrate"], ["migrate", "--print"]):
         result = run_reactor(*command, env=reactor_env(dsn_as(url, neighbour)))
@@ -165,11 +174,8 @@ def test_runtime_commands_read_public_not_a_view_named_after_their_role(
     database_url: str, neighbour: str, login_role: str
 ) -> None:
     runtime = login_role
-    grant_all(database_url, runtime)
-    may_create(database_url, neighbour)
+    runtime_beside_a_neighbour(database_url, runtime, neighbour)
     with psycopg.connect(database_url, autocommit=True) as admin:
-        # The tests' audit trigger writes run_audit as whoever writes a run.
-        grant_audit(admin, runtime)
         # The view reads the app's jobs with its owner's rights.
         admin.execute(f'GRANT SELECT ON analysis_jobs TO "{neighbour}"')
         job_id, run_id = new_job(admin)
@@ -186,9 +192,7 @@ def test_runtime_commands_read_public_not_a_view_named_after_their_role(
     status = run_reactor("status", "--json", env=env)
     assert status.returncode in (0, 1), status.stderr
     assert json.loads(status.stdout)["jobs"]["due"] == 1
-    sweep = run_reactor("sweep", "--once", env=env)
-    assert sweep.returncode == 0, sweep.stderr
-    assert sweep.stdout.strip() == "1"
+    sweep_records_the_one_due_job_as(database_url, runtime)
     with psycopg.connect(database_url, autocommit=True) as admin:
         assert run_row(admin, run_id) == (job_id, "worker")
         assert admin.execute(f'SELECT count(*) FROM "{runtime}".loot').fetchone() == (0,)
@@ -221,10 +225,8 @@ def test_an_app_trigger_calling_an_unqualified_public_function_works_under_the_r
     # find it: in public. A look-alike in the schema named after the runtime role is never
     # called, because the reactor's sessions search public alone.
     runtime = login_role
-    grant_all(database_url, runtime)
-    may_create(database_url, neighbour)
+    runtime_beside_a_neighbour(database_url, runtime, neighbour)
     with psycopg.connect(database_url, autocommit=True) as admin:
-        grant_audit(admin, runtime)
         admin.execute(
             """
             CREATE TABLE public.noted (run_id uuid);
@@ -254,10 +256,7 @@ def test_an_app_trigger_calling_an_unqualified_public_function_works_under_the_r
             """.encode()
         )
 
-    env = reactor_env(dsn_as(database_url, runtime), REACTOR_GRACE_SECONDS="0")
-    sweep = run_reactor("sweep", "--once", env=env)
-    assert sweep.returncode == 0, sweep.stderr
-    assert sweep.stdout.strip() == "1"
+    sweep_records_the_one_due_job_as(database_url, runtime)
     with psycopg.connect(database_url, autocommit=True) as admin:
         assert run_row(admin, run_id) == (job_id, "worker")
         assert admin.execute("SELECT run_id FROM public.noted").fetchall() == [(run_id,)]

@@ -17,9 +17,7 @@ import pytest
 
 from reactor.hooks.signature import SIGNATURE_HEADER, verify_signature
 from tests.acceptance.conftest import reactor_env, run_reactor
-from tests.acceptance.test_cli import listening
-from tests.acceptance.test_pairs import MAPPINGS, REPORTS, add_report_job
-from tests.helpers import finish, new_job
+from tests.acceptance.test_pairs import MAPPINGS, REPORTS, a_job_for_each_pair_once_listening
 from tests.polling import wait_for
 
 Spawn = Callable[..., subprocess.Popen[str]]
@@ -127,11 +125,7 @@ def test_each_pairs_receiver_gets_calls_signed_with_its_own_pairs_key(
     proc = spawn("run", env=env)
     analysis, reports = receivers
     with psycopg.connect(database_url, autocommit=True) as conn:
-        wait_for(lambda: listening(conn) or proc.poll() is not None, what="a listener")
-        assert proc.poll() is None
-        job_id, _ = new_job(conn)
-        finish(conn, job_id)
-        add_report_job(conn, "quarterly")
+        job_id = a_job_for_each_pair_once_listening(conn, proc)
         wait_for(lambda: analysis.calls and reports.calls, what="a call to each receiver")
     proc.send_signal(signal.SIGTERM)
     _, stderr = proc.communicate(timeout=30)

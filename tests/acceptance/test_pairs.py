@@ -9,6 +9,7 @@ import signal
 import subprocess
 import urllib.error
 import urllib.request
+import uuid
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -71,6 +72,19 @@ def add_report_job(conn: psycopg.Connection[Any], key: str) -> None:
     )
 
 
+def a_job_for_each_pair_once_listening(
+    conn: psycopg.Connection[Any], proc: subprocess.Popen[str]
+) -> uuid.UUID:
+    """Once the reactor process listens (and has not exited), a job finishes in each pair: the
+    reference pair's job id."""
+    wait_for(lambda: listening(conn) or proc.poll() is not None, what="a listener")
+    assert proc.poll() is None
+    job_id, _ = new_job(conn)
+    finish(conn, job_id)
+    add_report_job(conn, "quarterly")
+    return job_id
+
+
 def reports(conn: psycopg.Connection[Any]) -> int:
     row = conn.execute('SELECT count(*) FROM app."Report" WHERE origin = %s', ("system",))
     return int(row.fetchone()[0])  # type: ignore[index]
@@ -114,11 +128,7 @@ def test_one_process_serves_two_pairs(database_url: str, two_pairs: str, spawn: 
     )
     proc = spawn("run", env=env)
     with psycopg.connect(database_url, autocommit=True) as conn:
-        wait_for(lambda: listening(conn) or proc.poll() is not None, what="a listener")
-        assert proc.poll() is None
-        job_id, _ = new_job(conn)
-        finish(conn, job_id)
-        add_report_job(conn, "quarterly")
+        a_job_for_each_pair_once_listening(conn, proc)
         wait_for(lambda: worker_writes(conn) and reports(conn) == 1, what="both pairs record")
         assert len(worker_writes(conn)) == 1
 

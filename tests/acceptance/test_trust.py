@@ -72,6 +72,14 @@ def is_superuser(url: str, role: str) -> bool:
     return bool(row[0])
 
 
+def may_create(url: str, role: str) -> None:
+    with psycopg.connect(url, autocommit=True) as admin:
+        admin.execute(
+            "DO $$ BEGIN EXECUTE format('GRANT CREATE ON DATABASE %I TO %I', "
+            f"current_database(), '{role}'); END $$"
+        )
+
+
 def one_line(result: object) -> str:
     stderr = str(getattr(result, "stderr", ""))
     lines = [line for line in stderr.splitlines() if line.strip()]
@@ -86,11 +94,8 @@ def test_a_schema_planted_before_the_first_install_is_refused(
     url = empty_database_url
     with psycopg.connect(url, autocommit=True) as admin:
         admin.execute(sql.read("reference.sql"))
-        admin.execute(
-            "DO $$ BEGIN EXECUTE format('GRANT CREATE ON DATABASE %I TO %I', "
-            f"current_database(), '{neighbour}'); END $$"
-        )
         admin.execute(f'GRANT INSERT, UPDATE ON analysis_jobs TO "{neighbour}"')
+    may_create(url, neighbour)
     with as_role(url, neighbour) as conn:
         conn.execute(PLANT.replace("{role}", neighbour))
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import anyio
+import pytest
 
 from reactor.intake.listener import Listener
 from reactor.runtime.service import Reactor
@@ -34,6 +35,17 @@ REPLICAS: Sequence[int] = tuple(
 
 GRACE = 1.0
 RATE = 20.0  # jobs finished per second while the app is driven
+
+
+def short_and_long(
+    names: tuple[str, ...], short: tuple[object, ...], long: tuple[object, ...]
+) -> pytest.MarkDecorator:
+    """Runs a scenario with the ``short`` values in every run and with the ``long`` ones only
+    under ``--long`` (ids ``short`` and ``long``), so a quick run still plays every fault."""
+    return pytest.mark.parametrize(
+        names,
+        [pytest.param(*short, id="short"), pytest.param(*long, marks=pytest.mark.slow, id="long")],
+    )
 
 
 @dataclass(frozen=True)

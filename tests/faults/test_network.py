@@ -14,7 +14,7 @@ import pytest
 
 from reactor.runtime.service import Reactor
 from tests.faults.proxy import FaultProxy
-from tests.faults.scenario import Scenario
+from tests.faults.scenario import Scenario, short_and_long
 from tests.faults.support import with_port
 from tests.polling import eventually
 
@@ -70,12 +70,10 @@ async def _silent_partition(
     assert judgement.verdict.lateness_max_overall < outage + 10
 
 
-@pytest.mark.parametrize(
+@short_and_long(
     ("cycles", "outage", "name"),
-    [
-        pytest.param(1, 3.0, "net: silent partition", id="short"),
-        pytest.param(5, 15.0, "net: silent partition (long)", marks=pytest.mark.slow, id="long"),
-    ],
+    (1, 3.0, "net: silent partition"),
+    (5, 15.0, "net: silent partition (long)"),
 )
 async def test_silent_partition_is_recovered(
     scenario: Scenario, proxy: FaultProxy, cycles: int, outage: float, name: str
@@ -224,12 +222,8 @@ async def _slow_network(
     assert judgement.verdict.lateness_max_overall < 8.0
 
 
-@pytest.mark.parametrize(
-    ("seconds", "name"),
-    [
-        pytest.param(3.0, "net: +200 ms latency", id="short"),
-        pytest.param(60.0, "net: +200 ms latency (long)", marks=pytest.mark.slow, id="long"),
-    ],
+@short_and_long(
+    ("seconds", "name"), (3.0, "net: +200 ms latency"), (60.0, "net: +200 ms latency (long)")
 )
 async def test_slow_network(
     scenario: Scenario, proxy: FaultProxy, seconds: float, name: str
@@ -264,12 +258,10 @@ async def _resets_mid_record(
 
 
 @pytest.mark.second_mapping
-@pytest.mark.parametrize(
+@short_and_long(
     ("resets", "name"),
-    [
-        pytest.param(5, "net: RST mid record statement", id="short"),
-        pytest.param(60, "net: RST mid record statement (long)", marks=pytest.mark.slow, id="long"),
-    ],
+    (5, "net: RST mid record statement"),
+    (60, "net: RST mid record statement (long)"),
 )
 async def test_reset_in_the_middle_of_record_statements(
     scenario: Scenario, proxy: FaultProxy, resets: int, name: str

@@ -20,7 +20,7 @@ import psycopg
 import pytest
 
 from reactor.demo.embedded import EmbeddedPostgres
-from tests.faults.scenario import Scenario
+from tests.faults.scenario import Scenario, short_and_long
 from tests.faults.support import connect, reactor_pids, scalar
 from tests.polling import eventually
 
@@ -80,12 +80,10 @@ async def _restarts(
     assert reconnects >= cycles
 
 
-@pytest.mark.parametrize(
+@short_and_long(
     ("cycles", "name"),
-    [
-        pytest.param(1, "pg: fast shutdown + restart", id="short"),
-        pytest.param(8, "pg: fast shutdown + restart (long)", marks=pytest.mark.slow, id="long"),
-    ],
+    (1, "pg: fast shutdown + restart"),
+    (8, "pg: fast shutdown + restart (long)"),
 )
 async def test_fast_shutdown_and_restart(
     scenario: Scenario, embedded: EmbeddedPostgres, cycles: int, name: str
@@ -112,12 +110,8 @@ async def _backend_crashes(scenario: Scenario, *, cycles: int, name: str) -> Non
     scenario.conclude(name, cycles, judgement, recovery=took, note="SIGKILL of one reactor backend")
 
 
-@pytest.mark.parametrize(
-    ("cycles", "name"),
-    [
-        pytest.param(1, "pg: backend SIGKILL (crash)", id="short"),
-        pytest.param(8, "pg: backend SIGKILL (crash, long)", marks=pytest.mark.slow, id="long"),
-    ],
+@short_and_long(
+    ("cycles", "name"), (1, "pg: backend SIGKILL (crash)"), (8, "pg: backend SIGKILL (crash, long)")
 )
 async def test_backend_crash_resets_every_connection(
     scenario: Scenario, embedded: EmbeddedPostgres, cycles: int, name: str
@@ -157,13 +151,7 @@ async def _downtime(
     assert caught_up - started < 10
 
 
-@pytest.mark.parametrize(
-    ("seconds", "name"),
-    [
-        pytest.param(5.0, "pg: downtime 5 s", id="short"),
-        pytest.param(30.0, "pg: downtime 30 s", marks=pytest.mark.slow, id="long"),
-    ],
-)
+@short_and_long(("seconds", "name"), (5.0, "pg: downtime 5 s"), (30.0, "pg: downtime 30 s"))
 async def test_downtime(
     scenario: Scenario, embedded: EmbeddedPostgres, seconds: float, name: str
 ) -> None:
@@ -293,14 +281,10 @@ async def _frozen_claim(scenario: Scenario, *, seconds: float, reanalyse: bool, 
     assert final == ((later, tables.worker) if reanalyse else (held, tables.worker))
 
 
-@pytest.mark.parametrize(
+@short_and_long(
     ("seconds", "name"),
-    [
-        pytest.param(2.0, "pg: frozen backend holding a claim", id="short"),
-        pytest.param(
-            20.0, "pg: frozen backend holding a claim (long)", marks=pytest.mark.slow, id="long"
-        ),
-    ],
+    (2.0, "pg: frozen backend holding a claim"),
+    (20.0, "pg: frozen backend holding a claim (long)"),
 )
 async def test_frozen_backend_holding_a_claim(
     scenario: Scenario, embedded: EmbeddedPostgres, seconds: float, name: str
@@ -339,14 +323,10 @@ async def _terminations(scenario: Scenario, *, cycles: int, name: str) -> None:
     assert ended >= cycles
 
 
-@pytest.mark.parametrize(
+@short_and_long(
     ("cycles", "name"),
-    [
-        pytest.param(4, "pg: pg_terminate_backend at random", id="short"),
-        pytest.param(
-            60, "pg: pg_terminate_backend at random (long)", marks=pytest.mark.slow, id="long"
-        ),
-    ],
+    (4, "pg: pg_terminate_backend at random"),
+    (60, "pg: pg_terminate_backend at random (long)"),
 )
 async def test_terminated_reactor_sessions(scenario: Scenario, cycles: int, name: str) -> None:
     await _terminations(scenario, cycles=cycles, name=name)

@@ -14,11 +14,10 @@ from datetime import datetime
 from pathlib import Path
 
 import anyio
-import pytest
 
 from tests.faults import support
 from tests.faults.conftest import Report
-from tests.faults.scenario import GRACE
+from tests.faults.scenario import GRACE, short_and_long
 from tests.faults.support import (
     Conn,
     Judgement,
@@ -59,13 +58,15 @@ def unhooked(tables: Tables, conn: Conn, hook: str = "judge") -> int:
 # -- kill -9 -----------------------------------------------------------------------------------
 
 
-def _kill_nine(
+@short_and_long(
+    ("cycles", "scenario"), (2, "proc: kill -9 at random"), (40, "proc: kill -9 at random (long)")
+)
+def test_kill_nine_at_random_moments(
     database_url: str,
     tables: Tables,
     replicas: Replicas,
     workload: Callable[..., Workload],
     report: Report,
-    *,
     cycles: int,
     scenario: str,
 ) -> None:
@@ -115,34 +116,17 @@ def _kill_nine(
     assert judgement.verdict.lateness_max < 5
 
 
-@pytest.mark.parametrize(
-    ("cycles", "scenario"),
-    [
-        pytest.param(2, "proc: kill -9 at random", id="short"),
-        pytest.param(40, "proc: kill -9 at random (long)", marks=pytest.mark.slow, id="long"),
-    ],
-)
-def test_kill_nine_at_random_moments(
-    database_url: str,
-    tables: Tables,
-    replicas: Replicas,
-    workload: Callable[..., Workload],
-    report: Report,
-    cycles: int,
-    scenario: str,
-) -> None:
-    _kill_nine(database_url, tables, replicas, workload, report, cycles=cycles, scenario=scenario)
-
-
 # -- rolling deploy ----------------------------------------------------------------------------
 
 
-def _rolling_deploy(
+@short_and_long(
+    ("rounds", "scenario"), (1, "proc: rolling deploy"), (8, "proc: rolling deploy (long)")
+)
+def test_rolling_deploy(
     database_url: str,
     replicas: Replicas,
     workload: Callable[..., Workload],
     report: Report,
-    *,
     rounds: int,
     scenario: str,
 ) -> None:
@@ -166,24 +150,6 @@ def _rolling_deploy(
     report(scenario, rounds, judgement, recovery=took, note=f"2 replicas replaced {rounds}x")
     assert codes == [0] * (2 * rounds)
     assert judgement.clean, str(judgement)
-
-
-@pytest.mark.parametrize(
-    ("rounds", "scenario"),
-    [
-        pytest.param(1, "proc: rolling deploy", id="short"),
-        pytest.param(8, "proc: rolling deploy (long)", marks=pytest.mark.slow, id="long"),
-    ],
-)
-def test_rolling_deploy(
-    database_url: str,
-    replicas: Replicas,
-    workload: Callable[..., Workload],
-    report: Report,
-    rounds: int,
-    scenario: str,
-) -> None:
-    _rolling_deploy(database_url, replicas, workload, report, rounds=rounds, scenario=scenario)
 
 
 # -- SIGTERM while a drain outlasts REACTOR_DRAIN_SECONDS --------------------------------------
@@ -351,13 +317,17 @@ def _log_clock_offset(replica: Replica) -> float:
     return stamp.timestamp() - replica.started_at
 
 
-def _skewed_clocks(
+@short_and_long(
+    ("seconds", "scenario"),
+    (3.0, "proc: clocks +90 s / -90 s"),
+    (60.0, "proc: clocks +90 s / -90 s (long)"),
+)
+def test_replicas_with_skewed_clocks(
     database_url: str,
     replicas: Replicas,
     workload: Callable[..., Workload],
     report: Report,
     tmp_path: Path,
-    *,
     seconds: float,
     scenario: str,
 ) -> None:
@@ -388,24 +358,3 @@ def _skewed_clocks(
     assert -90 < offsets[1] < -80
     assert judgement.clean, str(judgement)
     assert judgement.verdict.saved_by_worker > 0
-
-
-@pytest.mark.parametrize(
-    ("seconds", "scenario"),
-    [
-        pytest.param(3.0, "proc: clocks +90 s / -90 s", id="short"),
-        pytest.param(60.0, "proc: clocks +90 s / -90 s (long)", marks=pytest.mark.slow, id="long"),
-    ],
-)
-def test_replicas_with_skewed_clocks(
-    database_url: str,
-    replicas: Replicas,
-    workload: Callable[..., Workload],
-    report: Report,
-    tmp_path: Path,
-    seconds: float,
-    scenario: str,
-) -> None:
-    _skewed_clocks(
-        database_url, replicas, workload, report, tmp_path, seconds=seconds, scenario=scenario
-    )

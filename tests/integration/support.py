@@ -7,12 +7,17 @@ read the audit table, and watch what a running reactor's recorder has finished.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import psycopg.conninfo
+from aiohttp import web
+from psycopg.rows import AsyncRowFactory
+from psycopg_pool import AsyncConnectionPool
 
+from reactor import db
 from reactor.intake.dispatch import Answer
 from reactor.runtime.service import Reactor
 from tests.helpers import APP, Conn, new_job
@@ -114,3 +119,52 @@ def watch_recorder(reactor: Reactor) -> RecorderLog:
 
     reactor.recorder.record = record  # type: ignore[method-assign]
     return log
+
+
+@contextmanager
+def app_and_a_tab(database_url: str) -> Iterator[tuple[Conn, Conn]]:
+    """Two connections: the app's, in autocommit, and a tab's, whose transaction can hold a
+    run row's lock for as long as the test needs."""
+    with (
+        psycopg.connect(database_url, autocommit=True) as app,
+        psycopg.connect(database_url) as tab,
+    ):
+        yield app, tab
+
+
+@asynccontextmanager
+async def serving(app: web.Application, port: int) -> AsyncIterator[None]:
+    """``app`` answering HTTP on 127.0.0.1:``port`` until the block ends."""
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    try:
+        yield
+    finally:
+        await runner.cleanup()
+
+
+R = TypeVar("R")
+
+
+def whole(query: str) -> str:
+    return query
+
+
+@dataclass(frozen=True)
+class Counting:
+    """A connector that notes each statement it runs (as ``note`` renders it)."""
+
+    on: db.Pooled
+    seen: list[str]
+    note: Callable[[str], str] = whole
+
+    @property
+    def pool(self) -> AsyncConnectionPool[db.AnyConnection]:
+        return self.on.pool
+
+    async def fetch(
+        self, query: str, params: Any, row_factory: AsyncRowFactory[R], **options: Any
+    ) -> list[R]:
+        self.seen.append(self.note(query))
+        return await self.on.fetch(query, params, row_factory, **options)

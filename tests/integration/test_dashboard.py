@@ -136,29 +136,23 @@ async def test_a_hung_database_never_holds_a_probe(
 
 async def test_the_actions_doors(start_reactor: StartReactor) -> None:
     for token in (None, TOKEN):
-        async with start_reactor(dashboard_token=token) as reactor:
-            page = dashboard.for_reactor(reactor)
-            async with (
-                http.serving_page(page, ("127.0.0.1", 0)) as bound,
-                aiohttp.ClientSession() as session,
-            ):
-                assert bound is not None
-                url = f"http://{bound[0]}:{bound[1]}/actions/hooks/retry"
-                bearer = {"Authorization": f"Bearer {TOKEN}"}
-                async with session.post(url, data={"id": "4242"}, headers=bearer) as response:
-                    if token is None:
-                        assert response.status == 403
-                        assert "read-only" in await response.text()
-                        continue
-                    assert response.status == 409
-                    assert "no hook row with id 4242" in (await response.json())["error"]
-                wrong = {"Authorization": "Bearer not-the-token-at-all"}
-                async with session.post(url, data={"id": "1"}, headers=wrong) as response:
+        async with page_of(start_reactor, dashboard_token=token) as (_, base, session):
+            url = f"{base}/actions/hooks/retry"
+            bearer = {"Authorization": f"Bearer {TOKEN}"}
+            async with session.post(url, data={"id": "4242"}, headers=bearer) as response:
+                if token is None:
                     assert response.status == 403
-                # A cookie-less form from the page's own origin still needs a session.
-                async with session.post(url, data={"id": "1"}) as response:
-                    assert response.status == 403
-                    assert "sign in" in await response.text()
+                    assert "read-only" in await response.text()
+                    continue
+                assert response.status == 409
+                assert "no hook row with id 4242" in (await response.json())["error"]
+            wrong = {"Authorization": "Bearer not-the-token-at-all"}
+            async with session.post(url, data={"id": "1"}, headers=wrong) as response:
+                assert response.status == 403
+            # A cookie-less form from the page's own origin still needs a session.
+            async with session.post(url, data={"id": "1"}) as response:
+                assert response.status == 403
+                assert "sign in" in await response.text()
 
 
 async def test_the_page_has_no_probes_of_its_own(start_reactor: StartReactor) -> None:

@@ -11,6 +11,7 @@ import re
 import socket
 import time
 from collections.abc import AsyncIterator
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,9 +22,11 @@ from aiohttp import web
 
 from reactor.hooks import IDEMPOTENCY_HEADER, HookCall
 from reactor.hooks.signature import SIGNATURE_HEADER, verify_signature
+from reactor.runtime.service import Reactor
 from tests import hookmods
 from tests.helpers import client_save, finish, new_job
 from tests.integration.conftest import StartReactor
+from tests.integration.support import serving
 from tests.polling import eventually
 
 pytestmark = pytest.mark.anyio
@@ -34,6 +37,11 @@ def outbox(conn: psycopg.Connection[Any]) -> list[tuple[Any, ...]]:
     return conn.execute(
         "SELECT hook, status, attempts, last_error FROM reactor.hook_outbox ORDER BY hook"
     ).fetchall()
+
+
+async def first_row_becomes(conn: psycopg.Connection[Any], status: str) -> None:
+    """Wait until the outbox's first row (by hook name) has ``status``."""
+    await eventually(lambda: bool(outbox(conn)) and outbox(conn)[0][1] == status)
 
 
 @pytest.fixture(autouse=True)
@@ -50,7 +58,7 @@ async def test_fails_twice_then_succeeds_with_backoff(
             grace=0.1, hooks="judge=python:tests.hookmods:flaky", hook_backoff=backoff
         ):
             finish(conn, new_job(conn)[0])
-            await eventually(lambda: outbox(conn) and outbox(conn)[0][1] == "done")
+            await first_row_becomes(conn, "done")
         assert outbox(conn) == [("judge", "done", 3, None)]
     attempts = [(attempt, at) for _, attempt, at in hookmods.calls]
     assert [a for a, _ in attempts] == [1, 2, 3]
@@ -70,7 +78,7 @@ async def test_always_failing_hook_is_parked(
             hook_max_attempts=3,
         ) as reactor:
             finish(conn, new_job(conn)[0])
-            await eventually(lambda: outbox(conn) and outbox(conn)[0][1] == "failed")
+            await first_row_becomes(conn, "failed")
             assert reactor.metrics.hook_outcomes.labels("judge", "failed")._value.get() == 1
             assert reactor.metrics.hook_outcomes.labels("judge", "retry")._value.get() == 2
         ((hook, status, attempts, error),) = outbox(conn)
@@ -234,13 +242,20 @@ async def receiver() -> AsyncIterator[Receiver]:
     app = web.Application()
     app.router.add_route("*", "/judge", handle)
     app.router.add_route("*", "/elsewhere", handle)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
-    try:
+    async with serving(app, port):
         yield state
-    finally:
-        await runner.cleanup()
+
+
+SECRET = "s3cret-key"
+
+
+def signing_webhook(
+    start_reactor: StartReactor, receiver: Receiver
+) -> AbstractAsyncContextManager[Reactor]:
+    """A reactor whose judge hook posts to ``receiver``, signed with SECRET, retried quickly."""
+    return start_reactor(
+        grace=0.1, hooks=f"judge=webhook:{receiver.url}", webhook_secret=SECRET, hook_backoff=0.05
+    )
 
 
 def signed(secret: str, header: str, body: bytes) -> int:
@@ -259,25 +274,21 @@ async def test_webhook_is_signed_with_a_timestamp_and_retried(
 ) -> None:
     # 401 and 404 are what a receiver mid-deploy or mid-key-rotation answers: retried too.
     receiver.answers.extend([(503, {}), (429, {}), (404, {}), (401, {})])
-    secret = "s3cret-key"
     with psycopg.connect(database_url, autocommit=True) as conn:
-        async with start_reactor(
-            grace=0.1, hooks=f"judge=webhook:{receiver.url}", webhook_secret=secret,
-            hook_backoff=0.05,
-        ):  # fmt: skip
+        async with signing_webhook(start_reactor, receiver):
             job_id, run_id = new_job(conn)
             finish(conn, job_id)
-            await eventually(lambda: outbox(conn) and outbox(conn)[0][1] == "done")
+            await first_row_becomes(conn, "done")
         assert outbox(conn) == [("judge", "done", 5, None)]
     calls = receiver.at("/judge")
     assert len(calls) == 5
     for call in calls:
         header = call.headers[SIGNATURE_HEADER]
-        t = signed(secret, header, call.body)
+        t = signed(SECRET, header, call.body)
         assert abs(call.at - t) < 5  # signed when sent, by the sender's clock
-        assert verify_signature(secret, header, call.body, now=call.at)
+        assert verify_signature(SECRET, header, call.body, now=call.at)
         # The same request replayed after the tolerance is refused.
-        assert not verify_signature(secret, header, call.body, now=call.at + 301)
+        assert not verify_signature(SECRET, header, call.body, now=call.at + 301)
         assert call.headers[IDEMPOTENCY_HEADER] == f"{run_id}:{job_id}:judge"
     payloads = [json.loads(call.body) for call in calls]
     assert [p["attempt"] for p in payloads] == [1, 2, 3, 4, 5]
@@ -291,7 +302,7 @@ async def test_webhook_410_is_permanent(
     with psycopg.connect(database_url, autocommit=True) as conn:
         async with start_reactor(grace=0.1, hooks=f"judge=webhook:{receiver.url}"):
             finish(conn, new_job(conn)[0])
-            await eventually(lambda: outbox(conn) and outbox(conn)[0][1] == "failed")
+            await first_row_becomes(conn, "failed")
         ((_, _, attempts, error),) = outbox(conn)
     assert attempts == 1
     assert error == f"HTTP 410 from {receiver.url}"
@@ -307,7 +318,7 @@ async def test_a_301_parks_the_row_and_is_not_followed(
             grace=0.1, hooks=f"judge=webhook:{receiver.url}", hook_backoff=0.05
         ):
             finish(conn, new_job(conn)[0])
-            await eventually(lambda: outbox(conn) and outbox(conn)[0][1] == "failed")
+            await first_row_becomes(conn, "failed")
         ((_, _, attempts, error),) = outbox(conn)
     # Followed, the POST would have become a GET to /elsewhere, answered 200: a false "done".
     assert receiver.at("/elsewhere") == []
@@ -323,14 +334,10 @@ async def test_a_307_is_retried_and_never_sends_the_body_elsewhere(
     database_url: str, start_reactor: StartReactor, receiver: Receiver
 ) -> None:
     receiver.answers.append((307, {"Location": receiver.elsewhere}))
-    secret = "s3cret-key"
     with psycopg.connect(database_url, autocommit=True) as conn:
-        async with start_reactor(
-            grace=0.1, hooks=f"judge=webhook:{receiver.url}", webhook_secret=secret,
-            hook_backoff=0.05,
-        ):  # fmt: skip
+        async with signing_webhook(start_reactor, receiver):
             finish(conn, new_job(conn)[0])
-            await eventually(lambda: outbox(conn) and outbox(conn)[0][1] == "done")
+            await first_row_becomes(conn, "done")
         assert [row[2] for row in outbox(conn)] == [2]
     # Followed, the signed body would have gone to the redirect's target at the first attempt.
     assert receiver.at("/elsewhere") == []
@@ -351,7 +358,7 @@ async def test_notify_hook_reaches_a_listener(
                     async for notify in listener.notifies():
                         payload = json.loads(notify.payload)
                         break
-                await eventually(lambda: outbox(conn) and outbox(conn)[0][1] == "done")
+                await first_row_becomes(conn, "done")
     assert payload["run_id"] == str(run_id)
     assert payload["job_id"] == str(job_id)
     assert payload["hook"] == "judge"

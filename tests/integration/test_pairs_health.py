@@ -7,14 +7,11 @@ import re
 import tomllib
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
-from typing import Any, TypeVar
 
 import psycopg
 import pytest
-from psycopg.rows import AsyncRowFactory
-from psycopg_pool import AsyncConnectionPool
 
 from reactor import db
 from reactor.config import Settings
@@ -22,6 +19,7 @@ from reactor.install import mapping, mapping_file
 from reactor.pairs import Pair
 from reactor.runtime.replica import Replica, open_replica
 from reactor.runtime.service import Reactor
+from tests.integration.support import Counting
 from tests.polling import eventually
 
 pytestmark = pytest.mark.anyio
@@ -30,26 +28,6 @@ MAPPINGS = Path(__file__).parent.parent / "mappings"
 SECOND_SCHEMA = "second_reactor"
 SCHEMAS = ("reactor", SECOND_SCHEMA)
 PROBE = 0.4
-
-R = TypeVar("R")
-
-
-@dataclass(frozen=True)
-class Counting:
-    """A connector that notes each statement it runs."""
-
-    on: db.Pooled
-    seen: list[str]
-
-    @property
-    def pool(self) -> AsyncConnectionPool[db.AnyConnection]:
-        return self.on.pool
-
-    async def fetch(
-        self, query: str, params: Any, row_factory: AsyncRowFactory[R], **options: Any
-    ) -> list[R]:
-        self.seen.append(query)
-        return await self.on.fetch(query, params, row_factory, **options)
 
 
 def checks_both(query: str) -> bool:

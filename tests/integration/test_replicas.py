@@ -13,7 +13,14 @@ from reactor.install.mapping import REFERENCE
 from reactor.runtime.service import Reactor
 from tests.helpers import Conn, client_save, early_writes, finish, new_job, worker_writes
 from tests.integration.conftest import StartReactor
-from tests.integration.support import audit, claims_skipped, recorded, scalar, watch_recorder
+from tests.integration.support import (
+    app_and_a_tab,
+    audit,
+    claims_skipped,
+    recorded,
+    scalar,
+    watch_recorder,
+)
 from tests.polling import eventually
 
 pytestmark = pytest.mark.anyio
@@ -69,10 +76,7 @@ async def test_two_replicas_record_each_job_exactly_once(
 async def test_rows_another_writer_holds_are_retried_not_lost(
     database_url: str, start_reactor: StartReactor
 ) -> None:
-    with (
-        psycopg.connect(database_url, autocommit=True) as conn,
-        psycopg.connect(database_url) as locker,
-    ):
+    with app_and_a_tab(database_url) as (conn, locker):
         async with start_reactor(grace=GRACE) as r1, start_reactor(grace=GRACE) as r2:
             replicas = (r1, r2)
             jobs = [new_job(conn) for _ in range(40)]

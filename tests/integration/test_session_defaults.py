@@ -22,6 +22,7 @@ from tests import pgbouncer as bouncer
 from tests.acceptance.conftest import reactor_env, run_reactor
 from tests.conftest import Server
 from tests.helpers import Conn, finish, grant_audit, new_job, run_row, worker_writes
+from tests.integration.support import app_and_a_tab
 from tests.integration.test_privileges import dsn_as, grant_all
 from tests.integration.test_stuck import lock_waiter
 from tests.polling import eventually
@@ -86,10 +87,7 @@ async def test_a_write_racing_a_tab_save_is_settled_not_a_serialization_failure(
     # The tab saves the run while the reactor's upsert of it waits: under READ COMMITTED the
     # upsert re-checks the committed client row and yields; under SERIALIZABLE it fails with
     # "could not serialize access due to concurrent update".
-    with (
-        psycopg.connect(database_url, autocommit=True) as app,
-        psycopg.connect(database_url) as tab,
-    ):
+    with app_and_a_tab(database_url) as (app, tab):
         job_id, run_id = new_job(app)
         finish(app, job_id)
         tab.execute(

@@ -24,7 +24,7 @@ from reactor.telemetry.metrics import Metrics
 from tests.faults.tables import RESULTS
 from tests.helpers import TABLES, Conn, run_row, worker_writes
 from tests.integration.conftest import StartReactor
-from tests.integration.support import scalar
+from tests.integration.support import app_and_a_tab, scalar
 from tests.polling import eventually
 
 pytestmark = pytest.mark.anyio
@@ -63,10 +63,7 @@ async def test_one_locked_run_row_among_a_thousand_due_jobs(
     database_url: str, start_reactor: StartReactor
 ) -> None:
     scan_interval = 10.0
-    with (
-        psycopg.connect(database_url, autocommit=True) as app,
-        psycopg.connect(database_url) as tab,
-    ):
+    with app_and_a_tab(database_url) as (app, tab):
         jobs = add_due_jobs(app, 1000)
         stuck_job, stuck_run = jobs[0]  # the oldest: in the scan's first batch
         hold_run_row(tab, stuck_job)
@@ -106,10 +103,7 @@ async def recorder(database_url: str) -> AsyncIterator[Recorder]:
 async def test_a_timer_batch_splits_around_a_locked_run_row(
     database_url: str, recorder: Recorder
 ) -> None:
-    with (
-        psycopg.connect(database_url, autocommit=True) as app,
-        psycopg.connect(database_url) as tab,
-    ):
+    with app_and_a_tab(database_url) as (app, tab):
         jobs = add_due_jobs(app, 40)
         stuck_job = jobs[17][0]
         hold_run_row(tab, stuck_job)
@@ -131,10 +125,7 @@ async def test_a_cancelled_batch_is_split_like_a_lock_timeout(
     # A statement timeout surfaces as QueryCanceled, as this cancel does: the batch is split
     # and only the job behind the lock is left for later.
     recorder.batch_lock_timeout = 30.0
-    with (
-        psycopg.connect(database_url, autocommit=True) as app,
-        psycopg.connect(database_url) as tab,
-    ):
+    with app_and_a_tab(database_url) as (app, tab):
         jobs = add_due_jobs(app, 10)
         stuck_job = jobs[3][0]
         hold_run_row(tab, stuck_job)

@@ -8,10 +8,7 @@ TracerProvider is installed and the other tests of the worker trace nothing.
 from __future__ import annotations
 
 import json
-import os
 import socket
-import subprocess
-import sys
 import textwrap
 import time
 from collections.abc import AsyncIterator, Iterator, Sequence
@@ -37,14 +34,12 @@ from reactor.runtime.replica import open_replica
 from reactor.runtime.service import Reactor
 from reactor.telemetry import tracing
 from tests import hookmods
-from tests.helpers import finish, new_job
+from tests.helpers import finish, new_job, python_without_otel
 from tests.integration.conftest import StartReactor
-from tests.integration.support import add_job, scalar
+from tests.integration.support import add_job, scalar, serving
 from tests.polling import eventually
 
 pytestmark = pytest.mark.anyio
-
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 @pytest.fixture
@@ -268,13 +263,8 @@ async def receiver() -> AsyncIterator[Receiver]:
 
     app = web.Application()
     app.router.add_route("*", "/{tail:.*}", handle)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
-    try:
+    async with serving(app, port):
         yield state
-    finally:
-        await runner.cleanup()
 
 
 def traceparent(span: ReadableSpan) -> str:
@@ -481,15 +471,8 @@ _SCRIPT = textwrap.dedent(
 def test_nothing_from_opentelemetry_is_imported_unless_asked(
     database_url: str, extra: str, environment: dict[str, str]
 ) -> None:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
-    result = subprocess.run(
-        [sys.executable, "-c", _SCRIPT, database_url, extra],
-        env={**env, **environment},
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
+    result = python_without_otel(
+        "-c", _SCRIPT, database_url, extra, environ=environment, timeout=120
     )
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout.strip().splitlines()[-1]) == []

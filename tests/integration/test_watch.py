@@ -9,14 +9,11 @@ replicas find out from the catalog at their next check and poll the queue, on ti
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
-from typing import Any, TypeVar
+from dataclasses import replace
 
 import anyio
 import psycopg
 import pytest
-from psycopg.rows import AsyncRowFactory
-from psycopg_pool import AsyncConnectionPool
 
 from reactor import db
 from reactor.install import REFERENCE_INSTALL, sql
@@ -26,7 +23,7 @@ from tests.faults.proxy import FaultProxy
 from tests.faults.support import host_port, with_port
 from tests.helpers import finish, new_job, run_row
 from tests.integration.conftest import StartReactor
-from tests.integration.support import scalar, worker_lateness
+from tests.integration.support import Counting, scalar, worker_lateness
 from tests.polling import eventually
 
 pytestmark = pytest.mark.anyio
@@ -61,29 +58,12 @@ async def next_heartbeat(conn: psycopg.Connection[tuple[object, ...]], reactor: 
     await eventually(lambda: heartbeat(conn, reactor) != seen, timeout=2 * PROBE + 1)
 
 
+def first_words(query: str) -> str:
+    return query.split("(")[0].strip()[:40]
+
+
 def pool_requests(reactor: Reactor) -> int:
     return int(reactor.database.pool.get_stats().get("requests_num", 0))
-
-
-R = TypeVar("R")
-
-
-@dataclass(frozen=True)
-class Counting:
-    """A connector that notes each statement it runs, by its first words."""
-
-    on: db.Pooled
-    seen: list[str]
-
-    @property
-    def pool(self) -> AsyncConnectionPool[db.AnyConnection]:
-        return self.on.pool
-
-    async def fetch(
-        self, query: str, params: Any, row_factory: AsyncRowFactory[R], **options: Any
-    ) -> list[R]:
-        self.seen.append(query.split("(")[0].strip()[:40])
-        return await self.on.fetch(query, params, row_factory, **options)
 
 
 async def reinstall_triggers(conn: psycopg.Connection[tuple[object, ...]], channel: str) -> None:
@@ -104,7 +84,7 @@ async def test_a_quiet_replica_sends_one_statement_per_probe_interval(
     def counted(database: db.Database) -> db.Database:
         # Every statement through the pool is noted; nothing but LISTEN runs on the other.
         assert isinstance(database.on, db.Pooled)
-        return replace(database, on=Counting(database.on, pooled))
+        return replace(database, on=Counting(database.on, pooled, first_words))
 
     # No reconcile here: its pass is periodic pool work of its own, once per interval.
     async with start_reactor(

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import math
 
-import anyio
 import psycopg
 import pytest
 
 from reactor.core.cadence import Cadence, Scheduler, backoff
 from reactor.core.clock import FakeClock
+from tests.loops import running
 
 pytestmark = pytest.mark.anyio
 
@@ -117,6 +117,13 @@ class Runs:
         return run
 
 
+def on_a_fake_clock() -> tuple[FakeClock, Runs, Scheduler]:
+    """A clock at 0, the record of the duties' runs, and a scheduler of both duties on it."""
+    clock = FakeClock()
+    runs = Runs(clock)
+    return clock, runs, scheduler(clock, runs)
+
+
 def scheduler(clock: FakeClock, runs: Runs) -> Scheduler:
     return Scheduler(
         cadence(),
@@ -128,58 +135,42 @@ def scheduler(clock: FakeClock, runs: Runs) -> Scheduler:
 
 
 async def test_the_loop_runs_each_duty_on_its_interval() -> None:
-    clock = FakeClock()
-    runs = Runs(clock)
-    s = scheduler(clock, runs)
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(s.run, tg)
+    clock, runs, s = on_a_fake_clock()
+    async with running(s):
         await clock.advance(60.0)
-        s.close()
     assert runs.at["health"] == [0.0, 5.0, 10.0, 15.0, 20.0, 25.0, 30.0, 35.0, 40.0, 45.0, 50.0,
                                  55.0, 60.0]  # fmt: skip
     assert runs.at["scan"] == [0.0, 30.0, 60.0]
 
 
 async def test_a_hastened_duty_runs_at_once_and_keeps_its_interval_after() -> None:
-    clock = FakeClock()
-    runs = Runs(clock)
-    s = scheduler(clock, runs)
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(s.run, tg)
+    clock, runs, s = on_a_fake_clock()
+    async with running(s):
         await clock.advance(7.0)
         s.hasten("scan")
         await clock.advance(31.0)
-        s.close()
     assert runs.at["scan"] == [0.0, 7.0, 37.0]
 
 
 async def test_a_failed_duty_is_retried_by_its_policy() -> None:
-    clock = FakeClock()
-    runs = Runs(clock)
+    clock, runs, s = on_a_fake_clock()
     runs.fail_scan = 3
-    s = scheduler(clock, runs)
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(s.run, tg)
+    async with running(s):
         await clock.advance(10.0)
-        s.close()
     assert runs.at["scan"] == [0.0, 0.5, 1.5, 3.5]
     assert runs.failures == ["scan"] * 3
 
 
 async def test_a_held_duty_is_left_to_its_holder_who_hears_of_its_changes() -> None:
-    clock = FakeClock()
-    runs = Runs(clock)
-    s = scheduler(clock, runs)
+    clock, runs, s = on_a_fake_clock()
     woken: list[str] = []
     s.hold("health", lambda: woken.append("changed"))
     # Never due here: its holder begins it, through the cadence.
     assert s.cadence.due(0.0) == ["scan"]
     s.hasten("health")
     s.pace("health", 10.0)
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(s.run, tg)
+    async with running(s):
         await clock.advance(60.0)
-        s.close()
     assert runs.at["health"] == []
     assert runs.at["scan"] == [0.0, 30.0, 60.0]
     # Hastened, paced, and closed: each time the holder's loop has something to look at.

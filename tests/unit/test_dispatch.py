@@ -14,6 +14,7 @@ from reactor.core.ownership import Membership, owner, share_of
 from reactor.intake.dispatch import Answer, Dispatcher, WorkQueue
 from reactor.intake.sources import LISTEN, POLL, REARM, RECONCILE, RETRY, STUCK, Hint, Source
 from reactor.telemetry.metrics import Metrics
+from tests.loops import running
 
 pytestmark = pytest.mark.anyio
 
@@ -280,13 +281,11 @@ def dispatcher(
 async def test_a_job_due_on_arrival_is_claimed_without_the_clock_moving() -> None:
     clock, claims = FakeClock(), Claims()
     d = dispatcher(claims, clock)
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(d.run, tg)
+    async with running(d):
         await anyio.wait_all_tasks_blocked()
         d.intake([Hint("a", -1.0)])
         await anyio.wait_all_tasks_blocked()
         assert claims.batches == [["a"]]
-        d.close()
 
 
 async def test_a_stuck_job_is_claimed_alone_beside_the_batch() -> None:
@@ -294,8 +293,7 @@ async def test_a_stuck_job_is_claimed_alone_beside_the_batch() -> None:
     claims.stuck = {"held"}
     claims.answer = lambda jobs: [(job, 1.0) for job in jobs if job == "held"]
     d = dispatcher(claims, clock)
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(d.run, tg)
+    async with running(d):
         for job in ("a", "held", "b"):
             d.intake([Hint(job, 0.0)])
         await anyio.wait_all_tasks_blocked()
@@ -305,41 +303,35 @@ async def test_a_stuck_job_is_claimed_alone_beside_the_batch() -> None:
         # The held job goes on its own, waiting for its lock; the others of the batch do not.
         assert claims.batches[1:] == [["c"], ["held"]]
         assert claims.alone[1:] == [False, True]
-        d.close()
 
 
 async def test_a_deadline_fires_at_its_time_and_not_before() -> None:
     clock, claims = FakeClock(), Claims()
     d = dispatcher(claims, clock)
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(d.run, tg)
+    async with running(d):
         d.intake([Hint("a", 120.0)])
         await clock.advance(119.999)
         assert claims.batches == []
         await clock.advance(0.001)
         assert claims.batches == [["a"]]
-        d.close()
 
 
 async def test_an_earlier_offer_wakes_the_sleeping_loop() -> None:
     clock, claims = FakeClock(), Claims()
     d = dispatcher(claims, clock)
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(d.run, tg)
+    async with running(d):
         d.intake([Hint("late", 100.0)])
         await clock.advance(1.0)
         d.intake([Hint("early", 1.0)])
         await clock.advance(1.0)
         assert claims.batches == [["early"]]
-        d.close()
 
 
 async def test_a_scan_offering_a_job_in_flight_costs_no_second_statement() -> None:
     clock, claims = FakeClock(), Claims()
     claims.hold = anyio.Event()
     d = dispatcher(claims, clock)
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(d.run, tg)
+    async with running(d):
         d.intake([Hint("a", 0.0)])
         await anyio.wait_all_tasks_blocked()
         d.intake([Hint("a", 0.0)])  # a poll reads it while its claim runs
@@ -347,22 +339,19 @@ async def test_a_scan_offering_a_job_in_flight_costs_no_second_statement() -> No
         claims.hold.set()
         await clock.advance(5.0)
         assert claims.batches == [["a"]]
-        d.close()
 
 
 async def test_a_retry_comes_back_after_its_delay() -> None:
     clock, claims = FakeClock(), Claims()
     claims.answer = lambda jobs: [(j, 1.0) for j in jobs] if len(claims.batches) == 1 else []
     d = dispatcher(claims, clock)
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(d.run, tg)
+    async with running(d):
         d.intake([Hint("a", 0.0)])
         await clock.advance(0.999)
         assert claims.batches == [["a"]]
         await clock.advance(0.001)
         assert claims.batches == [["a"], ["a"]]
         assert "a" not in d.queue
-        d.close()
 
 
 async def test_claims_never_exceed_the_slots() -> None:
@@ -371,8 +360,7 @@ async def test_claims_never_exceed_the_slots() -> None:
     d = Dispatcher(
         WorkQueue(ME, capacity=1000), claims, clock, Metrics(), concurrency=2, batch_size=1
     )
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(d.run, tg)
+    async with running(d):
         for job in "abcde":
             d.intake([Hint(job, 0.0)])
         await clock.advance(1.0)
@@ -380,7 +368,6 @@ async def test_claims_never_exceed_the_slots() -> None:
         claims.hold.set()
         await clock.advance(1.0)
         assert sorted(j for b in claims.batches for j in b) == list("abcde")
-        d.close()
 
 
 async def test_close_takes_nothing_more_and_lets_the_claim_in_flight_finish() -> None:
@@ -473,8 +460,7 @@ def test_a_notification_another_replica_owns_is_left_to_it() -> None:
 async def test_an_intake_claims_the_earliest_deadline_first_each_at_its_time() -> None:
     clock, claims = FakeClock(), Claims()
     d = dispatcher(claims, clock, concurrency=1, batch_size=1)
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(d.run, tg)
+    async with running(d):
         await anyio.wait_all_tasks_blocked()
         d.intake(REARM.hints([("late", 3.0), ("early", 1.0), ("middle", 2.0)]))
         await clock.advance(1.0)
@@ -485,21 +471,18 @@ async def test_an_intake_claims_the_earliest_deadline_first_each_at_its_time() -
         assert claims.batches == [["early"], ["middle"]]
         await clock.advance(1.0)
         assert claims.batches == [["early"], ["middle"], ["late"]]
-        d.close()
 
 
 async def test_an_intake_of_more_due_jobs_than_a_batch_claims_them_all_at_once() -> None:
     clock, claims = FakeClock(), Claims()
     d = dispatcher(claims, clock, concurrency=2, batch_size=2)
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(d.run, tg)
+    async with running(d):
         await anyio.wait_all_tasks_blocked()
         d.intake(Hint(job, 0.0) for job in "abcde")
         await anyio.wait_all_tasks_blocked()
         # Without the clock moving: the intake claims the first batch, the loop the rest.
         assert sorted(job for batch in claims.batches for job in batch) == list("abcde")
         assert all(len(batch) <= 2 for batch in claims.batches)
-        d.close()
 
 
 async def test_a_job_the_scan_found_stuck_is_claimed_alone_until_a_claim_settles_it() -> None:
@@ -507,8 +490,7 @@ async def test_a_job_the_scan_found_stuck_is_claimed_alone_until_a_claim_settles
     claims.stuck = {"held"}
     claims.answer = lambda jobs: [("held", 1.0)] if "held" in claims.stuck else []
     d = dispatcher(claims, clock)
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(d.run, tg)
+    async with running(d):
         await anyio.wait_all_tasks_blocked()
         d.intake([*POLL.hints([("a", -1.0), ("b", -1.0)]), *STUCK.hints(["held"])])
         await anyio.wait_all_tasks_blocked()
@@ -521,4 +503,3 @@ async def test_a_job_the_scan_found_stuck_is_claimed_alone_until_a_claim_settles
         await clock.advance(1.0)
         assert (claims.batches[-1], claims.alone[-1]) == (["held"], True)
         assert not d.queue.claimed
-        d.close()

@@ -591,44 +591,38 @@ def changes(*pairs: tuple[int, str | None, bool]) -> list[HookChange]:
     return [HookChange(i, status, changed) for i, status, changed in pairs]
 
 
-def test_retry_reports_what_it_requeued() -> None:
-    message = hook_ops.judge_changes(
-        changes((3, "failed", True), (9, "cancelled", True)),
-        verb="re-queued",
-        allowed=hook_ops.RETRYABLE,
-        result="pending",
+def retried(*pairs: tuple[int, str | None, bool]) -> str:
+    """What `reactor hooks retry` says of these rows (id, status before, changed)."""
+    return hook_ops.judge_changes(
+        changes(*pairs), verb="re-queued", allowed=hook_ops.RETRYABLE, result="pending"
     )
+
+
+def cancelled(*pairs: tuple[int, str | None, bool]) -> str:
+    """What `reactor hooks cancel` says of these rows (id, status before, changed)."""
+    return hook_ops.judge_changes(
+        changes(*pairs), verb="cancelled", allowed=hook_ops.CANCELLABLE, result="cancelled"
+    )
+
+
+def test_retry_reports_what_it_requeued() -> None:
+    message = retried((3, "failed", True), (9, "cancelled", True))
     assert message == "re-queued 2 hook call(s): 3, 9"
 
 
 def test_an_unknown_id_is_a_usage_error() -> None:
     with pytest.raises(UsageError, match=r"no hook row with id 77; nothing was re-queued") as err:
-        hook_ops.judge_changes(
-            changes((3, "failed", False), (77, None, False)),
-            verb="re-queued",
-            allowed=hook_ops.RETRYABLE,
-            result="pending",
-        )
+        retried((3, "failed", False), (77, None, False))
     assert err.value.exit_code == 2
 
 
 def test_a_row_in_the_wrong_state_is_named() -> None:
     with pytest.raises(UsageError, match=r"hook row 4 is running: only pending or failed rows"):
-        hook_ops.judge_changes(
-            changes((4, "running", False)),
-            verb="cancelled",
-            allowed=hook_ops.CANCELLABLE,
-            result="cancelled",
-        )
+        cancelled((4, "running", False))
 
 
 def test_cancelling_a_cancelled_row_is_fine() -> None:
-    message = hook_ops.judge_changes(
-        changes((4, "pending", True), (5, "cancelled", False)),
-        verb="cancelled",
-        allowed=hook_ops.CANCELLABLE,
-        result="cancelled",
-    )
+    message = cancelled((4, "pending", True), (5, "cancelled", False))
     assert message == "cancelled 1 hook call(s): 4; already so: 5"
 
 

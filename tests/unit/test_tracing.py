@@ -7,9 +7,6 @@ subprocess of its own.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import textwrap
 from collections.abc import Iterator
 
@@ -17,8 +14,7 @@ import pytest
 
 from reactor.errors import ConfigError
 from reactor.telemetry import tracing
-
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from tests.helpers import python_without_otel
 
 
 @pytest.mark.parametrize(
@@ -200,16 +196,7 @@ _SCRIPT = textwrap.dedent(
 
 
 def _run(case: str, **environ: str) -> tuple[dict[str, object], str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
-    result = subprocess.run(
-        [sys.executable, "-c", _SCRIPT, case],
-        env={**env, **environ},
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    result = python_without_otel("-c", _SCRIPT, case, environ=environ)
     assert result.returncode == 0, result.stderr
     return json.loads(result.stderr.strip().splitlines()[-1]), result.stdout
 
@@ -250,19 +237,10 @@ def test_a_provider_the_app_installs_later_gets_the_spans_from_then_on() -> None
 
 
 def test_reactor_run_fails_fast_on_an_exporter_nobody_installed() -> None:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
-    result = subprocess.run(
-        [sys.executable, "-m", "reactor", "run"],
-        env={
-            **env,
-            "DATABASE_URL": "postgresql://nobody@127.0.0.1:1/none",
-            "OTEL_TRACES_EXPORTER": "jaeger-typo",
-        },
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    environ = {
+        "DATABASE_URL": "postgresql://nobody@127.0.0.1:1/none",
+        "OTEL_TRACES_EXPORTER": "jaeger-typo",
+    }
+    result = python_without_otel("-m", "reactor", "run", environ=environ)
     assert result.returncode == 2, result.stderr
     assert "'jaeger-typo' trace exporter" in result.stderr
