@@ -21,6 +21,8 @@ from tests.polling import eventually
 pytestmark = pytest.mark.anyio
 
 PROBE = 1.0
+# What a loaded two-core machine adds to a bound made of probe intervals and timeouts.
+SLACK = 1.0
 
 
 async def warm_pool(reactor: Reactor) -> None:
@@ -98,7 +100,7 @@ async def test_silent_partition_of_the_listener_is_noticed_within_the_probe_time
         try:
             await eventually(
                 lambda: fleet.all_listeners(lambda listener: listener.state != "listening"),
-                timeout=2 * PROBE + 1,
+                timeout=3 * PROBE + 1,
             )
             noticed = time.monotonic() - cut
             await scenario.drive(app, 2.0)
@@ -118,7 +120,9 @@ async def test_silent_partition_of_the_listener_is_noticed_within_the_probe_time
         recovery=took,
         note=f"noticed after {noticed:.2f}s (probe interval and timeout {PROBE:g}s)",
     )
-    assert noticed <= 2 * PROBE + 0.5
+    # The next check carries a probe (within an interval), which must be back within the probe
+    # timeout: two probe intervals here, and a second of scheduling on a loaded machine.
+    assert noticed <= 2 * PROBE + SLACK
 
 
 async def test_partition_during_the_listeners_check_is_noticed_within_the_probe_timeout(
@@ -166,7 +170,9 @@ async def test_partition_during_the_listeners_check_is_noticed_within_the_probe_
         note="listener " + (f"noticed after {noticed:.2f}s" if noticed else "never noticed"),
     )
     assert noticed is not None, f"the listener did not notice a {outage:g}s partition"
-    assert noticed <= 2 * PROBE + 0.5
+    # The check's timeout, then one bounded ping of the session (the pool could not vouch for
+    # it): two probe timeouts here, and a second of scheduling on a loaded machine.
+    assert noticed <= 2 * PROBE + SLACK
 
 
 async def _old_links_never_heal(
