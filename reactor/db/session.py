@@ -101,8 +101,8 @@ _SESSION_DEFAULTS = {
 
 # Checking out a pooled connection runs an empty query first; a dead one must fail fast. The
 # check is what keeps a connection that froze in the pool (a half-open link, a stopped backend)
-# from stalling a claim for the whole call timeout. It costs nothing when the reactor is idle:
-# its one periodic statement runs on the LISTEN connection, not through the pool.
+# from stalling a claim for the whole call timeout. It is one round trip per checkout, so an
+# idle replica's health check, which goes through the pool, costs two (bench idle counts both).
 CHECK_TIMEOUT = 5.0
 
 # psycopg's own default: a statement is prepared on its fifth run. Only for a session of our
