@@ -72,8 +72,16 @@ SELECT @run@ FROM @jobs@ WHERE @id@ = %(job)s::@job_type@
 SELECT @job@, @saved_by@ FROM @runs@ WHERE @key@ = %(run)s::@run_type@
 
 -- name: unsettled
--- Jobs that still need a run and have none, due or still inside their grace window.
+-- Jobs that still need a run, due or still inside their grace window: their run has no row, or
+-- only a worker's row written for an earlier job of the run (a re-analysis), which theirs
+-- replaces (the precedence rule of queries.sql, read in this statement's snapshot).
 SELECT count(*)
   FROM @jobs@ j
  WHERE @eligible(j)@
-   AND NOT EXISTS (SELECT 1 FROM @runs@ r WHERE @r.key@ = @j.run@)
+   AND NOT EXISTS (SELECT 1 FROM @runs@ r
+                    WHERE @r.key@ = @j.run@
+                      AND NOT (@r.saved_by@ IS NOT DISTINCT FROM @worker@
+                               AND @r.job@ <> @j.id@
+                               AND NOT EXISTS (SELECT 1 FROM @jobs@ rj
+                                                WHERE @rj.id@ = @r.job@
+                                                  AND @rank(rj)@ >= @rank(j)@)))
