@@ -126,6 +126,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             traceback.print_exc()
             crashed.append(name)
             continue
+        result.name, result.title, result.goal = name, module.TITLE, module.GOAL
         result.command = ctx.command
         result.seconds = time.monotonic() - started
         result.conditions["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]

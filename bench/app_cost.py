@@ -361,9 +361,6 @@ async def run(ctx: Context) -> Result:
         f"{summary[BASELINE]['hot_share']:.0%}; trigger {default['trigger_us']:.1f} us/finish"
     )
     return Result(
-        name="app_cost",
-        title=TITLE,
-        goal=GOAL,
         met=met,
         headline=headline,
         table=table,

@@ -175,9 +175,6 @@ async def run(ctx: Context) -> Result:
         f"floor's {f_rate:,.0f} rows/s"
     )
     return Result(
-        name="catchup",
-        title=TITLE,
-        goal=GOAL,
         met=met,
         headline=headline,
         table=table,

@@ -102,9 +102,6 @@ async def run(ctx: Context) -> Result:
         f"{statistics.median(floors['interpreter']):.2f} s"
     )
     return Result(
-        name="cold_start",
-        title=TITLE,
-        goal=GOAL,
         met=met,
         headline=headline,
         table=table,

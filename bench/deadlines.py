@@ -197,9 +197,6 @@ async def run(ctx: Context) -> Result:
         f"{alternative.bytes_per_entry:.0f} B, {_rate(alternative.schedule_ops)} schedule/s"
     )
     return Result(
-        name="deadlines",
-        title=TITLE,
-        goal=GOAL,
         met=met,
         headline=headline,
         table=table,

@@ -140,9 +140,6 @@ async def run(ctx: Context) -> Result:
         f"{ms(p_end['p99'])}, pgqueuer {ms(q_end['p50'])} / {ms(q_end['p99'])}"
     )
     return Result(
-        name="event_latency",
-        title=TITLE,
-        goal=GOAL,
         met=met,
         headline=headline,
         table=table,

@@ -917,9 +917,6 @@ async def run(ctx: Context) -> Result:
         "logs": str(logs) if problems or anomalies else None,
     }
     return Result(
-        name="handoffs",
-        title=TITLE,
-        goal=GOAL,
         met=met,
         headline=headline,
         table=table,

@@ -166,9 +166,6 @@ async def run(ctx: Context) -> Result:
         f"{ms(purge['median_batch_s'])} per batch, {ms(purge['total_s'])} in all.",
     ]
     return Result(
-        name="hook_outbox",
-        title=TITLE,
-        goal=GOAL,
         met=met,
         headline=headline,
         table=table,

@@ -223,9 +223,6 @@ async def run(ctx: Context) -> Result:
         f"{total['quiet']:.0f}/min"
     )
     return Result(
-        name="idle",
-        title=TITLE,
-        goal=GOAL,
         met=met,
         headline=headline,
         table=table,
@@ -312,9 +309,6 @@ def _short(query: str) -> str:
 
 def _unmeasured(cond: dict[str, Any], settings: dict[str, Any], why: str) -> Result:
     return Result(
-        name="idle",
-        title=TITLE,
-        goal=GOAL,
         met=None,
         headline=why,
         table=Table(["sender", "statements/min"], [["reactor replica", "-"], ["sweep", "-"]]),

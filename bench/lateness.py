@@ -233,9 +233,6 @@ async def run(ctx: Context) -> Result:
         f"{ms(q['p99'])}, mean {ms(q['mean'])}"
     )
     return Result(
-        name="lateness",
-        title=TITLE,
-        goal=GOAL,
         met=met,
         headline=headline,
         table=table,

@@ -142,9 +142,6 @@ async def run(ctx: Context) -> Result:
         f"{ms(parts['longest_stall_s'])}, {parts['unqueued']} left unqueued"
     )
     return Result(
-        name="migrate_online",
-        title=TITLE,
-        goal=GOAL,
         met=met,
         headline=headline,
         table=table,

@@ -83,9 +83,6 @@ async def run(ctx: Context) -> Result:
     worst_now = max(max(by_variant[VARIANTS[1]]) for by_variant in waits.values())
     worst_before = max(max(by_variant[VARIANTS[0]]) for by_variant in waits.values())
     return Result(
-        name="outage",
-        title=TITLE,
-        goal=GOAL,
         met=worst_now <= GOAL_SECONDS,
         headline=f"answered at most {worst_now:.2f} s after the server was back (before: "
         f"{worst_before:.2f} s)",
@@ -130,9 +127,6 @@ def _not_measurable(cond: dict[str, Any], settings: dict[str, Any]) -> Result:
     table = Table(["downtime", *VARIANTS])
     table.add("-", *("-" for _ in VARIANTS))
     return Result(
-        name="outage",
-        title=TITLE,
-        goal=GOAL,
         met=None,
         headline="not measured: the server is DATABASE_URL's, not ours to stop",
         table=table,

@@ -272,9 +272,6 @@ async def run(ctx: Context) -> Result:
             + "see the figures above."
         )
     return Result(
-        name="page_render",
-        title=TITLE,
-        goal=GOAL,
         met=met,
         headline=headline,
         table=table,

@@ -184,9 +184,7 @@ async def run(ctx: Context) -> Result:
         cond = await conditions(server, quick=quick, note=shortened if quick else None)
         if problem is not None:
             table = Table(["measure", "one process"], [["idle statements/min", "-"]])
-            return unmeasured(
-                "pairs", TITLE, GOAL, table, settings=settings, conditions=cond, why=problem
-            )
+            return unmeasured(table, settings=settings, conditions=cond, why=problem)
         one_dsn, one_installs = await _pair_database(server, "pairs_one")
         fleet_dsn, fleet_installs = await _pair_database(server, "pairs_fleet")
         one_settings = bench_settings(one_dsn, grace=grace)
@@ -627,9 +625,6 @@ def _result(
             "every pair while it is proven, so more means it was not carrying them."
         )
     return Result(
-        name="pairs",
-        title=TITLE,
-        goal=GOAL,
         met=met,
         headline=headline,
         table=table,

@@ -138,9 +138,6 @@ async def run(ctx: Context) -> Result:
         "client side, so it does not prepare behind any pooler.",
     ]
     return Result(
-        name="pinning",
-        title=TITLE,
-        goal=GOAL,
         met=met,
         headline=headline,
         table=table,

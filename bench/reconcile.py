@@ -96,9 +96,6 @@ async def run(ctx: Context) -> Result:
         f"{sweep_per_hour:.0f} s for the sweep ({ratio(advantage)} less)"
     )
     return Result(
-        name="reconcile",
-        title=TITLE,
-        goal=GOAL,
         met=met,
         headline=headline,
         table=table,

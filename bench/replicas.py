@@ -143,9 +143,6 @@ async def run(ctx: Context) -> Result:
         f"jobs at most {kill['victims_max_lateness_s']:.1f} s late (takeover delay {takeover:g} s)"
     )
     return Result(
-        name="replicas",
-        title=TITLE,
-        goal=GOAL,
         met=met,
         headline=headline,
         table=table,

@@ -49,9 +49,6 @@ class Table:
 class Result:
     """What one benchmark run found, as written to ``results/NAME.json``."""
 
-    name: str
-    title: str
-    goal: str
     met: bool | None  # None: not measurable here (the notes say why)
     headline: str
     table: Table
@@ -60,6 +57,11 @@ class Result:
     conditions: dict[str, Any]
     notes: list[str] = field(default_factory=list)
     plots: list[str] = field(default_factory=list)
+    # What the runner knows of the run, filled in by it: the benchmark's name, its module's
+    # TITLE and GOAL, the command line and the wall time.
+    name: str = ""
+    title: str = ""
+    goal: str = ""
     command: str = ""
     seconds: float = 0.0
 
@@ -75,9 +77,6 @@ class Result:
 
 
 def unmeasured(
-    name: str,
-    title: str,
-    goal: str,
     table: Table,
     *,
     settings: dict[str, Any],
@@ -87,7 +86,7 @@ def unmeasured(
     """The result of a benchmark that counts statements on a server without pg_stat_statements
     (``why``): nothing measured, and how to measure."""
     notes = [why + "; run without DATABASE_URL to use the embedded server, which loads it."]
-    return Result(name, title, goal, None, why, table, {}, settings, conditions, notes)
+    return Result(None, why, table, {}, settings, conditions, notes)
 
 
 class Benchmark(Protocol):

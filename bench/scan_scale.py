@@ -128,9 +128,6 @@ async def run(ctx: Context) -> Result:
         f"{ms(measured[-1]['article_pk_only'])}"
     )
     return Result(
-        name="scan_scale",
-        title=TITLE,
-        goal=GOAL,
         met=met,
         headline=headline,
         table=table,

@@ -363,9 +363,6 @@ def _result(
             "failed; fewer, smaller failing parts (or a cheaper pre-check) would close the gap."
         )
     return Result(
-        name="set_aside",
-        title=TITLE,
-        goal=GOAL,
         met=met,
         headline=headline,
         table=table,

@@ -328,9 +328,6 @@ async def run(ctx: Context) -> Result:
         f"second mapping {ratio(second_share)}; noise {noise_text}"
     )
     return Result(
-        name="trigger_overhead",
-        title=TITLE,
-        goal=GOAL,
         met=met,
         headline=headline,
         table=table,

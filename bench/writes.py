@@ -158,9 +158,6 @@ async def run(ctx: Context) -> Result:
         f"{common_r.dup + bare_r.dup}"
     )
     return Result(
-        name="writes",
-        title=TITLE,
-        goal=GOAL,
         met=met,
         headline=headline,
         table=table,
