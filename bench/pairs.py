@@ -48,7 +48,7 @@ from bench.workload import RESULTS, bench_settings
 from reactor import audit, db
 from reactor.app import App
 from reactor.config import Settings
-from reactor.db.session import POOL_MAX_IDLE
+from reactor.db.pool import POOL_MAX_IDLE
 from reactor.install import Install, mapping_file
 from reactor.install.mapping import REFERENCE
 from reactor.pairs import Pair

@@ -274,6 +274,11 @@ MEANINGS: dict[str, Meaning] = {
         "how often the queue is polled when no notification can be relied on (`poll` mode, a "
         "trigger installed with `--no-notify`, LISTEN down)"
     ),
+    "REACTOR_LISTEN_COALESCE_SECONDS": Meaning(
+        "after a batch of notifications, how long the listener lets the next gather before it "
+        "reads again (one wake-up per interval under a stream); at most 0.1, `0` reads each "
+        "as it arrives"
+    ),
     "REACTOR_MAX_PENDING": Meaning(
         "most timers held in memory (about 130 bytes each); beyond it the scan takes over"
     ),

@@ -35,6 +35,10 @@ WEBHOOK_SECRET_PREFIX = "REACTOR_WEBHOOK_SECRET_"
 _SECRET_SUFFIX = re.compile(r"[A-Z0-9_]{1,127}")
 
 
+# Beyond this the listener's gathering would be a lateness of its own, not a few milliseconds.
+MAX_LISTEN_COALESCE = 0.1
+
+
 @dataclass(frozen=True)
 class PairSettings:
     """What one job/artifact pair runs with: the environment's values, as its own ``[reactor]``
@@ -104,6 +108,10 @@ class ProcessSettings:
     # How often the queue is polled while notifications cannot be relied on (REACTOR_MODE=poll,
     # a trigger installed not to notify, LISTEN down).
     poll_interval: float = 0.25
+    # After a batch of notifications, how long the listener lets the next ones gather before
+    # it reads again: one wake-up per interval under a steady stream rather than one per
+    # notification, a few milliseconds of a grace of seconds (docs/how-it-works.md, the figures).
+    listen_coalesce: float = 0.005
     # The most deadlines held in memory; past it, new ones are left to the fallback scan.
     max_pending: int = 1_000_000
     # What an operator presents to the HTTP page to retry or cancel hooks and release jobs set
@@ -129,6 +137,11 @@ class ProcessSettings:
         if self.probe_timeout > self.probe_interval * 4:
             raise ConfigError(
                 "REACTOR_PROBE_TIMEOUT_SECONDS must not exceed 4x REACTOR_PROBE_INTERVAL_SECONDS"
+            )
+        if self.listen_coalesce > MAX_LISTEN_COALESCE:
+            raise ConfigError(
+                f"REACTOR_LISTEN_COALESCE_SECONDS must be at most {MAX_LISTEN_COALESCE:g}: every "
+                "notified job may wait that long to be read (0 reads each as it arrives)"
             )
         if self.dashboard_url is not None and self.dashboard_addr is None:
             raise ConfigError(
@@ -278,6 +291,7 @@ ENVIRONMENT: dict[str, str] = {
     "probe_interval": "REACTOR_PROBE_INTERVAL_SECONDS",
     "probe_timeout": "REACTOR_PROBE_TIMEOUT_SECONDS",
     "poll_interval": "REACTOR_POLL_INTERVAL_SECONDS",
+    "listen_coalesce": "REACTOR_LISTEN_COALESCE_SECONDS",
     "max_pending": "REACTOR_MAX_PENDING",
     "dashboard_token": "REACTOR_DASHBOARD_TOKEN",
     "dashboard_addr": "REACTOR_DASHBOARD_ADDR",
@@ -437,6 +451,7 @@ _PARSERS: dict[str, Any] = {
     "probe_interval": _seconds(0.0, inclusive=False),
     "probe_timeout": _seconds(0.0, inclusive=False),
     "poll_interval": _seconds(0.01),
+    "listen_coalesce": _seconds(0.0),
     "max_pending": _count(1, 100_000_000),
     "dashboard_token": _token,
     "dashboard_addr": _address("127.0.0.1:9188"),

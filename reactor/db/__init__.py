@@ -37,6 +37,7 @@ from reactor.db.drift import REINSTALLED, mapping_changed, require_current_mappi
 from reactor.db.fit import fit
 from reactor.db.health import HealthCheck, health_of_pairs, health_params
 from reactor.db.migrations import Migrated, migrate, require_schema, schema_version
+from reactor.db.pool import make_pool, own_check
 from reactor.db.queries import BATCH_BYTES, PURGE_LOCK, RECONCILE_CHUNK, RECONCILE_LEASE, Database
 from reactor.db.rows import (
     Health,
@@ -67,9 +68,9 @@ from reactor.db.session import (
     end_listener_session,
     first_line,
     is_own_session,
-    make_pool,
     session_identity,
     standby_problem,
+    until_readable,
 )
 
 __all__ = [
@@ -121,6 +122,7 @@ __all__ = [
     "mapping_changed",
     "migrate",
     "migration_script",
+    "own_check",
     "owners_note",
     "read_only_server",
     "require_current_mapping",
@@ -131,4 +133,5 @@ __all__ = [
     "session_identity",
     "standby_problem",
     "statement_refused",
+    "until_readable",
 ]

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from psycopg.rows import class_row, dict_row
 
 from reactor.core.ownership import replicas_channel
+from reactor.db.pool import own_check
 from reactor.db.rows import Health
 from reactor.install import Install, sql
 
@@ -65,12 +66,16 @@ async def health_of_pairs(
     :meth:`Database.health` runs it. ``lock_timeout``: see :meth:`Database.run`."""
     first, params = asks[0]
     if len(asks) == 1:
-        return await first.run("health", params, class_row(Health), lock_timeout=lock_timeout)
+        return await own_check(
+            lambda: first.run("health", params, class_row(Health), lock_timeout=lock_timeout)
+        )
     query = sql.union_query("health", tuple(database.install.mapping for database, _ in asks))
     merged = {
         sql.part_name(name, index): value
         for index, (_, params) in enumerate(asks)
         for name, value in params.items()
     }
-    rows = await first.on.fetch(query, merged, dict_row, lock_timeout=lock_timeout)
+    rows = await own_check(
+        lambda: first.on.fetch(query, merged, dict_row, lock_timeout=lock_timeout)
+    )
     return [Health(**{key: value for key, value in row.items() if key != "part"}) for row in rows]

@@ -35,7 +35,7 @@ import psycopg.conninfo
 import psycopg.errors
 import psycopg.sql
 import tenacity
-from psycopg_pool import AsyncConnectionPool, PoolTimeout
+from psycopg_pool import PoolTimeout
 
 from reactor.errors import ConfigError, DatabaseReadOnly, DatabaseUnreachable
 
@@ -99,10 +99,8 @@ _SESSION_DEFAULTS = {
 # COMMITTED; under REPEATABLE READ or SERIALIZABLE a race between writers turns into a
 # serialization failure of the whole batch.
 
-# Checking out a pooled connection runs an empty query first; a dead one must fail fast. The
-# check is what keeps a connection that froze in the pool (a half-open link, a stopped backend)
-# from stalling a claim for the whole call timeout. It is one round trip per checkout, so an
-# idle replica's health check, which goes through the pool, costs two (bench idle counts both).
+# How long the pool's check of a connection (an empty query) may take: a dead one must fail fast
+# (see .pool), and so must the last-chance rollback of a call cut short (.calls).
 CHECK_TIMEOUT = 5.0
 
 # psycopg's own default: a statement is prepared on its fifth run. Only for a session of our
@@ -331,51 +329,6 @@ def _is_transient(error: BaseException) -> bool:
     return isinstance(error, psycopg.OperationalError) and not _PERMANENT.search(str(error))
 
 
-# Seconds a connection beyond the first may stay unused before the pool closes it (psycopg_pool
-# closes one such connection per period). A replica's start runs each pair's first duties at once
-# and opens several; idle, it needs one: closed after half a minute rather than psycopg_pool's
-# ten, the connections a burst opened do not outstay it. Reopening one costs a connect, at most
-# once a period.
-POOL_MAX_IDLE = 30.0
-
-
-def make_pool(dsn: str, *, max_size: int) -> AsyncConnectionPool[AnyConnection]:
-    """The pool for everything but LISTEN; connections are checked before use, and configured
-    by :func:`configure_pooled` when they open."""
-    return AsyncConnectionPool(
-        conninfo(dsn, "pool"),
-        min_size=1,
-        max_size=max_size,
-        max_idle=POOL_MAX_IDLE,
-        kwargs={"autocommit": True},
-        configure=configure_pooled,
-        check=_check_connection,
-        open=False,
-        name="reactor",
-        timeout=15.0,
-        reconnect_timeout=_RECONNECT_WINDOW,
-        reconnect_failed=_reconnect_again,
-    )
-
-
-async def _check_connection(conn: AnyConnection) -> None:
-    with anyio.fail_after(CHECK_TIMEOUT):
-        await AsyncConnectionPool.check_connection(conn)
-
-
-# psycopg_pool retries a lost connection with backoff (1, 2, 4, 8 s...) for as long as
-# reconnect_timeout, so after an outage a waiting call could sit out a pause of many seconds
-# while the database has long been back. A short window ends each series of retries early and
-# starts the next at once: retries stay about a second apart while calls wait, and stop while
-# none does (the next checkout starts them again). The database coming back is the normal case.
-_RECONNECT_WINDOW = 2.0
-
-
-async def _reconnect_again(pool: AsyncConnectionPool[AnyConnection]) -> None:
-    if pool.get_stats().get("requests_waiting", 0):
-        await pool.check()  # grows the pool again when it has no connection left
-
-
 # Pool connections found to be sessions of their own: see the module docstring.
 _OWN_SESSIONS: weakref.WeakSet[AnyConnection] = weakref.WeakSet()
 
@@ -401,6 +354,14 @@ async def configure_pooled(conn: AnyConnection) -> None:
 def is_own_session(conn: AnyConnection) -> bool:
     """True for a pool connection :func:`configure_pooled` found to be a session of its own."""
     return conn in _OWN_SESSIONS
+
+
+async def until_readable(conn: AnyConnection, seconds: float) -> None:
+    """Returns when something arrives on ``conn``'s socket, or after ``seconds``, with no
+    wake-up between: psycopg's ``notifies(timeout=)`` looks every 100 ms, which a session that
+    waits minutes for a notification pays ten times a second."""
+    with anyio.move_on_after(seconds):
+        await anyio.wait_readable(conn.fileno())
 
 
 async def session_identity(conn: AnyConnection) -> tuple[int, datetime]:

@@ -15,9 +15,10 @@ each pair's main channel (probes, the jobs of a trigger that does not spread), i
 channel (replicas joining and leaving) and, once proven and when the trigger spreads, the
 channel of each share this replica owns; a share gained is re-armed after its LISTEN.
 
-Reads are coalesced: after a batch arrived the listener sleeps :data:`COALESCE` seconds before
-reading again, so that a steady stream wakes it once per interval rather than once per
-notification; a quiet session sleeps on its socket.
+Reads are coalesced: after a batch arrived the listener sleeps ``REACTOR_LISTEN_COALESCE_SECONDS``
+(5 ms) before reading again, so that a steady stream wakes it once per interval rather than once
+per notification; a quiet session sleeps on its socket, with no wake-up until something arrives
+or the session has something to do.
 
 Every reconnect backs off, with jitter, from the first failure until a probe proves a
 connection again; each distinct problem is logged once. Session settings are applied only once
@@ -63,10 +64,6 @@ State = Literal["connecting", "listening", "degraded"]
 # Notifications handled between two turns of the event loop while a batch is read: a timer or a
 # statement due meanwhile waits at most this many (a few hundred microseconds' work).
 TURN_EVERY = 64
-# After a batch, how long the listener lets notifications gather before it reads again: one
-# wake-up per interval under a steady stream rather than one per notification, a few
-# milliseconds of a grace of seconds (see docs/how-it-works.md for the figures).
-COALESCE = 0.005
 
 _ERRORS = (psycopg.Error, OSError, TimeoutError)
 
@@ -82,12 +79,10 @@ class Listener:
         clock: Clock,
         dsn: str,
         subscribers: Sequence[Subscriber] = (),
-        coalesce: float | None = None,
     ) -> None:
         self.settings = settings
         self.clock = clock
         self.dsn = dsn
-        self.coalesce = COALESCE if coalesce is None else coalesce
         self.session = Session(
             probe_interval=settings.probe_interval, probe_timeout=settings.probe_timeout
         )
@@ -381,30 +376,42 @@ class Listener:
         got = 0
         try:
             with anyio.CancelScope() as self._waiting:
-                # Never left in the middle of a batch: psycopg drops what it has not yielded yet.
-                # Closed explicitly: the generator holds the connection's lock.
-                arriving = conn.notifies(timeout=min(wait, 3600.0), stop_after=1)
-                async with contextlib.aclosing(arriving):
-                    async for notify in arriving:
-                        got += 1
-                        self._receive(notify.payload, notify.channel)
-                        if not got % TURN_EVERY:
-                            # psycopg yields a whole batch without a turn of the event loop:
-                            # under a flood (anyone may NOTIFY) the timers would wait for it.
-                            # Not a cancellation point, so nothing of the batch is dropped.
-                            await anyio.lowlevel.cancel_shielded_checkpoint()
+                got = await self._read_arrived(conn)
+                if not got:
+                    # Asleep on the socket until something arrives or the session's next action
+                    # is due, with no wake-up between (an idle replica waits minutes).
+                    await db.until_readable(conn, wait)
+                    got = await self._read_arrived(conn)
             self._waiting = None
-            if 0 < got < TURN_EVERY and self.coalesce > 0 and not self._actions:
+            if 0 < got < TURN_EVERY and self.settings.listen_coalesce > 0 and not self._actions:
                 # Let the next ones gather on the socket: one read for them all. Not after a
                 # large batch: the listener is behind (a flood), and reads on at once.
                 with anyio.CancelScope() as self._waiting:
-                    await anyio.sleep(min(self.coalesce, wait))
+                    await anyio.sleep(min(self.settings.listen_coalesce, wait))
         except _ERRORS as error:
             self._actions = self.session.lost(self.clock.now(), db.first_line(error))
         finally:
             self._waiting = None
             self.received += got
             self.reads += 1 if got else 0
+
+    async def _read_arrived(self, conn: db.AnyConnection) -> int:
+        """Hands on what has arrived, without waiting for more: what psycopg kept while a
+        statement ran on the session, then one read of the socket. How many there were."""
+        got = 0
+        # Never left in the middle of a batch: psycopg drops what it has not yielded yet.
+        # Closed explicitly: the generator holds the connection's lock.
+        arriving = conn.notifies(timeout=0.0, stop_after=1)
+        async with contextlib.aclosing(arriving):
+            async for notify in arriving:
+                got += 1
+                self._receive(notify.payload, notify.channel)
+                if not got % TURN_EVERY:
+                    # psycopg yields a whole batch without a turn of the event loop: under a
+                    # flood (anyone may NOTIFY) the timers would wait for it. Not a
+                    # cancellation point, so nothing of the batch is dropped.
+                    await anyio.lowlevel.cancel_shielded_checkpoint()
+        return got
 
     def _receive(self, payload: str, channel: str | None = None) -> None:
         subscriber, members = self.routes.of(channel)

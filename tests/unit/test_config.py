@@ -227,6 +227,7 @@ SECONDS = [
     "REACTOR_TRIM_HORIZON_SECONDS",
     "REACTOR_PROBE_INTERVAL_SECONDS",
     "REACTOR_PROBE_TIMEOUT_SECONDS",
+    "REACTOR_LISTEN_COALESCE_SECONDS",
 ]
 SECONDS_ZERO_NOT_ALLOWED = [
     "REACTOR_SCAN_INTERVAL_SECONDS",
@@ -395,6 +396,13 @@ def test_settings_that_contradict_each_other_are_rejected_naming_both(
         Settings.from_env(env)
     for variable in named:
         assert variable in str(caught.value)
+
+
+def test_the_listeners_gathering_is_a_few_milliseconds_at_most() -> None:
+    assert Settings.from_env({}).listen_coalesce == 0.005
+    assert Settings.from_env({"REACTOR_LISTEN_COALESCE_SECONDS": "0"}).listen_coalesce == 0.0
+    with pytest.raises(ConfigError, match="REACTOR_LISTEN_COALESCE_SECONDS must be at most 0.1"):
+        Settings.from_env({"REACTOR_LISTEN_COALESCE_SECONDS": "0.5"})
 
 
 def test_hook_lease_defaults_to_the_timeout_plus_a_margin() -> None:

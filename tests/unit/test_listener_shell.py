@@ -50,16 +50,18 @@ class FakeSession:
         self.queue.append(psycopg.Notify(channel, payload, 1))
         self.arrived.set()
 
+    async def until_readable(self, seconds: float) -> None:
+        if not self.queue:
+            self.arrived = anyio.Event()
+            await self.clock.sleep_until(self.clock.now() + seconds, self.arrived)
+
     async def notifies(
         self,
         *,
         timeout: float | None = None,  # noqa: ASYNC109 -- psycopg's signature, as called
         stop_after: int | None = None,
     ) -> AsyncIterator[psycopg.Notify]:
-        if not self.queue:
-            self.arrived = anyio.Event()
-            wait = math.inf if timeout is None else timeout
-            await self.clock.sleep_until(self.clock.now() + wait, self.arrived)
+        await self.until_readable(math.inf if timeout is None else timeout)
         while self.queue:
             yield self.queue.pop(0)
 
@@ -129,20 +131,24 @@ def server(clock: FakeClock, monkeypatch: pytest.MonkeyPatch) -> Server:
     monkeypatch.setattr(db, "session_identity", identity)
     monkeypatch.setattr(db, "configure", nothing)
     monkeypatch.setattr(db, "end_listener_session", nothing)
+    monkeypatch.setattr(db, "until_readable", FakeSession.until_readable)
     return server
 
 
 @asynccontextmanager
 async def running(clock: FakeClock, *pairs: Pair) -> AsyncIterator[Listener]:
     settings = Settings.from_env(
-        {"REACTOR_PROBE_INTERVAL_SECONDS": str(INTERVAL), "REACTOR_PROBE_TIMEOUT_SECONDS": "2"}
+        {
+            "REACTOR_PROBE_INTERVAL_SECONDS": str(INTERVAL),
+            "REACTOR_PROBE_TIMEOUT_SECONDS": "2",
+            "REACTOR_LISTEN_COALESCE_SECONDS": "0",
+        }
     )
     listener = Listener(
         settings,
         clock=clock,
         dsn="host=unused",
         subscribers=[pair.subscriber for pair in pairs],
-        coalesce=0.0,
     )
     async with anyio.create_task_group() as tg:
         tg.start_soon(listener.run)
