@@ -350,6 +350,11 @@ class Listener:
                 await conn.close()
 
     def _report(self, report: Report) -> None:
+        # Every change of the session's state is reported: whether the pairs can rely on it may
+        # have changed with it.
+        for subscriber in self.subscribers:
+            with on_behalf(subscriber):
+                subscriber.on_changed()
         if report.problem is None:
             level = logging.ERROR if report.alarm else logging.INFO
             log.log(level, report.message, extra={"channel": self.channel})

@@ -1,7 +1,8 @@
 """The health check and the poll: a pair's own duties, and the health check of all the
 replica's pairs in one statement.
 
-A pair polls its queue on its own (:class:`PairPoll`) while notifications cannot be relied on.
+A pair polls its queue on its own (:class:`PairPoll`) while notifications cannot be relied on,
+and sleeps otherwise.
 
 A replica of one pair checks it as the pair's own duty (:func:`check_pair`, begun by the pair's
 :class:`~reactor.core.cadence.Scheduler`). A replica of two or more checks them together
@@ -96,7 +97,10 @@ class PairPoll:
         # the last poll is read now (one that committed after its deadline is the scan's).
         reactor = self.reactor
         if not reactor.polling:
+            # Asleep until the pair may need it again (Reactor.poll_if_needed wakes it): an idle
+            # replica would otherwise wake four times a second to find nothing to do.
             self.low = None
+            reactor.schedule.pace("poll", math.inf)
             return
         ahead = 2 * reactor.settings.poll_interval
         try:

@@ -170,6 +170,7 @@ class Reactor:
             # At once, not at the next check: its heartbeat names the session, which tells the
             # others at once if this process is killed.
             on_proven=lambda: self.schedule.hasten("health"),
+            on_changed=self.poll_if_needed,
             shares=self.members.heard_shares,
         )
         if self.listener is not None:
@@ -386,6 +387,15 @@ class Reactor:
         self.members.see_lost(self.roster.heartbeats(frozenset(health.live_replicas)))
         self.subscriber.report(self.clock.now())
         self.verifier.report()
+        self.poll_if_needed()
+
+    def poll_if_needed(self) -> None:
+        """Wake the poll, which sleeps while notifications are relied on (see
+        :class:`~reactor.runtime.duties.PairPoll`), when they may no longer be: called as the
+        LISTEN session changes state and after each check (the trigger's state, the NOTIFY
+        queue's usage)."""
+        if self.polling:
+            self.schedule.hasten("poll")
 
     def _duty_failed(self, name: str, error: BaseException) -> None:
         if name == "health":

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import math
 import time
 import uuid
 from datetime import timedelta
@@ -179,3 +180,27 @@ async def test_a_job_notified_in_the_probes_packet_is_not_dropped(
         unverified = reactor.metrics.notified["unverified"]
         await eventually(lambda: unverified._value.get() >= 1, timeout=5)
         assert job_id not in reactor.queue
+
+
+async def test_the_poll_sleeps_while_the_session_delivers_and_wakes_when_it_is_lost(
+    database_url: str, start_reactor: StartReactor
+) -> None:
+    # Health checks far apart: what wakes the poll is the session's loss, not a check.
+    async with start_reactor(probe_interval=20.0, probe_timeout=5.0) as reactor:
+        listener = reactor.listener
+        assert listener is not None
+        poll = reactor.cadence.duties["poll"]
+        await eventually(lambda: listener.proven and poll.next_at == math.inf, timeout=10)
+        asleep = reactor.poll.runs
+        with psycopg.connect(database_url, autocommit=True) as admin:
+            admin.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                " WHERE application_name = %s AND datname = current_database()",
+                (db.LISTENER_APPLICATION_NAME,),
+            )
+        began = time.monotonic()
+        await eventually(lambda: reactor.poll.runs > asleep, timeout=10)
+        # At the loss, well before the next check would have said so (until the session is
+        # back, which re-reads the queue as it LISTENs again).
+        assert time.monotonic() - began < 5.0
+        await eventually(lambda: listener.proven, timeout=10)

@@ -401,7 +401,7 @@ def test_settings_that_contradict_each_other_are_rejected_naming_both(
 def test_the_listeners_gathering_is_a_few_milliseconds_at_most() -> None:
     assert Settings.from_env({}).listen_coalesce == 0.005
     assert Settings.from_env({"REACTOR_LISTEN_COALESCE_SECONDS": "0"}).listen_coalesce == 0.0
-    with pytest.raises(ConfigError, match="REACTOR_LISTEN_COALESCE_SECONDS must be at most 0.1"):
+    with pytest.raises(ConfigError, match=r"REACTOR_LISTEN_COALESCE_SECONDS must be at most 0\.1"):
         Settings.from_env({"REACTOR_LISTEN_COALESCE_SECONDS": "0.5"})
 
 
