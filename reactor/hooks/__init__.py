@@ -44,7 +44,7 @@ its check.
 The rooms, each importing only those before it: :mod:`.call` (what a hook is and receives),
 :mod:`.guard` (the event loop's watch over a hook's code), :mod:`.kinds` (the three kinds),
 :mod:`.secrets` (which variable signs which webhook), :mod:`.registry` (each kind's parser, the
-resources it needs and the secrets it reads), :mod:`.spec` (``REACTOR_HOOKS`` parsed into
+resources it takes and the secrets it reads), :mod:`.spec` (``REACTOR_HOOKS`` parsed into
 hooks through the registry), :mod:`.runner`
 (claiming, running and settling attempts: a duty of the replica's cadence) and
 :mod:`.retention` (deleting settled rows: another duty).

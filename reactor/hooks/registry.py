@@ -1,8 +1,8 @@
-"""The kinds of hook, one entry each: how its target is read, what it needs, what it reads.
+"""The kinds of hook, one entry each: how its target is read, and what secrets it reads.
 
 A :class:`Kind` declares its name and usage (``webhook:url``), its parser (hook name, target
-and the :class:`Resources` of the process, to a :class:`.Hook`, or ConfigError), which of those
-resources its hooks use, and the secret variables a hook of it reads. :mod:`.spec`, the pairs'
+and the :class:`Resources` of the process, to a :class:`.Hook`, or ConfigError; each takes the
+resources its hooks use), and the secret variables a hook of it reads. :mod:`.spec`, the pairs'
 secrets (:mod:`.secrets`) and the runner go through :data:`KINDS` only: a new kind is one entry
 here and one class in :mod:`.kinds`.
 
@@ -17,7 +17,7 @@ import re
 import urllib.parse
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING
 
 import anyio
 from psycopg_pool import AsyncConnectionPool
@@ -32,10 +32,6 @@ from reactor.telemetry import redact, tracing
 
 if TYPE_CHECKING:
     import aiohttp
-
-# What a kind's hooks may use: the app database's pool, the shared HTTP session, the slots of
-# the threads plain functions run in.
-Need = Literal["pool", "http", "threads"]
 
 # What a python:module:function target may name, and so be quoted in a message.
 _MODULE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*")
@@ -72,7 +68,6 @@ class Kind:
     usage: str
     # (hook name, target, resources) to a hook; ConfigError for a target that is not one.
     parse: Callable[[str, str, Resources], Hook]
-    needs: frozenset[Need] = frozenset()
     # (pair, hook) to the variables the hook reads its secret from, the first set winning
     # (reactor.hooks.secrets); None: the kind reads no secret.
     secret_variables: Callable[[str, str], tuple[str, ...]] | None = None
@@ -117,9 +112,9 @@ def _webhook(name: str, target: str, resources: Resources) -> Hook:
 KINDS: dict[str, Kind] = {
     kind.name: kind
     for kind in (
-        Kind("python", "python:module:function", _python, frozenset({"threads"})),
-        Kind("notify", "notify:channel", _notify, frozenset({"pool"})),
-        Kind("webhook", "webhook:url", _webhook, frozenset({"http"}), secret_variables),
+        Kind("python", "python:module:function", _python),
+        Kind("notify", "notify:channel", _notify),
+        Kind("webhook", "webhook:url", _webhook, secret_variables),
     )
 }
 

@@ -238,8 +238,6 @@ def test_each_kind_makes_hooks_of_its_own_and_says_what_it_reads() -> None:
         "REACTOR_WEBHOOK_SECRET_OPS_DIAG",
         SHARED_SECRET,
     )
-    assert KINDS["notify"].needs == {"pool"}
-    assert KINDS["webhook"].needs == {"http"}
 
 
 def test_an_unknown_kind_lists_every_registered_usage() -> None:
