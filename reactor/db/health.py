@@ -18,6 +18,10 @@ from reactor.install import Install, sql
 if TYPE_CHECKING:
     from reactor.db.queries import Database
 
+# Past this share of the NOTIFY queue, the app's commits are at risk (they fail when it is full),
+# and the job trigger stops notifying (migration 0008): the reactors poll instead.
+QUEUE_WARNING = 0.5
+
 
 @dataclass(frozen=True, slots=True)
 class HealthCheck:

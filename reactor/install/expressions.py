@@ -11,15 +11,24 @@ them. `reactor migrate` then has the server compile it (``db.fit``).
 from __future__ import annotations
 
 import re
+from functools import cache
 
-# What may start and continue an unquoted identifier or key word (scan.l's ident_start and
-# ident_cont): a $ inside a word belongs to it, and is not the start of a dollar quote.
-_WORD = re.compile(r"[A-Za-z_\x80-\U0010ffff][A-Za-z0-9_$\x80-\U0010ffff]*")
-# A dollar quote's delimiter, $$ or $tag$ (a digit after $ is a parameter, $1).
-_DOLLAR = re.compile(r"\$(?:[A-Za-z_\x80-\U0010ffff][A-Za-z0-9_\x80-\U0010ffff]*)?\$")
 _CLOSER = {"(": ")", "[": "]"}
 # A -- comment runs to the end of its line, either kind of line end (scan.l's newline).
 _LINE_END = re.compile(r"[\n\r]")
+
+
+@cache
+def _words() -> tuple[re.Pattern[str], re.Pattern[str]]:
+    """(what may start and continue an unquoted identifier or key word, scan.l's ident_start
+    and ident_cont: a $ inside a word belongs to it, and is not the start of a dollar quote;
+    a dollar quote's delimiter, $$ or $tag$: a digit after $ is a parameter, $1)."""
+    # Compiled at the first check, not at import: a class up to U+10FFFF takes re some 8 ms
+    # each, which every command (`reactor run`'s start among them) would pay for nothing.
+    return (
+        re.compile(r"[A-Za-z_\x80-\U0010ffff][A-Za-z0-9_$\x80-\U0010ffff]*"),
+        re.compile(r"\$(?:[A-Za-z_\x80-\U0010ffff][A-Za-z0-9_\x80-\U0010ffff]*)?\$"),
+    )
 
 
 def expression_problem(expression: str) -> str | None:
@@ -34,6 +43,7 @@ def expression_problem(expression: str) -> str | None:
 
 def _scan(text: str, *, backslashes: bool) -> str | None:
     closers: list[str] = []
+    word_pattern, dollar_pattern = _words()
     i, end = 0, len(text)
     while i < end:
         char = text[i]
@@ -48,10 +58,10 @@ def _scan(text: str, *, backslashes: bool) -> str | None:
             i = line_end.end()
         elif text.startswith("/*", i):
             i = _comment_end(text, i + 2)
-        elif char == "$" and (dollar := _DOLLAR.match(text, i)):
+        elif char == "$" and (dollar := dollar_pattern.match(text, i)):
             close = text.find(dollar.group(), dollar.end())
             i = -1 if close < 0 else close + len(dollar.group())
-        elif word := _WORD.match(text, i):
+        elif word := word_pattern.match(text, i):
             i = word.end()
             if word.group() in ("e", "E") and text.startswith("'", i):
                 i = _literal_end(text, i + 1, backslashes=True)

@@ -14,9 +14,9 @@ from reactor import db
 from reactor.config import Settings
 from reactor.core.clock import Clock
 from reactor.core.writes import WriteHealth
+from reactor.db.health import QUEUE_WARNING
 from reactor.install import Install
 from reactor.intake.listener import Listener
-from reactor.status.model import QUEUE_WARNING
 from reactor.telemetry.metrics import TRIGGER_STATES, Metrics
 
 log = logging.getLogger(__name__)

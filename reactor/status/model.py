@@ -10,14 +10,11 @@ from reactor import db
 from reactor.config import Settings
 from reactor.core.ownership import LIVENESS_PROBES
 from reactor.db import errors as db_errors
+from reactor.db.health import QUEUE_WARNING as QUEUE_WARNING
 from reactor.errors import PrivilegeMissing, SchemaMissing
 from reactor.install import Install, sql
 from reactor.install.quote import readable
 from reactor.telemetry import redact
-
-# Past this share of the NOTIFY queue, the app's commits are at risk (they fail when it is full),
-# and the job trigger stops notifying (migration 0008): the reactors poll instead.
-QUEUE_WARNING = 0.5
 
 RECENT_FAILURES = 5
 

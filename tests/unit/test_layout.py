@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import ast
+import json
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -60,3 +63,20 @@ def test_no_two_rooms_import_each_other() -> None:
 
     for room in sorted(graph):
         visit(room, ())
+
+
+def test_reactor_run_loads_neither_the_page_templates_nor_the_terminal_tables_at_start() -> None:
+    # What `reactor run` imports before it is ready: jinja2 waits for the page's first request
+    # and rich for `reactor status` or `reactor hooks`; each costs a replica tens of
+    # milliseconds of its start, and nothing before /readyz needs them.
+    script = (
+        "import json, sys\n"
+        "import reactor.cli, reactor.ops.http, reactor.runtime.replica\n"
+        "print(json.dumps(sorted({m.split('.')[0] for m in sys.modules})))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, check=True, timeout=60
+    )
+    loaded = set(json.loads(result.stdout))
+    assert {"aiohttp", "psycopg"} <= loaded  # what it does need, so the check can fail
+    assert loaded.isdisjoint({"jinja2", "rich"})

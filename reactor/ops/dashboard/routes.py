@@ -19,7 +19,6 @@ from reactor import db
 from reactor.config import Settings
 from reactor.core.payload import parse_payload
 from reactor.errors import UsageError
-from reactor.hooks import ops as hook_ops
 from reactor.ops.dashboard.guard import COOKIE, HEADERS, HostAllowlist, Who
 from reactor.ops.dashboard.signin import SignIn
 from reactor.ops.dashboard.source import Snapshot, StatusSource
@@ -201,6 +200,10 @@ class Dashboard:
 
     async def retry_hooks(self, request: web.Request) -> web.Response:
         """``POST /actions/hooks/retry`` with ``id`` fields: ``reactor hooks retry ID...``."""
+        # `reactor hooks`' own module, which brings rich for its tables: loaded by the first
+        # action rather than at start (a replica is ready before anyone acts).
+        from reactor.hooks import ops as hook_ops
+
         who = self.signin.admit(request)
         shown = self._pair(request)
         form = await self.signin.form(request, who)
@@ -216,6 +219,8 @@ class Dashboard:
 
     async def cancel_hooks(self, request: web.Request) -> web.Response:
         """``POST /actions/hooks/cancel`` with ``id`` fields: ``reactor hooks cancel ID...``."""
+        from reactor.hooks import ops as hook_ops
+
         who = self.signin.admit(request)
         shown = self._pair(request)
         form = await self.signin.form(request, who)

@@ -10,7 +10,7 @@ from typing import Any
 
 import anyio
 
-from reactor import db, status
+from reactor import db
 from reactor.config import Settings
 from reactor.db import errors as db_errors
 from reactor.errors import ReactorError
@@ -75,6 +75,10 @@ class StatusSource:
         database = self.queries()
         if database is None:
             return self._failed(self.absent())
+        # Here, not at start: the report's module brings rich (its terminal rendering), which
+        # only `reactor status` uses and a replica need not load before it is ready.
+        from reactor import status
+
         try:
             with anyio.fail_after(self.timeout), db_errors.translated():
                 async with database.pool.connection(timeout=self.timeout) as conn:

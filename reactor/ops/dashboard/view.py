@@ -7,16 +7,16 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from functools import cache
 from typing import TYPE_CHECKING, Any, Literal
 from urllib.parse import urlencode
 
-from jinja2 import Environment, PackageLoader, StrictUndefined, select_autoescape
-
-from reactor import status
 from reactor.ops.dashboard.source import Snapshot
 from reactor.telemetry.metrics import Metrics
 
 if TYPE_CHECKING:
+    from jinja2 import Environment
+
     from reactor.runtime.service import Reactor
 
 # The page refreshes itself this often.
@@ -85,17 +85,37 @@ def replica_view(reactor: Reactor | None) -> dict[str, Any] | None:
     }
 
 
-_ENV = Environment(
-    loader=PackageLoader("reactor", "templates"),
-    autoescape=select_autoescape(default=True, default_for_string=True),
-    undefined=StrictUndefined,
-    trim_blocks=True,
-    lstrip_blocks=True,
-)
+def duration(seconds: float) -> str:
+    """``seconds`` in words, as ``reactor status`` writes them."""
+    # Imported when the page renders: the report's package brings rich (its terminal
+    # rendering), which a replica need not load before it is ready.
+    from reactor.status import duration as in_words
+
+    return in_words(seconds)
+
+
+@cache
+def _templates() -> Environment:
+    # Loaded at the page's first request, not at start: jinja2 is a tenth of what `reactor
+    # run` imports, and a replica is ready (and many never show the page) before anyone looks.
+    from jinja2 import Environment, PackageLoader, StrictUndefined, select_autoescape
+
+    env = Environment(
+        loader=PackageLoader("reactor", "templates"),
+        autoescape=select_autoescape(default=True, default_for_string=True),
+        undefined=StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+    env.filters["duration"] = _duration
+    env.filters["bound"] = _bound
+    env.filters["short"] = lambda text: str(text)[:8]
+    env.filters["time"] = lambda iso: "-" if iso is None else str(iso)[:19].replace("T", " ")
+    return env
 
 
 def _duration(seconds: float | None) -> str:
-    return "-" if seconds is None else status.duration(max(0.0, seconds))
+    return "-" if seconds is None else duration(max(0.0, seconds))
 
 
 def _bound(seconds: float | None) -> str:
@@ -103,7 +123,7 @@ def _bound(seconds: float | None) -> str:
         return "more"
     if seconds < 1:
         return f"{seconds * 1000:g} ms"
-    return status.duration(seconds)
+    return duration(seconds)
 
 
 def _tick(seconds: float | None) -> str:
@@ -115,12 +135,6 @@ def _tick(seconds: float | None) -> str:
     if seconds < 60:
         return f"{seconds:g}s"
     return f"{seconds / 60:g}m"
-
-
-_ENV.filters["duration"] = _duration
-_ENV.filters["bound"] = _bound
-_ENV.filters["short"] = lambda text: str(text)[:8]
-_ENV.filters["time"] = lambda iso: "-" if iso is None else str(iso)[:19].replace("T", " ")
 
 
 @dataclass(frozen=True)
@@ -172,7 +186,7 @@ def next_reconcile(document: Mapping[str, Any]) -> str:
     finished = datetime.fromisoformat(last["finished_at"])
     checked = datetime.fromisoformat(document["checked_at"])
     left = interval - (checked - finished).total_seconds()
-    return "due now" if left <= 0 else f"in about {status.duration(left)}"
+    return "due now" if left <= 0 else f"in about {duration(left)}"
 
 
 def render_page(
@@ -189,7 +203,7 @@ def render_page(
     """The page's HTML, from the document alone (and how this request may act); ``pair``:
     the pair shown, one of ``pairs`` in a replica of several (None: the replica's only one)."""
     document = snapshot.document
-    template = _ENV.get_template("dashboard.html")
+    template = _templates().get_template("dashboard.html")
     return template.render(
         doc=document,
         error=snapshot.error,
@@ -212,6 +226,8 @@ def render_page(
 
 def render_login(*, refused: bool, enabled: bool, wait: float | None = None) -> str:
     """The sign-in page; ``wait``: seconds until this client may try again."""
-    return _ENV.get_template("login.html").render(
-        refused=refused, enabled=enabled, wait=None if wait is None else math.ceil(wait)
+    return (
+        _templates()
+        .get_template("login.html")
+        .render(refused=refused, enabled=enabled, wait=None if wait is None else math.ceil(wait))
     )
