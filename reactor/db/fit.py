@@ -152,7 +152,7 @@ async def fit(
     )
     await _check_expressions(conn, located, where)
     if not installing:
-        await _check_installed(conn, located)
+        await _check_installed(conn, located, (jobs.oid, runs.oid))
     return located
 
 
@@ -294,15 +294,16 @@ async def _check_zone(conn: AnyConnection, zone: str) -> None:
         ) from None
 
 
-# The check of one [runs.columns] expression: the record statements' write of its column, in
+# The check of [runs.columns] expressions: the record statements' write of their columns, in
 # their parentheses (Mapping.value_of), planned and never run. One parameter, so that psycopg
 # sends it over the extended protocol, as it sends the record statements: a statement with
 # parameters goes by PQsendQueryParams, one without by PQsendQuery, the simple protocol, which
 # runs every statement the text holds (psycopg/_cursor_base.py, BaseCursor._execute_send:
 # "elif force_extended or query.params or fmt == BINARY"). The extended protocol takes one
 # statement only; a second is an error, not a second statement.
-_CHECK_EXPRESSION = (
-    "EXPLAIN (COSTS OFF) INSERT INTO @runs@ (@column@) SELECT @value@ FROM @jobs@ j WHERE %(never)s"
+_CHECK_EXPRESSIONS = (
+    "EXPLAIN (COSTS OFF) INSERT INTO @runs@ (@columns@) SELECT @values@ FROM @jobs@ j"
+    " WHERE %(never)s"
 )
 
 
@@ -314,39 +315,55 @@ async def _check_expressions(conn: AnyConnection, mapping: Mapping, where: str) 
     runs in a READ ONLY transaction of its own that is rolled back: what an expression's
     functions try to change fails, and is named as the reason it does not fit.
     """
-    from reactor.install import sql
-
-    for name, expression in mapping.runs.columns:
-        text = sql.render(
-            _CHECK_EXPRESSION,
-            mapping,
-            values={
-                "column": psycopg.sql.Identifier(name).as_string(None),
-                "value": mapping_module.value_of(expression),
-            },
-            parameters=True,
-        )
-        try:
-            async with conn.transaction(force_rollback=True):
-                await conn.execute("SET TRANSACTION READ ONLY")
-                await conn.execute(text, {"never": False})
-        except psycopg.errors.InsufficientPrivilege:
-            raise
-        except psycopg.Error as error:
+    columns = mapping.runs.columns
+    # All at once, as the write has them; each alone only to name the one that does not fit.
+    if not columns or await _plans(conn, mapping, columns) is None:
+        return
+    for name, expression in columns:
+        error = await _plans(conn, mapping, ((name, expression),))
+        if error is not None:
             first = (
                 str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
             )
             raise ConfigError(
                 f"[runs.columns] {name} = {expression!r} in {where} does not compile as a value "
                 f"of that column: {first}"
-            ) from None
+            )
 
 
-async def _check_installed(conn: AnyConnection, mapping: Mapping) -> None:
-    """The tables the mapping names are the ones `reactor migrate` installed the triggers on
-    (``<reactor_schema>.app_tables``, by oid): a name that now finds another relation (a table
-    renamed, dropped and made again, a mapping edited since) is refused before anything
-    reads it."""
+async def _plans(
+    conn: AnyConnection, mapping: Mapping, columns: tuple[tuple[str, str], ...]
+) -> psycopg.Error | None:
+    """Why the write of ``columns`` (name, expression) does not plan; None when it does."""
+    from reactor.install import sql
+
+    text = sql.render(
+        _CHECK_EXPRESSIONS,
+        mapping,
+        values={
+            "columns": ", ".join(
+                psycopg.sql.Identifier(name).as_string(None) for name, _ in columns
+            ),
+            "values": ", ".join(mapping_module.value_of(expression) for _, expression in columns),
+        },
+        parameters=True,
+    )
+    try:
+        async with conn.transaction(force_rollback=True):
+            await conn.execute("SET TRANSACTION READ ONLY")
+            await conn.execute(text, {"never": False})
+    except psycopg.errors.InsufficientPrivilege:
+        raise
+    except psycopg.Error as error:
+        return error
+    return None
+
+
+async def _check_installed(conn: AnyConnection, mapping: Mapping, oids: tuple[int, int]) -> None:
+    """The tables the mapping names (``oids``: jobs, runs, as the catalog has them now) are the
+    ones `reactor migrate` installed the triggers on (``<reactor_schema>.app_tables``, by oid):
+    a name that now finds another relation (a table renamed, dropped and made again, a mapping
+    edited since) is refused before anything reads it."""
     # A role that may not read it yet (granted since schema version 13's grants) skips the
     # check; the startup's privilege check then names the grant it lacks.
     cur = await conn.execute(
@@ -366,10 +383,7 @@ async def _check_installed(conn: AnyConnection, mapping: Mapping) -> None:
     installed = await cur.fetchone()
     if installed is None:
         return
-    jobs = await describe(conn, mapping.jobs.table)
-    runs = await describe(conn, mapping.runs.table)
-    wanted = (jobs.oid if jobs else None, runs.oid if runs else None)
-    if wanted != (installed[0], installed[1]):
+    if oids != (installed[0], installed[1]):
         raise ConfigError(
             f"the mapping names {mapping.jobs_shown} and {mapping.runs_shown}, but `reactor "
             f"migrate` installed the triggers on {installed[2]} and {installed[3]}; run "
