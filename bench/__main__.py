@@ -46,6 +46,7 @@ BENCHMARKS: dict[str, str] = {
     "writes": "bench.writes",
     "trigger_overhead": "bench.trigger_overhead",
     "app_cost": "bench.app_cost",
+    "doorbell": "bench.doorbell",
     "scan_scale": "bench.scan_scale",
     "reconcile": "bench.reconcile",
     "migrate_online": "bench.migrate_online",
