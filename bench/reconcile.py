@@ -24,6 +24,7 @@ from reactor.config import Settings
 from reactor.db import indexes
 from reactor.install import REFERENCE_INSTALL
 from reactor.install.mapping import REFERENCE
+from reactor.intake import reconcile
 
 TITLE = "Reconcile pass over the job table, against the article's sweep"
 GOAL = (
@@ -45,7 +46,8 @@ async def run(ctx: Context) -> Result:
         "finished_jobs": total,
         "window": window,
         "unqueued_jobs_needing_a_run": DRIFT,
-        "chunk": db.RECONCILE_CHUNK,
+        "first_chunk": db.RECONCILE_CHUNK,
+        "step_target_s": reconcile.STEP_TARGET,
         "interval_s": INTERVAL,
         "sweep_tick_s": SWEEP_TICK,
     }
@@ -84,9 +86,11 @@ async def run(ctx: Context) -> Result:
         "state with nothing to find. Database time is the sum of the chunk statements' "
         "client-side wall times (round trips included); the reactor rests as long as each "
         "step took between steps, so its wall time is about twice that.",
-        f"Chunks of {db.RECONCILE_CHUNK:,} jobs in (run_id, id) order on the partial index "
-        "analysis_jobs_reactor_run_idx; the walk is proportional to the trim window, never to "
-        "the whole table.",
+        f"Chunks sized by time as the reactor sizes them (reconcile.next_chunk): the first of "
+        f"{db.RECONCILE_CHUNK:,} jobs, then what {reconcile.STEP_TARGET * 1000:.0f} ms of a "
+        f"statement holds at the last step's pace (median chunk {again['median_chunk']:,} "
+        "jobs), in (run_id, id) order on the partial index analysis_jobs_reactor_run_idx; the "
+        "walk is proportional to the trim window, never to the whole table.",
         "The article's sweep is its query on primary keys only (baseline.ARTICLE_QUERY), median "
         "of 3; it runs on every tick of every container.",
     ]
@@ -138,16 +142,20 @@ async def _load(conn: Conn, total: int, window: int) -> float:
 
 
 async def _walk(conn: Conn) -> dict[str, Any]:
-    """One forced pass, chunk by chunk, timing each statement."""
+    """One forced pass, chunk by chunk as the reactor sizes them, timing each statement."""
     times: list[float] = []
+    chunks: list[int] = []
+    chunk = db.RECONCILE_CHUNK
     found = 0
     force = True
     while True:
         started = time.perf_counter()
         step = await db.Database.dedicated(REFERENCE_INSTALL, conn).reconcile_step(
-            owner="bench", interval=INTERVAL, force=force
+            owner="bench", interval=INTERVAL, force=force, limit=chunk
         )
         times.append(time.perf_counter() - started)
+        chunks.append(chunk)
+        chunk = reconcile.next_chunk(chunk, times[-1], step.examined)
         found += len(step.found)
         force = False
         if step.outcome != "stepped":
@@ -158,6 +166,7 @@ async def _walk(conn: Conn) -> dict[str, Any]:
         "paced_s": 2 * sum(times),
         "longest_s": max(times),
         "median_step_s": statistics.median(times),
+        "median_chunk": int(statistics.median(chunks)),
         "found": found,
     }
 

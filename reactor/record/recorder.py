@@ -357,19 +357,20 @@ class Recorder:
 
     def _digest(self, outcomes: list[JobOutcome], source: str) -> Rearm:
         rearm: Rearm = []
-        if self.on_recorded and any(o.outcome == "recorded" for o in outcomes):
-            self.on_recorded()
+        # One clock read, one counter step and one append of what the deque keeps per
+        # statement rather than per job: a catch-up digests 500 outcomes a statement.
+        settled_at = datetime.now(UTC)
+        settled: list[Settled] = []
+        recorded = 0
         for o in outcomes:
             if o.outcome == "superseded":
-                self.recent.append(
-                    Settled(o.job_id, o.run_id, o.outcome, source, None, datetime.now(UTC))
-                )
+                settled.append(Settled(o.job_id, o.run_id, o.outcome, source, None, settled_at))
             if o.outcome == "recorded":
+                recorded += 1
                 lateness = max(0.0, -(o.due_in or 0.0))
-                self.metrics.recorded_by[source].inc()
                 self.metrics.lateness.observe(lateness)
-                self.recent.append(
-                    Settled(o.job_id, o.run_id, "recorded", source, lateness, datetime.now(UTC))
+                settled.append(
+                    Settled(o.job_id, o.run_id, "recorded", source, lateness, settled_at)
                 )
                 log.info(
                     "recorded run",
@@ -387,4 +388,9 @@ class Recorder:
             elif o.outcome == "busy":
                 self.metrics.claims_skipped.inc()
                 rearm.append((o.job_id, self.busy_retry))
+        if recorded:
+            self.metrics.recorded_by[source].inc(recorded)
+            if self.on_recorded:
+                self.on_recorded()
+        self.recent.extend(settled[-RECENT_OUTCOMES:])
         return rearm
