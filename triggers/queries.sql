@@ -372,6 +372,7 @@ WITH state AS (
            @r.saved_by@ IS DISTINCT FROM @worker@ AS client
       FROM @runs@ r
      WHERE @r.key@ = ANY(ARRAY(SELECT c.run_id FROM chunk c))
+     ORDER BY @r.key@
 ), uncovered AS (
     -- Nearly every walked job has a run row that stands for it: a client row, or the worker
     -- row written for the job itself. Only the rest need the whole predicate and a job row.
