@@ -357,30 +357,25 @@ class Recorder:
 
     def _digest(self, outcomes: list[JobOutcome], source: str) -> Rearm:
         rearm: Rearm = []
-        # One clock read, one counter step and one append of what the deque keeps per
-        # statement rather than per job: a catch-up digests 500 outcomes a statement.
-        settled_at = datetime.now(UTC)
-        settled: list[Settled] = []
+        # Per statement rather than per job, as a catch-up digests 500 outcomes a statement: one
+        # counter step, one look at the log level, and the settled jobs the deque keeps.
+        logged = log.isEnabledFor(logging.INFO)
         recorded = 0
         for o in outcomes:
-            if o.outcome == "superseded":
-                settled.append(Settled(o.job_id, o.run_id, o.outcome, source, None, settled_at))
             if o.outcome == "recorded":
                 recorded += 1
                 lateness = max(0.0, -(o.due_in or 0.0))
                 self.metrics.lateness.observe(lateness)
-                settled.append(
-                    Settled(o.job_id, o.run_id, "recorded", source, lateness, settled_at)
-                )
-                log.info(
-                    "recorded run",
-                    extra={
-                        "job_id": o.job_id,
-                        "run_id": o.run_id,
-                        "source": source,
-                        "lateness_ms": round(lateness * 1000, 1),
-                    },
-                )
+                if logged:
+                    log.info(
+                        "recorded run",
+                        extra={
+                            "job_id": o.job_id,
+                            "run_id": o.run_id,
+                            "source": source,
+                            "lateness_ms": round(lateness * 1000, 1),
+                        },
+                    )
             elif o.outcome == "waiting":
                 # Touched after it went terminal: its deadline moved with updated_at. The 1 ms
                 # keeps a timer that fires on the boundary from spinning.
@@ -392,5 +387,19 @@ class Recorder:
             self.metrics.recorded_by[source].inc(recorded)
             if self.on_recorded:
                 self.on_recorded()
-        self.recent.extend(settled[-RECENT_OUTCOMES:])
+        self._remember(outcomes, source)
         return rearm
+
+    def _remember(self, outcomes: list[JobOutcome], source: str) -> None:
+        # The last RECENT_OUTCOMES jobs recorded or superseded, newest last.
+        settled_at = datetime.now(UTC)
+        kept: list[Settled] = []
+        for o in reversed(outcomes):
+            if len(kept) == RECENT_OUTCOMES:
+                break
+            if o.outcome == "recorded":
+                lateness = max(0.0, -(o.due_in or 0.0))
+                kept.append(Settled(o.job_id, o.run_id, "recorded", source, lateness, settled_at))
+            elif o.outcome == "superseded":
+                kept.append(Settled(o.job_id, o.run_id, o.outcome, source, None, settled_at))
+        self.recent.extend(reversed(kept))
