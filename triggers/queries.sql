@@ -208,8 +208,10 @@ WITH queued AS (
               FROM claimable c) AS k
      WHERE k.before < %(max_bytes)s
 ), seen AS (
+    -- By the queue's primary key, one probe per taken row: a semi-join with queued was
+    -- planned as a hash of the whole queue, a read of every queued row per statement.
     SELECT p.job_id, p.xmin AS version FROM @reactor@.pending p
-     WHERE p.job_id IN (SELECT job_id FROM queued)
+     WHERE p.job_id = ANY(ARRAY(SELECT job_id FROM queued))
 ), {{write_runs}}, settled AS (
     DELETE FROM @reactor@.pending p
      USING seen s
@@ -362,13 +364,21 @@ WITH state AS (
        AND (@j.run@, @j.id@) > ((SELECT from_run FROM step), (SELECT from_job FROM step))
      ORDER BY @j.run@, @j.id@
      LIMIT %(limit)s
+), covering AS MATERIALIZED (
+    -- The chunk's run rows in one scan of the run table's key, its run ids sorted as the walk
+    -- gives them: a leaf page is read once for all the keys it holds, where a probe per job
+    -- descended from the root each time.
+    SELECT @r.key@ AS run_id, @r.job@ AS job_id,
+           @r.saved_by@ IS DISTINCT FROM @worker@ AS client
+      FROM @runs@ r
+     WHERE @r.key@ = ANY(ARRAY(SELECT c.run_id FROM chunk c))
+     ORDER BY @r.key@
 ), uncovered AS (
     -- Nearly every walked job has a run row that stands for it: a client row, or the worker
     -- row written for the job itself. Only the rest need the whole predicate and a job row.
     SELECT c.id FROM chunk c
-     WHERE NOT EXISTS (SELECT 1 FROM @runs@ r
-                        WHERE @r.key@ = c.run_id
-                          AND (@r.saved_by@ IS DISTINCT FROM @worker@ OR @r.job@ = c.id))
+     WHERE NOT EXISTS (SELECT 1 FROM covering r
+                        WHERE r.run_id = c.run_id AND (r.client OR r.job_id = c.id))
 ), found AS (
     INSERT INTO @reactor@.pending (job_id, since)
     SELECT @j.id@, least(@j.updated_at@, now())
@@ -383,8 +393,10 @@ WITH state AS (
            count(*) < %(limit)s AS done,
            (SELECT count(*) FROM found) AS found,
            (SELECT min(f.job_id::text)::@job_type@ FROM found f) AS example,
-           (array_agg(c.run_id ORDER BY c.run_id DESC, c.id DESC))[1] AS last_run,
-           (array_agg(c.id ORDER BY c.run_id DESC, c.id DESC))[1] AS last_job
+           -- The chunk's last job, where the next step starts: a top-1 read of the chunk,
+           -- not a sort of it.
+           (SELECT l.run_id FROM chunk l ORDER BY l.run_id DESC, l.id DESC LIMIT 1) AS last_run,
+           (SELECT l.id FROM chunk l ORDER BY l.run_id DESC, l.id DESC LIMIT 1) AS last_job
       FROM chunk c
 ), advanced AS (
     UPDATE @reactor@.reconcile s

@@ -35,6 +35,24 @@ _MIN_REST = 0.005
 # After a failed step: retry soon, backing off to this.
 MAX_ERROR_WAIT = 30.0
 
+# A step's chunk is sized by time, not rows: each statement aims at STEP_TARGET seconds, well
+# inside its 50 ms bound on any table and host, and the fixed cost of a step (its round trip, the
+# state row's lock and update, the commit) is spread over as many jobs as that allows. The first
+# step of a replica walks db.RECONCILE_CHUNK jobs; a chunk at most doubles from one step to the
+# next, so one slow stretch of the table cannot be met with a chunk sized on a fast one.
+STEP_TARGET = 0.015
+MIN_CHUNK = 250
+MAX_CHUNK = 32_000
+
+
+def next_chunk(chunk: int, seconds: float, examined: int | None) -> int:
+    """The jobs the next step walks, after a step of ``chunk`` that walked ``examined`` jobs in
+    ``seconds``: what STEP_TARGET holds at that pace, at most twice ``chunk``."""
+    if not examined or seconds <= 0:
+        return chunk  # walked nothing (idle, busy): nothing learned
+    fitting = int(STEP_TARGET * examined / seconds)
+    return max(MIN_CHUNK, min(MAX_CHUNK, 2 * chunk, fitting))
+
 
 @dataclass(eq=False, repr=False)
 class Reconciler:
@@ -53,6 +71,7 @@ class Reconciler:
     arm: Callable[[str, float], None]
     clock: Clock
     steps: int = field(default=0, init=False)
+    chunk: int = field(default=db.RECONCILE_CHUNK, init=False)
     _holding: bool = field(default=False, init=False)
 
     def __post_init__(self) -> None:
@@ -63,12 +82,15 @@ class Reconciler:
         started = self.clock.now()
         try:
             with tracing.span("reactor.reconcile") as traced:
-                step = await self.database.reconcile_step(owner=self.owner, interval=self.interval)
+                step = await self.database.reconcile_step(
+                    owner=self.owner, interval=self.interval, limit=self.chunk
+                )
                 traced.set(outcome=step.outcome, examined=step.examined, found=len(step.found))
         except db.DATABASE_ERRORS as error:
             log.warning("reconcile step failed, will retry", extra={"error": db.first_line(error)})
             raise
         self.steps += 1
+        self.chunk = next_chunk(self.chunk, self.clock.now() - started, step.examined)
         self._digest(step)
         if step.outcome == "stepped":
             return max(_MIN_REST, self.clock.now() - started)

@@ -357,29 +357,25 @@ class Recorder:
 
     def _digest(self, outcomes: list[JobOutcome], source: str) -> Rearm:
         rearm: Rearm = []
-        if self.on_recorded and any(o.outcome == "recorded" for o in outcomes):
-            self.on_recorded()
+        # Per statement rather than per job, as a catch-up digests 500 outcomes a statement: one
+        # counter step, one look at the log level, and the settled jobs the deque keeps.
+        logged = log.isEnabledFor(logging.INFO)
+        recorded = 0
         for o in outcomes:
-            if o.outcome == "superseded":
-                self.recent.append(
-                    Settled(o.job_id, o.run_id, o.outcome, source, None, datetime.now(UTC))
-                )
             if o.outcome == "recorded":
+                recorded += 1
                 lateness = max(0.0, -(o.due_in or 0.0))
-                self.metrics.recorded_by[source].inc()
                 self.metrics.lateness.observe(lateness)
-                self.recent.append(
-                    Settled(o.job_id, o.run_id, "recorded", source, lateness, datetime.now(UTC))
-                )
-                log.info(
-                    "recorded run",
-                    extra={
-                        "job_id": o.job_id,
-                        "run_id": o.run_id,
-                        "source": source,
-                        "lateness_ms": round(lateness * 1000, 1),
-                    },
-                )
+                if logged:
+                    log.info(
+                        "recorded run",
+                        extra={
+                            "job_id": o.job_id,
+                            "run_id": o.run_id,
+                            "source": source,
+                            "lateness_ms": round(lateness * 1000, 1),
+                        },
+                    )
             elif o.outcome == "waiting":
                 # Touched after it went terminal: its deadline moved with updated_at. The 1 ms
                 # keeps a timer that fires on the boundary from spinning.
@@ -387,4 +383,23 @@ class Recorder:
             elif o.outcome == "busy":
                 self.metrics.claims_skipped.inc()
                 rearm.append((o.job_id, self.busy_retry))
+        if recorded:
+            self.metrics.recorded_by[source].inc(recorded)
+            if self.on_recorded:
+                self.on_recorded()
+        self._remember(outcomes, source)
         return rearm
+
+    def _remember(self, outcomes: list[JobOutcome], source: str) -> None:
+        # The last RECENT_OUTCOMES jobs recorded or superseded, newest last.
+        settled_at = datetime.now(UTC)
+        kept: list[Settled] = []
+        for o in reversed(outcomes):
+            if len(kept) == RECENT_OUTCOMES:
+                break
+            if o.outcome == "recorded":
+                lateness = max(0.0, -(o.due_in or 0.0))
+                kept.append(Settled(o.job_id, o.run_id, "recorded", source, lateness, settled_at))
+            elif o.outcome == "superseded":
+                kept.append(Settled(o.job_id, o.run_id, o.outcome, source, None, settled_at))
+        self.recent.extend(reversed(kept))

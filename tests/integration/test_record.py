@@ -446,3 +446,21 @@ async def test_one_batch_isolates_a_held_row_and_sets_aside_a_rejected_one(
         assert scalar(app, "SELECT job_id FROM reactor.set_aside") == rejected
         assert {job for _, job, _ in worker_writes(app)} == set(good)
         tab.rollback()
+
+
+async def test_a_drain_remembers_its_last_settled_jobs_newest_last(database_url: str) -> None:
+    """The operator's page lists the last jobs settled: a drain of more than it keeps leaves
+    the newest of them, oldest first, each with how late it was recorded."""
+    with _connect(database_url) as app:
+        jobs = [add_job(app, status="complete", results={"v": i}, age=60 - i)[0] for i in range(30)]
+        async with db.make_pool(database_url, max_size=2) as pool:
+            recorder = Recorder(db.Database.pooled(REFERENCE_INSTALL, pool, grace=1.0), Metrics())
+            drained = await recorder.drain(batch_size=500)
+    assert drained.recorded == 30
+    kept = list(recorder.recent)
+    assert [s.job_id for s in kept] == [str(job) for job in jobs[-20:]]
+    assert {s.outcome for s in kept} == {"recorded"}
+    # Job i was last updated 60 - i seconds ago: recorded about 59 - i seconds past its grace.
+    for i, settled in enumerate(kept, start=10):
+        assert settled.lateness is not None
+        assert abs(settled.lateness - (59 - i)) < 1.0
