@@ -31,7 +31,6 @@ write index entries), and the time spent in the job trigger's function (track_fu
 from __future__ import annotations
 
 import math
-import re
 import statistics
 import tempfile
 import time
@@ -42,6 +41,7 @@ from typing import Any
 
 import anyio
 
+from bench import pgbench
 from bench.conn import Conn, connect, dbname, scalar
 from bench.result import Context, Result, Table, conditions
 from bench.server import Server, open_server
@@ -199,11 +199,7 @@ async def run(ctx: Context) -> Result:
         cond = await conditions(server, quick=quick)
         dsn = await server.app_database("app_cost", with_audit=False)
         async with await connect(dsn, "setup") as conn:
-            await conn.execute(
-                "CREATE TABLE bench_docs AS SELECT i, bench_doc(i, %s) AS doc "
-                "FROM generate_series(1, %s) i",
-                (DOC_BYTES, DOCUMENTS),
-            )
+            await add_documents(conn)
             reactor = await Installed.read(conn)
             track_functions = str(await scalar(conn, "SHOW track_functions"))
         with tempfile.TemporaryDirectory(prefix="bench-pgbench-") as tmp:
@@ -377,6 +373,15 @@ async def run(ctx: Context) -> Result:
     )
 
 
+async def add_documents(conn: Conn) -> None:
+    """The documents the job lives write (``bench_docs``), made once in each database."""
+    await conn.execute(
+        "CREATE TABLE bench_docs AS SELECT i, bench_doc(i, %s) AS doc"
+        " FROM generate_series(1, %s) i",
+        (DOC_BYTES, DOCUMENTS),
+    )
+
+
 def set_orders(names: Sequence[str], sets: int) -> list[list[str]]:
     """The order of each set: the rows of a Williams square over ``names``, in turn.
 
@@ -545,12 +550,4 @@ async def _pgbench(server: Server, dsn: str, script: Path, seconds: int) -> tupl
         str(server.bin_dir / "pgbench"), "-n", "-M", "prepared", "-c", str(CLIENTS),
         "-j", str(CLIENTS), "-T", str(seconds), "-f", str(script), dsn,
     ]  # fmt: skip
-    done = await anyio.run_process(argv, check=False)
-    out = done.stdout.decode()
-    if done.returncode != 0:
-        raise RuntimeError(f"pgbench failed ({done.returncode}): {done.stderr.decode()[-2000:]}")
-    tps = re.search(r"tps = ([\d.]+) \(without initial connection time\)", out)
-    lives = re.search(r"number of transactions actually processed: (\d+)", out)
-    if tps is None or lives is None:
-        raise RuntimeError(f"no tps in pgbench output: {out[-2000:]}")
-    return int(lives.group(1)), float(tps.group(1))
+    return pgbench.report(await anyio.run_process(argv, check=False))

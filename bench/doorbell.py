@@ -20,7 +20,6 @@ noisy the throughput.
 
 from __future__ import annotations
 
-import re
 import statistics
 import tempfile
 import time
@@ -30,13 +29,14 @@ from typing import Any
 
 import anyio
 
+from bench import pgbench
 from bench.app_cost import (
-    DOC_BYTES,
     DOCUMENTS,
     JOB_LIFE,
     SERVER,
     Config,
     Installed,
+    add_documents,
     set_orders,
 )
 from bench.conn import connect, scalar
@@ -94,11 +94,7 @@ async def run(ctx: Context) -> Result:
         cond = await conditions(server, quick=quick)
         dsn = await server.app_database("doorbell", with_audit=False)
         async with await connect(dsn, "setup") as conn:
-            await conn.execute(
-                "CREATE TABLE bench_docs AS SELECT i, bench_doc(i, %s) AS doc "
-                "FROM generate_series(1, %s) i",
-                (DOC_BYTES, DOCUMENTS),
-            )
+            await add_documents(conn)
             reactor = await Installed.read(conn)
             function = f"{reactor.schema}.job_changed_v1"
             installed = str(
@@ -287,13 +283,8 @@ async def _round(
         # Not cancelled: a query cancelled in flight costs its connection and a warning.
         over.set()
     waits["cpu_ms"] = round((time.process_time() - cpu) * 1000)
-    out = done.stdout.decode()
-    if done.returncode != 0:
-        raise RuntimeError(f"pgbench failed ({done.returncode}): {done.stderr.decode()[-2000:]}")
-    tps = re.search(r"tps = ([\d.]+) \(without initial connection time\)", out)
-    if tps is None:
-        raise RuntimeError(f"no tps in pgbench output: {out[-2000:]}")
-    return float(tps.group(1)), waits
+    _, tps = pgbench.report(done)
+    return tps, waits
 
 
 async def _sample(dsn: str, waits: Counter[str], over: anyio.Event) -> None:

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import math
 import os
-import re
 import statistics
 import sys
 import tempfile
@@ -30,6 +29,7 @@ from typing import Any
 
 import anyio
 
+from bench import pgbench
 from bench.conn import Conn, connect, dbname, scalar
 from bench.result import BENCH_DIR, Context, Result, Table, conditions
 from bench.server import Server, open_server
@@ -518,14 +518,8 @@ async def _pgbench(
         *(arg for name in files for arg in ("-f", str(scripts / name))),
         dsn,
     ]  # fmt: skip
-    done = await anyio.run_process(argv, check=False)
-    out = done.stdout.decode()
-    if done.returncode != 0:
-        raise RuntimeError(f"pgbench failed ({done.returncode}): {done.stderr.decode()[-2000:]}")
-    match = re.search(r"tps = ([\d.]+) \(without initial connection time\)", out)
-    if match is None:
-        raise RuntimeError(f"no tps in pgbench output: {out[-2000:]}")
-    return float(match.group(1))
+    _, tps = pgbench.report(await anyio.run_process(argv, check=False))
+    return tps
 
 
 async def _finished(conn: Conn, table: str) -> int:
