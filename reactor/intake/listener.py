@@ -91,6 +91,9 @@ class Listener:
         self._conn: db.AnyConnection | None = None
         self._actions: list[Action] = []
         self._kicked = anyio.Event()
+        # Set when an action may have run a statement on the session: psycopg keeps what
+        # arrived meanwhile aside, where the socket cannot say so, and the next wait reads it.
+        self._kept = False
         self._waiting: anyio.CancelScope | None = None
         self._lifetime: anyio.CancelScope | None = None
         own = dsn == settings.listen_database_url
@@ -227,6 +230,7 @@ class Listener:
 
     async def _perform(self, action: Action) -> None:
         now = self.clock.now
+        self._kept = True
         try:
             if isinstance(action, Connect):
                 await self._connect()
@@ -381,7 +385,9 @@ class Listener:
         got = 0
         try:
             with anyio.CancelScope() as self._waiting:
-                got = await self._read_arrived(conn)
+                if self._kept:
+                    self._kept = False
+                    got = await self._read_arrived(conn)
                 if not got:
                     # Asleep on the socket until something arrives or the session's next action
                     # is due, with no wake-up between (an idle replica waits minutes).
