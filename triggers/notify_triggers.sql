@@ -139,9 +139,12 @@ BEGIN
 END
 $$;
 
--- Two job triggers because an INSERT has no OLD row. WHEN keeps the update trigger to terminal
--- rows that changed status or were not yet eligible, so an ordinary update never calls the
--- function; @reactor@.job_changed_v1 decides the rest. There is no column list: an app's BEFORE
+-- Two job triggers because an INSERT has no OLD row. WHEN keeps them to terminal rows, so an
+-- update of a running job (its progress) never calls the function; @reactor@.job_changed_v1
+-- decides the rest. The WHEN is kept this small because PostgreSQL reads it back from the
+-- catalog and prepares it again in every statement that updates a job, whatever the row: the
+-- finer test it once held (status changed, or not yet eligible) cost a progress update more
+-- than the function costs an update of a terminal job. There is no column list: an app's BEFORE
 -- trigger may set status on an update that names other columns.
 CREATE OR REPLACE TRIGGER @reactor@_job_insert
     AFTER INSERT ON @jobs@
@@ -152,8 +155,7 @@ CREATE OR REPLACE TRIGGER @reactor@_job_insert
 CREATE OR REPLACE TRIGGER @reactor@_job_update
     AFTER UPDATE ON @jobs@
     FOR EACH ROW
-    WHEN (@NEW.status@ IN @terminal@
-          AND (@OLD.status@ IS DISTINCT FROM @NEW.status@ OR NOT @eligible(OLD)@))
+    WHEN (@NEW.status@ IN @terminal@)
     EXECUTE FUNCTION @reactor@.job_changed_v1(@channel@, @spread@);
 
 CREATE OR REPLACE TRIGGER @reactor@_jobs_delete
