@@ -6,6 +6,7 @@ async code, :func:`wait_for` from sync code; both return what ``check`` returned
 
 from __future__ import annotations
 
+import inspect
 import time
 from collections.abc import Callable
 from typing import Any
@@ -19,10 +20,14 @@ async def eventually(
     timeout: float = 10.0,  # noqa: ASYNC109 -- a polling helper: the bound is its whole point
     interval: float = 0.02,
 ) -> Any:
-    """Poll ``check`` until it returns something truthy, at most ``timeout`` seconds."""
+    """Poll ``check`` until it returns something truthy, at most ``timeout`` seconds. A
+    ``check`` that returns an awaitable is awaited: one that must not block the event loop (the
+    replicas it watches run in it) can do its work in a thread."""
     with anyio.fail_after(timeout):
         while True:
             result = check()
+            if inspect.isawaitable(result):
+                result = await result
             if result:
                 return result
             await anyio.sleep(interval)

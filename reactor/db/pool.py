@@ -124,9 +124,11 @@ async def _given_back(conn: AnyConnection) -> None:
 # psycopg_pool retries a lost connection with backoff (1, 2, 4, 8 s...) for as long as
 # reconnect_timeout, so after an outage a waiting call could sit out a pause of many seconds
 # while the database has long been back. A short window ends each series of retries early and
-# starts the next at once: retries stay about a second apart while calls wait, and stop while
-# none does (the next checkout starts them again). The database coming back is the normal case.
-_RECONNECT_WINDOW = 2.0
+# starts the next at once; psycopg_pool shortens a retry's delay to the window's end, so retries
+# are a window apart while calls wait, and stop while none does (the next checkout starts them
+# again). The database coming back is the normal case, and an attempt at a server that is not
+# there yet is refused at once: half a second apart, a backlog waits at most that long for it.
+_RECONNECT_WINDOW = 0.5
 
 
 async def _reconnect_again(pool: AsyncConnectionPool[AnyConnection]) -> None:
