@@ -3,10 +3,11 @@
 Checking out a connection runs an empty query first: a dead one must fail fast, and the check is
 what keeps a connection that froze in the pool (a half-open link, a stopped backend) from
 stalling a claim for the whole call timeout. It is a round trip per checkout, which an idle
-replica would pay beside each health check. So a statement that is its own check
-(:func:`own_check`: the health check, which has a short bound of its own and is safe to run
-twice) skips it on a connection given back in good order within :data:`FRESH` seconds, and is
-run again, checked, when it fails on the connection itself.
+replica would pay beside each health check, and a busy one beside each verification of the
+notifications it heard. So a statement that is its own check (:func:`own_check`: those two,
+which have short bounds of their own and are safe to run twice) skips it on a connection given
+back in good order within :data:`FRESH` seconds, and is run again, checked, when it fails on
+the connection itself.
 """
 
 from __future__ import annotations

@@ -25,6 +25,7 @@ from reactor.core.ownership import replicas_channel
 from reactor.db import rows
 from reactor.db.calls import Connector, Dedicated, Pooled
 from reactor.db.health import HealthCheck, health_params
+from reactor.db.pool import own_check
 from reactor.db.session import AnyConnection, first_line
 from reactor.errors import PrivilegeMissing, UntrustedSchema
 from reactor.install import Install, grants
@@ -198,7 +199,11 @@ class Database:
             "replicas": list(replicas),
             "liveness": liveness,
         }
-        found = await self.run("verify_hints", params, dict_row)
+        # Its own check of the connection, as the health check is: it reads only, is safe to
+        # run twice, and its caller bounds it (a hung one costs a re-read of the queue, not a
+        # hint). Under a stream of notifications it runs every few milliseconds, where the
+        # pool's check would add a round trip to each.
+        found = await own_check(lambda: self.run("verify_hints", params, dict_row))
         jobs = [(row["id"], row["due_in"]) for row in found if row["kind"] == "job"]
         live = frozenset(row["id"] for row in found if row["kind"] == "replica")
         return rows.Verified(jobs, live)

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import AsyncIterator
 
 import psycopg
@@ -12,6 +13,7 @@ from psycopg.rows import TupleRow, tuple_row
 from psycopg_pool import AsyncConnectionPool
 
 from reactor import db
+from reactor.install import REFERENCE_INSTALL
 
 pytestmark = pytest.mark.anyio
 
@@ -94,3 +96,15 @@ async def test_a_statement_the_server_refuses_is_not_tried_again(
     assert locked_out.tries == 1
     # Skipped: the pool's check did not run for it.
     assert len(checks) == 1
+
+
+async def test_verifying_notifications_is_its_own_check(
+    database_url: str, checks: list[int]
+) -> None:
+    async with db.make_pool(database_url, max_size=1) as pool:
+        database = db.Database.pooled(REFERENCE_INSTALL, pool)
+        await database.verify_hints([], [], liveness=1.0)
+        assert len(checks) == 1  # a connection never given back is checked
+        found = await database.verify_hints([str(uuid.uuid4())], [], liveness=1.0)
+        assert found.jobs == []
+        assert len(checks) == 1
