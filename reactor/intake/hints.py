@@ -39,8 +39,11 @@ from reactor.core.clock import Clock
 log = logging.getLogger(__name__)
 
 # How long the first hint of a batch waits for others to join it: a few milliseconds of
-# lateness on a grace of seconds, and one statement for a whole burst.
+# lateness on a grace of seconds, and one statement for a whole burst. In a fleet, per replica
+# live (see fleet_linger).
 LINGER = 0.005
+# The most of the grace a fleet's linger may take.
+LINGER_SHARE_OF_GRACE = 0.05
 # Most job ids verified by one statement.
 BATCH = 2_000
 # Most job hints waiting to be verified; more are dropped until the buffer drains. About 2 MB.
@@ -57,6 +60,18 @@ FLOOD = 500
 # Lines about what the channel brought that the reactor ignores: at most one per this many
 # seconds for each kind, with the count since the last one.
 LOG_INTERVAL = 10.0
+
+
+def fleet_linger(live: int, grace: float) -> float:
+    """How long the first hint of a batch waits for others, with ``live`` replicas serving.
+
+    :data:`LINGER` per replica: where the trigger spreads the jobs, each of N replicas hears a
+    Nth of them, so a linger N times as long gathers as many hints into a statement as one
+    replica's does, and the fleet verifies as often as one replica would rather than N times as
+    often. Arming a timer later costs nothing while the grace is longer, so the linger stays
+    within :data:`LINGER_SHARE_OF_GRACE` of it (never below :data:`LINGER`).
+    """
+    return max(LINGER, min(LINGER * live, grace * LINGER_SHARE_OF_GRACE))
 
 
 @dataclass(frozen=True, slots=True)
@@ -230,6 +245,11 @@ class Verifier:
         if not self.pending.add_job(job, now):
             self._count("dropped", 1, now)
         self._wake.set()
+
+    def serving(self, live: int, grace: float) -> None:
+        """``live`` replicas now serve the pair, whose grace is ``grace``: see
+        :func:`fleet_linger`."""
+        self.pending.linger = fleet_linger(live, grace)
 
     def replica(self, replica: str, *, left: bool) -> None:
         """A notification said ``replica`` left (or joined)."""

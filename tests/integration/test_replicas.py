@@ -10,6 +10,7 @@ import pytest
 from reactor import db
 from reactor.core.ownership import ALL_SHARES
 from reactor.install.mapping import REFERENCE
+from reactor.intake.hints import fleet_linger
 from reactor.runtime.service import Reactor
 from tests.helpers import Conn, client_save, early_writes, finish, new_job, worker_writes
 from tests.integration.conftest import StartReactor
@@ -175,10 +176,14 @@ async def test_a_stopping_replica_hands_its_jobs_over_at_once(
         async with start_reactor(**settings) as staying:
             async with start_reactor(**settings) as leaving:
                 await eventually(lambda: len(staying.membership.live) == 2)
+                # Each hears half the jobs: its hints gather twice as long per statement.
+                await eventually(lambda: staying.verifier.pending.linger == fleet_linger(2, GRACE))
+                assert fleet_linger(2, GRACE) > fleet_linger(1, GRACE)
                 gone = leaving.replica_id
             # It said goodbye: no heartbeat row is left to wait out.
             assert scalar(conn, "SELECT count(*) FROM reactor.replicas WHERE id = %s", (gone,)) == 0
             await eventually(lambda: staying.membership.live == {staying.replica_id})
+            await eventually(lambda: staying.verifier.pending.linger == fleet_linger(1, GRACE))
             jobs = [new_job(conn)[0] for _ in range(20)]
             for job_id in jobs:
                 finish(conn, job_id)

@@ -13,7 +13,7 @@ import pytest
 
 from reactor import db
 from reactor.core.clock import FakeClock
-from reactor.intake.hints import LOG_INTERVAL, HintBatch, Tally, Verifier
+from reactor.intake.hints import LINGER, LOG_INTERVAL, HintBatch, Tally, Verifier, fleet_linger
 
 
 def ids(count: int) -> list[str]:
@@ -21,6 +21,22 @@ def ids(count: int) -> list[str]:
 
 
 # -- HintBatch -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("live", "grace", "linger"),
+    [
+        (1, 120.0, LINGER),  # one replica: as always
+        (0, 120.0, LINGER),  # before the first check has read the heartbeats
+        (5, 120.0, 5 * LINGER),  # each hears a fifth of the jobs: five times as long
+        (5, 0.2, 0.01),  # never past a twentieth of the grace...
+        (5, 0.0, LINGER),  # ...nor below one replica's
+    ],
+)
+def test_a_fleet_lingers_as_long_as_one_replica_takes_to_hear_as_many(
+    live: int, grace: float, linger: float
+) -> None:
+    assert fleet_linger(live, grace) == pytest.approx(linger)
 
 
 def test_nothing_is_due_while_nothing_waits() -> None:
