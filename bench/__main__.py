@@ -57,6 +57,7 @@ BENCHMARKS: dict[str, str] = {
     "pairs": "bench.pairs",
     "pinning": "bench.pinning",
     "outage": "bench.outage",
+    "held_rows": "bench.held_rows",
     "cold_start": "bench.cold_start",
 }
 
