@@ -12,7 +12,17 @@ import pytest
 from reactor.core.clock import FakeClock
 from reactor.core.ownership import Membership, owner, share_of
 from reactor.intake.dispatch import Answer, Dispatcher, WorkQueue
-from reactor.intake.sources import LISTEN, POLL, REARM, RECONCILE, RETRY, STUCK, Hint, Source
+from reactor.intake.sources import (
+    BOUNDARY,
+    LISTEN,
+    POLL,
+    REARM,
+    RECONCILE,
+    RETRY,
+    STUCK,
+    Hint,
+    Source,
+)
 from reactor.telemetry.metrics import Metrics
 from tests.loops import running
 
@@ -416,10 +426,14 @@ def test_each_source_says_what_it_knows_as_data() -> None:
     roads: list[Source[Any]] = [LISTEN, POLL, REARM, STUCK, RECONCILE, RETRY]
     assert len({road.name for road in roads}) == len(roads)
     assert list(LISTEN.hints([("a", 2.0), ("b", None)])) == [
-        Hint("a", 2.001, heard=True),  # the row's deadline, past its boundary
+        Hint("a", 2.0 + BOUNDARY, heard=True),  # the row's deadline, past its boundary
         Hint("b", None, heard=True),  # left unverified: no deadline known
     ]
-    assert list(POLL.hints([("a", 2.0)])) == list(REARM.hints([("a", 2.0)])) == [Hint("a", 2.001)]
+    assert (
+        list(POLL.hints([("a", 2.0)]))
+        == list(REARM.hints([("a", 2.0)]))
+        == [Hint("a", 2.0 + BOUNDARY)]
+    )
     assert list(STUCK.hints(["a"])) == [Hint("a", 0.0, stuck=True)]
     assert list(RECONCILE.hints([("a", 0.5)])) == [Hint("a", 0.5, adopted=True)]
     answer = Answer([("a", 1.0), ("b", 0.0)], stuck=frozenset({"b"}))
