@@ -28,7 +28,7 @@ import anyio.abc
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from bench.conn import Conn, connect, scalar
-from bench.result import Context, Result, Table, conditions
+from bench.result import Context, Result, Table, conditions, not_ours_to_stop
 from bench.server import open_server
 from bench.stats import ms, summarize
 from bench.workload import bench_settings, replicas
@@ -134,12 +134,13 @@ async def run(ctx: Context) -> Result:
         "replicas": counts,
     }
     drains: dict[int, list[float]] = {count: [] for count in counts}
+    table = Table(["replicas", "rounds", "mean", "max", "goal"])
     with _quiet():
         async with open_server() as server:
             cond = await conditions(server, quick=ctx.quick)
             embedded = server.embedded
             if embedded is None:
-                return _not_measurable(cond, settings)
+                return not_ours_to_stop(table, settings=settings, conditions=cond)
             for count in counts:
                 dsn = await server.app_database(f"held_rows_{count}", with_audit=False)
                 params = conninfo_to_dict(dsn)
@@ -157,7 +158,6 @@ async def run(ctx: Context) -> Result:
                         for _ in range(rounds):
                             drains[count].append(await _round(embedded, dsn, gate, downtime))
 
-    table = Table(["replicas", "rounds", "mean", "max", "goal"])
     figures: dict[str, Any] = {}
     for count, seconds in drains.items():
         stats = summarize(seconds)
@@ -217,17 +217,3 @@ async def _round(embedded: EmbeddedPostgres, dsn: str, gate: Gate, downtime: flo
             if await scalar(check, SAVED, ([run for _, run in held],)) != HELD:
                 raise RuntimeError("a tab's save did not stand")
     return drained
-
-
-def _not_measurable(cond: dict[str, Any], settings: dict[str, Any]) -> Result:
-    table = Table(["replicas", "rounds", "mean", "max", "goal"])
-    table.add("-", "-", "-", "-", "-")
-    return Result(
-        met=None,
-        headline="not measured: the server is DATABASE_URL's, not ours to stop",
-        table=table,
-        figures={},
-        settings=settings,
-        conditions=cond,
-        notes=["Stopping and starting the server needs the embedded cluster."],
-    )

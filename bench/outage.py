@@ -22,7 +22,7 @@ from typing import Any
 import anyio
 from psycopg_pool import AsyncConnectionPool
 
-from bench.result import Context, Result, Table, conditions
+from bench.result import Context, Result, Table, conditions, not_ours_to_stop
 from bench.server import open_server
 from bench.stats import ms, summarize
 from reactor import db
@@ -54,7 +54,8 @@ async def run(ctx: Context) -> Result:
         cond = await conditions(server, quick=ctx.quick)
         embedded = server.embedded
         if embedded is None:
-            return _not_measurable(cond, settings)
+            table = Table(["downtime", *VARIANTS])
+            return not_ours_to_stop(table, settings=settings, conditions=cond)
         dsn = await server.app_database("outage", with_audit=False)
         # Every failed attempt is a warning of psycopg_pool's; the figures are what matters.
         pool_log = logging.getLogger("psycopg.pool")
@@ -121,17 +122,3 @@ async def _outage(
         await anyio.to_thread.run_sync(embedded.start)
         started = time.monotonic()
     return answered
-
-
-def _not_measurable(cond: dict[str, Any], settings: dict[str, Any]) -> Result:
-    table = Table(["downtime", *VARIANTS])
-    table.add("-", *("-" for _ in VARIANTS))
-    return Result(
-        met=None,
-        headline="not measured: the server is DATABASE_URL's, not ours to stop",
-        table=table,
-        figures={},
-        settings=settings,
-        conditions=cond,
-        notes=["Stopping and starting the server needs the embedded cluster."],
-    )

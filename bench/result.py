@@ -89,6 +89,23 @@ def unmeasured(
     return Result(None, why, table, {}, settings, conditions, notes)
 
 
+def not_ours_to_stop(
+    table: Table, *, settings: dict[str, Any], conditions: dict[str, Any]
+) -> Result:
+    """The result of a benchmark that stops and starts the server, run on DATABASE_URL's:
+    nothing measured (``table`` has one row of dashes)."""
+    table.add(*("-" for _ in table.headers))
+    return Result(
+        None,
+        "not measured: the server is DATABASE_URL's, not ours to stop",
+        table,
+        {},
+        settings,
+        conditions,
+        ["Stopping and starting the server needs the embedded cluster."],
+    )
+
+
 class Benchmark(Protocol):
     """The interface of a benchmark module."""
 
