@@ -246,10 +246,9 @@ class Verifier:
             self._count("dropped", 1, now)
         self._wake.set()
 
-    def serving(self, live: int, grace: float) -> None:
-        """``live`` replicas now serve the pair, whose grace is ``grace``: see
-        :func:`fleet_linger`."""
-        self.pending.linger = fleet_linger(live, grace)
+    def serving(self, live: int) -> None:
+        """``live`` replicas now serve the pair: see :func:`fleet_linger`."""
+        self.pending.linger = fleet_linger(live, self.database.grace)
 
     def replica(self, replica: str, *, left: bool) -> None:
         """A notification said ``replica`` left (or joined)."""

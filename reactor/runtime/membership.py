@@ -53,7 +53,7 @@ class PairMembership:
         )
         reactor.queue.see(membership)
         reactor.metrics.replicas_live.set(len(membership.live))
-        reactor.verifier.serving(len(membership.live), reactor.database.grace)
+        reactor.verifier.serving(len(membership.live))
         # What we gained was never held here: the re-arm reads the queue's jobs inside their
         # grace (by the database's deadlines, so a job touched since its notification is aimed
         # right), and the scan records whatever came due. When the trigger spreads, a proven
