@@ -533,18 +533,23 @@ async def _server_cost(server: Server, jobs: int, repetitions: int) -> ServerCos
                 )
                 await conn.execute("VACUUM ANALYZE analysis_jobs")
                 await triggers.install(conn, config.removesuffix(" unlogged"))
-                started = time.perf_counter()
-                await conn.execute("CALL public.bench_progress_each()")
-                elapsed = time.perf_counter() - started
-                progress.setdefault(config, []).append(elapsed / jobs * 1e6)
-                started = time.perf_counter()
-                await conn.execute("CALL public.bench_finish_each()")
-                elapsed = time.perf_counter() - started
-                times.setdefault(config, []).append(elapsed / jobs * 1e6)
+                progress.setdefault(config, []).append(
+                    await _us_per_job(conn, "bench_progress_each", jobs)
+                )
+                times.setdefault(config, []).append(
+                    await _us_per_job(conn, "bench_finish_each", jobs)
+                )
     return ServerCost(
         {config: statistics.median(values) for config, values in times.items()},
         {config: statistics.median(values) for config, values in progress.items()},
     )
+
+
+async def _us_per_job(conn: Conn, procedure: str, jobs: int) -> float:
+    """Microseconds per job of one CALL of ``procedure``, which updates ``jobs`` jobs."""
+    started = time.perf_counter()
+    await conn.execute(f"CALL public.{procedure}()")
+    return (time.perf_counter() - started) / jobs * 1e6
 
 
 async def _pgbench(
