@@ -279,6 +279,11 @@ MEANINGS: dict[str, Meaning] = {
         "reads again (one wake-up per interval under a stream); at most 0.1, `0` reads each "
         "as it arrives"
     ),
+    "REACTOR_DOORBELL_RATE": Meaning(
+        "job notifications a second from which a replica rings the doorbell: the app's "
+        "finishing commits skip their NOTIFY while the replicas poll the queue instead "
+        "(how-it-works.md, The doorbell); `0`: every finishing commit notifies"
+    ),
     "REACTOR_MAX_PENDING": Meaning(
         "most timers held in memory (about 130 bytes each); beyond it the scan takes over"
     ),

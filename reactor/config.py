@@ -112,6 +112,10 @@ class ProcessSettings:
     # it reads again: one wake-up per interval under a steady stream rather than one per
     # notification, a few milliseconds of a grace of seconds (docs/how-it-works.md, the figures).
     listen_coalesce: float = 0.005
+    # From how many job notifications a second a replica rings the doorbell awake: the app's
+    # commits skip their NOTIFY while it polls the queue itself (reactor/core/doorbell.py);
+    # 0: every finishing commit notifies.
+    doorbell_rate: int = 20
     # The most deadlines held in memory; past it, new ones are left to the fallback scan.
     max_pending: int = 1_000_000
     # What an operator presents to the HTTP page to retry or cancel hooks and release jobs set
@@ -292,6 +296,7 @@ ENVIRONMENT: dict[str, str] = {
     "probe_timeout": "REACTOR_PROBE_TIMEOUT_SECONDS",
     "poll_interval": "REACTOR_POLL_INTERVAL_SECONDS",
     "listen_coalesce": "REACTOR_LISTEN_COALESCE_SECONDS",
+    "doorbell_rate": "REACTOR_DOORBELL_RATE",
     "max_pending": "REACTOR_MAX_PENDING",
     "dashboard_token": "REACTOR_DASHBOARD_TOKEN",
     "dashboard_addr": "REACTOR_DASHBOARD_ADDR",
@@ -452,6 +457,7 @@ _PARSERS: dict[str, Any] = {
     "probe_timeout": _seconds(0.0, inclusive=False),
     "poll_interval": _seconds(0.01),
     "listen_coalesce": _seconds(0.0),
+    "doorbell_rate": _count(0, 1_000_000),
     "max_pending": _count(1, 100_000_000),
     "dashboard_token": _token,
     "dashboard_addr": _address("127.0.0.1:9188"),

@@ -59,10 +59,16 @@ BEGIN
     END IF;
     -- Wake the reactors on the transition into a terminal status, and when a terminal job
     -- becomes eligible later (its results arrive in a second update); not at all when the
-    -- trigger was installed not to notify, nor when the NOTIFY queue is past the limit (the
-    -- app's sessions may set reactor.notify_queue_limit; one that is not a number is ignored,
-    -- so it never fails the app's commit): the queued row is enough.
+    -- trigger was installed not to notify, nor while a replica keeps the channel's doorbell
+    -- awake (it polls the queue: migration 0020), nor when the NOTIFY queue is past the limit
+    -- (the app's sessions may set reactor.notify_queue_limit; one that is not a number is
+    -- ignored, so it never fails the app's commit): the queued row is enough. The bell is read
+    -- without a lock, against this transaction's start: a job queued by a transaction that
+    -- began while the bell was awake has its since before awake_until, inside the windows
+    -- the awake replicas go on polling for a grace after the bell falls silent.
     IF TG_ARGV[0] <> ''
+       AND NOT EXISTS (SELECT 1 FROM @reactor@.doorbell b
+                        WHERE b.channel = TG_ARGV[0] AND b.awake_until > now())
        AND pg_notification_queue_usage()
            < (CASE WHEN current_setting('reactor.notify_queue_limit', true)
                         ~ '^\s*([0-9]+\.?[0-9]*|\.[0-9]+)([eE][-+]?[0-9]+)?\s*$'

@@ -311,12 +311,34 @@ SELECT 'replica', r.id, NULL
 -- is NULL when the window is empty). A job touched after it was queued (updated_at later than
 -- since) is refused as waiting by its claim and re-armed at its new deadline; one queued by a
 -- transaction that committed after its deadline had passed is left to the scan.
+-- The same statement keeps the doorbell (migration 0020): when %(ring)s, the row of %(channel)s
+-- is awake %(lease)s seconds from now (written only once half of it has passed, so a fleet of
+-- pollers writes it a few times a second at most); every row carries bell_in, the seconds the
+-- bell is still awake (NULL: silent), and arrivals, the jobs queued within the last %(recent)s
+-- seconds, by which the replica judges whether to ring it again.
+WITH bell AS (
+    INSERT INTO @reactor@.doorbell AS b (channel, awake_until)
+    SELECT %(channel)s, clock_timestamp() + make_interval(secs => %(lease)s)
+     WHERE %(ring)s
+    ON CONFLICT (channel) DO UPDATE SET awake_until = EXCLUDED.awake_until
+     WHERE b.awake_until < clock_timestamp() + make_interval(secs => %(lease)s / 2)
+    RETURNING b.awake_until
+)
 SELECT p.job_id::text AS job_id,
        extract(epoch FROM p.since + make_interval(secs => %(grace)s) - clock_timestamp())
            ::float8 AS due_in,
        p.since,
-       w.high
-  FROM (SELECT now() - make_interval(secs => %(grace)s - %(ahead)s) AS high) w
+       w.high,
+       w.bell_in,
+       w.arrivals
+  FROM (SELECT now() - make_interval(secs => %(grace)s - %(ahead)s) AS high,
+               -- The statement's snapshot does not see its own upsert: the later of the two.
+               extract(epoch FROM greatest((SELECT awake_until FROM bell),
+                                           (SELECT awake_until FROM @reactor@.doorbell
+                                             WHERE channel = %(channel)s))
+                                  - clock_timestamp())::float8 AS bell_in,
+               (SELECT count(*) FROM @reactor@.pending
+                 WHERE since > now() - make_interval(secs => %(recent)s))::int AS arrivals) w
   LEFT JOIN @reactor@.pending p
     ON p.since >= coalesce(%(low)s::timestamptz, w.high - make_interval(secs => 2 * %(ahead)s))
    AND p.since <= w.high
@@ -499,6 +521,8 @@ SELECT pass AS number,
 --   those whose next try is not due: they are reported as set aside, not as late);
 -- - hooks_orphaned: the running hook rows of replicas no longer live that this check made due
 --   at once (their leases would have held them until they ran out);
+-- - bell_in: the seconds the channel's doorbell is still awake (NULL: silent), so that every
+--   replica polls while another keeps it awake (reactor/core/doorbell.py);
 -- - queued: whether the pending queue holds any job, whoever owns it. An empty queue, with
 --   nothing else to act on, lets the replica check less often (reactor.vitals): every job
 --   queued after this check is due a grace later, past the next one.
@@ -585,7 +609,9 @@ SELECT pg_notification_queue_usage()::float8 AS queue_usage,
            AS set_aside,
        (SELECT count(*) FROM announce)::int AS joined_told,
        (SELECT count(*) FROM orphaned)::int AS hooks_orphaned,
-       EXISTS (SELECT 1 FROM @reactor@.pending) AS queued
+       EXISTS (SELECT 1 FROM @reactor@.pending) AS queued,
+       (SELECT extract(epoch FROM awake_until - clock_timestamp())::float8
+          FROM @reactor@.doorbell WHERE channel = %(channel)s) AS bell_in
 
 -- name: replica_leave
 -- A replica that stops cleanly hands its jobs to the others: it drops its heartbeat and, in the

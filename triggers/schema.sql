@@ -173,5 +173,13 @@ CREATE TABLE IF NOT EXISTS @reactor@.replicas (
     write_error   text
 );
 
+-- The doorbell (migration 0020): while a replica polls the queue under a stream of jobs, it
+-- keeps its channel's row awake and the job trigger skips its NOTIFY. Unlogged: renewing it
+-- waits for no WAL flush, and a crash or a promotion leaves it empty, where every job notifies.
+CREATE UNLOGGED TABLE IF NOT EXISTS @reactor@.doorbell (
+    channel      text PRIMARY KEY,
+    awake_until  timestamptz NOT NULL
+);
+
 -- What the mapping shapes (the trigger functions, outranks_v1, queue_runs_v2, the triggers and
 -- the reconcile's walk index) is in notify_triggers.sql, which every `reactor migrate` applies.

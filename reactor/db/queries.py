@@ -209,13 +209,39 @@ class Database:
         return rows.Verified(jobs, live)
 
     async def poll_queue(
-        self, low: datetime | None, *, ahead: float, limit: int
-    ) -> tuple[list[rows.QueuedJob], datetime]:
-        """Queued jobs whose deadline comes within ``ahead`` seconds, from ``low`` on (see the
-        ``poll_queue`` query), and the end of the window they were read from."""
-        params = {"grace": self.grace, "low": low, "ahead": ahead, "limit": limit}
-        found = await self.run("poll_queue", params, kwargs_row(_in_window))
-        return [job for job, _ in found if job is not None], found[0][1]
+        self,
+        low: datetime | None,
+        *,
+        ahead: float,
+        limit: int,
+        ring: bool = False,
+        lease: float = 0.0,
+        recent: float = 0.0,
+    ) -> rows.Polled:
+        """Queued jobs whose deadline comes within ``ahead`` seconds, from ``low`` on, with
+        the end of the window they were read from; with ``ring``, the doorbell kept awake
+        ``lease`` seconds; the jobs queued in the last ``recent`` seconds counted (see the
+        ``poll_queue`` query)."""
+        params = {
+            "grace": self.grace,
+            "low": low,
+            "ahead": ahead,
+            "limit": limit,
+            "channel": self.install.channel,
+            "ring": ring,
+            "lease": lease,
+            "recent": recent,
+        }
+        found = await self.run("poll_queue", params, dict_row)
+        # Every row carries the window's end and the bell; an empty window is one row whose
+        # job_id is NULL.
+        first = found[0]
+        jobs = [
+            rows.QueuedJob(row["job_id"], row["due_in"], row["since"])
+            for row in found
+            if row["job_id"] is not None
+        ]
+        return rows.Polled(jobs, first["high"], first["bell_in"], first["arrivals"])
 
     # -- the reconcile ---------------------------------------------------------------------------
 
@@ -436,11 +462,6 @@ class Database:
     ) -> list[dict[str, Any]]:
         """The rows of the named query as dicts, for status and reporting."""
         return await self.run(name, params, dict_row, filename=filename)
-
-
-def _in_window(*, high: datetime, **job: Any) -> tuple[rows.QueuedJob | None, datetime]:
-    # Every row carries the window's end; an empty window is one row whose job_id is NULL.
-    return (rows.QueuedJob(**job) if job["job_id"] else None), high
 
 
 def _attempt(claim: rows.HookClaim, params: dict[str, Any]) -> dict[str, Any]:

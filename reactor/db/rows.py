@@ -49,6 +49,7 @@ class Health:
     joined_told: int  # 1 when this was the replica's first heartbeat and the others were told
     hooks_orphaned: int  # running hook rows of replicas no longer live, made due at once
     queued: bool  # the pending queue holds a job, any replica's
+    bell_in: float | None = None  # seconds the channel's doorbell is still awake; None: silent
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +68,17 @@ class QueuedJob:
     job_id: str
     due_in: float  # seconds until since + grace (negative: past it)
     since: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class Polled:
+    """What one ``poll_queue`` read: the jobs coming due, where its window ended, and the
+    doorbell as the statement left it."""
+
+    jobs: list[QueuedJob]
+    high: datetime  # the end of the window the jobs were read from
+    bell_in: float | None  # seconds the channel's doorbell is still awake; None: silent
+    arrivals: int  # jobs queued within the poll's recent seconds
 
 
 ReconcileOutcome = Literal["stepped", "completed", "idle", "busy"]

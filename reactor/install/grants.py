@@ -182,6 +182,12 @@ def _groups(
             _table(reactor, "reconcile", "SELECT", "UPDATE"),
         ),
         Group(
+            "The doorbell: a replica that polls the queue under a stream of jobs keeps its\n"
+            "channel's row awake (INSERT ... ON CONFLICT DO UPDATE), and the job trigger skips\n"
+            "its NOTIFY meanwhile; the poll and the health check read it back.",
+            _table(reactor, "doorbell", "SELECT", "INSERT", "UPDATE"),
+        ),
+        Group(
             "Heartbeats: each replica upserts its row and reads the others' to split the work,\n"
             "and deletes its own on a clean stop and the rows of replicas gone for an hour.",
             _table(reactor, "replicas", "SELECT", "INSERT", "UPDATE", "DELETE"),

@@ -92,7 +92,8 @@ class PairPoll:
 
     async def run(self) -> None:
         """One poll: every poll interval, the queued jobs whose deadline comes within two
-        intervals, offered to the pair's work queue."""
+        intervals, offered to the pair's work queue; the doorbell rung or renewed when the
+        jobs come fast enough (:mod:`reactor.core.doorbell`)."""
         # Windows overlap by that much, so a job queued by a transaction that was still open at
         # the last poll is read now (one that committed after its deadline is the scan's).
         reactor = self.reactor
@@ -102,16 +103,29 @@ class PairPoll:
             self.low = None
             reactor.schedule.pace("poll", math.inf)
             return
-        ahead = 2 * reactor.settings.poll_interval
+        interval = reactor.settings.poll_interval
+        ahead = 2 * interval
+        bell = reactor.doorbell
         try:
-            jobs, high = await reactor.database.poll_queue(self.low, ahead=ahead, limit=POLL_LIMIT)
+            polled = await reactor.database.poll_queue(
+                self.low,
+                ahead=ahead,
+                limit=POLL_LIMIT,
+                # Only a trigger that notifies this channel reads its bell.
+                ring=bell.ring() and reactor.vitals.trigger == "notifies",
+                lease=bell.lease,
+                recent=interval,
+            )
         except BaseException:
             self.low = None
             raise
         self.runs += 1
+        bell.polled(reactor.clock.now(), polled.bell_in, polled.arrivals)
+        reactor.metrics.doorbell_awake.set(1 if bell.awake(reactor.clock.now()) else 0)
+        jobs = polled.jobs
         reactor.dispatcher.intake(POLL.hints((job.job_id, job.due_in) for job in jobs))
         full = len(jobs) >= POLL_LIMIT
-        self.low = jobs[-1].since if full else high - timedelta(seconds=ahead)
+        self.low = jobs[-1].since if full else polled.high - timedelta(seconds=ahead)
 
 
 class PairsHealth:

@@ -36,6 +36,7 @@ from reactor.config import Settings
 from reactor.core.cadence import Action, Cadence, Scheduler, backoff
 from reactor.core.clock import Clock, SystemClock
 from reactor.core.dbclock import DatabaseClock
+from reactor.core.doorbell import Doorbell
 from reactor.core.ownership import LIVENESS_PROBES, Membership, Roster
 from reactor.core.writes import WriteHealth
 from reactor.hooks import Hook, HookRetention, HookRunner
@@ -92,6 +93,13 @@ class Reactor:
         # Whether the record statements can write: the recorder judges it, /readyz reports it.
         self.writes = WriteHealth()
         self.vitals = Vitals(settings, database.install, self.metrics, self.clock, self.writes)
+        # Rung while the notifications come fast (listen mode only: in poll mode nobody hears
+        # them, and the trigger is best installed with --no-notify).
+        self.doorbell = Doorbell(
+            settings.doorbell_rate if settings.mode == "listen" else 0,
+            settings.poll_interval,
+            database.grace,
+        )
         self.hook_runner: HookRunner | None = None
         if hooks:
             self.hook_runner = HookRunner(
@@ -245,8 +253,9 @@ class Reactor:
 
     @property
     def polling(self) -> bool:
-        """True when timers come from polling the queue rather than from notifications."""
-        return self.vitals.polling(self.listener)
+        """True when timers come from polling the queue rather than from notifications: they
+        cannot be relied on, or the doorbell is (or was, within a grace) awake."""
+        return self.vitals.polling(self.listener) or self.doorbell.covers(self.clock.now())
 
     @property
     def polls(self) -> int:
@@ -374,6 +383,7 @@ class Reactor:
         self.db_clock.observe(health.database_time, sent, self.clock.now())
         spread = self.vitals.trigger_spread
         self.vitals.saw(health)
+        self.doorbell.saw(self.clock.now(), health.bell_in)
         self.schedule.pace("health", self.vitals.check_interval)
         if self.vitals.trigger_spread != spread and self.listener is not None:
             self.listener.refresh(self.subscriber)
@@ -422,6 +432,9 @@ class Reactor:
             self.verifier.job(job_id)
         else:
             self.dispatcher.intake(LISTEN.hints([(job_id, None)]))
+        if self.doorbell.heard(self.clock.now()):
+            # The next poll rings it; from then on the app's commits stop notifying.
+            self.schedule.hasten("poll")
 
     def _count_unverified(self, kind: str, count: int) -> None:
         self.metrics.notified["dropped" if kind == "dropped" else "unverified"].inc(count)

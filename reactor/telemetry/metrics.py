@@ -197,6 +197,12 @@ class Metrics:
             ["state"],
             registry=r,
         )
+        self.doorbell_awake = Gauge(
+            "reactor_doorbell_awake",
+            "1 while the channel's doorbell is awake as this replica last read it: the app's "
+            "finishing commits skip their NOTIFY and the replicas poll the queue instead.",
+            registry=r,
+        )
         self.left_to_owner = Counter(
             "reactor_deadlines_left_to_owner",
             "Deadlines that fired here for a job another live replica owns; it claims them.",

@@ -97,3 +97,34 @@ def test_an_update_of_a_running_job_never_calls_the_function(conn: Conn) -> None
         assert scalar(conn, calls) == 0
         conn.execute(f"UPDATE analysis_jobs SET {ELIGIBLE} WHERE id = %s", (job,))
         assert scalar(conn, calls) >= 1
+
+
+# (the doorbell's row: its channel and how long it is still awake; whether the finish notifies)
+BELLS: dict[str, tuple[tuple[str, str] | None, bool]] = {
+    "no row": (None, True),
+    "awake on this channel": ((CHANNEL, "1 minute"), False),
+    "fallen silent": ((CHANNEL, "-1 second"), True),
+    "awake on another channel": (("analysis_jobs_elsewhere", "1 minute"), True),
+}
+
+
+@pytest.mark.parametrize("bell", BELLS)
+def test_the_doorbell_silences_the_notification_and_never_the_queue(conn: Conn, bell: str) -> None:
+    row, notified = BELLS[bell]
+    if row is not None:
+        channel, awake_for = row
+        conn.execute(
+            "INSERT INTO reactor.doorbell VALUES (%s, now() + %s::interval)", (channel, awake_for)
+        )
+    job = uuid.uuid4()
+    conn.execute(
+        "INSERT INTO analysis_jobs (id, run_id, status, doc_html) VALUES (%s, %s, 'running', 'd')",
+        (job, uuid.uuid4()),
+    )
+
+    conn.execute(f"UPDATE analysis_jobs SET {ELIGIBLE} WHERE id = %s", (job,))
+
+    assert scalar(conn, "SELECT count(*) FROM reactor.pending WHERE job_id = %s", (job,)) == 1
+    assert [payload.split("@")[0] for payload in _notified(conn)] == (
+        [str(job)] if notified else []
+    )

@@ -68,6 +68,8 @@ async def test_a_stuck_listener_fails_no_commit_and_loses_nothing(
         http_addr=None,
         probe_interval=0.5,
         probe_timeout=1.0,
+        # Every commit notifies: a doorbell rung by the stream would keep the queue from filling.
+        doorbell_rate=0,
     )
     with (
         psycopg.connect(dsn, autocommit=True) as stuck,

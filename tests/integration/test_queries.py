@@ -73,15 +73,15 @@ async def test_reads_agree_through_the_pool_and_on_a_dedicated_connection(
     seen: list[dict[str, Any]] = []
     for on in connectors:
         upcoming = await on.upcoming(10)
-        polled, high = await on.poll_queue(None, ahead=2 * GRACE, limit=10)
+        polled = await on.poll_queue(None, ahead=2 * GRACE, limit=10)
         hooks, total, failed = await on.list_hooks(failed_only=True, limit=10)
         health = await on.health(check)
         seen.append(
             {
                 "upcoming": [job_id for job_id, _ in upcoming],
                 "oldest_queued": await on.oldest_queued(10),
-                "polled": sorted(job.job_id for job in polled),
-                "window_end": type(high),
+                "polled": sorted(job.job_id for job in polled.jobs),
+                "window_end": type(polled.high),
                 "hooks": (hooks, total, failed),
                 "next_hook_in": await on.next_hook_in(),
                 "reconcile": await on.last_reconcile_pass(),
