@@ -22,6 +22,7 @@ SELECT now() AS checked_at,
        to_regclass('@reactor@.pending') IS NOT NULL AS pending_queue,
        to_regclass('@reactor@.reconcile') IS NOT NULL AS reconcile,
        to_regclass('@reactor@.set_aside') IS NOT NULL AS set_aside,
+       to_regclass('@reactor@.doorbell') IS NOT NULL AS doorbell,
        -- CVE-2018-1058: PUBLIC (grantee 0) may create in public, as up to PostgreSQL 14.
        EXISTS (SELECT 1 FROM pg_catalog.pg_namespace n,
                      pg_catalog.aclexplode(coalesce(n.nspacl,
@@ -64,6 +65,12 @@ SELECT (SELECT count(*) FROM pending WHERE due)::bigint AS due,
   LEFT JOIN LATERAL (
        SELECT p.id, p.updated_at FROM pending p WHERE p.due ORDER BY p.updated_at, p.id LIMIT 1
   ) AS oldest ON true
+
+-- name: status_doorbell
+-- The seconds the channel %(channel)s's doorbell is still awake: no row while it is silent.
+SELECT extract(epoch FROM awake_until - clock_timestamp())::float8 AS awake_for
+  FROM @reactor@.doorbell
+ WHERE channel = %(channel)s AND awake_until > clock_timestamp()
 
 -- name: status_set_aside
 -- Queued jobs set aside because their write failed on their own data: how many, and the

@@ -68,6 +68,10 @@ ISO 8601 from the database clock, and ``null`` means "unknown or not applicable"
         "channel": "analysis_jobs_terminal",  # what it notifies; "" when installed with
                                      # `reactor migrate --no-notify`; null when not installed
         "notifies": true,
+        "spread": false,             # a channel per share of the jobs (`--spread`)
+        "doorbell_awake_seconds": null,  # while a stream of jobs keeps the doorbell awake,
+                                     # the seconds it still is: finishing commits skip the
+                                     # NOTIFY and the replicas poll; null while it is silent
         "at_risk": false             # missing or disabled: nothing is queued
       },
       "notify_queue": {"usage": 0.0, "at_risk": false},  # pg_notification_queue_usage()

@@ -131,6 +131,9 @@ class Status:
     # The installed triggers and functions were rendered from another version of the mapping
     # file than this command's (reactor/db/drift.py): `reactor migrate` re-installs them.
     mapping_changed: bool = False
+    # The seconds the channel's doorbell is still awake (the app's finishing commits skip their
+    # NOTIFY, the replicas poll the queue); None while it is silent or before its migration.
+    doorbell_awake_for: float | None = None
 
     @property
     def unwritable(self) -> tuple[Replica, ...]:
@@ -234,6 +237,12 @@ async def _collect(conn: db.AnyConnection, queries: db.Database, settings: Setti
     held = None
     if server["set_aside"] and server["pending_queue"]:
         held = await _one(queries, "status_set_aside", {"limit": RECENT_FAILURES})
+    bell = []
+    # A hot standby cannot read an unlogged table; nothing rings a standby's bell anyway.
+    if server["doorbell"] and not server["in_recovery"]:
+        bell = await queries.fetch_dicts(
+            "status_doorbell", {"channel": install.channel}, filename="status.sql"
+        )
     listeners = await queries.fetch_dicts(
         "status_listeners",
         {"application_name": db.LISTENER_APPLICATION_NAME},
@@ -270,6 +279,7 @@ async def _collect(conn: db.AnyConnection, queries: db.Database, settings: Setti
         untrusted=tuple(await queries.untrusted()),
         public_creatable=server["public_creatable"],
         mapping_changed=await db.mapping_changed(conn, install),
+        doorbell_awake_for=bell[0]["awake_for"] if bell else None,
         jobs_table=install.mapping.jobs_shown,
         enable_trigger=_enable_trigger(install),
     )

@@ -106,6 +106,7 @@ def as_json(status: Status) -> dict[str, Any]:
             "channel": status.trigger_channel,
             "notifies": bool(status.trigger_channel),
             "spread": status.trigger_spread,
+            "doorbell_awake_seconds": status.doorbell_awake_for,
             "at_risk": status.trigger_at_risk,
         },
         "notify_queue": {"usage": status.queue_usage, "at_risk": status.queue_at_risk},
@@ -238,11 +239,18 @@ def _trigger_text(status: Status) -> str:
     if not status.trigger_channel:
         return "queues without notifying: the reactors poll the queue"
     if status.trigger_spread:
-        return (
+        text = (
             f"notifies channel {status.trigger_channel}.<share>, a channel per share of the jobs "
             "(--spread)"
         )
-    return f"notifies channel {status.trigger_channel}"
+    else:
+        text = f"notifies channel {status.trigger_channel}"
+    if status.doorbell_awake_for is not None:
+        text += (
+            f"\ndoorbell awake {duration(status.doorbell_awake_for)} more: finishing commits "
+            "skip the NOTIFY, the replicas poll the queue"
+        )
+    return text
 
 
 def _reconcile_text(status: Status) -> str:

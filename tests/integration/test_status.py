@@ -371,8 +371,18 @@ async def test_the_job_trigger_as_migrate_installed_it(
         "channel": "analysis_jobs_terminal",
         "notifies": True,
         "spread": False,
+        "doorbell_awake_seconds": None,
         "at_risk": False,
     }
+    assert (await trigger())["trigger"] == notifying
+    # A replica keeps the doorbell awake: status says for how long, and what it means.
+    conn.execute(
+        "INSERT INTO reactor.doorbell VALUES ('analysis_jobs_terminal', now() + interval '1 hour')"
+    )
+    awake = (await trigger())["trigger"]["doorbell_awake_seconds"]
+    assert 3500 < awake <= 3600
+    assert "doorbell awake 59m" in run_status(database_url).stdout
+    conn.execute("UPDATE reactor.doorbell SET awake_until = now() - interval '1 second'")
     assert (await trigger())["trigger"] == notifying
     # --spread is kept by a plain migrate too, and --no-spread undoes it.
     assert run_reactor("migrate", "--spread", env=reactor_env(database_url)).returncode == 0
@@ -401,5 +411,6 @@ async def test_the_job_trigger_as_migrate_installed_it(
         "channel": None,
         "notifies": False,
         "spread": False,
+        "doorbell_awake_seconds": None,
     }
     assert (code, report["trigger"]) == (1, {**missing, "at_risk": True})
