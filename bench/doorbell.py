@@ -61,7 +61,7 @@ FLOOR = "notify_only"
 NOISE = "notify_again"
 
 # The bell's read in the installed job function, taken out for the 'unbelled' install.
-BELL_READ = re.compile(r"\n[ ]*AND NOT EXISTS \(SELECT 1 FROM \S+\.doorbell b\n[^\n]*\n")
+BELL_READ = re.compile(r"IF NOT EXISTS \(SELECT 1 FROM \S+\.doorbell b\n[^\n]*\) THEN")
 # How often the clients' sessions are sampled: far shorter than a durable commit's flush.
 SAMPLE_S = 0.01
 SESSION_WAITS = """
@@ -88,7 +88,7 @@ async def run(ctx: Context) -> Result:
             installed = str(
                 await scalar(conn, "SELECT pg_get_functiondef(%s::regproc)", (function,))
             )
-        unbelled, reads = BELL_READ.subn("\n", installed)
+        unbelled, reads = BELL_READ.subn("IF true THEN", installed)
         if reads != 1:
             raise RuntimeError(f"{function} no longer reads its doorbell so: update this bench")
         configs = {

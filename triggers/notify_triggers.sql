@@ -66,20 +66,25 @@ BEGIN
     -- without a lock, against this transaction's start: a job queued by a transaction that
     -- began while the bell was awake has its since before awake_until, inside the windows
     -- the awake replicas go on polling for a grace after the bell falls silent.
+    -- The bell is its own IF: a condition that reads a table is run by the executor, where one
+    -- that reads none is evaluated as a plain expression, so the quiet install pays nothing for
+    -- it.
     IF TG_ARGV[0] <> ''
-       AND NOT EXISTS (SELECT 1 FROM @reactor@.doorbell b
-                        WHERE b.channel = TG_ARGV[0] AND b.awake_until > now())
        AND pg_notification_queue_usage()
            < (CASE WHEN current_setting('reactor.notify_queue_limit', true)
                         ~ '^\s*([0-9]+\.?[0-9]*|\.[0-9]+)([eE][-+]?[0-9]+)?\s*$'
                    THEN current_setting('reactor.notify_queue_limit', true)::float8
                    ELSE 0.5 END) THEN
-        -- Installed with --spread (the second argument): on the channel of the job's share
-        -- (reactor/core/ownership.py, share_of), which only the replica that owns it LISTENs on.
-        PERFORM pg_notify(CASE WHEN TG_ARGV[1] = 'spread'
-                               THEN TG_ARGV[0] || '.' || @share(NEW)@
-                               ELSE TG_ARGV[0] END,
-                          @NEW.id@::text || '@' || extract(epoch FROM @NEW.updated_at@));
+        IF NOT EXISTS (SELECT 1 FROM @reactor@.doorbell b
+                        WHERE b.channel = TG_ARGV[0] AND b.awake_until > now()) THEN
+            -- Installed with --spread (the second argument): on the channel of the job's share
+            -- (reactor/core/ownership.py, share_of), which only the replica that owns it
+            -- LISTENs on.
+            PERFORM pg_notify(CASE WHEN TG_ARGV[1] = 'spread'
+                                   THEN TG_ARGV[0] || '.' || @share(NEW)@
+                                   ELSE TG_ARGV[0] END,
+                              @NEW.id@::text || '@' || extract(epoch FROM @NEW.updated_at@));
+        END IF;
     END IF;
     RETURN NULL;
 END

@@ -315,14 +315,24 @@ SELECT 'replica', r.id, NULL
 -- is awake %(lease)s seconds from now (written only once half of it has passed, so a fleet of
 -- pollers writes it a few times a second at most); every row carries bell_in, the seconds the
 -- bell is still awake (NULL: silent), and arrivals, the jobs queued within the last %(recent)s
--- seconds, by which the replica judges whether to ring it again.
-WITH bell AS (
+-- seconds, by which the replica judges whether to ring it again. A ring that wakes a silent
+-- bell tells every replica at once (`rang:<channel>` on %(replicas_channel)s): one that hears
+-- no job any more starts polling now, not at its next health check, so that no job queued
+-- without a notification comes due before it polls.
+WITH was AS (
+    SELECT awake_until FROM @reactor@.doorbell WHERE channel = %(channel)s
+), bell AS (
     INSERT INTO @reactor@.doorbell AS b (channel, awake_until)
     SELECT %(channel)s, clock_timestamp() + make_interval(secs => %(lease)s)
      WHERE %(ring)s
     ON CONFLICT (channel) DO UPDATE SET awake_until = EXCLUDED.awake_until
      WHERE b.awake_until < clock_timestamp() + make_interval(secs => %(lease)s / 2)
     RETURNING b.awake_until
+), told AS (
+    SELECT pg_notify(%(replicas_channel)s, 'rang:' || %(channel)s)
+     WHERE EXISTS (SELECT 1 FROM bell)
+       AND NOT EXISTS (SELECT 1 FROM was WHERE awake_until > clock_timestamp())
+       AND pg_notification_queue_usage() < 0.5
 )
 SELECT p.job_id::text AS job_id,
        extract(epoch FROM p.since + make_interval(secs => %(grace)s) - clock_timestamp())
@@ -338,7 +348,8 @@ SELECT p.job_id::text AS job_id,
                                              WHERE channel = %(channel)s))
                                   - clock_timestamp())::float8 AS bell_in,
                (SELECT count(*) FROM @reactor@.pending
-                 WHERE since > now() - make_interval(secs => %(recent)s))::int AS arrivals) w
+                 WHERE since > now() - make_interval(secs => %(recent)s))::int AS arrivals,
+               (SELECT count(*) FROM told)::int AS told) w
   LEFT JOIN @reactor@.pending p
     ON p.since >= coalesce(%(low)s::timestamptz, w.high - make_interval(secs => 2 * %(ahead)s))
    AND p.since <= w.high

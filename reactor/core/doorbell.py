@@ -5,7 +5,8 @@ the app's notifying commits queue on it one by one. The job trigger skips its NO
 channel's row of the doorbell table is awake (migration 0020). A replica rings it awake when the
 job notifications it hears come at REACTOR_DOORBELL_RATE a second or more, and renews it while
 its polls find jobs arriving at half that rate; each ring holds for :data:`LEASE_POLLS` poll
-intervals. Every replica polls the queue while the bell is awake, whoever rang it, and for a
+intervals. A ring that wakes a silent bell tells every replica at once. Every replica polls
+the queue while the bell is awake, whoever rang it, and for a
 grace after it falls silent: a job whose commit skipped the NOTIFY was queued before the bell
 fell silent, so it comes due within that grace, and the poll reads the queue by deadline.
 
@@ -40,6 +41,7 @@ class Doorbell:
         self.awake_until = -math.inf
         self._heard: deque[float] = deque()
         self._wanted = False
+        self._told = False
         self._busy = False
 
     @property
@@ -55,7 +57,12 @@ class Doorbell:
         """True while the queue must be polled for the bell: from when a ring is wanted, while
         it is awake, and for a grace after, until every job queued without a notification has
         come due."""
-        return self._wanted or now < self.awake_until + self.grace
+        return self._wanted or self._told or now < self.awake_until + self.grace
+
+    def told(self) -> None:
+        """Another replica says it rang the bell awake: the next poll, brought forward, reads
+        it (a stranger's word costs that one poll)."""
+        self._told = True
 
     def heard(self, now: float) -> bool:
         """A job notification was heard at ``now``. True when that makes the stream worth the
@@ -80,7 +87,7 @@ class Doorbell:
     def polled(self, now: float, awake_for: float | None, arrivals: int) -> None:
         """A poll answered at ``now``: the bell is awake ``awake_for`` more seconds (None:
         silent), and ``arrivals`` jobs were queued within the last poll interval."""
-        self._wanted = False
+        self._wanted = self._told = False
         self._busy = arrivals >= self.rate * self.interval / 2
         self.saw(now, awake_for)
 

@@ -61,6 +61,9 @@ PROBE = "probe:"
 # characters at most.
 JOINED = "joined:"
 LEFT = "left:"
+# Said on the membership channel by the poll that rings a silent doorbell (the poll_queue query).
+RANG = "rang:"
+_CHANNEL_MAX = 63
 _REPLICA_MAX = 64
 
 
@@ -80,6 +83,14 @@ class Membership:
 
 
 @dataclass(frozen=True, slots=True)
+class Rang:
+    """A replica rang the doorbell of ``channel`` awake (reactor.core.doorbell): the others
+    poll the queue from now on. Only the bell's row can confirm it."""
+
+    channel: str
+
+
+@dataclass(frozen=True, slots=True)
 class Hint:
     """A job hint: the job's canonical id and, when sent, its updated_at in unix seconds."""
 
@@ -87,18 +98,20 @@ class Hint:
     updated_at: float | None
 
 
-Said = Probed | Membership | Hint
+Said = Probed | Membership | Rang | Hint
 
 
 def read(payload: str, id_type: str, *, membership: bool = True) -> Said | None:
-    """What ``payload`` says: a probe, a replica joining or leaving (only where ``membership``
-    is heard), a job hint; None when it names nothing."""
+    """What ``payload`` says: a probe, a replica joining or leaving or a doorbell rung (only
+    where ``membership`` is heard), a job hint; None when it names nothing."""
     if payload.startswith(PROBE):
         return Probed(payload[len(PROBE) :])
     if membership:
         for prefix, left in ((LEFT, True), (JOINED, False)):
             if payload.startswith(prefix):
                 return Membership(payload[len(prefix) : len(prefix) + _REPLICA_MAX], left)
+        if payload.startswith(RANG):
+            return Rang(payload[len(RANG) : len(RANG) + _CHANNEL_MAX])
     hint = parse_hint(payload, id_type)
     return None if hint is None else Hint(*hint)
 

@@ -228,6 +228,7 @@ class Database:
             "ahead": ahead,
             "limit": limit,
             "channel": self.install.channel,
+            "replicas_channel": replicas_channel(self.install.schema, self.install.channel),
             "ring": ring,
             "lease": lease,
             "recent": recent,

@@ -40,7 +40,16 @@ import psycopg
 from reactor import db
 from reactor.config import ProcessSettings
 from reactor.core.clock import Clock
-from reactor.core.payload import PROBE, Hint, Membership, Probed, Said, change_statement, read
+from reactor.core.payload import (
+    PROBE,
+    Hint,
+    Membership,
+    Probed,
+    Rang,
+    Said,
+    change_statement,
+    read,
+)
 from reactor.errors import ConfigError, ReactorError
 from reactor.intake.listen_session import (
     Action,
@@ -453,6 +462,11 @@ class Listener:
         if isinstance(said, Membership):
             subscriber.metrics.notified["left" if said.left else "joined"].inc()
             subscriber.on_replica(said.replica, said.left)
+        elif isinstance(said, Rang):
+            # The pairs of one reactor schema share the membership channel: the bell is the
+            # one of the pair whose channel it names.
+            if said.channel == subscriber.channel:
+                subscriber.on_rang()
         else:
             subscriber.rejected(payload, self.clock.now())
 

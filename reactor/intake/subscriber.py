@@ -25,7 +25,8 @@ class Subscriber:
     ``on_job`` takes a job hint (its id, its updated_at when sent); ``on_listening`` is called
     once the pair's channels (or some of its shares') are LISTENed on, to re-read what was
     notified before; ``on_replica`` takes a replica said to have left (True) or joined;
-    ``on_proven`` is called once a probe proved a new session (the heartbeat should name it);
+    ``on_rang`` when a replica says it rang the pair's doorbell awake; ``on_proven`` is called
+    once a probe proved a new session (the heartbeat should name it);
     ``on_changed`` whenever the session changes state (lost, degraded, proven).
     """
 
@@ -34,6 +35,7 @@ class Subscriber:
     on_job: Callable[[str, float | None], None]
     on_listening: Callable[[], None]
     on_replica: Callable[[str, bool], None] = lambda replica, left: None
+    on_rang: Callable[[], None] = lambda: None
     on_proven: Callable[[], None] = lambda: None
     on_changed: Callable[[], None] = lambda: None
     # The shares of the jobs whose channels to LISTEN on: those this replica owns, when the

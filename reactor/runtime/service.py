@@ -175,6 +175,7 @@ class Reactor:
             on_job=self._on_notified,
             on_listening=lambda: self.request_scan(rearm=True),
             on_replica=lambda replica, left: self.verifier.replica(replica, left=left),
+            on_rang=self._on_rang,
             # At once, not at the next check: its heartbeat names the session, which tells the
             # others at once if this process is killed.
             on_proven=lambda: self.schedule.hasten("health"),
@@ -435,6 +436,12 @@ class Reactor:
         if self.doorbell.heard(self.clock.now()):
             # The next poll rings it; from then on the app's commits stop notifying.
             self.schedule.hasten("poll")
+
+    def _on_rang(self) -> None:
+        # The app's commits may have stopped notifying: poll from now on, before any job they
+        # queued comes due.
+        self.doorbell.told()
+        self.schedule.hasten("poll")
 
     def _count_unverified(self, kind: str, count: int) -> None:
         self.metrics.notified["dropped" if kind == "dropped" else "unverified"].inc(count)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 from reactor.core.doorbell import LEASE_POLLS, WINDOW, Doorbell
+from reactor.core.payload import Rang, read
 
 RATE = 20
 INTERVAL = 0.25
@@ -78,3 +79,21 @@ def test_notifications_heard_while_it_is_awake_do_not_ring_it_again() -> None:
     bell = Doorbell(RATE, INTERVAL, GRACE)
     bell.saw(0.0, 1.0)
     assert not any(_heard(bell, 10 * RATE, start=0.0, every=0.0001))
+
+
+def test_a_replica_told_of_a_ring_polls_until_it_has_read_the_bell() -> None:
+    bell = Doorbell(RATE, INTERVAL, GRACE)
+    bell.told()
+    assert bell.covers(0.0)
+    assert not bell.ring()  # told, not asked: it reads the bell, it does not ring it
+    bell.polled(0.1, None, arrivals=0)  # a stranger's word: the bell is silent
+    assert not bell.covers(0.1)
+    bell.told()
+    bell.polled(0.2, 1.0, arrivals=0)
+    assert bell.covers(1.2 + GRACE - 0.01)
+
+
+def test_the_membership_channel_says_which_bell_rang() -> None:
+    assert read("rang:analysis_jobs_terminal", "uuid") == Rang("analysis_jobs_terminal")
+    # Only where membership is heard; a job channel's 'rang:' names nothing.
+    assert read("rang:analysis_jobs_terminal", "uuid", membership=False) is None
