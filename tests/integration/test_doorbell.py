@@ -16,7 +16,9 @@ import anyio
 import psycopg
 import pytest
 
+from reactor import db
 from reactor.core.doorbell import LEASE_POLLS
+from reactor.install.mapping import REFERENCE
 from reactor.runtime.service import Reactor
 from tests.faults.support import judge
 from tests.helpers import Conn, scalar
@@ -147,3 +149,18 @@ async def test_a_stranger_s_ring_costs_one_poll(
             await eventually(lambda: _runs(app) == 1, timeout=5, interval=0.05)
             assert reactor.polls == polls
             assert scalar(app, "SELECT count(*) FROM analysis_runs WHERE job_id = %s", (job,)) == 1
+
+
+async def test_a_trigger_that_spreads_is_not_silenced(
+    start_reactor: StartReactor, database_url: str
+) -> None:
+    # Not yet: with --spread the replicas ring no bell, and every finish notifies its share.
+    async with await db.connect(database_url, "migrate") as conn:
+        await db.migrate(conn, REFERENCE.in_public(), spread=True)
+    with psycopg.connect(database_url, autocommit=True) as app:
+        async with start_reactor(grace=GRACE) as reactor:
+            await eventually(lambda: reactor.vitals.trigger_spread, timeout=15)
+            await anyio.to_thread.run_sync(_stream, app)
+            await eventually(lambda: _runs(app) == JOBS, timeout=20, interval=0.05)
+            assert scalar(app, "SELECT count(*) FROM reactor.doorbell") == 0
+            assert reactor.metrics.registry.get_sample_value("reactor_doorbell_awake") in (None, 0)
