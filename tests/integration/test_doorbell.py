@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 
 import anyio
 import psycopg
@@ -54,14 +56,27 @@ def _heard(conn: Conn) -> list[str]:
     return [n.payload.split("@")[0] for n in conn.notifies(timeout=0, stop_after=None)]
 
 
-async def _checked_since_proven(reactor: Reactor, app: Conn) -> None:
-    # Ready, and the check that follows the first probe is over (its heartbeat names the LISTEN
-    # session): the next is a probe interval on, so nothing but the ring makes it poll.
-    await eventually(lambda: reactor.health()[1], timeout=15)
-    named = "SELECT count(*) FROM reactor.replicas WHERE session_pid IS NOT NULL"
-    await eventually(lambda: scalar(app, named) == 1, timeout=15)
-    health = reactor.cadence.duties["health"]
-    await eventually(lambda: not health.running, timeout=15)
+@asynccontextmanager
+async def _between_checks(
+    start_reactor: StartReactor, database_url: str
+) -> AsyncIterator[tuple[Reactor, Conn]]:
+    # A replica checking every 30 s, ready, and the check that follows its first probe over
+    # (its heartbeat names the LISTEN session): nothing but a ring makes it poll now.
+    with psycopg.connect(database_url, autocommit=True) as app:
+        async with start_reactor(grace=GRACE, probe_interval=30.0) as reactor:
+            await eventually(lambda: reactor.health()[1], timeout=15)
+            named = "SELECT count(*) FROM reactor.replicas WHERE session_pid IS NOT NULL"
+            await eventually(lambda: scalar(app, named) == 1, timeout=15)
+            health = reactor.cadence.duties["health"]
+            await eventually(lambda: not health.running, timeout=15)
+            yield reactor, app
+
+
+async def _told_of_a_ring(reactor: Reactor, app: Conn) -> None:
+    # What the poll that wakes the bell says on the membership channel; a poll follows.
+    polls = reactor.polls
+    app.execute("SELECT pg_notify('reactor_replicas', %s)", (f"rang:{CHANNEL}",))
+    await eventually(lambda: reactor.polls > polls, timeout=5)
 
 
 def _runs(conn: Conn) -> int:
@@ -113,19 +128,15 @@ async def test_a_replica_told_of_a_ring_polls_at_once(
     # Another replica rang the bell: this one hears no job from now on, and its next health
     # check is half a minute away. Told on the membership channel, it polls at once, and the
     # jobs that did not notify are recorded on time rather than by the scan.
-    with psycopg.connect(database_url, autocommit=True) as app:
-        async with start_reactor(grace=GRACE, probe_interval=30.0) as reactor:
-            await _checked_since_proven(reactor, app)
-            assert not reactor.polling
-            app.execute(
-                "INSERT INTO reactor.doorbell VALUES (%s, now() + interval '1 minute')", (CHANNEL,)
-            )
-            polls = reactor.polls
-            app.execute("SELECT pg_notify('reactor_replicas', %s)", (f"rang:{CHANNEL}",))
-            await eventually(lambda: reactor.polls > polls, timeout=5)
-            assert reactor.polling
-            jobs = [_finish(app) for _ in range(5)]
-            await eventually(lambda: _runs(app) == len(jobs), timeout=5, interval=0.05)
+    async with _between_checks(start_reactor, database_url) as (reactor, app):
+        assert not reactor.polling
+        app.execute(
+            "INSERT INTO reactor.doorbell VALUES (%s, now() + interval '1 minute')", (CHANNEL,)
+        )
+        await _told_of_a_ring(reactor, app)
+        assert reactor.polling
+        jobs = [_finish(app) for _ in range(5)]
+        await eventually(lambda: _runs(app) == len(jobs), timeout=5, interval=0.05)
 
     result = await judge(database_url, GRACE)
     assert result.clean, result
@@ -134,21 +145,17 @@ async def test_a_replica_told_of_a_ring_polls_at_once(
 async def test_a_stranger_s_ring_costs_one_poll(
     start_reactor: StartReactor, database_url: str
 ) -> None:
-    with psycopg.connect(database_url, autocommit=True) as app:
-        async with start_reactor(grace=GRACE, probe_interval=30.0) as reactor:
-            await _checked_since_proven(reactor, app)
-            polls = reactor.polls
-            app.execute("SELECT pg_notify('reactor_replicas', %s)", (f"rang:{CHANNEL}",))
-            await eventually(lambda: reactor.polls > polls, timeout=5)
-            # The bell is silent: the poll that read it goes back to sleep.
-            assert not reactor.polling
-            # Another pair's bell is none of this one's.
-            polls = reactor.polls
-            app.execute("SELECT pg_notify('reactor_replicas', 'rang:other_channel')")
-            job = _finish(app)
-            await eventually(lambda: _runs(app) == 1, timeout=5, interval=0.05)
-            assert reactor.polls == polls
-            assert scalar(app, "SELECT count(*) FROM analysis_runs WHERE job_id = %s", (job,)) == 1
+    async with _between_checks(start_reactor, database_url) as (reactor, app):
+        await _told_of_a_ring(reactor, app)
+        # The bell is silent: the poll that read it goes back to sleep.
+        assert not reactor.polling
+        # Another pair's bell is none of this one's.
+        polls = reactor.polls
+        app.execute("SELECT pg_notify('reactor_replicas', 'rang:other_channel')")
+        job = _finish(app)
+        await eventually(lambda: _runs(app) == 1, timeout=5, interval=0.05)
+        assert reactor.polls == polls
+        assert scalar(app, "SELECT count(*) FROM analysis_runs WHERE job_id = %s", (job,)) == 1
 
 
 async def test_a_trigger_that_spreads_is_not_silenced(
