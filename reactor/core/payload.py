@@ -11,6 +11,8 @@ from dataclasses import dataclass
 
 import psycopg.sql
 
+from reactor.core.ownership import CHANNEL_MAX
+
 _UUID = re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}")
 _BIGINT = re.compile(r"-?[0-9]{1,19}")
 # A text id is taken as sent, up to this long: the trigger sends what the column holds.
@@ -63,7 +65,6 @@ JOINED = "joined:"
 LEFT = "left:"
 # Said on the membership channel by the poll that rings a silent doorbell (the poll_queue query).
 RANG = "rang:"
-_CHANNEL_MAX = 63
 _REPLICA_MAX = 64
 
 
@@ -111,7 +112,7 @@ def read(payload: str, id_type: str, *, membership: bool = True) -> Said | None:
             if payload.startswith(prefix):
                 return Membership(payload[len(prefix) : len(prefix) + _REPLICA_MAX], left)
         if payload.startswith(RANG):
-            return Rang(payload[len(RANG) : len(RANG) + _CHANNEL_MAX])
+            return Rang(payload[len(RANG) : len(RANG) + CHANNEL_MAX])
     hint = parse_hint(payload, id_type)
     return None if hint is None else Hint(*hint)
 

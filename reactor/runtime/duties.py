@@ -111,12 +111,7 @@ class PairPoll:
                 self.low,
                 ahead=ahead,
                 limit=POLL_LIMIT,
-                # Only a trigger that notifies this channel reads its bell; not yet one that
-                # spreads the jobs over a channel per share, where a fleet polling for the bell
-                # still left some jobs to the scan (bench handoffs, docs/how-it-works.md).
-                ring=bell.ring()
-                and reactor.vitals.trigger == "notifies"
-                and not reactor.vitals.trigger_spread,
+                ring=bell.ring() and reactor.rings_doorbell,
                 lease=bell.lease,
                 recent=interval,
             )

@@ -259,6 +259,14 @@ class Reactor:
         return self.vitals.polling(self.listener) or self.doorbell.covers(self.clock.now())
 
     @property
+    def rings_doorbell(self) -> bool:
+        """Whether this pair rings its doorbell under a stream: only a trigger that notifies its
+        channel reads it, and not yet one that spreads the jobs over a channel per share, where
+        a fleet polling for it still left some jobs to the scan (bench handoffs,
+        docs/how-it-works.md)."""
+        return self.vitals.trigger == "notifies" and not self.vitals.trigger_spread
+
+    @property
     def polls(self) -> int:
         """The polls of the queue run so far."""
         return self.poll.runs
@@ -433,7 +441,7 @@ class Reactor:
             self.verifier.job(job_id)
         else:
             self.dispatcher.intake(LISTEN.hints([(job_id, None)]))
-        if self.doorbell.heard(self.clock.now()):
+        if self.rings_doorbell and self.doorbell.heard(self.clock.now()):
             # The next poll rings it; from then on the app's commits stop notifying.
             self.schedule.hasten("poll")
 
