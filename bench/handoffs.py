@@ -67,8 +67,8 @@ GOAL = (
     "rolling deploys: p99 <= 20 ms over the run and over the jobs due within 2 s of a SIGTERM; "
     "eager deploys with touched jobs: p99 <= 20 ms and max <= 1 s; "
     "killed for good: every job due after the kill late by at most the probe interval + 1 s; "
-    "333 jobs/s: p99 <= 15 ms at 3 and at 5 replicas, 5 within 1.2x of 3; the replicas' CPU per "
-    "1,000 jobs at 5 within 1.3x of 1"
+    "333 jobs/s: p99 <= 10 ms at 1, 3 and 5 replicas; the replicas' CPU per 1,000 jobs at 5 "
+    "within 1.2x of 1"
 )
 
 GRACE = 2.0
@@ -79,9 +79,8 @@ SAVE_RATIO = 0.7
 TAB_DELAY = (0.1, 1.6)
 WINDOW = 2.0  # a job "fell due around" an event when its deadline is within this of it
 DEPLOY_GOAL_S = 0.020
-FLEET_GOAL_S = 0.015
-FLEET_GROWTH = 1.2
-CPU_GROWTH = 1.3
+FLEET_GOAL_S = 0.010
+CPU_GROWTH = 1.2
 EAGER_MAX_S = 1.0
 # Eager deploys: the SIGTERM this long after the new process's start, whether it is ready or not;
 # one deploy each, cycled. A replica takes about a second to be ready on a 2-core box.
@@ -741,13 +740,10 @@ async def run(ctx: Context) -> Result:
     kill_ok = not kill["after_kill"]["max"] > kill["bound_s"]  # NaN (none due) is no miss
     p99_small, p99_large = (by_count[n]["lateness"]["p99"] for n in (small, large))
     growth = safe_div(p99_large, p99_small)
+    p99_worst = max(f["lateness"]["p99"] for f in fleets)
     cpu = {n: f["cpu_per_1000_jobs"] for n, f in by_count.items()}
     cpu_growth = safe_div(cpu[large]["replicas_s"], cpu[first]["replicas_s"])
-    fleet_ok = (
-        max(p99_small, p99_large) <= FLEET_GOAL_S
-        and growth <= FLEET_GROWTH
-        and cpu_growth <= CPU_GROWTH
-    )
+    fleet_ok = p99_worst <= FLEET_GOAL_S and cpu_growth <= CPU_GROWTH
     met = deploy_ok and eager_ok and kill_ok and fleet_ok and not problems
 
     table = Table(["scenario", "reactor-written runs", "p50", "p99", "max", "goal"])
@@ -777,7 +773,7 @@ async def run(ctx: Context) -> Result:
         row(
             f"{scale.fleet_rate:g} jobs/s, {_replicas(f['replicas'])}",
             f["lateness"],
-            (_mark(f["lateness"]["p99"], FLEET_GOAL_S) if f["replicas"] != first else "-")
+            _mark(f["lateness"]["p99"], FLEET_GOAL_S)
             + (f"; {ratio(growth)} of {small}'s" if f["replicas"] == large else ""),
         )
     row(
@@ -871,8 +867,9 @@ async def run(ctx: Context) -> Result:
         f"{kill['after_kill']['max']:.2f} s late (bound {kill['bound_s']:g} s)"
         + "; eager deploys max "
         + ", ".join(f"{e['all']['max']:.2f} s at {e['replicas']}" for e in eagers)
-        + f"; {scale.fleet_rate:g}/s p99 {ms(p99_small)} at {small}, {ms(p99_large)} at {large} "
-        f"({ratio(growth)}); replicas' CPU per 1,000 jobs {ratio(cpu_growth)} at {large} of "
+        + f"; {scale.fleet_rate:g}/s p99 "
+        + ", ".join(f"{ms(f['lateness']['p99'])} at {f['replicas']}" for f in fleets)
+        + f"; replicas' CPU per 1,000 jobs {ratio(cpu_growth)} at {large} of "
         f"{first}'s" + (f"; {len(problems)} problem(s)" if problems else "")
     )
     figures = {

@@ -37,7 +37,11 @@ from reactor.config import Settings
 from reactor.install import REFERENCE_INSTALL
 
 TITLE = "Lateness of recorded runs past updated_at + grace (database clock)"
-GOAL = "p99 <= 10 ms; mean >= 1000x lower than the article's 30 s sweep"
+P99_GOAL_S = 0.005
+SWEEP_GOAL = 2500  # the reactor's mean lateness at least this many times below the sweep's
+GOAL = (
+    f"p99 <= {P99_GOAL_S * 1000:g} ms; mean >= {SWEEP_GOAL:,}x lower than the article's 30 s sweep"
+)
 
 LATENESS = """
 SELECT extract(epoch FROM a.at - (j.updated_at + make_interval(secs => %(grace)s)))::float8
@@ -177,7 +181,7 @@ async def run(ctx: Context) -> Result:
         "claim_statement_and_rest": summarize(rest),
     }
     improvement = safe_div(b["mean"], r["mean"])
-    met = r["p99"] <= 0.010 and improvement >= 1000
+    met = r["p99"] <= P99_GOAL_S and improvement >= SWEEP_GOAL
     table = Table(["design", "runs recorded", "p50", "p99", "max", "mean", "baseline mean / this"])
     for label, summary in (
         ("reactor (2 replicas), trigger notifying", r),
@@ -221,16 +225,16 @@ async def run(ctx: Context) -> Result:
         f"statement up to the audit row, and the rest, {_pair(parts['claim_statement_and_rest'])}"
         ". The sweep's is up to one tick plus its batch.",
     ]
-    if r["p99"] > 0.010:
+    if r["p99"] > P99_GOAL_S:
         notes.append(
-            "p99 above 10 ms. On this shared 2-core box the worker, the tabs, both replicas "
-            "(one event loop, in the benchmark's process) and PostgreSQL compete for the same "
-            "CPUs; what would shorten it is a core of the reactor's own."
+            f"p99 above {ms(P99_GOAL_S)}. On this shared 2-core box the worker, the tabs, both "
+            "replicas (one event loop, in the benchmark's process) and PostgreSQL compete for "
+            "the same CPUs; what would shorten it is a core of the reactor's own."
         )
     headline = (
-        f"reactor p99 {ms(r['p99'])} (goal <= 10 ms), mean {ms(r['mean'])} vs the sweep's "
-        f"{ms(b['mean'])}: {ratio(improvement)} lower (goal >= 1000x); without NOTIFY p99 "
-        f"{ms(q['p99'])}, mean {ms(q['mean'])}"
+        f"reactor p99 {ms(r['p99'])} (goal <= {ms(P99_GOAL_S)}), mean {ms(r['mean'])} vs the "
+        f"sweep's {ms(b['mean'])}: {ratio(improvement)} lower (goal >= {SWEEP_GOAL:,}x); "
+        f"without NOTIFY p99 {ms(q['p99'])}, mean {ms(q['mean'])}"
     )
     return Result(
         met=met,
@@ -305,8 +309,9 @@ def _plot(
     ax.set_xlabel("lateness past updated_at + grace (ms, log scale)")
     ax.set_ylabel("share of recorded runs")
     ax.set_ylim(0, 1.01)
-    ax.axvline(10, color="grey", linestyle=":", linewidth=1)
-    ax.text(10 * 1.1, 0.05, "10 ms", color="grey")
+    goal_ms = P99_GOAL_S * 1000
+    ax.axvline(goal_ms, color="grey", linestyle=":", linewidth=1)
+    ax.text(goal_ms * 1.1, 0.05, f"p99 goal {goal_ms:g} ms", color="grey")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(loc="lower right")
     ax.set_title("Lateness CDF (database clock)")
