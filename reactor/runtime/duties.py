@@ -106,14 +106,16 @@ class PairPoll:
         interval = reactor.settings.poll_interval
         ahead = 2 * interval
         bell = reactor.doorbell
+        rings = reactor.rings_doorbell
         try:
             polled = await reactor.database.poll_queue(
                 self.low,
                 ahead=ahead,
                 limit=POLL_LIMIT,
-                ring=bell.ring() and reactor.rings_doorbell,
+                ring=rings and bell.ring(),
                 lease=bell.lease,
-                recent=interval,
+                # The arrivals only judge whether to ring again: none counted where it is not.
+                recent=interval if rings else 0.0,
             )
         except BaseException:
             self.low = None
