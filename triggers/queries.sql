@@ -340,7 +340,10 @@ SELECT p.job_id::text AS job_id,
        p.since,
        w.high,
        w.bell_in,
-       w.arrivals
+       w.arrivals,
+       -- Selected, so that the planner keeps it: a column of w nobody reads is dropped, and
+       -- with it the only read of told, whose pg_notify then never runs.
+       w.told
   FROM (SELECT now() - make_interval(secs => %(grace)s - %(ahead)s) AS high,
                -- The statement's snapshot does not see its own upsert: the later of the two.
                extract(epoch FROM greatest((SELECT awake_until FROM bell),

@@ -261,10 +261,8 @@ class Reactor:
     @property
     def rings_doorbell(self) -> bool:
         """Whether this pair rings its doorbell under a stream: only a trigger that notifies its
-        channel reads it, and not yet one that spreads the jobs over a channel per share, where
-        a fleet polling for it still left some jobs to the scan (bench handoffs,
-        docs/how-it-works.md)."""
-        return self.vitals.trigger == "notifies" and not self.vitals.trigger_spread
+        channel reads it, spread over a channel per share or not."""
+        return self.vitals.trigger == "notifies"
 
     @property
     def polls(self) -> int:

@@ -158,16 +158,32 @@ async def test_a_stranger_s_ring_costs_one_poll(
         assert scalar(app, "SELECT count(*) FROM analysis_runs WHERE job_id = %s", (job,)) == 1
 
 
-async def test_a_trigger_that_spreads_is_not_silenced(
+async def test_the_poll_that_wakes_a_silent_bell_tells_every_replica(
     start_reactor: StartReactor, database_url: str
 ) -> None:
-    # Not yet: with --spread the replicas ring no bell, and every finish notifies its share.
+    # The others hear no job once the bell is awake: where the trigger spreads they each heard
+    # only their share, so the ringer alone crossed the rate, and rang: is all they get.
+    with psycopg.connect(database_url, autocommit=True) as ear:
+        ear.execute("LISTEN reactor_replicas")
+        async with start_reactor(grace=GRACE, doorbell_rate=0) as reactor:
+            ear.execute("DELETE FROM reactor.doorbell")
+            list(ear.notifies(timeout=0.2, stop_after=None))
+            await reactor.database.poll_queue(None, ahead=0.5, limit=10, ring=True, lease=1.0)
+            heard = [n.payload for n in ear.notifies(timeout=1.0, stop_after=None)]
+    assert f"rang:{CHANNEL}" in heard, heard
+
+
+async def test_a_trigger_that_spreads_is_silenced_too(
+    start_reactor: StartReactor, database_url: str
+) -> None:
     async with await db.connect(database_url, "migrate") as conn:
         await db.migrate(conn, REFERENCE.in_public(), spread=True)
     with psycopg.connect(database_url, autocommit=True) as app:
         async with start_reactor(grace=GRACE) as reactor:
             await eventually(lambda: reactor.vitals.trigger_spread, timeout=15)
             await anyio.to_thread.run_sync(_stream, app)
+            assert reactor.metrics.registry.get_sample_value("reactor_doorbell_awake") == 1
             await eventually(lambda: _runs(app) == JOBS, timeout=20, interval=0.05)
-            assert scalar(app, "SELECT count(*) FROM reactor.doorbell") == 0
-            assert reactor.metrics.registry.get_sample_value("reactor_doorbell_awake") in (None, 0)
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        lateness = worker_lateness(conn, GRACE)
+    assert max(lateness) < 3.0, sorted(lateness)[-5:]
