@@ -308,9 +308,11 @@ SELECT 'replica', r.id, NULL
 -- at deadlines, not arrivals: a job is returned as its deadline nears, whenever it was queued.
 -- %(low)s is where the last call's window ended, less an overlap the caller chooses; NULL starts
 -- %(ahead)s seconds back. One row always comes back, carrying `high`, the window's end (job_id
--- is NULL when the window is empty). A job touched after it was queued (updated_at later than
--- since) is refused as waiting by its claim and re-armed at its new deadline; one queued by a
--- transaction that committed after its deadline had passed is left to the scan.
+-- is NULL when the window is empty). Only the jobs of the shares %(shares)s (NULL: all) come
+-- back, those this replica owns, so that each replica of a fleet reads its own jobs and not
+-- every replica's. A job touched after it was queued (updated_at later than since) is refused
+-- as waiting by its claim and re-armed at its new deadline; one queued by a transaction that
+-- committed after its deadline had passed is left to the scan.
 -- The same statement keeps the doorbell (migration 0020): when %(ring)s, the row of %(channel)s
 -- is awake %(lease)s seconds from now (written only once half of it has passed, so a fleet of
 -- pollers writes it a few times a second at most); every row carries bell_in, the seconds the
@@ -356,6 +358,7 @@ SELECT p.job_id::text AS job_id,
   LEFT JOIN @reactor@.pending p
     ON p.since >= coalesce(%(low)s::timestamptz, w.high - make_interval(secs => 2 * %(ahead)s))
    AND p.since <= w.high
+   AND (%(shares)s::int[] IS NULL OR @queued_share(p)@ = ANY(%(shares)s::int[]))
  ORDER BY p.since
  LIMIT %(limit)s
 

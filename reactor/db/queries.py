@@ -11,7 +11,7 @@ model: callers get a Database passed in, and nothing reads a global.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any, TypeVar
@@ -217,11 +217,12 @@ class Database:
         ring: bool = False,
         lease: float = 0.0,
         recent: float = 0.0,
+        shares: Collection[int] | None = None,
     ) -> rows.Polled:
-        """Queued jobs whose deadline comes within ``ahead`` seconds, from ``low`` on, with
-        the end of the window they were read from; with ``ring``, the doorbell kept awake
-        ``lease`` seconds; the jobs queued in the last ``recent`` seconds counted (see the
-        ``poll_queue`` query)."""
+        """Queued jobs whose deadline comes within ``ahead`` seconds, from ``low`` on, of
+        ``shares`` (None: every share), with the end of the window they were read from; with
+        ``ring``, the doorbell kept awake ``lease`` seconds; the jobs queued in the last
+        ``recent`` seconds counted (see the ``poll_queue`` query)."""
         params = {
             "grace": self.grace,
             "low": low,
@@ -232,6 +233,7 @@ class Database:
             "ring": ring,
             "lease": lease,
             "recent": recent,
+            "shares": None if shares is None else sorted(shares),
         }
         found = await self.run("poll_queue", params, dict_row)
         # Every row carries the window's end and the bell; an empty window is one row whose

@@ -279,6 +279,9 @@ class Mapping:
             return created or "NULL::timestamptz"
         if name == "share":
             return share_sql(f"{alias}.{identifier(self.jobs.id)}")
+        if name == "queued_share":
+            # The same share, of a row of the reactor's own queue (its job_id column).
+            return share_sql(f"{alias}.job_id")
         if name == "bytes":
             sizes = [
                 _size(f"{alias}.{identifier(c)}", self.jobs.type_of(c)) for c in self.jobs.not_null

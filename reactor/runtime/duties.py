@@ -37,6 +37,7 @@ import anyio
 
 from reactor import db
 from reactor.core.clock import Clock
+from reactor.core.ownership import ALL_SHARES
 from reactor.intake.listener import Listener
 from reactor.intake.sources import POLL
 from reactor.telemetry import logs
@@ -107,6 +108,7 @@ class PairPoll:
         ahead = 2 * interval
         bell = reactor.doorbell
         rings = reactor.rings_doorbell
+        shares = reactor.queue.membership.shares
         try:
             polled = await reactor.database.poll_queue(
                 self.low,
@@ -116,6 +118,8 @@ class PairPoll:
                 lease=bell.lease,
                 # The arrivals only judge whether to ring again: none counted where it is not.
                 recent=interval if rings else 0.0,
+                # The others' jobs would be dropped at intake: not read at all.
+                shares=None if shares == ALL_SHARES else shares,
             )
         except BaseException:
             self.low = None

@@ -16,6 +16,7 @@ import psycopg
 import pytest
 
 from reactor import db
+from reactor.core.ownership import share_of
 from reactor.install import REFERENCE_INSTALL
 from tests.helpers import Conn
 from tests.integration.support import add_job
@@ -176,3 +177,17 @@ async def test_a_dead_replicas_running_hook_rows_are_taken_back_at_the_next_chec
     conn.execute("UPDATE reactor.hook_outbox SET leased_by = 'unborn' WHERE id = %s", (hook_row,))
     assert (await dedicated.health(check)).hooks_orphaned == 0
     assert await pooled.claim_hooks(10, 60.0, replica="alive") == []
+
+
+async def test_a_poll_reads_only_the_shares_it_is_given(conn: Conn, connectors: Connectors) -> None:
+    jobs = [
+        str(add_job(conn, status="complete", results={"verdicts": [1]}, age=5)[0])
+        for _ in range(12)
+    ]
+    mine = {share_of(jobs[0]), share_of(jobs[1])}
+    for on in connectors:
+        everyone = await on.poll_queue(None, ahead=2 * GRACE, limit=100)
+        assert {job.job_id for job in everyone.jobs} == set(jobs)
+        polled = await on.poll_queue(None, ahead=2 * GRACE, limit=100, shares=mine)
+        assert {job.job_id for job in polled.jobs} == {j for j in jobs if share_of(j) in mine}
+        assert 2 <= len(polled.jobs) < len(jobs)
