@@ -272,7 +272,9 @@ MEANINGS: dict[str, Meaning] = {
     ),
     "REACTOR_POLL_INTERVAL_SECONDS": Meaning(
         "how often the queue is polled when no notification can be relied on (`poll` mode, a "
-        "trigger installed with `--no-notify`, LISTEN down)"
+        "trigger installed with `--no-notify`, LISTEN down, the doorbell awake), by one "
+        "replica alone; each of N live replicas polls N times less often, at most every half "
+        "grace"
     ),
     "REACTOR_LISTEN_COALESCE_SECONDS": Meaning(
         "after a batch of notifications, how long the listener lets the next gather before it "

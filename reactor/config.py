@@ -106,7 +106,8 @@ class ProcessSettings:
     probe_interval: float = 5.0
     probe_timeout: float = 5.0
     # How often the queue is polled while notifications cannot be relied on (REACTOR_MODE=poll,
-    # a trigger installed not to notify, LISTEN down).
+    # a trigger installed not to notify, LISTEN down, the doorbell awake): by one replica
+    # alone; each of N live replicas polls N times less often, down to twice a grace.
     poll_interval: float = 0.25
     # After a batch of notifications, how long the listener lets the next ones gather before
     # it reads again: one wake-up per interval under a steady stream rather than one per

@@ -28,6 +28,19 @@ from reactor.core.clock import Clock
 
 log = logging.getLogger(__name__)
 
+
+def fleet_poll_interval(base: float, live: int, grace: float) -> float:
+    """How often each of ``live`` replicas polls the queue, for a poll every ``base`` seconds.
+
+    Each replica's poll reads only the jobs of its own shares, so in a fleet it is a statement
+    per replica for the same rows: polling every ``base`` seconds *per replica*, the fleet
+    polls as often as one replica does. A poll arms the jobs due within two of its intervals,
+    and a job is due a grace after it was queued, so a job is read before it is due while the
+    interval stays within the grace, less its commit's lag: the stretch stops at half the grace
+    (never below ``base``).
+    """
+    return max(base, min(base * max(live, 1), grace / 2))
+
 # Seconds until a duty that failed ``failures`` times in a row is tried again.
 RetryPolicy = Callable[[int], float]
 

@@ -44,6 +44,12 @@ class Doorbell:
         self._told = False
         self._busy = False
 
+    def pace(self, interval: float) -> None:
+        """The poll now runs every ``interval`` seconds (a replica of a fleet polls less often
+        than one alone): a ring keeps the bell awake as many of them, and the arrivals a poll
+        counts are judged over one."""
+        self.interval = interval
+
     @property
     def lease(self) -> float:
         """The seconds a ring keeps the bell awake."""

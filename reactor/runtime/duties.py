@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 
 from reactor import db
+from reactor.core.cadence import fleet_poll_interval
 from reactor.core.clock import Clock
 from reactor.core.ownership import ALL_SHARES
 from reactor.intake.listener import Listener
@@ -104,9 +105,12 @@ class PairPoll:
             self.low = None
             reactor.schedule.pace("poll", math.inf)
             return
-        interval = reactor.settings.poll_interval
+        interval = fleet_poll_interval(
+            reactor.settings.poll_interval, len(reactor.membership.live), reactor.database.grace
+        )
         ahead = 2 * interval
         bell = reactor.doorbell
+        bell.pace(interval)
         rings = reactor.rings_doorbell
         shares = reactor.queue.membership.shares
         try:
@@ -131,6 +135,8 @@ class PairPoll:
         reactor.dispatcher.intake(POLL.hints((job.job_id, job.due_in) for job in jobs))
         full = len(jobs) >= POLL_LIMIT
         self.low = jobs[-1].since if full else polled.high - timedelta(seconds=ahead)
+        if interval > reactor.settings.poll_interval:
+            reactor.schedule.pace("poll", interval)
 
 
 class PairsHealth:

@@ -142,6 +142,40 @@ async def test_a_replica_told_of_a_ring_polls_at_once(
     assert result.clean, result
 
 
+async def test_a_replica_of_a_fleet_polls_as_often_as_the_fleet_needs(
+    start_reactor: StartReactor, database_url: str
+) -> None:
+    # Three more replicas heartbeat (rows of their own, an hour ahead), and the bell is awake:
+    # this replica owns about a quarter of the shares and polls a quarter as often as one
+    # replica alone would, still arming its jobs before they are due.
+    grace = 4.0
+    with psycopg.connect(database_url, autocommit=True) as app:
+        app.execute(
+            "INSERT INTO reactor.replicas (id, heartbeat_at) "
+            "SELECT 'other-' || n, now() + interval '1 hour' FROM generate_series(1, 3) n"
+        )
+        app.execute(
+            "INSERT INTO reactor.doorbell VALUES (%s, now() + interval '1 hour')", (CHANNEL,)
+        )
+        async with start_reactor(grace=grace) as reactor:
+            await eventually(lambda: len(reactor.membership.live) == 4, timeout=15)
+            await eventually(lambda: reactor.polling, timeout=15)
+            polls, began = reactor.polls, time.monotonic()
+            job = next(j for j in iter(uuid.uuid4, None) if reactor.membership.owns(str(j)))
+            app.execute(
+                "INSERT INTO analysis_jobs (id, run_id, status, doc_html, results) "
+                "VALUES (%s, %s, 'complete', '<p/>', '{\"v\": 1}')",
+                (job, uuid.uuid4()),
+            )
+            await eventually(lambda: _runs(app) == 1, timeout=grace + 5, interval=0.05)
+            polled, elapsed = reactor.polls - polls, time.monotonic() - began
+        lateness = worker_lateness(app, grace)
+    interval = reactor.settings.poll_interval
+    assert 2 <= polled <= elapsed / (4 * interval) + 3, (polled, elapsed)
+    [late] = lateness
+    assert late < 0.5, late
+
+
 async def test_a_stranger_s_ring_costs_one_poll(
     start_reactor: StartReactor, database_url: str
 ) -> None:

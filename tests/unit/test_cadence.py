@@ -7,7 +7,7 @@ import math
 import psycopg
 import pytest
 
-from reactor.core.cadence import Cadence, Scheduler, backoff
+from reactor.core.cadence import Cadence, Scheduler, backoff, fleet_poll_interval
 from reactor.core.clock import FakeClock
 from tests.loops import running
 
@@ -176,3 +176,17 @@ async def test_a_held_duty_is_left_to_its_holder_who_hears_of_its_changes() -> N
     # Hastened, paced, and closed: each time the holder's loop has something to look at.
     assert woken == ["changed", "changed", "changed"]
     assert "health" not in s.cadence.due(math.inf)
+
+
+@pytest.mark.parametrize(
+    ("live", "grace", "interval"),
+    [
+        (0, 120.0, 0.25),  # before the first heartbeat: one replica's
+        (1, 120.0, 0.25),
+        (5, 120.0, 1.25),  # five replicas: the fleet polls four times a second in all
+        (5, 2.0, 1.0),  # at most half the grace, so that every job is read before it is due
+        (3, 0.3, 0.25),  # never less often than one replica alone
+    ],
+)
+def test_a_fleet_polls_as_often_as_one_replica(live: int, grace: float, interval: float) -> None:
+    assert fleet_poll_interval(0.25, live, grace) == pytest.approx(interval)

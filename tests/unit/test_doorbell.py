@@ -62,6 +62,17 @@ def test_the_poll_renews_it_while_the_jobs_keep_coming() -> None:
     assert not bell.ring()
 
 
+def test_a_replica_polling_less_often_holds_and_judges_it_over_its_own_interval() -> None:
+    bell = Doorbell(RATE, INTERVAL, GRACE)
+    bell.pace(4 * INTERVAL)
+    assert bell.lease == LEASE_POLLS * 4 * INTERVAL
+    # Half the rate over the longer interval renews it; what renewed it at the short one does not.
+    bell.polled(1.0, bell.lease, arrivals=math.ceil(RATE * INTERVAL / 2))
+    assert not bell.ring()
+    bell.polled(2.0, bell.lease, arrivals=math.ceil(RATE * 4 * INTERVAL / 2))
+    assert bell.ring()
+
+
 def test_a_bell_another_replica_rang_is_polled_for() -> None:
     bell = Doorbell(RATE, INTERVAL, GRACE)
     assert not bell.covers(10.0)
