@@ -284,7 +284,8 @@ MEANINGS: dict[str, Meaning] = {
     "REACTOR_DOORBELL_RATE": Meaning(
         "job notifications a second from which a replica rings the doorbell: the app's "
         "finishing commits skip their NOTIFY while the replicas poll the queue instead "
-        "(how-it-works.md, The doorbell); `0`: every finishing commit notifies"
+        "(how-it-works.md, The doorbell); `0`, or a grace under two poll intervals: every "
+        "finishing commit notifies"
     ),
     "REACTOR_MAX_PENDING": Meaning(
         "most timers held in memory (about 130 bytes each); beyond it the scan takes over"

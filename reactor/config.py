@@ -115,7 +115,7 @@ class ProcessSettings:
     listen_coalesce: float = 0.005
     # From how many job notifications a second a replica rings the doorbell awake: the app's
     # commits skip their NOTIFY while it polls the queue itself (reactor/core/doorbell.py);
-    # 0: every finishing commit notifies.
+    # 0 (or a grace under two poll intervals): every finishing commit notifies.
     doorbell_rate: int = 20
     # The most deadlines held in memory; past it, new ones are left to the fallback scan.
     max_pending: int = 1_000_000

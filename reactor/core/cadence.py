@@ -41,6 +41,7 @@ def fleet_poll_interval(base: float, live: int, grace: float) -> float:
     """
     return max(base, min(base * max(live, 1), grace / 2))
 
+
 # Seconds until a duty that failed ``failures`` times in a row is tried again.
 RetryPolicy = Callable[[int], float]
 

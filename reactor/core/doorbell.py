@@ -23,6 +23,9 @@ from collections import deque
 # that stops or dies holds it no longer than this.
 LEASE_POLLS = 4
 
+# The least grace, in poll intervals, under which a pair rings the bell.
+MIN_GRACE_POLLS = 2
+
 # The notifications heard are counted over the last second.
 WINDOW = 1.0
 
@@ -33,7 +36,10 @@ class Doorbell:
     are queued."""
 
     def __init__(self, rate: float, interval: float, grace: float) -> None:
-        self.rate = rate
+        # Under a grace of less than two polls, a job queued just after a poll would come due
+        # before the poll could arm it: such a pair keeps every notification (grace 0 claims
+        # each job as its notification arrives).
+        self.rate = rate if grace >= MIN_GRACE_POLLS * interval else 0
         self.interval = interval
         self.grace = grace
         # Until when the bell is awake, as the last poll or check read it (this replica's ring

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from reactor.core.doorbell import LEASE_POLLS, WINDOW, Doorbell
+from reactor.core.doorbell import LEASE_POLLS, MIN_GRACE_POLLS, WINDOW, Doorbell
 from reactor.core.payload import Rang, read
 
 RATE = 20
@@ -71,6 +71,14 @@ def test_a_replica_polling_less_often_holds_and_judges_it_over_its_own_interval(
     assert not bell.ring()
     bell.polled(2.0, bell.lease, arrivals=math.ceil(RATE * 4 * INTERVAL / 2))
     assert bell.ring()
+
+
+def test_a_grace_shorter_than_two_polls_never_rings_it() -> None:
+    short = Doorbell(RATE, INTERVAL, MIN_GRACE_POLLS * INTERVAL - 0.01)
+    assert not any(_heard(short, 2 * RATE, start=0.0, every=0.001))
+    assert not short.ring()
+    enough = Doorbell(RATE, INTERVAL, MIN_GRACE_POLLS * INTERVAL)
+    assert any(_heard(enough, 2 * RATE, start=0.0, every=0.001))
 
 
 def test_a_bell_another_replica_rang_is_polled_for() -> None:
