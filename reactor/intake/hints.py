@@ -69,9 +69,10 @@ def fleet_linger(live: int, grace: float) -> float:
     Nth of them, so a linger N times as long gathers as many hints into a statement as one
     replica's does, and the fleet verifies as often as one replica would rather than N times as
     often. Arming a timer later costs nothing while the grace is longer, so the linger stays
-    within :data:`LINGER_SHARE_OF_GRACE` of it (never below :data:`LINGER`).
+    within :data:`LINGER_SHARE_OF_GRACE` of it: at grace 0 a job is due as it is heard, and
+    nothing lingers.
     """
-    return max(LINGER, min(LINGER * live, grace * LINGER_SHARE_OF_GRACE))
+    return min(LINGER * max(live, 1), grace * LINGER_SHARE_OF_GRACE)
 
 
 @dataclass(frozen=True, slots=True)
@@ -229,7 +230,7 @@ class Verifier:
         self.clock = clock
         self.liveness = liveness
         self.timeout = timeout
-        self.pending = HintBatch()
+        self.pending = HintBatch(linger=fleet_linger(1, database.grace))
         self._arm, self._left, self._joined, self._reread = arm, left, joined, reread
         self._on_unverified = on_unverified
         # What did not hold, for the log: job hints naming no queued job, membership claims

@@ -30,7 +30,8 @@ def ids(count: int) -> list[str]:
         (0, 120.0, LINGER),  # before the first check has read the heartbeats
         (5, 120.0, 5 * LINGER),  # each hears a fifth of the jobs: five times as long
         (5, 0.2, 0.01),  # never past a twentieth of the grace...
-        (5, 0.0, LINGER),  # ...nor below one replica's
+        (1, 0.05, 0.0025),
+        (1, 0.0, 0.0),  # ...and none at grace 0, where a job is due as it is heard
     ],
 )
 def test_a_fleet_lingers_as_long_as_one_replica_takes_to_hear_as_many(
@@ -157,7 +158,7 @@ class Heard:
             self.unverified[kind] = self.unverified.get(kind, 0) + n
 
         return Verifier(
-            cast(Any, MagicMock(spec=db.Database)),
+            cast(Any, MagicMock(spec=db.Database, grace=120.0)),
             clock,
             liveness=15.0,
             timeout=1.0,
