@@ -14,9 +14,11 @@ from typing import Any
 
 import aiohttp
 import anyio
+import psycopg
 import pytest
 
 from reactor import status
+from reactor.install import REFERENCE_INSTALL
 from reactor.ops import accept, dashboard, http
 from tests.integration.conftest import StartReactor
 
@@ -93,28 +95,24 @@ async def test_many_tabs_cost_one_status(start_reactor: StartReactor) -> None:
             assert page.source.collections == 1
 
 
-async def test_the_page_says_while_the_doorbell_is_awake(start_reactor: StartReactor) -> None:
-    async with start_reactor() as reactor:
-        page = dashboard.for_reactor(reactor)
-        async with (
-            http.serving_page(page, ("127.0.0.1", 0)) as bound,
-            aiohttp.ClientSession() as session,
-        ):
-            assert bound is not None
+async def test_the_page_says_while_the_doorbell_is_awake(
+    start_reactor: StartReactor, database_url: str
+) -> None:
+    async with page_of(start_reactor) as (page, base, session):
 
-            async def shown() -> str:
-                page.source.invalidate()
-                async with session.get(f"http://{bound[0]}:{bound[1]}/") as response:
-                    assert response.status == 200
-                    return await response.text()
+        async def shown() -> str:
+            page.source.invalidate()
+            async with session.get(f"{base}/") as response:
+                assert response.status == 200
+                return await response.text()
 
-            assert "doorbell" not in await shown()
-            async with reactor.database.pool.connection() as conn:
-                await conn.execute(
-                    "INSERT INTO reactor.doorbell VALUES (%s, now() + interval '1 hour')",
-                    (reactor.database.install.channel,),
-                )
-            assert "doorbell awake 59m" in await shown()
+        assert "doorbell" not in await shown()
+        async with await psycopg.AsyncConnection.connect(database_url, autocommit=True) as conn:
+            await conn.execute(
+                "INSERT INTO reactor.doorbell VALUES (%s, now() + interval '1 hour')",
+                (REFERENCE_INSTALL.channel,),
+            )
+        assert "doorbell awake 59m" in await shown()
 
 
 async def test_a_hung_database_never_holds_a_probe(
