@@ -318,9 +318,9 @@ SELECT 'replica', r.id, NULL
 -- pollers writes it a few times a second at most); every row carries bell_in, the seconds the
 -- bell is still awake (NULL: silent), and arrivals, the jobs queued within the last %(recent)s
 -- seconds, by which the replica judges whether to ring it again. A ring that wakes a silent
--- bell tells every replica at once (`rang:<channel>` on %(replicas_channel)s): one that hears
--- no job any more starts polling now, not at its next health check, so that no job queued
--- without a notification comes due before it polls.
+-- bell tells every replica at once (%(rang)s, `rang:<channel>`, on %(replicas_channel)s): one
+-- that hears no job any more starts polling now, not at its next health check, so that no job
+-- queued without a notification comes due before it polls.
 WITH was AS (
     SELECT awake_until FROM @reactor@.doorbell WHERE channel = %(channel)s
 ), bell AS (
@@ -331,7 +331,7 @@ WITH was AS (
      WHERE b.awake_until < clock_timestamp() + make_interval(secs => %(lease)s / 2)
     RETURNING b.awake_until
 ), told AS (
-    SELECT pg_notify(%(replicas_channel)s, 'rang:' || %(channel)s)
+    SELECT pg_notify(%(replicas_channel)s, %(rang)s)
      WHERE EXISTS (SELECT 1 FROM bell)
        AND NOT EXISTS (SELECT 1 FROM was WHERE awake_until > clock_timestamp())
        AND pg_notification_queue_usage() < 0.5

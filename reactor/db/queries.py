@@ -22,6 +22,7 @@ from psycopg.rows import AsyncRowFactory, class_row, dict_row, kwargs_row, tuple
 from psycopg_pool import AsyncConnectionPool
 
 from reactor.core.ownership import replicas_channel
+from reactor.core.payload import RANG
 from reactor.db import rows
 from reactor.db.calls import Connector, Dedicated, Pooled
 from reactor.db.health import HealthCheck, health_params
@@ -231,6 +232,7 @@ class Database:
             "channel": self.install.channel,
             "replicas_channel": replicas_channel(self.install.schema, self.install.channel),
             "ring": ring,
+            "rang": f"{RANG}{self.install.channel}",
             "lease": lease,
             "recent": recent,
             "shares": None if shares is None else sorted(shares),

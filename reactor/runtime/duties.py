@@ -105,14 +105,16 @@ class PairPoll:
             self.low = None
             reactor.schedule.pace("poll", math.inf)
             return
+        # The view of the live set that intake keeps the jobs by.
+        membership = reactor.queue.membership
         interval = fleet_poll_interval(
-            reactor.settings.poll_interval, len(reactor.membership.live), reactor.database.grace
+            reactor.settings.poll_interval, len(membership.live), reactor.database.grace
         )
         ahead = 2 * interval
         bell = reactor.doorbell
         bell.pace(interval)
         rings = reactor.rings_doorbell
-        shares = reactor.queue.membership.shares
+        shares = membership.shares
         try:
             polled = await reactor.database.poll_queue(
                 self.low,
