@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import psycopg
 
 from bench import pgbench
 from bench.app_cost import (
@@ -250,7 +251,15 @@ async def _round(
     """Job lives per second over one round of ``config``, from an empty table, and what the
     clients' sessions were found waiting on (:func:`_sample`)."""
     async with await connect(dsn, "setup") as conn:
-        await conn.execute(f"TRUNCATE analysis_jobs, {reactor.schema}.pending")
+        for attempt in range(5):
+            try:
+                await conn.execute(f"TRUNCATE analysis_jobs, {reactor.schema}.pending")
+                break
+            except psycopg.errors.DeadlockDetected:
+                # The listening replica's statement took the same locks the other way round:
+                # the server chose this one; the next attempt finds them free.
+                if attempt == 4:
+                    raise
         await reactor.install(conn, config)
         await conn.execute("CHECKPOINT")
     argv = [
