@@ -53,8 +53,8 @@ HEALTH = "health"
 # Most queued jobs one poll offers; more (a burst) are read by the next poll, from where it ended.
 POLL_LIMIT = 10_000
 
-# The share of the check's bound its combined statement waits for a lock: one pair's tables
-# locked fail it soon enough that each part alone still has time that round.
+# The share of the check's bound its combined statement waits (one pair's tables locked cancel it
+# soon enough that each part alone still has time that round), and a part alone waits for a lock.
 LOCK_SHARE = 0.5
 
 # What a part came back with: the pair's health, or what its statement failed with.
@@ -239,32 +239,46 @@ class PairsHealth:
         self, pairs: list[Reactor], asks: dict[Reactor, dict[str, Any]], out: dict[Reactor, Outcome]
     ) -> None:
         bound = max(reactor.settings.probe_timeout for reactor in pairs)
+        several = len(pairs) > 1
+        start = self.clock.now()
         try:
-            with anyio.fail_after(bound):
+            # One statement as it is, not pinned with a lock_timeout of its own (that is a
+            # transaction of four statements per check): where one pair's locked objects make
+            # it wait, the client's share of the bound cancels it in time for each part alone.
+            with anyio.fail_after(bound * LOCK_SHARE if several else bound):
                 healths = await db.health_of_pairs(
-                    [(reactor.database, asks[reactor]) for reactor in pairs],
-                    lock_timeout=bound * LOCK_SHARE if len(pairs) > 1 else None,
+                    [(reactor.database, asks[reactor]) for reactor in pairs]
                 )
         except db.DATABASE_ERRORS as error:
-            if len(pairs) == 1 or not db.statement_refused(error):
+            if not several or not (isinstance(error, TimeoutError) or db.statement_refused(error)):
                 out.update(dict.fromkeys(pairs, error))
                 return
             log.debug(
                 "the pairs' health check failed; each checks alone",
                 extra={"error": db.first_line(error)},
             )
+            within = max(bound - (self.clock.now() - start), 0.0)
             async with anyio.create_task_group() as tg:
                 for reactor in pairs:
-                    tg.start_soon(self._alone, reactor, asks[reactor], out)
+                    tg.start_soon(self._alone, reactor, asks[reactor], out, within)
             return
         out.update(zip(pairs, healths, strict=True))
 
     async def _alone(
-        self, reactor: Reactor, ask: dict[str, Any], out: dict[Reactor, Outcome]
+        self,
+        reactor: Reactor,
+        ask: dict[str, Any],
+        out: dict[Reactor, Outcome],
+        within: float | None = None,
     ) -> None:
+        within = reactor.settings.probe_timeout if within is None else within
         try:
-            with anyio.fail_after(reactor.settings.probe_timeout):
-                (out[reactor],) = await db.health_of_pairs([(reactor.database, ask)])
+            with anyio.fail_after(within):
+                # Refused for a lock before the bound runs out, the part is checked alone from
+                # then on and the others together; pinned, but only while it is apart.
+                (out[reactor],) = await db.health_of_pairs(
+                    [(reactor.database, ask)], lock_timeout=within * LOCK_SHARE
+                )
             self.apart.discard(reactor)
         except db.DATABASE_ERRORS as error:
             out[reactor] = error

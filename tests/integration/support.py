@@ -158,6 +158,8 @@ class Counting:
     on: db.Pooled
     seen: list[str]
     note: Callable[[str], str] = whole
+    # Each statement's lock_timeout, in order: given, the call runs in a transaction of its own.
+    waits: list[float | None] = field(default_factory=list)
 
     @property
     def pool(self) -> AsyncConnectionPool[db.AnyConnection]:
@@ -167,4 +169,5 @@ class Counting:
         self, query: str, params: Any, row_factory: AsyncRowFactory[R], **options: Any
     ) -> list[R]:
         self.seen.append(self.note(query))
+        self.waits.append(options.get("lock_timeout"))
         return await self.on.fetch(query, params, row_factory, **options)

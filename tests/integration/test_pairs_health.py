@@ -51,9 +51,12 @@ async def next_heartbeat(url: str, schema: str, reactor: Reactor) -> None:
 
 
 @asynccontextmanager
-async def two_pairs(url: str, seen: list[str]) -> AsyncIterator[Replica]:
+async def two_pairs(
+    url: str, seen: list[str], waits: list[float | None] | None = None
+) -> AsyncIterator[Replica]:
     """A running replica of the reference pair and a second one, in one database; every
-    statement its pairs send through the pool is noted in ``seen``."""
+    statement its pairs send through the pool is noted in ``seen``, and its lock_timeout (None:
+    the session's) in ``waits``."""
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute((MAPPINGS / "second.sql").read_text())
     shape = mapping_file.parse(
@@ -64,9 +67,11 @@ async def two_pairs(url: str, seen: list[str]) -> AsyncIterator[Replica]:
         reference = (await db.migrate(migrating, mapping.REFERENCE)).install
         second = (await db.migrate(migrating, shape)).install
 
+    noted = [] if waits is None else waits
+
     def counted(database: db.Database) -> db.Database:
         assert isinstance(database.on, db.Pooled)
-        return replace(database, on=Counting(database.on, seen))
+        return replace(database, on=Counting(database.on, seen, waits=noted))
 
     settings = Settings(
         database_url=url,
@@ -96,7 +101,8 @@ def quiet(replica: Replica) -> bool:
 
 async def test_two_pairs_send_one_health_statement_per_interval(database_url: str) -> None:
     seen: list[str] = []
-    async with two_pairs(database_url, seen) as replica:
+    waits: list[float | None] = []
+    async with two_pairs(database_url, seen, waits) as replica:
         first = replica.reactors["reactor"]
         await eventually(lambda: quiet(replica))
         await next_heartbeat(database_url, "reactor", first)
@@ -107,11 +113,14 @@ async def test_two_pairs_send_one_health_statement_per_interval(database_url: st
             if len(seen) == 1:
                 break
         seen.clear()
+        waits.clear()
         for _ in range(5):
             await next_heartbeat(database_url, "reactor", first)
         # One statement per interval, each both pairs' check: the heartbeat of each.
         assert len(seen) in (5, 6), [query[:60] for query in seen]
         assert all(checks_both(query) for query in seen), [query[:60] for query in seen]
+        # Sent as it is: not in a transaction of its own with a lock_timeout set first.
+        assert waits == [None] * len(seen)
         assert replica.checks is not None
         assert replica.health() == (True, True, "ok")
 
@@ -144,3 +153,26 @@ async def test_a_pair_whose_schema_is_dropped_leaves_the_other_checked_and_ready
         await next_heartbeat(database_url, "reactor", first)
         assert seen
         assert not any(checks_both(query) for query in seen)
+
+
+async def test_a_pair_whose_table_is_locked_leaves_the_other_checked_and_ready(
+    database_url: str,
+) -> None:
+    seen: list[str] = []
+    async with two_pairs(database_url, seen) as replica:
+        first, second = replica.reactors["reactor"], replica.reactors[SECOND_SCHEMA]
+        checks = replica.checks
+        assert checks is not None
+        await eventually(lambda: quiet(replica))
+        with psycopg.connect(database_url) as holder:
+            # Held until the block ends: every statement that reads the table waits.
+            holder.execute('LOCK TABLE app."Job" IN ACCESS EXCLUSIVE MODE')
+            await eventually(lambda: second in checks.apart, timeout=4 * PROBE + 2)
+            for _ in range(3):
+                await next_heartbeat(database_url, "reactor", first)
+                assert first.vitals.database_ok is True
+                assert first.health() == (True, True, "ok")
+            holder.rollback()
+        # Let go, it answers alone and is checked with the other again.
+        await eventually(lambda: second not in checks.apart, timeout=4 * PROBE + 2)
+        await eventually(lambda: second.vitals.database_ok is True, timeout=4 * PROBE + 2)
