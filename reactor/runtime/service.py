@@ -410,8 +410,9 @@ class Reactor:
         """Wake the poll, which sleeps while notifications are relied on (see
         :class:`~reactor.runtime.duties.PairPoll`), when they may no longer be: called as the
         LISTEN session changes state and after each check (the trigger's state, the NOTIFY
-        queue's usage)."""
-        if self.polling:
+        queue's usage). A poll already on its cadence is left to it: brought forward at every
+        check, a fleet's replica would poll more often than its share of the fleet's polls."""
+        if self.polling and self.cadence.duties["poll"].next_at == math.inf:
             self.schedule.hasten("poll")
 
     def _duty_failed(self, name: str, error: BaseException) -> None:
