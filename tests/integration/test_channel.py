@@ -155,3 +155,26 @@ async def test_a_flood_of_made_up_hints_arms_nothing_and_the_real_job_is_on_time
             # The verify buffer's bound, never the flood's size; the heap held the real job.
             assert most <= 20_000
             assert lateness(conn, job_id) < grace + 0.5
+
+
+async def test_at_grace_0_the_claim_is_the_check_and_a_made_up_hint_costs_only_it(
+    database_url: str, start_reactor: StartReactor, stranger: str
+) -> None:
+    # Every queued job is due as it is heard: the claim reads the queue as a check would, so
+    # no statement checks a hint first; a made-up hint's claim finds nothing and leaves nothing.
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        async with start_reactor(grace=0.0) as reactor:
+            await proven(reactor)
+            # Its own joined: is checked, as any replica's word is.
+            await eventually(lambda: reactor.verifier.statements >= 1)
+            verified = reactor.verifier.statements
+            made_up = "gen_random_uuid()::text || '@' || extract(epoch FROM now())::text"
+            await anyio.to_thread.run_sync(
+                send, database_url, stranger, reactor.subscriber.channel, made_up, 50
+            )
+            job_id, _ = new_job(conn)
+            finish(conn, job_id)
+            await eventually(lambda: len(worker_writes(conn)) == 1, timeout=5.0)
+            await eventually(lambda: reactor.queue.waiting == 0)
+            assert reactor.verifier.statements == verified
+        assert [row[1] for row in worker_writes(conn)] == [job_id]
