@@ -27,6 +27,13 @@ from typing import Protocol, TypeVar
 BOUNDARY = 0.00025
 
 
+def aim(due_in: float) -> float:
+    """When to claim a job the database said is due in ``due_in`` seconds: past the boundary,
+    or at once when it was due already (no claim can find it inside its grace, and a sleep of
+    a quarter millisecond is a millisecond on the event loop's timer)."""
+    return due_in + BOUNDARY if due_in > 0 else due_in
+
+
 @dataclass(frozen=True, slots=True)
 class Hint:
     """What a source knows of one job."""
@@ -87,7 +94,7 @@ class Heard:
 
     def hints(self, read: Iterable[tuple[str, float | None]]) -> Iterator[Hint]:
         for job_id, due_in in read:
-            known = None if due_in is None else due_in + BOUNDARY
+            known = None if due_in is None else aim(due_in)
             yield Hint(job_id, known, heard=True)
 
 
@@ -99,7 +106,7 @@ class Queued:
 
     def hints(self, read: Due) -> Iterator[Hint]:
         for job_id, due_in in read:
-            yield Hint(job_id, due_in + BOUNDARY)
+            yield Hint(job_id, aim(due_in))
 
 
 @dataclass(frozen=True, slots=True)

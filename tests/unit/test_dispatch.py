@@ -434,6 +434,9 @@ def test_each_source_says_what_it_knows_as_data() -> None:
         == list(REARM.hints([("a", 2.0)]))
         == [Hint("a", 2.0 + BOUNDARY)]
     )
+    # Due already by the database's clock: claimed at once, with no boundary to wait out.
+    assert list(LISTEN.hints([("a", 0.0)])) == [Hint("a", 0.0, heard=True)]
+    assert list(POLL.hints([("a", -1.5)])) == [Hint("a", -1.5)]
     assert list(STUCK.hints(["a"])) == [Hint("a", 0.0, stuck=True)]
     assert list(RECONCILE.hints([("a", 0.5)])) == [Hint("a", 0.5, adopted=True)]
     answer = Answer([("a", 1.0), ("b", 0.0)], stuck=frozenset({"b"}))
