@@ -13,7 +13,11 @@ status, the floor PostgreSQL sets for any install that notifies; the triggers an
 exactly as `reactor migrate` left them (read back from the catalog, so whatever SQL the code
 under test installs is what is measured), divided by that floor; the same with the job triggers
 installed not to notify (`reactor migrate --no-notify`), divided by none; and 'none' a second
-time under another name. Durable commits on a shared VM's disk and CPUs can
+time under another name. Two more, for a measurement only: the default and the quiet install
+with the queue, reactor.pending, made UNLOGGED right after the install (its rows, their index
+entries and the replica's deletes then write no WAL), each divided by the same floor as its
+logged twin and compared with that twin's round of the same set: how much of the gap to the
+floor is the queue row's WAL. Durable commits on a shared VM's disk and CPUs can
 vary by a factor of two between two rounds a few seconds apart, so a single comparison means
 little: the second 'none' states the noise floor, and an effect is only an effect where it
 stands clear of it.
@@ -47,7 +51,15 @@ from bench.result import Context, Result, Table, conditions
 from bench.server import Server, open_server
 from bench.stats import percentile, ratio, safe_div
 from bench.trigger_overhead import Triggers
-from bench.workload import bench_settings, replicas, wait_for_first_scan
+from bench.workload import (
+    APP,
+    RESULTS,
+    bench_settings,
+    insert_jobs,
+    replicas,
+    wait_for_first_scan,
+    wait_until_recorded,
+)
 
 TITLE = "The reactor's cost to the app's worker, per job's life, with durable commits"
 GOAL = (
@@ -72,8 +84,9 @@ SERVER = {
     "autovacuum": "off",
 }
 
-# Ten sets: a Williams square over five installs is ten rows (the square and its mirror).
-SETS = 10
+# Fourteen sets: a Williams square over seven installs is fourteen rows (the square and its
+# mirror).
+SETS = 14
 ROUND_S = 5
 QUICK_ROUND_S = 2
 
@@ -81,13 +94,17 @@ QUICK_ROUND_S = 2
 @dataclass(frozen=True)
 class Config:
     """One install on analysis_jobs: the job triggers' form and whether the reactor's indexes
-    are there. ``extra`` is SQL run after that, for a variant of the installed objects."""
+    are there. ``extra`` is SQL run after that, for a variant of the installed objects;
+    ``queue_unlogged`` makes the queue (reactor.pending) UNLOGGED after it, where every other
+    install has it logged, as installed. ``twin``: the install it is that variant of."""
 
     label: str
     job_triggers: str  # "with" (as installed), "quiet" (--no-notify), "notify_only", "without"
     indexes: bool
     floor: str  # the install this one is divided by: what PostgreSQL makes its like pay at least
     extra: tuple[str, ...] = ()
+    queue_unlogged: bool = False
+    twin: str | None = None
 
 
 # The installs compared, by name; a variant is one more entry. Each is divided by its floor:
@@ -111,6 +128,24 @@ CONFIGS: dict[str, Config] = {
     ),
     "quiet": Config(
         "the same, job triggers installed not to notify (--no-notify)", "quiet", True, "none"
+    ),
+    # A measurement only: what an unlogged queue would save (a real one would need the queue
+    # rebuilt after a crash or a promotion, which empties it).
+    "default_unlogged": Config(
+        "default, queue unlogged: reactor.pending SET UNLOGGED after the install",
+        "with",
+        True,
+        "notify_only",
+        queue_unlogged=True,
+        twin="default",
+    ),
+    "quiet_unlogged": Config(
+        "quiet, queue unlogged: reactor.pending SET UNLOGGED after the install",
+        "quiet",
+        True,
+        "none",
+        queue_unlogged=True,
+        twin="quiet",
     ),
 }
 BASELINE = "none"
@@ -162,6 +197,20 @@ SELECT coalesce(sum(total_time), 0), coalesce(sum(calls), 0) FROM pg_stat_user_f
     OR (schemaname = 'public' AND funcname = 'bench_notify_only')
 """
 
+# The queue's persistence: 'p' logged, 'u' unlogged.
+QUEUE_PERSISTENCE = "SELECT relpersistence FROM pg_class WHERE oid = %s::regclass"
+
+# The foreign keys to or from the queue: a logged table may not reference an unlogged one, so
+# any of these could stand in the way of SET UNLOGGED.
+QUEUE_FOREIGN_KEYS = """
+SELECT conname, conrelid::regclass::text, confrelid::regclass::text FROM pg_constraint
+ WHERE contype = 'f' AND (conrelid = %(queue)s::regclass OR confrelid = %(queue)s::regclass)
+"""
+
+# The record check: jobs finished with an unlogged queue, recorded by a replica of short grace.
+CHECK_JOBS = 20
+CHECK_GRACE_S = 0.5
+
 PGBENCH_SESSIONS = """
 SELECT count(*) FROM pg_stat_activity WHERE datname = %s AND application_name = 'pgbench'
 """
@@ -192,6 +241,7 @@ async def run(ctx: Context) -> Result:
         "document_bytes": DOC_BYTES,
         "commits_per_job_life": 1 + UPDATES_PER_LIFE,
         "listening_replicas": 1,
+        "queue_unlogged": ", ".join(n for n, c in CONFIGS.items() if c.queue_unlogged),
         **SERVER,
     }
     rounds: list[dict[str, Any]] = []
@@ -216,8 +266,16 @@ async def run(ctx: Context) -> Result:
                     for position, name in enumerate(order, 1):
                         found = await _round(server, dsn, script, reactor, name, round_s)
                         rounds.append({"set": number, "position": position, **found})
+        # Uncounted: the installs with the queue unlogged still get their jobs recorded.
+        checks = [
+            await record_check(dsn, reactor, config)
+            for config in CONFIGS.values()
+            if config.queue_unlogged
+        ]
 
     summary = {name: _summarize(name, rounds) for name in CONFIGS}
+    unlogged = {name: c.twin for name, c in CONFIGS.items() if c.twin is not None}
+    twins = {name: paired(rounds, name, twin) for name, twin in unlogged.items()}
     default, quiet, noise = summary["default"], summary["quiet"], summary[NOISE]
     floor = summary["notify_only"]
     goals = [
@@ -285,8 +343,8 @@ async def run(ctx: Context) -> Result:
         "rotates from set to set (rows of a Williams square: every install in every position, "
         "after every other, equally often), after one uncounted warm-up round. Each round "
         "starts from an empty table (TRUNCATE) after a CHECKPOINT. Lives/s vs none is each "
-        "set's ratio to its floor's round in that set ('default' to 'notify_only', every other "
-        "to 'none'): median and interquartile range over the sets.",
+        "set's ratio to its floor's round in that set ('default' and 'default_unlogged' to "
+        "'notify_only', every other to 'none'): median and interquartile range over the sets.",
         f"Noise floor, {noise_text}: 'none_again' is the same install as 'none', so its "
         "spread is what this machine's disk and CPU do between two rounds of one set. A ratio "
         "whose IQR overlaps that one is not told apart from no cost at all: "
@@ -325,6 +383,18 @@ async def run(ctx: Context) -> Result:
         + "; ".join(f"{text}: {verdicts[ok]} ({value})" for text, ok, value in goals)
         + f" (quiet's trigger: {quiet['trigger_us']:.1f} us per finish; the notify-only "
         f"trigger's: {floor['trigger_us']:.1f} us; notify-only vs none: {_spread(floor)}).",
+        "Queue unlogged (a measurement only: an unlogged queue would need a rebuild after "
+        "every crash and promotion): "
+        + "; ".join(
+            f"{name} {_spread(summary[name])} of {CONFIGS[name].floor} vs {twin}'s "
+            f"{_spread(summary[twin])}, {_spread(twins[name])} of {twin} in the same set, "
+            f"so {gap_closed(summary[name], summary[twin])} of {twin}'s gap to its floor; "
+            f"WAL/life {summary[name]['wal_per_life'] / 1024:,.1f} KiB vs "
+            f"{summary[twin]['wal_per_life'] / 1024:,.1f} KiB"
+            for name, twin in unlogged.items()
+        )
+        + ". The share of the gap is (unlogged median - logged median) / (1 - logged median). "
+        + checks_text(checks),
         "The listening replica's share of one core during the rounds (this process's CPU "
         "time; pgbench runs in a child): "
         + ", ".join(f"{name} {summary[name]['replica_cpu_share']:.1%}" for name in CONFIGS)
@@ -354,7 +424,8 @@ async def run(ctx: Context) -> Result:
         f"{_spread(quiet)} of none's {summary[BASELINE]['mean_tps']:,.0f} job lives/s "
         f"(notify-only {_spread(floor)} of none; {noise_text}); WAL/life "
         f"{ratio(default['wal_vs_base'])}; HOT {default['hot_share']:.0%} vs "
-        f"{summary[BASELINE]['hot_share']:.0%}; trigger {default['trigger_us']:.1f} us/finish"
+        f"{summary[BASELINE]['hot_share']:.0%}; trigger {default['trigger_us']:.1f} us/finish; "
+        "queue unlogged: " + ", ".join(f"{name} {_spread(summary[name])}" for name in unlogged)
     )
     return Result(
         met=met,
@@ -364,6 +435,8 @@ async def run(ctx: Context) -> Result:
             "rounds": rounds,
             "orders": orders,
             "configs": summary,
+            "vs_logged_twin": twins,
+            "record_checks": checks,
             "noise_floor": {k: noise[k] for k in ("median", "q1", "q3", "ratios")},
             "goals": {text: ok for text, ok, _ in goals},
         },
@@ -464,6 +537,95 @@ def _summarize(name: str, rounds: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def paired(rounds: list[dict[str, Any]], name: str, other: str, **among: Any) -> dict[str, Any]:
+    """``name``'s rounds over ``other``'s of the same set (and of the same ``among``, e.g. the
+    client count): the median of those ratios and their interquartile range."""
+
+    def mine(config: str) -> list[dict[str, Any]]:
+        return [
+            r
+            for r in rounds
+            if r["config"] == config and all(r[key] == value for key, value in among.items())
+        ]
+
+    theirs = {r["set"]: r["tps"] for r in mine(other)}
+    ratios = [safe_div(r["tps"], theirs[r["set"]]) for r in mine(name)]
+    return {
+        "ratios": ratios,
+        "median": statistics.median(ratios),
+        "q1": percentile(ratios, 0.25),
+        "q3": percentile(ratios, 0.75),
+    }
+
+
+def gap_closed(unlogged: dict[str, Any], logged: dict[str, Any]) -> str:
+    """The share of the logged install's gap to its floor that the unlogged one closes."""
+    gap = 1 - logged["median"]
+    if gap <= 0:
+        return "none (the logged install is at or above its floor: no gap)"
+    return f"{(unlogged['median'] - logged['median']) / gap:.0%}"
+
+
+def checks_text(checks: list[dict[str, Any]]) -> str:
+    """The record checks, in a sentence."""
+    return (
+        "Record check (uncounted, after the rounds): "
+        + "; ".join(
+            f"{c['config']} (reactor.pending relpersistence '{c['persistence']}'): "
+            f"{c['jobs'] - c['missing']} of {c['jobs']} finished jobs recorded by a replica of "
+            f"{CHECK_GRACE_S:g} s grace, {c['left_in_queue']} left in the queue"
+            for c in checks
+        )
+        + (
+            f"; foreign keys to or from the queue: {checks[0]['foreign_keys'] or 'none'}."
+            if checks
+            else "."
+        )
+    )
+
+
+async def set_queue_persistence(conn: Conn, schema: str, *, unlogged: bool) -> None:
+    """Make the queue UNLOGGED, or LOGGED as installed, unless it already is (an empty table:
+    the rewrite is instant, and its indexes follow it)."""
+    queue = f"{schema}.pending"
+    wanted = "u" if unlogged else "p"
+    if str(await scalar(conn, QUEUE_PERSISTENCE, (queue,))) == wanted:
+        return
+    await conn.execute(f"ALTER TABLE {queue} SET {'UNLOGGED' if unlogged else 'LOGGED'}")
+    found = str(await scalar(conn, QUEUE_PERSISTENCE, (queue,)))
+    if found != wanted:
+        raise RuntimeError(f"{queue} is '{found}' after the ALTER, not '{wanted}'")
+
+
+async def record_check(dsn: str, reactor: Installed, config: Config) -> dict[str, Any]:
+    """Whether jobs finished with ``config`` in place get recorded: CHECK_JOBS jobs finished
+    one by one by the worker, then a replica with a short grace (and scan interval) given
+    30 s to record them all; with what was left in the queue afterwards."""
+    queue = f"{reactor.schema}.pending"
+    async with await connect(dsn, "check") as conn:
+        await conn.execute(f"TRUNCATE analysis_jobs, {queue}")
+        await reactor.install(conn, config)
+        persistence = str(await scalar(conn, QUEUE_PERSISTENCE, (queue,)))
+        cur = await conn.execute(QUEUE_FOREIGN_KEYS, {"queue": queue})
+        keys = ", ".join(f"{n} ({a} -> {b})" for n, a, b in await cur.fetchall())
+        ids = await insert_jobs(conn, CHECK_JOBS, doc_bytes=2000)
+        settings = bench_settings(dsn, grace=CHECK_GRACE_S, scan_interval=1.0)
+        async with replicas(settings, 1) as running:
+            await wait_for_first_scan(running)
+            for job in ids:
+                await conn.execute(*APP.finish(job, verdicts=RESULTS))
+            missing = await wait_until_recorded(conn, within=30)
+        left = int(await scalar(conn, f"SELECT count(*) FROM {queue}"))
+    return {
+        "config": config.label.split(":")[0],
+        "persistence": persistence,
+        "jobs": len(ids),
+        "missing": missing,
+        "left_in_queue": left,
+        "foreign_keys": keys,
+    }
+
+
 def _clear(s: dict[str, Any], noise: dict[str, Any]) -> bool:
     """Whether the interquartile ranges of ``s`` and the noise floor do not overlap."""
     return bool(s["q3"] < noise["q1"] or s["q1"] > noise["q3"])
@@ -515,6 +677,7 @@ class Installed:
                 await conn.execute(definition)
         for statement in config.extra:
             await conn.execute(statement)
+        await set_queue_persistence(conn, self.schema, unlogged=config.queue_unlogged)
 
 
 async def _counters(conn: Conn, schema: str) -> Counters:
