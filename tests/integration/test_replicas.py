@@ -80,13 +80,21 @@ async def test_rows_another_writer_holds_are_retried_not_lost(
     with app_and_a_tab(database_url) as (conn, locker):
         async with start_reactor(grace=GRACE) as r1, start_reactor(grace=GRACE) as r2:
             replicas = (r1, r2)
+            # Each holds its share first: the held rows below are both replicas' to meet.
+            await eventually(
+                lambda: all(r.holding and len(r.membership.live) == 2 for r in replicas)
+            )
             jobs = [new_job(conn) for _ in range(40)]
             with conn.transaction():
                 for job_id, _ in jobs:
                     finish(conn, job_id)
             # Another writer (a replica mid-statement, or the app) holds a quarter of the rows
-            # the way the claim does, past their grace.
-            held = [job_id for job_id, _ in jobs[::4]]
+            # the way the claim does, past their grace: five of each replica's.
+            held = [
+                job_id
+                for r in replicas
+                for job_id in [j for j, _ in jobs if r.membership.owns(str(j))][:5]
+            ]
             locked = locker.execute(
                 "SELECT id FROM analysis_jobs WHERE id = ANY(%s) FOR NO KEY UPDATE", (held,)
             ).fetchall()
