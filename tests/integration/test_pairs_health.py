@@ -50,6 +50,15 @@ async def next_heartbeat(url: str, schema: str, reactor: Reactor) -> None:
     await eventually(lambda: heartbeat(url, schema, reactor) != seen, timeout=4 * PROBE + 2)
 
 
+async def stays_ready(url: str, reactor: Reactor) -> None:
+    """The reference pair's checks go on while the other's fail: its next three heartbeats,
+    each one answered, and it ready after each."""
+    for _ in range(3):
+        await next_heartbeat(url, "reactor", reactor)
+        assert reactor.vitals.database_ok is True
+        assert reactor.health() == (True, True, "ok")
+
+
 @asynccontextmanager
 async def two_pairs(
     url: str, seen: list[str], waits: list[float | None] | None = None
@@ -99,6 +108,17 @@ def quiet(replica: Replica) -> bool:
     )
 
 
+@asynccontextmanager
+async def settled_pairs(
+    url: str, seen: list[str]
+) -> AsyncIterator[tuple[Replica, Reactor, Reactor]]:
+    """:func:`two_pairs` once its start's work is over: the replica, the reference pair's
+    reactor and the second's."""
+    async with two_pairs(url, seen) as replica:
+        await eventually(lambda: quiet(replica))
+        yield replica, replica.reactors["reactor"], replica.reactors[SECOND_SCHEMA]
+
+
 async def test_two_pairs_send_one_health_statement_per_interval(database_url: str) -> None:
     seen: list[str] = []
     waits: list[float | None] = []
@@ -129,20 +149,14 @@ async def test_a_pair_whose_schema_is_dropped_leaves_the_other_checked_and_ready
     database_url: str,
 ) -> None:
     seen: list[str] = []
-    async with two_pairs(database_url, seen) as replica:
-        first, second = replica.reactors["reactor"], replica.reactors[SECOND_SCHEMA]
-        await eventually(lambda: quiet(replica))
+    async with settled_pairs(database_url, seen) as (replica, first, second):
         with psycopg.connect(database_url, autocommit=True) as conn:
             conn.execute(f"DROP SCHEMA {SECOND_SCHEMA} CASCADE")
         await eventually(lambda: second.vitals.database_ok is False, timeout=4 * PROBE + 2)
         checks = replica.checks
         assert checks is not None
         await eventually(lambda: second in checks.apart, timeout=4 * PROBE + 2)
-        # The other pair's checks go on, each one answered, and it stays ready.
-        for _ in range(3):
-            await next_heartbeat(database_url, "reactor", first)
-            assert first.vitals.database_ok is True
-            assert first.health() == (True, True, "ok")
+        await stays_ready(database_url, first)
         alive, ready, reason = replica.health()
         assert (alive, ready) == (True, False)
         assert reason.startswith(f"pair {SECOND_SCHEMA}: "), reason
@@ -158,20 +172,14 @@ async def test_a_pair_whose_schema_is_dropped_leaves_the_other_checked_and_ready
 async def test_a_pair_whose_table_is_locked_leaves_the_other_checked_and_ready(
     database_url: str,
 ) -> None:
-    seen: list[str] = []
-    async with two_pairs(database_url, seen) as replica:
-        first, second = replica.reactors["reactor"], replica.reactors[SECOND_SCHEMA]
+    async with settled_pairs(database_url, []) as (replica, first, second):
         checks = replica.checks
         assert checks is not None
-        await eventually(lambda: quiet(replica))
         with psycopg.connect(database_url) as holder:
             # Held until the block ends: every statement that reads the table waits.
             holder.execute('LOCK TABLE app."Job" IN ACCESS EXCLUSIVE MODE')
             await eventually(lambda: second in checks.apart, timeout=4 * PROBE + 2)
-            for _ in range(3):
-                await next_heartbeat(database_url, "reactor", first)
-                assert first.vitals.database_ok is True
-                assert first.health() == (True, True, "ok")
+            await stays_ready(database_url, first)
             holder.rollback()
         # Let go, it answers alone and is checked with the other again.
         await eventually(lambda: second not in checks.apart, timeout=4 * PROBE + 2)
