@@ -225,7 +225,9 @@ class PairsHealth:
         try:
             async with anyio.create_task_group() as tg:
                 for reactor in alone:
-                    tg.start_soon(self._alone, reactor, asks[reactor], out)
+                    tg.start_soon(
+                        self._alone, reactor, asks[reactor], out, reactor.settings.probe_timeout
+                    )
                 if together:
                     await self._together(together, asks, out)
         except BaseException:
@@ -269,9 +271,8 @@ class PairsHealth:
         reactor: Reactor,
         ask: dict[str, Any],
         out: dict[Reactor, Outcome],
-        within: float | None = None,
+        within: float,
     ) -> None:
-        within = reactor.settings.probe_timeout if within is None else within
         try:
             with anyio.fail_after(within):
                 # Refused for a lock before the bound runs out, the part is checked alone from
