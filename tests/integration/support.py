@@ -72,6 +72,11 @@ def recorded(reactor: Reactor, source: str) -> float:
     return value or 0.0
 
 
+def hints_heard(reactor: Reactor) -> float:
+    """Job hints the reactor's listener accepted from its channel."""
+    return float(reactor.metrics.notified["accepted"]._value.get())
+
+
 def hints_ignored(reactor: Reactor) -> float:
     """Job hints the reactor checked against the queue and found naming no queued job: a
     notification for a job that needs no run (or no longer) is dropped there, never armed."""
