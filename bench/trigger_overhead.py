@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import statistics
 import sys
 import tempfile
@@ -207,6 +208,7 @@ async def run(ctx: Context) -> Result:
                 )
         server_cost = await _server_cost(server, 2_000 if quick else 20_000, 1 if quick else 3)
         cost, progress_cost = server_cost.finishing, server_cost.progress
+        parts_saved, parts_text = _parts_summary(server_cost, cost["without"])
 
     def mean_tps(config: str, among: list[dict[str, Any]] = rounds) -> float:
         return statistics.fmean(r["tps"] for r in among if r["config"] == config)
@@ -319,6 +321,7 @@ async def run(ctx: Context) -> Result:
         f"{progress_cost['notify_only']:.1f} us, queued {progress_cost['quiet']:.1f} us, queued "
         f"and notified {progress_cost['with']:.1f} us. No trigger function runs on these; what "
         "a trigger adds is its WHEN, prepared again in every statement.",
+        parts_text,
     ]
     if not met:
         notes.append(
@@ -347,6 +350,10 @@ async def run(ctx: Context) -> Result:
             "notifications": notified,
             "server_us_per_finishing_commit": cost,
             "server_us_per_progress_update": progress_cost,
+            "trigger_parts_us_saved": parts_saved,
+            "trigger_parts_us": {
+                f"{install}: {part}": times for (install, part), times in server_cost.parts.items()
+            },
             "calibration_tps": calibration,
         },
         settings=settings,
@@ -500,13 +507,78 @@ END $$
 # last two with reactor.pending unlogged, the road an unlogged queue would save.
 COST_CONFIGS = ("without", "notify_only", "quiet", "with", "quiet unlogged", "with unlogged")
 
+# The parts of the job trigger's function, each timed by its absence: the function as
+# installed (pg_get_functiondef) with one part cut out by a pattern that must match exactly
+# once, so a change of the function's text stops this benchmark instead of measuring nothing.
+# Each entry: what the part is, the pattern, what stands in its place, and whether it runs in
+# the quiet install (the notification's parts run only where the trigger notifies).
+TRIGGER_PARTS: dict[str, tuple[str, str, str, bool]] = {
+    "guard": (
+        "the check that the table is the mapped one (two name comparisons)",
+        r"IF TG_TABLE_NAME <> .*?END IF;",
+        "",
+        True,
+    ),
+    "definer": (
+        "SECURITY DEFINER and its fixed search_path (set and restored at every call)",
+        r" SECURITY DEFINER\n SET search_path TO [^\n]*",
+        "",
+        True,
+    ),
+    "queue row": (
+        "the job's row in reactor.pending (INSERT ... ON CONFLICT, two index entries)",
+        r"INSERT INTO \S+\.pending .*?EXCLUDED\.since;",
+        "NULL;",
+        True,
+    ),
+    "conflict clause": (
+        (
+            "the queue row's ON CONFLICT (a plain INSERT instead: a job queued already, by "
+            "the reconcile or a run's deletion, would fail the app's commit)"
+        ),
+        r"\s+ON CONFLICT \(job_id\) DO UPDATE SET since = EXCLUDED\.since;",
+        ";",
+        True,
+    ),
+    "queue limit": (
+        "the notification queue's limit (pg_notification_queue_usage and the setting)",
+        r"\s+AND pg_notification_queue_usage\(\).*?ELSE 0\.5 END\)",
+        "",
+        False,
+    ),
+    "doorbell": (
+        "the doorbell's read (one indexed row, no lock)",
+        r"IF NOT EXISTS \(SELECT 1 FROM \S+\.doorbell .*?\) THEN",
+        "IF true THEN",
+        False,
+    ),
+    "body": (
+        "the whole body: what is left is the call of a PL/pgSQL trigger function",
+        r"AS \$function\$.*\$function\$",
+        "AS $function$ BEGIN RETURN NULL; END $function$",
+        True,
+    ),
+}
+
 
 @dataclass
 class ServerCost:
-    """Microseconds of server time per committed update, by configuration (median)."""
+    """Microseconds of server time per committed update, by configuration (median); and per
+    finishing commit with one part of the job trigger cut out, by install and part (each
+    repetition's time, in order)."""
 
     finishing: dict[str, float]
     progress: dict[str, float]
+    parts: dict[tuple[str, str], list[float]]
+
+
+def without_part(function_sql: str, part: str) -> str:
+    """The job trigger's function as installed (``function_sql``), ``part`` cut out."""
+    _, pattern, replacement, _ = TRIGGER_PARTS[part]
+    cut, found = re.subn(pattern, lambda _: replacement, function_sql, flags=re.S)
+    if found != 1:
+        raise RuntimeError(f"the job trigger's {part} matched {found} times; update TRIGGER_PARTS")
+    return cut
 
 
 async def _server_cost(server: Server, jobs: int, repetitions: int) -> ServerCost:
@@ -514,14 +586,26 @@ async def _server_cost(server: Server, jobs: int, repetitions: int) -> ServerCos
     dsn = await server.app_database("trigger_cost", with_audit=False)
     times: dict[str, list[float]] = {}
     progress: dict[str, list[float]] = {}
+    parts: dict[tuple[str, str], list[float]] = {}
+    # Every configuration, then the job trigger's function with each of its parts cut out, in
+    # the quiet and the default install ("as installed" again among them, for their spread).
+    cut_configs: list[tuple[str, str | None]] = [(config, None) for config in COST_CONFIGS]
+    for install in ("quiet", "with"):
+        cut_configs.append((install, "as installed"))
+        for cut, (_, _, _, quiet_too) in TRIGGER_PARTS.items():
+            if install == "with" or quiet_too:
+                cut_configs.append((install, cut))
     async with await connect(dsn, "setup") as conn:
         triggers = await Triggers.read(conn)
+        function_sql = str(
+            await scalar(conn, "SELECT pg_get_functiondef('reactor.job_changed_v1'::regproc)")
+        )
         await conn.execute(FINISH_EACH)
         await conn.execute(PROGRESS_EACH)
         for repetition in range(repetitions):
             # Rotated, so that no configuration always runs first or after the same one.
-            shift = repetition % len(COST_CONFIGS)
-            for config in COST_CONFIGS[shift:] + COST_CONFIGS[:shift]:
+            shift = repetition % len(cut_configs)
+            for config, part in cut_configs[shift:] + cut_configs[:shift]:
                 await conn.execute("TRUNCATE analysis_jobs, reactor.pending")
                 persistence = "UNLOGGED" if config.endswith(" unlogged") else "LOGGED"
                 await conn.execute(f"ALTER TABLE reactor.pending SET {persistence}")
@@ -533,15 +617,61 @@ async def _server_cost(server: Server, jobs: int, repetitions: int) -> ServerCos
                 )
                 await conn.execute("VACUUM ANALYZE analysis_jobs")
                 await triggers.install(conn, config.removesuffix(" unlogged"))
+                await conn.execute(function_sql)
+                if part is not None:
+                    if part != "as installed":
+                        await conn.execute(without_part(function_sql, part))
+                    parts.setdefault((config, part), []).append(
+                        await _us_per_job(conn, "bench_finish_each", jobs)
+                    )
+                    continue
                 progress.setdefault(config, []).append(
                     await _us_per_job(conn, "bench_progress_each", jobs)
                 )
                 times.setdefault(config, []).append(
                     await _us_per_job(conn, "bench_finish_each", jobs)
                 )
+        await conn.execute(function_sql)
     return ServerCost(
         {config: statistics.median(values) for config, values in times.items()},
         {config: statistics.median(values) for config, values in progress.items()},
+        parts,
+    )
+
+
+def _parts_summary(cost: ServerCost, without: float) -> tuple[dict[str, dict[str, float]], str]:
+    """What each part of the job trigger saves when cut out, by install (median over the
+    repetitions of the function as installed minus the function without it, each repetition
+    paired with itself), and the note that says so with its noise."""
+    saved: dict[str, dict[str, float]] = {}
+    phrases = []
+    for install, name in (("quiet", "quiet install"), ("with", "default install")):
+        whole = cost.parts[(install, "as installed")]
+        saved[install] = {
+            part: statistics.median(w - c for w, c in zip(whole, times, strict=True))
+            for (of, part), times in cost.parts.items()
+            if of == install and part != "as installed"
+        }
+        call = statistics.median(cost.parts[(install, "body")]) - without
+        twice = abs(statistics.median(whole) - cost.finishing[install])
+        phrases.append(
+            f"{name} {statistics.median(whole):.1f} us as installed (spread over the "
+            f"repetitions {max(whole) - min(whole):.1f} us; {twice:.1f} us from the same "
+            "install timed among the configurations above): "
+            + ", ".join(
+                f"{part} {value:.1f}" for part, value in saved[install].items() if part != "body"
+            )
+            + f"; the body {saved[install]['body']:.1f}, and the call of an empty trigger "
+            f"function {call:.1f} over no trigger"
+        )
+    parts = "; ".join(f"{part}, {text}" for part, (text, _, _, _) in TRIGGER_PARTS.items())
+    return saved, (
+        "What each part of the job trigger's function costs, per finishing commit, timed the "
+        "same way by its absence (the function as installed, re-created with one part cut out; "
+        "median over the repetitions of as installed minus without it, in us): "
+        + "; ".join(phrases)
+        + f". The parts: {parts}. A part saved less than the spread is not told apart from "
+        "nothing."
     )
 
 
