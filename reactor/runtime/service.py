@@ -426,9 +426,13 @@ class Reactor:
         elif name == "retention":
             log.warning("hook retention failed", extra={"error": db.first_line(error)})
         elif name == "poll":
-            # The check says so when the database is down; anything overdue meanwhile is the
-            # scan's.
+            # The check says so when the database is down.
             log.debug("poll failed", extra={"error": db.first_line(error)})
+            if not self.cadence.duties["poll"].failures:
+                # The next poll starts a fresh window: the deadlines this one would have read
+                # are the scan's, asked for at the first failure in a row (its own backoff
+                # paces it while the database stays away), which runs as the database answers.
+                self.request_scan(rearm=True)
 
     # What the listener hears.
 

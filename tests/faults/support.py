@@ -244,6 +244,21 @@ async def settle(
 # -- the app -----------------------------------------------------------------------------------
 
 
+def unsettled(tables: Tables, dsn: str, jobs: list[JobId]) -> int:
+    """How many of ``jobs`` have no run row yet."""
+    with connect(dsn) as conn:
+        return int(
+            scalar(
+                conn,
+                tables.render(
+                    "SELECT count(*) FROM @jobs@ j WHERE @j.id@ = ANY(%s) "
+                    "AND NOT EXISTS (SELECT 1 FROM @runs@ r WHERE @r.key@ = @j.run@)"
+                ),
+                (jobs,),
+            )
+        )
+
+
 @dataclass
 class Workload:
     """The worker and the tabs, against ``dsn`` (directly, never through a fault), writing

@@ -20,7 +20,7 @@ import pytest
 from reactor.demo.embedded import EmbeddedPostgres
 from tests.faults.proxy import FaultProxy
 from tests.faults.scenario import Scenario
-from tests.faults.support import Conn, connect, scalar, with_port
+from tests.faults.support import Conn, connect, unsettled, with_port
 from tests.faults.tables import JobId, Tables
 from tests.polling import eventually
 
@@ -41,20 +41,6 @@ def tabs_saving(tables: Tables, dsn: str, jobs: list[JobId]) -> Iterator[list[Co
         yield tabs
         for tab in tabs:
             tab.execute("COMMIT")
-
-
-def _unsettled(tables: Tables, dsn: str, jobs: list[JobId]) -> int:
-    with connect(dsn) as conn:
-        return int(
-            scalar(
-                conn,
-                tables.render(
-                    "SELECT count(*) FROM @jobs@ j WHERE @j.id@ = ANY(%s) "
-                    "AND NOT EXISTS (SELECT 1 FROM @runs@ r WHERE @r.key@ = @j.run@)"
-                ),
-                (jobs,),
-            )
-        )
 
 
 async def test_rows_held_in_a_backlog_hold_up_only_themselves(
@@ -80,12 +66,12 @@ async def test_rows_held_in_a_backlog_hold_up_only_themselves(
             async def rest_recorded() -> bool:
                 # In a thread: a check that blocked the event loop would hold up the replicas
                 # it times, which run in this process.
-                return not await anyio.to_thread.run_sync(_unsettled, tables, dsn, rest)
+                return not await anyio.to_thread.run_sync(unsettled, tables, dsn, rest)
 
             await eventually(rest_recorded, timeout=30)
             drained = time.monotonic() - back
             # The held rows are still the tabs' to write: nothing wrote them meanwhile.
-            assert _unsettled(tables, dsn, held) == HELD
+            assert unsettled(tables, dsn, held) == HELD
         await scenario.drive(app, 1.0)
         judgement, took = await scenario.verdict(app)
     scenario.conclude(

@@ -12,7 +12,7 @@ import os
 import random
 import signal
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import anyio
@@ -20,8 +20,10 @@ import psycopg
 import pytest
 
 from reactor.demo.embedded import EmbeddedPostgres
+from tests.faults.conftest import StartReactor
 from tests.faults.scenario import Scenario, short_and_long
-from tests.faults.support import connect, reactor_pids, scalar
+from tests.faults.support import Workload, connect, reactor_pids, scalar, unsettled
+from tests.faults.tables import Tables
 from tests.polling import eventually
 
 pytestmark = pytest.mark.anyio
@@ -156,6 +158,45 @@ async def test_downtime(
     scenario: Scenario, embedded: EmbeddedPostgres, seconds: float, name: str
 ) -> None:
     await _downtime(scenario, embedded, seconds=seconds, name=name)
+
+
+# A poll waiting on a lock of the doorbell's, which the test holds: the poll's statement alone
+# writes it, so that only the poll is cut off (the health check only reads it).
+CUT_WAITING_POLLS = """
+SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
+ WHERE wait_event_type = 'Lock' AND query LIKE '%%told AS (%%' AND pid <> pg_backend_pid()
+"""
+
+
+async def test_deadlines_that_pass_while_polls_fail_are_not_left_to_the_periodic_scan(
+    reactor_at: StartReactor,
+    workload: Callable[..., Workload],
+    tables: Tables,
+    database_url: str,
+) -> None:
+    # Polling (as a replica does while its LISTEN session is down): a poll reads the deadlines
+    # as they near, and the next after a failure starts a fresh window.
+    async with reactor_at(database_url, mode="poll") as reactor:
+        await eventually(lambda: reactor.scans >= 1 and not reactor.scan_pending)
+        polls = reactor.cadence.duties["poll"]
+        app = workload(grace=1.0, seed=29, reanalyse_ratio=0.0)
+        with connect(database_url) as holder, connect(database_url) as cutter:
+            holder.execute("BEGIN")
+            holder.execute(tables.render("LOCK TABLE @reactor@.doorbell IN EXCLUSIVE MODE"))
+            backlog = await anyio.to_thread.run_sync(lambda: app.finish(10, save=False))
+            failed_from = polls.failures
+            until = time.monotonic() + 2.5  # past every deadline, and a poll's window behind it
+            while time.monotonic() < until:
+                scalar(cutter, CUT_WAITING_POLLS)
+                await anyio.sleep(0.05)
+            assert polls.failures > failed_from
+            holder.execute("ROLLBACK")
+
+        async def recorded() -> bool:
+            return not await anyio.to_thread.run_sync(unsettled, tables, database_url, backlog)
+
+        # Soon after they came due, not at the periodic scan, 30 s on.
+        await eventually(recorded, timeout=3)
 
 
 # -- frozen backends ---------------------------------------------------------------------------
