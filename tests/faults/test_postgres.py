@@ -164,7 +164,7 @@ async def test_downtime(
 # writes it, so that only the poll is cut off (the health check only reads it).
 CUT_WAITING_POLLS = """
 SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
- WHERE wait_event_type = 'Lock' AND query LIKE '%%told AS (%%' AND pid <> pg_backend_pid()
+ WHERE wait_event_type = 'Lock' AND query LIKE '%told AS (%' AND pid <> pg_backend_pid()
 """
 
 
@@ -187,7 +187,7 @@ async def test_deadlines_that_pass_while_polls_fail_are_not_left_to_the_periodic
             failed_from = polls.failures
             until = time.monotonic() + 2.5  # past every deadline, and a poll's window behind it
             while time.monotonic() < until:
-                scalar(cutter, CUT_WAITING_POLLS)
+                await anyio.to_thread.run_sync(scalar, cutter, CUT_WAITING_POLLS)
                 await anyio.sleep(0.05)
             assert polls.failures > failed_from
             holder.execute("ROLLBACK")
