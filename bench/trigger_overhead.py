@@ -27,7 +27,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import anyio
 
@@ -208,7 +208,7 @@ async def run(ctx: Context) -> Result:
                 )
         server_cost = await _server_cost(server, 2_000 if quick else 20_000, 1 if quick else 3)
         cost, progress_cost = server_cost.finishing, server_cost.progress
-        parts_saved, parts_text = _parts_summary(server_cost, cost["without"])
+        parts_saved, parts_text = _parts_summary(server_cost)
 
     def mean_tps(config: str, among: list[dict[str, Any]] = rounds) -> float:
         return statistics.fmean(r["tps"] for r in among if r["config"] == config)
@@ -507,31 +507,41 @@ END $$
 # last two with reactor.pending unlogged, the road an unlogged queue would save.
 COST_CONFIGS = ("without", "notify_only", "quiet", "with", "quiet unlogged", "with unlogged")
 
+
+class TriggerPart(NamedTuple):
+    """One part of the job trigger's function: what it is, the pattern that finds it, what
+    stands in its place, and whether it runs in the quiet install (the notification's parts
+    run only where the trigger notifies)."""
+
+    text: str
+    pattern: str
+    replacement: str
+    quiet_too: bool
+
+
 # The parts of the job trigger's function, each timed by its absence: the function as
 # installed (pg_get_functiondef) with one part cut out by a pattern that must match exactly
 # once, so a change of the function's text stops this benchmark instead of measuring nothing.
-# Each entry: what the part is, the pattern, what stands in its place, and whether it runs in
-# the quiet install (the notification's parts run only where the trigger notifies).
-TRIGGER_PARTS: dict[str, tuple[str, str, str, bool]] = {
-    "guard": (
+TRIGGER_PARTS: dict[str, TriggerPart] = {
+    "guard": TriggerPart(
         "the check that the table is the mapped one (two name comparisons)",
         r"IF TG_TABLE_NAME <> .*?END IF;",
         "",
         True,
     ),
-    "definer": (
+    "definer": TriggerPart(
         "SECURITY DEFINER and its fixed search_path (set and restored at every call)",
         r" SECURITY DEFINER\n SET search_path TO [^\n]*",
         "",
         True,
     ),
-    "queue row": (
+    "queue row": TriggerPart(
         "the job's row in reactor.pending (INSERT ... ON CONFLICT, two index entries)",
         r"INSERT INTO \S+\.pending .*?EXCLUDED\.since;",
         "NULL;",
         True,
     ),
-    "conflict clause": (
+    "conflict clause": TriggerPart(
         (
             "the queue row's ON CONFLICT (a plain INSERT instead: a job queued already, by "
             "the reconcile or a run's deletion, would fail the app's commit)"
@@ -540,19 +550,19 @@ TRIGGER_PARTS: dict[str, tuple[str, str, str, bool]] = {
         ";",
         True,
     ),
-    "queue limit": (
+    "queue limit": TriggerPart(
         "the notification queue's limit (pg_notification_queue_usage and the setting)",
         r"\s+AND pg_notification_queue_usage\(\).*?ELSE 0\.5 END\)",
         "",
         False,
     ),
-    "doorbell": (
+    "doorbell": TriggerPart(
         "the doorbell's read (one indexed row, no lock)",
         r"IF NOT EXISTS \(SELECT 1 FROM \S+\.doorbell .*?\) THEN",
         "IF true THEN",
         False,
     ),
-    "body": (
+    "body": TriggerPart(
         "the whole body: what is left is the call of a PL/pgSQL trigger function",
         r"AS \$function\$.*\$function\$",
         "AS $function$ BEGIN RETURN NULL; END $function$",
@@ -574,8 +584,8 @@ class ServerCost:
 
 def without_part(function_sql: str, part: str) -> str:
     """The job trigger's function as installed (``function_sql``), ``part`` cut out."""
-    _, pattern, replacement, _ = TRIGGER_PARTS[part]
-    cut, found = re.subn(pattern, lambda _: replacement, function_sql, flags=re.S)
+    cut_out = TRIGGER_PARTS[part]
+    cut, found = re.subn(cut_out.pattern, lambda _: cut_out.replacement, function_sql, flags=re.S)
     if found != 1:
         raise RuntimeError(f"the job trigger's {part} matched {found} times; update TRIGGER_PARTS")
     return cut
@@ -592,8 +602,8 @@ async def _server_cost(server: Server, jobs: int, repetitions: int) -> ServerCos
     cut_configs: list[tuple[str, str | None]] = [(config, None) for config in COST_CONFIGS]
     for install in ("quiet", "with"):
         cut_configs.append((install, "as installed"))
-        for cut, (_, _, _, quiet_too) in TRIGGER_PARTS.items():
-            if install == "with" or quiet_too:
+        for cut, cut_out in TRIGGER_PARTS.items():
+            if install == "with" or cut_out.quiet_too:
                 cut_configs.append((install, cut))
     async with await connect(dsn, "setup") as conn:
         triggers = await Triggers.read(conn)
@@ -639,7 +649,7 @@ async def _server_cost(server: Server, jobs: int, repetitions: int) -> ServerCos
     )
 
 
-def _parts_summary(cost: ServerCost, without: float) -> tuple[dict[str, dict[str, float]], str]:
+def _parts_summary(cost: ServerCost) -> tuple[dict[str, dict[str, float]], str]:
     """What each part of the job trigger saves when cut out, by install (median over the
     repetitions of the function as installed minus the function without it, each repetition
     paired with itself), and the note that says so with its noise."""
@@ -652,7 +662,7 @@ def _parts_summary(cost: ServerCost, without: float) -> tuple[dict[str, dict[str
             for (of, part), times in cost.parts.items()
             if of == install and part != "as installed"
         }
-        call = statistics.median(cost.parts[(install, "body")]) - without
+        call = statistics.median(cost.parts[(install, "body")]) - cost.finishing["without"]
         twice = abs(statistics.median(whole) - cost.finishing[install])
         phrases.append(
             f"{name} {statistics.median(whole):.1f} us as installed (spread over the "
@@ -664,7 +674,7 @@ def _parts_summary(cost: ServerCost, without: float) -> tuple[dict[str, dict[str
             + f"; the body {saved[install]['body']:.1f}, and the call of an empty trigger "
             f"function {call:.1f} over no trigger"
         )
-    parts = "; ".join(f"{part}, {text}" for part, (text, _, _, _) in TRIGGER_PARTS.items())
+    parts = "; ".join(f"{name}, {part.text}" for name, part in TRIGGER_PARTS.items())
     return saved, (
         "What each part of the job trigger's function costs, per finishing commit, timed the "
         "same way by its absence (the function as installed, re-created with one part cut out; "
