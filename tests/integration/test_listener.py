@@ -23,7 +23,7 @@ from tests.faults.proxy import FaultProxy
 from tests.faults.support import host_port, with_port
 from tests.helpers import finish, new_job, run_row
 from tests.integration.conftest import StartReactor
-from tests.integration.support import scalar
+from tests.integration.support import hints_heard, hints_ignored, scalar
 from tests.polling import eventually
 
 pytestmark = pytest.mark.anyio
@@ -174,11 +174,9 @@ async def test_a_job_notified_in_the_probes_packet_is_not_dropped(
         listener = reactor.listener
         assert listener is not None
         await eventually(lambda: listener.checking)
-        accepted = reactor.metrics.notifications.labels("accepted")
-        await eventually(lambda: accepted._value.get() >= 1, timeout=5)
+        await eventually(lambda: hints_heard(reactor) >= 1, timeout=5)
         # Handed on and looked up: a made-up job, which the queue does not hold, so not armed.
-        unverified = reactor.metrics.notified["unverified"]
-        await eventually(lambda: unverified._value.get() >= 1, timeout=5)
+        await eventually(lambda: hints_ignored(reactor) >= 1, timeout=5)
         assert job_id not in reactor.queue
 
 

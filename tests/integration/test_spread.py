@@ -15,7 +15,7 @@ from reactor.runtime.service import Reactor
 from tests.acceptance.conftest import reactor_env, run_reactor
 from tests.helpers import finish, new_job, run_row, worker_writes
 from tests.integration.conftest import StartReactor
-from tests.integration.support import worker_lateness
+from tests.integration.support import hints_heard, worker_lateness
 from tests.polling import eventually
 
 pytestmark = pytest.mark.anyio
@@ -27,13 +27,6 @@ GRACE = 1.0
 async def _spread(database_url: str, spread: bool = True) -> None:
     async with await db.connect(database_url, "test") as conn:
         await db.migrate(conn, REFERENCE.in_public(), spread=spread)
-
-
-def _accepted(reactor: Reactor) -> float:
-    value = reactor.metrics.registry.get_sample_value(
-        "reactor_notifications_total", {"result": "accepted"}
-    )
-    return value or 0.0
 
 
 def _settled(*replicas: Reactor) -> bool:
@@ -91,12 +84,12 @@ async def test_each_replica_hears_only_the_jobs_it_owns(
             await eventually(lambda: _settled(r1, r2))
             assert r1.membership.shares | r2.membership.shares == frozenset(range(SHARES))
             assert not r1.membership.shares & r2.membership.shares
-            before = [_accepted(r) for r in (r1, r2)]
+            before = [hints_heard(r) for r in (r1, r2)]
             jobs = [str(new_job(conn)[0]) for _ in range(40)]
             for job in jobs:
                 finish(conn, uuid.UUID(job))
             await eventually(lambda: len(worker_writes(conn)) == len(jobs))
-            heard = [_accepted(r) - b for r, b in zip((r1, r2), before, strict=True)]
+            heard = [hints_heard(r) - b for r, b in zip((r1, r2), before, strict=True)]
             owned = [sum(r.membership.owns(job) for job in jobs) for r in (r1, r2)]
     assert heard == owned
     assert all(owned)
