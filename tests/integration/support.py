@@ -22,6 +22,7 @@ from reactor.intake.dispatch import Answer
 from reactor.runtime.service import Reactor
 from tests.helpers import APP, Conn, new_job
 from tests.helpers import scalar as scalar  # where the integration tests find it
+from tests.polling import eventually
 
 
 def dbname(dsn: str) -> str:
@@ -109,6 +110,13 @@ class RecorderLog:
         """The delays the recorder asked for ``job_id`` (waiting, busy or error)."""
         key = str(job_id)
         return [delay for rearm in self.rearms for j, delay in rearm if j == key]
+
+
+async def start_scans_over(reactor: Reactor) -> None:
+    """Wait for the scans a start asks for (the first re-arm, and the one LISTEN coming up
+    asks for). On a loaded machine one that began late finds the jobs a test has just finished
+    due, and settles them on the scan's road: a test of the timer's road waits for them first."""
+    await eventually(lambda: not reactor.scan_pending)
 
 
 def watch_recorder(reactor: Reactor) -> RecorderLog:
