@@ -16,7 +16,14 @@ from reactor import db
 from reactor.install import REFERENCE_INSTALL
 from tests.helpers import APP, Conn, client_save, early_writes, finish, run_row, worker_writes
 from tests.integration.conftest import StartReactor
-from tests.integration.support import add_job, audit, recorded, scalar, watch_recorder
+from tests.integration.support import (
+    add_job,
+    audit,
+    recorded,
+    scalar,
+    start_scans_over,
+    watch_recorder,
+)
 from tests.polling import eventually
 
 pytestmark = pytest.mark.anyio
@@ -69,6 +76,7 @@ async def test_later_job_does_not_replace_a_tab_row(
     # A legacy row (saved_by NULL, from before the column) counts as the client's.
     with _connect(database_url) as conn:
         async with start_reactor(grace=GRACE) as reactor:
+            await start_scans_over(reactor)
             log = watch_recorder(reactor)
             a, run_id = add_job(conn, created_age=EARLIER)
             finish(conn, a)
@@ -87,6 +95,7 @@ async def test_earlier_job_never_replaces_the_later_worker_row(
 ) -> None:
     with _connect(database_url) as conn:
         async with start_reactor(grace=GRACE) as reactor:
+            await start_scans_over(reactor)
             log = watch_recorder(reactor)
             a, run_id = add_job(conn, created_age=EARLIER)
             b, _ = add_job(conn, run_id=run_id)

@@ -20,6 +20,7 @@ from tests.integration.support import (
     claims_skipped,
     recorded,
     scalar,
+    start_scans_over,
     watch_recorder,
 )
 from tests.polling import eventually
@@ -154,6 +155,8 @@ async def test_replicas_split_the_claims_one_statement_per_job(
             replicas = (r1, r2, r3)
             # Every replica sees all three through PostgreSQL before the jobs come.
             await eventually(lambda: all(len(r.membership.live) == 3 for r in replicas))
+            for r in replicas:
+                await start_scans_over(r)
             logs = [watch_recorder(r) for r in replicas]
             jobs = [new_job(conn)[0] for _ in range(60)]
             for job_id in jobs:
