@@ -259,6 +259,12 @@ def unsettled(tables: Tables, dsn: str, jobs: list[JobId]) -> int:
         )
 
 
+async def all_recorded(tables: Tables, dsn: str, jobs: list[JobId]) -> bool:
+    """Whether every one of ``jobs`` has its run row. Read in a thread: a check that blocked the
+    event loop would hold up the replicas it times, which run in this process."""
+    return not await anyio.to_thread.run_sync(unsettled, tables, dsn, jobs)
+
+
 @dataclass
 class Workload:
     """The worker and the tabs, against ``dsn`` (directly, never through a fault), writing

@@ -20,7 +20,7 @@ import pytest
 from reactor.demo.embedded import EmbeddedPostgres
 from tests.faults.proxy import FaultProxy
 from tests.faults.scenario import Scenario
-from tests.faults.support import Conn, connect, unsettled, with_port
+from tests.faults.support import Conn, all_recorded, connect, unsettled, with_port
 from tests.faults.tables import JobId, Tables
 from tests.polling import eventually
 
@@ -63,12 +63,7 @@ async def test_rows_held_in_a_backlog_hold_up_only_themselves(
         with tabs_saving(tables, dsn, held):
             proxy.heal()
 
-            async def rest_recorded() -> bool:
-                # In a thread: a check that blocked the event loop would hold up the replicas
-                # it times, which run in this process.
-                return not await anyio.to_thread.run_sync(unsettled, tables, dsn, rest)
-
-            await eventually(rest_recorded, timeout=30)
+            await eventually(lambda: all_recorded(tables, dsn, rest), timeout=30)
             drained = time.monotonic() - back
             # The held rows are still the tabs' to write: nothing wrote them meanwhile.
             assert unsettled(tables, dsn, held) == HELD

@@ -22,8 +22,9 @@ import pytest
 from reactor.demo.embedded import EmbeddedPostgres
 from tests.faults.conftest import StartReactor
 from tests.faults.scenario import Scenario, short_and_long
-from tests.faults.support import Workload, connect, reactor_pids, scalar, unsettled
+from tests.faults.support import Workload, all_recorded, connect, reactor_pids, scalar
 from tests.faults.tables import Tables
+from tests.integration.support import start_scans_over
 from tests.polling import eventually
 
 pytestmark = pytest.mark.anyio
@@ -177,7 +178,7 @@ async def test_deadlines_that_pass_while_polls_fail_are_not_left_to_the_periodic
     # Polling (as a replica does while its LISTEN session is down): a poll reads the deadlines
     # as they near, and the next after a failure starts a fresh window.
     async with reactor_at(database_url, mode="poll") as reactor:
-        await eventually(lambda: reactor.scans >= 1 and not reactor.scan_pending)
+        await start_scans_over(reactor)
         polls = reactor.cadence.duties["poll"]
         app = workload(grace=1.0, seed=29, reanalyse_ratio=0.0)
         with connect(database_url) as holder, connect(database_url) as cutter:
@@ -192,11 +193,8 @@ async def test_deadlines_that_pass_while_polls_fail_are_not_left_to_the_periodic
             assert polls.failures > failed_from
             holder.execute("ROLLBACK")
 
-        async def recorded() -> bool:
-            return not await anyio.to_thread.run_sync(unsettled, tables, database_url, backlog)
-
         # Soon after they came due, not at the periodic scan, 30 s on.
-        await eventually(recorded, timeout=3)
+        await eventually(lambda: all_recorded(tables, database_url, backlog), timeout=3)
 
 
 # -- frozen backends ---------------------------------------------------------------------------
