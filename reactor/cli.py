@@ -41,6 +41,7 @@ from reactor.served import (
     resolve_served,
     startup_connection,
 )
+from reactor.shown import printable
 from reactor.telemetry import logs, tracing
 
 if TYPE_CHECKING:
@@ -49,22 +50,50 @@ if TYPE_CHECKING:
 log = logging.getLogger("reactor")
 
 
+# The exit status of a command whose reader closed the pipe (`reactor status --json | head`):
+# what a shell reports for a process that SIGPIPE ended, without the traceback.
+PIPE_CLOSED = 128 + signal.SIGPIPE
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     """Entry point of the ``reactor`` console script; exits with DESIGN.md's codes."""
-    args = build_parser().parse_args(argv)
-    command: Callable[[argparse.Namespace], Awaitable[int]] = _COMMANDS[args.command]
     try:
+        args = build_parser().parse_args(argv)
+        command: Callable[[argparse.Namespace], Awaitable[int]] = _COMMANDS[args.command]
         logs.setup(*_log_settings(args))
         code = anyio.run(command, args, backend="asyncio")
+        # What the command printed leaves now, while a closed pipe is still ours to handle
+        # (at the interpreter's exit it would be a message on stderr).
+        sys.stdout.flush()
     except KeyboardInterrupt:
         sys.exit(130)
     except BaseException as error:
+        if _pipe_closed(error):
+            _stdout_to_nowhere()
+            sys.exit(PIPE_CLOSED)
         known = known_error(error)
         if known is None:
             raise
-        print(f"reactor: {known}", file=sys.stderr)
+        # Messages name the app's tables, columns and constraints: escaped, one line.
+        print(f"reactor: {printable(str(known))}", file=sys.stderr)
         sys.exit(known.exit_code)
     sys.exit(code)
+
+
+def _pipe_closed(error: BaseException) -> bool:
+    """Whether ``error`` is the reader of stdout having gone (inside a task group's group too):
+    the normal end of `reactor status --json | head`, not a bug."""
+    if isinstance(error, BaseExceptionGroup) and len(error.exceptions) == 1:
+        return _pipe_closed(error.exceptions[0])
+    return isinstance(error, BrokenPipeError)
+
+
+def _stdout_to_nowhere() -> None:
+    # Python flushes stdout once more at exit; with the pipe gone that flush would fail again
+    # and print "Exception ignored". Pointed at /dev/null, it has nowhere to fail.
+    with contextlib.suppress(OSError, ValueError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
 
 
 def _log_settings(args: argparse.Namespace) -> tuple[str, str | None]:

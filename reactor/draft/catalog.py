@@ -13,6 +13,7 @@ from typing import Any
 
 from reactor.db.session import AnyConnection
 from reactor.draft.facts import INTEGER_TYPES, Column, ForeignKey, Table
+from reactor.draft.links import parse_name
 
 _TYPMOD = re.compile(r"\(\d+(?:,\d+)?\)")
 # A CHECK that lists what a column may hold, as pg_get_constraintdef prints it:
@@ -148,7 +149,6 @@ def checked_values(definitions: list[str], type_name: str) -> tuple[str | int, .
 
 def find(tables: list[Table], name: str) -> Table | None:
     """The table ``name`` names, as a mapping file does: ``schema.table``, or ``table`` in
-    public; case matters."""
-    parts = tuple(name.split("."))
-    qualified = parts if len(parts) == 2 else ("public", *parts)
+    public; case matters; a part may be double-quoted as in SQL (``public."Render"``)."""
+    qualified = parse_name(name)
     return next((t for t in tables if t.key == qualified), None)

@@ -11,7 +11,6 @@ import argparse
 import os
 import sys
 import tomllib
-from pathlib import Path
 
 from reactor import db, pairs
 from reactor.config import Settings
@@ -24,6 +23,8 @@ from reactor.errors import ConfigError, ReactorError, SchemaMissing, UsageError
 from reactor.install import grants
 from reactor.install.mapping import Mapping
 from reactor.install.mapping_file import parse
+from reactor.install.quote import literal, readable
+from reactor.shown import printable, shell_word
 
 # The exit code of a draft that needs a decision, or of a choice left to make: a usage error.
 NEEDS_DECISION = 2
@@ -57,6 +58,8 @@ async def cmd_init(args: argparse.Namespace) -> int:
     text = drafted.text
     todos = list(drafted.todos)
     if problem is not None:
+        # The refusal names the catalog's constraints and columns: escaped, one comment line.
+        problem = printable(problem)
         todos.append(f"`reactor migrate` would refuse it: {problem}")
         text += f"\n# TODO: `reactor migrate` would refuse it as it stands:\n#       {problem}\n"
     elif not drafted.complete:
@@ -79,16 +82,32 @@ async def cmd_init(args: argparse.Namespace) -> int:
 
 
 def _refuse_existing(output: str | None) -> None:
-    # A file reviewed and edited by hand is not replaced by a new draft.
-    if output is not None and Path(output).exists():
-        raise UsageError(f"-o {output}: the file exists; remove it, or name another")
+    # A file reviewed and edited by hand is not replaced by a new draft; asked before the
+    # catalog is read, and again by the write itself (_write), which is what decides.
+    if output is not None and os.path.lexists(output):
+        raise _exists(output)
+
+
+def _exists(output: str) -> UsageError:
+    return UsageError(f"-o {printable(output)}: the path exists; remove it, or name another")
 
 
 def _write(output: str | None, text: str) -> None:
     if output is None:
         sys.stdout.write(text)
-    else:
-        Path(output).write_text(text)
+        return
+    # "x": created here or not at all. An existing file, or a symlink to anywhere (a dangling
+    # one included, which open(..., "w") would follow and create), is refused.
+    try:
+        with open(output, "x", encoding="utf-8") as file:
+            file.write(text)
+    except FileExistsError:
+        raise _exists(output) from None
+    except OSError as error:
+        raise UsageError(
+            f"-o {printable(output)}: cannot create it ({error.strerror}); name a file in a "
+            "directory you can write"
+        ) from None
 
 
 def _role(role: str | None) -> str | None:
@@ -137,7 +156,11 @@ def _list(tables: list[Table], jobs: str | None, runs: str | None) -> int:
         print(
             "reactor: no job table with a status column and an artifact table referring to it "
             "(a foreign key, or a column named after it) was found"
-            + (f"; tables with a status column: {', '.join(with_status)}" if with_status else "")
+            + (
+                f"; tables with a status column: {printable(', '.join(with_status))}"
+                if with_status
+                else ""
+            )
             + "; name the pair with --jobs TABLE --runs TABLE",
             file=sys.stderr,
         )
@@ -168,10 +191,11 @@ async def _check(conn: db.AnyConnection, drafted: Draft) -> tuple[str | None, Ma
 def _next_steps(
     output: str | None, role: str | None, drafted: Draft, mapping: Mapping | None
 ) -> None:
-    config = output or "reactor.toml"
+    # Command lines to paste: the file's path quoted for the shell, as every word would be.
+    config = shell_word(printable(output or "reactor.toml"))
     runtime = role or "reactor_rt"
     assert mapping is not None
-    saved_by = mapping.runs.saved_by
+    saved_by = readable(mapping.runs.saved_by)
     lines = [
         "the draft migrates as it stands"
         + (" (one-to-one: one run per job)" if drafted.one_to_one else "")
@@ -181,14 +205,19 @@ def _next_steps(
         f'  3. REACTOR_CONFIG={config} reactor init --role {runtime} | psql "$DATABASE_URL"',
         "     (the runtime role and its grants; give it a password or your usual login)",
         f"  4. REACTOR_CONFIG={config} DATABASE_URL=<as {runtime}> reactor run",
-        f"The app's own save of {mapping.runs_shown} must be an upsert that marks itself: "
-        f"INSERT ... ON CONFLICT ({mapping.runs.key}) DO UPDATE SET ..., "
-        f"{saved_by} = '{mapping.runs.client[0]}'.",
+        f"The app's own save of {_sql_name(mapping.runs.table)} must be an upsert that marks "
+        f"itself: INSERT ... ON CONFLICT ({readable(mapping.runs.key)}) DO UPDATE SET ..., "
+        f"{saved_by} = {literal(mapping.runs.client[0])}.",
     ]
     if output is None:
         lines.insert(1, f"  0. save it: reactor init ... -o {config}")
-    for line in lines:
+    for line in map(printable, lines):
         print(f"reactor: {line}" if not line.startswith(" ") else line, file=sys.stderr)
+
+
+def _sql_name(table: tuple[str, ...]) -> str:
+    # As a person types it into SQL: unqualified in public, quoted where it must be.
+    return readable(*(table[1:] if table[0] == "public" else table))
 
 
 async def _role_for_config(settings: Settings, role: str) -> int:

@@ -15,6 +15,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from reactor.draft.facts import INTEGER_TYPES, TEXT_TYPES, Column, Table
+from reactor.install.quote import readable
+from reactor.shown import has_hidden, printable, shell_word
 
 # Column names that say "the status of the row", compared without case or underscores.
 _STATUS_NAMES = ("status", "state", "phase", "stage")
@@ -169,17 +171,86 @@ class Candidate:
     link: Link
 
     def line(self) -> str:
-        """How the list of candidates shows it: the command that drafts it, and why."""
-        return (
-            f"reactor init --jobs {_flag(self.jobs)} --runs {_flag(self.runs)}   "
-            f"# status {self.status.name} ({self.status.type}); "
+        """How the list of candidates shows it: the command that drafts it, and why. Safe to
+        paste: each name is one shell word that names its table (:func:`flag`). A name with a
+        control character gets no command at all, only the pair, escaped, and a note."""
+        why = printable(
+            f"status {self.status.name} ({self.status.type}); "
             f"{self.link.describe(self.jobs, self.runs)}"
+        )
+        hidden = [t for t in (self.jobs, self.runs) if has_hidden(flag(t))]
+        if hidden:
+            names = " and ".join(printable(flag(t)) for t in hidden)
+            return (
+                f"(no command: {names} holds a control character, shown escaped; rename it, or "
+                f"write the mapping by hand) jobs {printable(flag(self.jobs))}, runs "
+                f"{printable(flag(self.runs))}   # {why}"
+            )
+        return (
+            f"reactor init --jobs {shell_word(flag(self.jobs))} "
+            f"--runs {shell_word(flag(self.runs))}   # {why}"
         )
 
 
-def _flag(table: Table) -> str:
+def flag(table: Table) -> str:
+    """The name ``--jobs``/``--runs`` take for ``table`` (:func:`reactor.draft.catalog.find`
+    reads it back): as the mapping file shows it when that reads back to this table, else
+    quoted as SQL quotes names (``public."a.b"``)."""
     shown = table.shown
-    return shown if shown.replace(".", "").replace("_", "").isalnum() else f"'{shown}'"
+    if parse_name(shown) == table.key:
+        return shown
+    return readable(*table.key)
+
+
+def parse_name(text: str) -> tuple[str, str] | None:
+    """(schema, table) that a flag names: ``table`` or ``schema.table``, each part as the
+    catalog spells it (case matters) or double-quoted as SQL quotes it (``public."Render"``,
+    ``"my.schema"."t"``); an unqualified name is in public. None: not a name of one or two
+    parts."""
+    parts: list[str] = []
+    i = 0
+    while True:
+        if text.startswith('"', i):
+            part, i = _quoted(text, i)
+            if part is None:
+                return None
+        else:
+            end = text.find(".", i)
+            end = len(text) if end < 0 else end
+            part = text[i:end]
+            if '"' in part:
+                return None
+            i = end
+        if not part:
+            return None
+        parts.append(part)
+        if i == len(text):
+            break
+        if text[i] != ".":
+            return None
+        i += 1
+    if len(parts) == 1:
+        return ("public", parts[0])
+    if len(parts) == 2:
+        return (parts[0], parts[1])
+    return None
+
+
+def _quoted(text: str, start: int) -> tuple[str | None, int]:
+    # A double-quoted part from ``start`` (its opening quote): its text, "" read as ", and the
+    # index just past its closing quote; None when it never closes.
+    i = start + 1
+    out = []
+    while i < len(text):
+        if text[i] == '"':
+            if text.startswith('""', i):
+                out.append('"')
+                i += 2
+                continue
+            return "".join(out), i + 1
+        out.append(text[i])
+        i += 1
+    return None, i
 
 
 def candidates(tables: Iterable[Table]) -> list[Candidate]:

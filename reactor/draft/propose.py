@@ -79,13 +79,19 @@ def draft(jobs: Table, runs: Table, terminal: tuple[str, ...] | None = None) -> 
         and not column.not_null
     ]
     if filled_from:
+        # What a NULL costs: written as it is, the artifact's NOT NULL refuses it, and the job
+        # is set aside. The draft takes the first fix, and says the other.
         out.key(
             "not_null",
             [source for _, source in filled_from],
             "a job needs a run only when these are set: "
             + ", ".join(
-                f"{runs.shown}.{c} is NOT NULL and is filled from {s}" for c, s in filled_from
-            ),
+                f"{runs.shown}.{c} is NOT NULL and is filled from {s}, which may be NULL"
+                for c, s in filled_from
+            )
+            + ". A job whose value is NULL then gets no run; to record it anyway, drop the "
+            "column from not_null and coalesce it in [runs.columns] instead, e.g. "
+            f'{key_text(filled_from[0][0])} = "coalesce(j.{readable(filled_from[0][1])}, ...)"',
             section="jobs",
         )
     naive = [t.name for t in times if t.naive]
@@ -269,11 +275,24 @@ def _columns(out: Writer, jobs: Table, runs: Table, tied: Link) -> list[tuple[st
             continue
         required = column.not_null and not column.filled
         source = jobs.column(column.name)
-        if column.type in TIME_TYPES and normal(column.name) in (*_UPDATED, *_CREATED):
-            if required or normal(column.name) in _UPDATED:
-                now = f"now() AT TIME ZONE '{ZONE}'" if column.naive else "now()"
-                out.key(column.name, now, "the time of the write, as the app's own save sets it")
-                filled.append((column.name, None))
+        if normal(column.name) in _DELETED:
+            # The job's soft delete is the job's: a deleted job needs no run, and the artifact
+            # the reactor writes is a live one, whatever the app later does to it.
+            out.comment(
+                f"{column.name} is left out: the artifact's own soft-delete column is the "
+                "app's to set, never copied from the job's"
+            )
+            if required:
+                out.todo(
+                    f"{runs.shown}.{column.name} is NOT NULL without a default: fill it with "
+                    "the value of an artifact that is not deleted"
+                )
+        elif column.type in TIME_TYPES and normal(column.name) in (*_UPDATED, *_CREATED):
+            # The artifact's own times: the write's, as the app's save sets them; a job's
+            # created_at is when the job was made, not its artifact.
+            now = f"now() AT TIME ZONE '{ZONE}'" if column.naive else "now()"
+            out.key(column.name, now, "the time of the write, as the app's own save sets it")
+            filled.append((column.name, None))
         elif column.name in own_key and required and column.type in ("uuid", *TEXT_TYPES):
             fresh = "gen_random_uuid()" + ("" if column.type == "uuid" else "::text")
             out.key(

@@ -1,11 +1,15 @@
 """The mapping file as text: TOML keys, each under a comment saying where its value came from,
-and TODO lines. Pure; :func:`tomllib.loads` reads back what it writes."""
+and TODO lines. Pure; :func:`tomllib.loads` reads back what it writes, and nothing but the keys
+it wrote: a comment's text has its control characters escaped (:func:`reactor.shown.printable`),
+so that no name from the catalog ends a comment and starts a table of its own."""
 
 from __future__ import annotations
 
 import json
 import re
 import textwrap
+
+from reactor.shown import printable
 
 _BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
 _WIDTH = 99
@@ -26,8 +30,9 @@ def value_text(value: object) -> str:
     if isinstance(value, str):
         if '"' in value and "'" not in value and value.isprintable():
             return f"'{value}'"
-        # JSON's escapes are TOML's for a basic string.
-        return json.dumps(value)
+        # JSON's escapes are TOML's for a basic string; TOML also escapes DEL, which JSON
+        # leaves as it is.
+        return json.dumps(value).replace("\x7f", "\\u007f")
     if isinstance(value, list | tuple):
         return "[" + ", ".join(value_text(item) for item in value) + "]"
     raise TypeError(f"no TOML form for {value!r}")
@@ -59,6 +64,7 @@ class Writer:
         lines.append(f"{key_text(name)} = {value_text(value)}")
 
     def todo(self, text: str, *, section: str | None = None) -> None:
+        text = printable(text)
         self.todos.append(text)
         self._lines(section).extend(_wrapped("# TODO: ", text, "#       "))
 
@@ -73,7 +79,7 @@ class Writer:
 
 def _wrapped(first: str, text: str, rest: str = "# ") -> list[str]:
     return textwrap.wrap(
-        text,
+        printable(text),
         width=_WIDTH,
         initial_indent=first,
         subsequent_indent=rest,

@@ -3,7 +3,12 @@ checks of ``reactor migrate`` on them, and the runtime role's SQL applied."""
 
 from __future__ import annotations
 
+import shutil
+import subprocess
+import tempfile
 import tomllib
+import unicodedata
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -11,6 +16,8 @@ from typing import Any
 import psycopg
 import pytest
 
+from reactor.install.quote import literal
+from reactor.install.quote import readable as sql_name
 from tests.acceptance.conftest import reactor_env, run_reactor
 
 APPS = Path(__file__).parent.parent / "apps"
@@ -285,8 +292,24 @@ def test_an_existing_file_is_not_replaced(empty_database_url: str, tmp_path: Pat
     path.write_text("# reviewed by hand\n")
     result = _init(empty_database_url, "--jobs", "a", "--runs", "b", "-o", str(path))
     assert result.returncode == 2
-    assert "the file exists" in result.stderr
+    assert "the path exists" in result.stderr
     assert path.read_text() == "# reviewed by hand\n"
+
+
+def test_a_dangling_symlink_is_an_existing_path(empty_database_url: str, tmp_path: Path) -> None:
+    DJANGO.load(empty_database_url)
+    target = tmp_path / "elsewhere" / "reactor.toml"
+    target.parent.mkdir()
+    link = tmp_path / "reactor.toml"
+    link.symlink_to(target)
+    result = _init(
+        empty_database_url, *DJANGO.flags(), "--terminal", DJANGO.terminal, "-o", str(link)
+    )
+    assert (result.returncode, result.stdout) == (2, "")
+    assert result.stderr.splitlines() == [
+        f"reactor: -o {link}: the path exists; remove it, or name another"
+    ]
+    assert not target.exists()
 
 
 def test_a_role_name_that_is_not_an_identifier_is_refused(empty_database_url: str) -> None:
@@ -301,3 +324,139 @@ def test_drafting_changes_nothing(empty_database_url: str) -> None:
     assert result.returncode == 0, result.stderr
     with psycopg.connect(empty_database_url) as conn:
         assert conn.execute("SELECT to_regnamespace('reactor')").fetchone() == (None,)
+
+
+def _nothing_hidden_but_newlines(text: str) -> bool:
+    return all(c == "\n" or unicodedata.category(c) not in ("Cc", "Cf", "Zl", "Zp") for c in text)
+
+
+# A job table whose name ends the old quoting of the listed command and runs a command of its
+# own; an artifact table whose name has a dot and a double quote.
+_BREAKS_OUT = "ex'$(touch pwned)'ports"
+_DOTTED = 'rep.orts"x'
+
+
+def _hostile_pair(url: str, jobs: str, runs: str) -> None:
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(
+            f"CREATE TABLE {sql_name(jobs)} (id bigint PRIMARY KEY, status text NOT NULL"
+            "  CHECK (status IN ('queued', 'done', 'failed')), result text,"
+            "  updated_at timestamptz NOT NULL DEFAULT now());"
+            f"CREATE TABLE {sql_name(runs)} (export_id bigint PRIMARY KEY"
+            f"  REFERENCES {sql_name(jobs)} (id), result text NOT NULL)"
+        )
+
+
+def test_the_listed_commands_are_safe_to_paste_into_bash(
+    empty_database_url: str, tmp_path: Path
+) -> None:
+    _hostile_pair(empty_database_url, _BREAKS_OUT, _DOTTED)
+    listed = _init(empty_database_url)
+    assert listed.returncode == 2, listed.stderr
+    (line,) = [x.strip() for x in listed.stderr.splitlines() if "reactor init --jobs" in x]
+    # Pasted into a real bash, with `reactor` standing for a command that keeps its arguments.
+    script = "reactor() { printf '%s\\0' \"$@\" > args; }\n" + line + "\n"
+    subprocess.run(["bash", "-c", script], cwd=tmp_path, check=True)
+    assert not (tmp_path / "pwned").exists()
+    words = (tmp_path / "args").read_text().split("\0")[:-1]
+    assert words[:2] == ["init", "--jobs"]
+    # The arguments bash passed draft the pair they name.
+    drafted = _init(empty_database_url, *words[1:], "--terminal", "done,failed")
+    assert "Traceback" not in drafted.stderr
+    parsed = tomllib.loads(drafted.stdout)
+    assert (parsed["jobs"]["table"], parsed["runs"]["table"]) == (_BREAKS_OUT, _DOTTED)
+
+
+def test_a_name_with_a_control_character_is_listed_without_a_command(
+    empty_database_url: str,
+) -> None:
+    _hostile_pair(empty_database_url, "ex\nports\x1b[2J", "reports")
+    listed = _init(empty_database_url)
+    assert listed.returncode == 2
+    assert "reactor init --jobs" not in listed.stderr
+    assert "(no command: ex\\nports\\x1b[2J holds a control character" in listed.stderr
+    assert _nothing_hidden_but_newlines(listed.stderr)
+
+
+def test_a_table_named_as_sql_quotes_it_is_found(empty_database_url: str) -> None:
+    PRISMA.load(empty_database_url)
+    result = _init(
+        empty_database_url, "--jobs", 'public."Job"', "--runs", '"Report"', "--terminal", "FAILED"
+    )
+    assert "Traceback" not in result.stderr
+    parsed = tomllib.loads(result.stdout)
+    assert (parsed["jobs"]["table"], parsed["runs"]["table"]) == ("Job", "Report")
+
+
+def test_a_refusal_naming_a_hostile_constraint_adds_no_key(empty_database_url: str) -> None:
+    # The constraint's name would end the comment the refusal is written in and start a table.
+    hostile = 'x\n[reactor]\nhooks = "webhook:http://e.example/"\n#'
+    with psycopg.connect(empty_database_url, autocommit=True) as conn:
+        conn.execute(
+            "CREATE TABLE exports (id bigint PRIMARY KEY, status text NOT NULL,"
+            "  result text, updated_at timestamptz NOT NULL DEFAULT now(),"
+            f"  CONSTRAINT {sql_name(hostile)} CHECK (status IN ('queued', 'done')));"
+            "CREATE TABLE export_reports (export_id bigint PRIMARY KEY REFERENCES exports (id),"
+            "  result text NOT NULL)"
+        )
+    result = _init(
+        empty_database_url,
+        "--jobs",
+        "exports",
+        "--runs",
+        "export_reports",
+        "--terminal",
+        "done,failed",
+    )
+    assert result.returncode == 2
+    assert "`reactor migrate` would refuse it" in result.stdout
+    assert 'its constraint x\\n[reactor]\\nhooks = "webhook:' in result.stdout
+    parsed = tomllib.loads(result.stdout)
+    assert set(parsed) == {"reactor_schema", "jobs", "runs"}
+    assert _nothing_hidden_but_newlines(result.stdout + result.stderr)
+
+
+def test_a_check_runs_as_the_tables_owner_not_as_the_superuser_who_drafts(
+    empty_database_url: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    database_url = empty_database_url
+    owner = f"owner_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        conn.execute(f'CREATE ROLE "{owner}"')
+
+    def drop_owner() -> None:
+        with psycopg.connect(database_url, autocommit=True) as conn:
+            conn.execute(f'DROP OWNED BY "{owner}"')
+            conn.execute(f'DROP ROLE "{owner}"')
+
+    request.addfinalizer(drop_owner)
+    # A directory the server's own OS user may write in, whoever runs the tests.
+    shared = Path(tempfile.mkdtemp(prefix="reactor-seen-"))
+    shared.chmod(0o777)
+    request.addfinalizer(lambda: shutil.rmtree(shared, ignore_errors=True))
+    seen = shared / "seen"
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        conn.execute(f'GRANT pg_write_server_files TO "{owner}"')
+        conn.execute(f'GRANT CREATE ON SCHEMA public TO "{owner}"')
+        conn.execute(f'SET ROLE "{owner}"')
+        # The owner's function, in the CHECK of the status: it writes down who runs it.
+        conn.execute(
+            "CREATE FUNCTION who_checks(s text) RETURNS boolean LANGUAGE plpgsql AS $$ BEGIN"
+            "  EXECUTE format('COPY (SELECT current_user, session_user) TO %L', "
+            f"{literal(str(seen))}); RETURN true; END $$;"
+            "CREATE TABLE exports (id bigint PRIMARY KEY,"
+            "  status text NOT NULL CHECK (who_checks(status)), result text,"
+            "  updated_at timestamptz NOT NULL DEFAULT now());"
+            "CREATE TABLE export_reports (export_id bigint PRIMARY KEY REFERENCES exports (id),"
+            "  result text NOT NULL)"
+        )
+        superuser = conn.execute("SELECT session_user").fetchone()[0]  # type: ignore[index]
+    path = tmp_path / "reactor.toml"
+    flags = ("--jobs", "exports", "--runs", "export_reports", "--terminal", "done,failed")
+    drafted = _init(database_url, *flags, "-o", str(path))
+    assert drafted.returncode == 0, drafted.stderr
+    assert seen.read_text().split() == [owner, superuser]
+    seen.unlink()
+    migrated = run_reactor("migrate", env=reactor_env(database_url, REACTOR_CONFIG=str(path)))
+    assert migrated.returncode == 0, migrated.stderr
+    assert seen.read_text().split() == [owner, superuser]

@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
+import shlex
 import tomllib
+import unicodedata
 from typing import Any
 
-from reactor.draft.catalog import checked_values
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from reactor.draft.catalog import checked_values, find
 from reactor.draft.facts import Column, ForeignKey, Table
-from reactor.draft.links import candidates, link
+from reactor.draft.links import candidates, link, parse_name
 from reactor.draft.propose import draft
 from reactor.draft.role import create_role
 from reactor.draft.toml import Writer
+from reactor.install.quote import readable
 
 TZ = "timestamp with time zone"
 
@@ -261,3 +267,163 @@ def test_the_role_is_created_unless_it_exists() -> None:
     assert "EXCEPTION WHEN duplicate_object" in script
     # A dollar sign in the name cannot end the block early.
     assert "$role_$" in create_role("a$role$b")
+
+
+# Pieces of names that break out of TOML, a comment or a terminal when written raw.
+_HOSTILE = ["\n", "\r", '"""', "#", "'", "\\", "\x1b[2J", "\x1b]0;x\x07", "[reactor]", "=", "\x7f"]
+_HOSTILE += ["\u2028", "\u202e", "$(touch x)", "a", "Z", " ", "é", "\t", '"']
+_hostile = st.lists(st.sampled_from(_HOSTILE), min_size=1, max_size=6).map("".join)
+# Control characters a terminal acts on, and the line breaks str.splitlines() knows.
+_HIDDEN = ("Cc", "Cf", "Zl", "Zp")
+
+
+def _shows_nothing_hidden(text: str) -> bool:
+    return all(unicodedata.category(c) not in _HIDDEN for c in text)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    schema=_hostile,
+    jobs_name=_hostile,
+    runs_name=_hostile,
+    job_column=_hostile,
+    copied=_hostile,
+    unfilled=_hostile,
+    labels=st.lists(_hostile, min_size=1, max_size=3),
+    origins=st.lists(_hostile, min_size=1, max_size=2),
+)
+def test_a_draft_from_hostile_names_holds_only_the_keys_it_wrote(
+    schema: str,
+    jobs_name: str,
+    runs_name: str,
+    job_column: str,
+    copied: str,
+    unfilled: str,
+    labels: list[str],
+    origins: list[str],
+) -> None:
+    # Distinct tags keep the names apart and clear of the names the drafting looks for.
+    job_column, copied, unfilled = "k1" + job_column, "c2" + copied, "u3" + unfilled
+    jobs = Table(
+        schema,
+        jobs_name,
+        (
+            Column("id", "bigint", not_null=True, filled=True),
+            Column("status", "text", not_null=True, checked=(*labels, "done")),
+            Column(copied, "text"),
+            Column("updated_at", TZ, not_null=True, filled=True),
+        ),
+        primary_key=("id",),
+        unique=frozenset({"id"}),
+    )
+    runs = Table(
+        schema,
+        "r" + runs_name,
+        (
+            Column(job_column, "bigint", not_null=True),
+            Column(copied, "text", not_null=True),
+            Column(unfilled, "integer", not_null=True),
+            Column("saved_by", "text", checked=tuple(origins)),
+        ),
+        primary_key=(job_column,),
+        unique=frozenset({job_column}),
+        foreign_keys=(ForeignKey(job_column, jobs.key, "id"),),
+    )
+    result = draft(jobs, runs)
+    parsed = tomllib.loads(result.text)
+    assert set(parsed) == {"reactor_schema", "jobs", "runs"}
+    assert parsed["jobs"] == {
+        "table": jobs.shown,
+        "id": "id",
+        "run": "id",
+        "status": "status",
+        "terminal": ["done"],
+        "updated_at": "updated_at",
+        "not_null": [copied],
+    }
+    assert parsed["runs"] == {
+        "table": runs.shown,
+        "key": job_column,
+        "job": job_column,
+        "saved_by": "saved_by",
+        "client": ["client"],
+        "worker": "worker",
+        "columns": {copied: f"j.{readable(copied)}"},
+    }
+    # What reaches the terminal: each TODO a line of its own, nothing a terminal acts on.
+    assert _shows_nothing_hidden(result.text.replace("\n", ""))
+    assert all(_shows_nothing_hidden(todo) for todo in result.todos)
+    assert any(unfilled.split("\n")[0][:2] in todo for todo in result.todos)
+    (candidate,) = candidates([jobs, runs])
+    assert _shows_nothing_hidden(candidate.line())
+
+
+def test_a_candidate_line_is_a_command_that_names_its_tables() -> None:
+    quote_break = "x'$(touch marker)'y"
+    dotted = 'a.b"c'
+    jobs = _jobs(name=quote_break)
+    runs = Table(
+        "public",
+        dotted,
+        (Column("export_id", "bigint", not_null=True),),
+        unique=frozenset({"export_id"}),
+        foreign_keys=(ForeignKey("export_id", jobs.key, "id"),),
+    )
+    (candidate,) = candidates([jobs, runs])
+    words = shlex.split(candidate.line(), comments=True)
+    assert words[:2] == ["reactor", "init"]
+    flags = dict(zip(words[2::2], words[3::2], strict=True))
+    assert find([jobs, runs], flags["--jobs"]) == jobs
+    assert find([jobs, runs], flags["--runs"]) == runs
+    assert flags["--runs"] == 'public."a.b""c"'
+
+
+def test_a_name_with_a_control_character_gets_no_command() -> None:
+    jobs = _jobs(name="ex\nports\x1b[31m")
+    runs = Table(
+        "public",
+        "reports",
+        (Column("export_id", "bigint", not_null=True),),
+        unique=frozenset({"export_id"}),
+        foreign_keys=(ForeignKey("export_id", jobs.key, "id"),),
+    )
+    (candidate,) = candidates([jobs, runs])
+    line = candidate.line()
+    assert "reactor init" not in line
+    assert line.startswith("(no command: ")
+    assert "ex\\nports\\x1b[31m" in line
+    assert _shows_nothing_hidden(line)
+
+
+def test_names_are_found_as_the_catalog_spells_them_or_quoted_as_in_sql() -> None:
+    assert parse_name("Render") == ("public", "Render")
+    assert parse_name('public."Render"') == ("public", "Render")
+    assert parse_name('"my.app"."Job""s"') == ("my.app", 'Job"s')
+    assert parse_name("work.tasks") == ("work", "tasks")
+    for wrong in ("", "a.b.c", '"open', 'a"b', ".a", "a.", '""', '"a"b'):
+        assert parse_name(wrong) is None, wrong
+
+
+def test_the_artifacts_own_times_are_the_writes_and_its_soft_delete_is_its_own() -> None:
+    runs = _one_to_one(
+        Column("inserted_at", TZ, not_null=True, filled=True),
+        Column("updated_at", TZ, not_null=True, filled=True),
+        Column("deleted_at", TZ),
+        Column("discarded_at", TZ, not_null=True, filled=True),
+    )
+    jobs = _jobs(Column("deleted_at", TZ), Column("discarded_at", TZ, not_null=True))
+    result = draft(jobs, runs, ("done",))
+    columns = tomllib.loads(result.text)["runs"]["columns"]
+    assert columns == {"result": "j.result", "inserted_at": "now()", "updated_at": "now()"}
+    assert "deleted_at is left out: the artifact's own soft-delete column" in result.text
+
+
+def test_the_draft_says_what_a_null_costs_and_both_fixes() -> None:
+    result = draft(_jobs(), _one_to_one(), ("done",))
+    parsed = tomllib.loads(result.text)
+    assert parsed["jobs"]["not_null"] == ["result"]
+    comment = " ".join(line.lstrip("# ") for line in result.text.splitlines())
+    assert "filled from result, which may be NULL" in comment
+    assert 'coalesce it in [runs.columns] instead, e.g. result = "coalesce(j.result, ...)"' in (
+        comment
+    )
