@@ -19,6 +19,7 @@ from reactor.db.catalog import Column, Table, default_sequences, describe, enum_
 from reactor.db.session import AnyConnection
 from reactor.errors import ConfigError, SchemaMissing
 from reactor.install import mapping as mapping_module
+from reactor.install import null_cost
 from reactor.install.mapping import ID_TYPES, Mapping, Terminal
 from reactor.install.quote import readable
 
@@ -156,7 +157,25 @@ async def fit(
     await _check_expressions(conn, located, where)
     if not installing:
         await _check_installed(conn, located, (jobs.oid, runs.oid))
+    else:
+        _warn_null_costs(mapping, jobs, runs)
     return located
+
+
+def _warn_null_costs(mapping: Mapping, jobs: Table, runs: Table) -> None:
+    """A warning line (never a refusal) for each NOT NULL artifact column filled from a job
+    column that may be NULL (:mod:`reactor.install.null_cost`): such a job would be set aside."""
+    found = null_cost.costs(
+        mapping,
+        [c.name for c in runs.columns.values() if c.not_null],
+        [c.name for c in jobs.columns.values() if not c.not_null],
+    )
+    for column, _, sources in found:
+        log.warning(
+            "a NULL in the job would be refused by the artifact's NOT NULL, and the job set "
+            "aside: " + null_cost.fixes(mapping, column, sources),
+            extra={"table": runs.shown, "column": column},
+        )
 
 
 async def _table(

@@ -39,6 +39,7 @@ from reactor.core.clock import Clock, SystemClock
 from reactor.core.writes import WriteHealth
 from reactor.db import DATABASE_ERRORS, Database, JobOutcome, first_line
 from reactor.db.outcomes import is_broken_error, is_row_error, verdict
+from reactor.install import null_cost
 from reactor.intake.sources import Answer
 from reactor.record.batch import SPLIT as SPLIT
 from reactor.record.batch import Batch, Written, each_part
@@ -345,6 +346,8 @@ class Recorder:
         self.metrics.jobs_set_aside.inc()
         self.set_aside[job_id] = first_line(error)
         self.recent.append(Settled(job_id, None, "set_aside", "", None, datetime.now(UTC)))
+        # A NULL refused by a column the mapping fills: the mapping's line and its two fixes.
+        fix = null_cost.set_aside_fix(self.db.install.mapping, error.sqlstate, first_line(error))
         log.error(
             "a job's run cannot be written and is set aside; every other job goes on",
             extra={
@@ -353,6 +356,7 @@ class Recorder:
                 "sqlstate": error.sqlstate,
                 "failures": failures,
                 "retry_in_s": round(retry_in),
+                **({"fix": fix} if fix else {}),
             },
         )
 

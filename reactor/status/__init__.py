@@ -79,8 +79,10 @@ ISO 8601 from the database clock, and ``null`` means "unknown or not applicable"
         "count": 0,                  # app's constraint or trigger rejected the row); null
         "first": [                   # before the schema has them. At risk when count > 0.
           {"job_id": "...", "error": "...", "sqlstate": "23502", "failures": 1,
-           "first_failed_at": "...", "retry_at": "..."}
-        ],                           # the oldest, at most 5
+           "first_failed_at": "...", "retry_at": "...",
+           "fix": "reactor.toml:23: ..."}  # a NULL refused by a column [runs.columns]
+        ],                           # fills: the mapping's line and the two fixes (else
+                                     # null). The oldest, at most 5
         "at_risk": false
       },
       "reconcile": {

@@ -12,7 +12,7 @@ from reactor.core.ownership import LIVENESS_PROBES
 from reactor.db import errors as db_errors
 from reactor.db.health import QUEUE_WARNING as QUEUE_WARNING
 from reactor.errors import PrivilegeMissing, SchemaMissing
-from reactor.install import Install, sql
+from reactor.install import Install, null_cost, sql
 from reactor.install.quote import readable
 from reactor.telemetry import redact
 
@@ -86,6 +86,9 @@ class SetAsideJob:
     failures: int
     first_failed_at: str  # ISO 8601, database clock
     retry_at: str
+    # A NULL refused by a column the mapping fills: the mapping's line and the two fixes
+    # (reactor.install.null_cost); None for any other error.
+    fix: str | None = None
 
 
 @dataclass(frozen=True)
@@ -273,7 +276,16 @@ async def _collect(conn: db.AnyConnection, queries: db.Database, settings: Setti
         set_aside=()
         if held is None
         else tuple(
-            SetAsideJob(**{**job, "error": redact.scrub(job["error"])}) for job in held["first"]
+            SetAsideJob(
+                **{
+                    **job,
+                    "error": redact.scrub(job["error"]),
+                    "fix": null_cost.set_aside_fix(
+                        install.mapping, job["sqlstate"], redact.scrub(job["error"])
+                    ),
+                }
+            )
+            for job in held["first"]
         ),
         replicas=tuple(replicas),
         untrusted=tuple(await queries.untrusted()),

@@ -187,6 +187,8 @@ def render(status: Status, console: Console) -> None:
         held = f"{status.set_aside_count} whose write failed"
         for job in status.set_aside:
             held += f"\njob {job.job_id}: {job.error[:80]}"
+            if job.fix:
+                held += f"\n  fix: {job.fix}"
         row("jobs set aside", held, bool(status.set_aside_count))
     hooks = "no outbox yet (run `reactor migrate`)"
     if status.hooks.outbox:

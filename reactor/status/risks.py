@@ -45,8 +45,9 @@ def risks(status: Status) -> list[str]:
         first = status.set_aside[0]
         found.append(
             f"{status.set_aside_count} job(s) cannot be written and are set aside (first: job "
-            f"{first.job_id}: {first.error}); fix the data or the app's constraint, then "
-            "`reactor sweep --once` tries them again now"
+            f"{first.job_id}: {first.error}); "
+            + (f"{first.fix}; " if first.fix else "fix the data or the app's constraint; ")
+            + "then `reactor sweep --once` tries them again now"
         )
     if status.hooks.failed:
         found.append(
