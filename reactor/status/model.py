@@ -14,6 +14,7 @@ from reactor.db.health import QUEUE_WARNING as QUEUE_WARNING
 from reactor.errors import PrivilegeMissing, SchemaMissing
 from reactor.install import Install, null_cost, sql
 from reactor.install.quote import readable
+from reactor.shown import printable
 from reactor.telemetry import redact
 
 RECENT_FAILURES = 5
@@ -279,7 +280,8 @@ async def _collect(conn: db.AnyConnection, queries: db.Database, settings: Setti
             SetAsideJob(
                 **{
                     **job,
-                    "error": redact.scrub(job["error"]),
+                    # The app's constraint names reach the terminal: escaped.
+                    "error": printable(redact.scrub(job["error"])),
                     "fix": null_cost.set_aside_fix(
                         install.mapping, job["sqlstate"], redact.scrub(job["error"])
                     ),
