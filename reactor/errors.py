@@ -37,6 +37,10 @@ class DatabaseReadOnly(ReactorError, exit_code=3):
     """The database is a read-only hot standby, and the reactor writes: it needs the primary."""
 
 
+class InstallLocked(ReactorError, exit_code=3):
+    """A first install waited its bound for the install lock, and another session still holds it."""
+
+
 class SchemaMissing(ReactorError, exit_code=4):
     """The reactor's schema is absent or older than this version needs."""
 

@@ -181,5 +181,23 @@ CREATE UNLOGGED TABLE IF NOT EXISTS @reactor@.doorbell (
     awake_until  timestamptz NOT NULL
 );
 
+-- The install lock (migration 0021): a lease on this row says which session runs `reactor
+-- migrate` now (reactor/db/migrations.py); only the owner may change it. The session that
+-- installs holds it from the start.
+CREATE TABLE IF NOT EXISTS @reactor@.install_lock (
+    singleton      boolean PRIMARY KEY DEFAULT true CHECK (singleton),
+    pid            integer,
+    usesysid       oid,
+    backend_start  timestamptz,
+    taken_at       timestamptz
+);
+
+INSERT INTO @reactor@.install_lock (pid, usesysid, backend_start, taken_at)
+VALUES (pg_backend_pid(),
+        (SELECT a.usesysid FROM pg_stat_activity a WHERE a.pid = pg_backend_pid()),
+        (SELECT a.backend_start FROM pg_stat_activity a WHERE a.pid = pg_backend_pid()),
+        now())
+ON CONFLICT DO NOTHING;
+
 -- What the mapping shapes (the trigger functions, outranks_v1, queue_runs_v2, the triggers and
 -- the reconcile's walk index) is in notify_triggers.sql, which every `reactor migrate` applies.

@@ -20,7 +20,7 @@ from reactor.db.indexes import DropIndex, Index
 from reactor.db.online_ddl import build, copied_by, migration_transaction
 from reactor.db.queries import Database
 from reactor.db.session import AnyConnection
-from reactor.errors import ConfigError, SchemaMissing, UntrustedSchema
+from reactor.errors import ConfigError, InstallLocked, SchemaMissing, UntrustedSchema
 from reactor.install import Install, sql
 from reactor.install.mapping import Mapping
 from reactor.install.quote import identifier, readable
@@ -28,8 +28,19 @@ from reactor.install.quote import identifier, readable
 # The package's one logger, named as the JSON log lines have always named it.
 log = logging.getLogger("reactor.db")
 
-# The migrations of two processes must not interleave; any constant works, this one is ours.
+# The migrations of two processes must not interleave. Once the reactor's schema exists they
+# take turns by the lease on its install_lock row, which only its owner may change; before that
+# (a first install, an upgrade from before migration 0021) by this advisory lock, which any role
+# that can connect may take: any constant works, this one is ours.
 MIGRATE_LOCK = 0x7265_6163  # "reac"
+# How long a first install waits for the advisory lock, in seconds, before it gives up naming
+# the session that holds it. Another `reactor migrate` holds it for its first transaction only
+# (then it holds the row), which takes well under a second unless the app's locks hold it back.
+FIRST_INSTALL_WAIT = 60.0
+# The migration that made the install_lock table.
+INSTALL_LOCK_SINCE = 21
+# How often a waiting migrate asks for its turn again, in seconds.
+_LOCK_POLL = 0.2
 
 
 # The first schema version a mapping other than the reference could install (the baseline of
@@ -89,10 +100,10 @@ async def migrate(
 ) -> Migrated:
     """Install or upgrade the reactor for ``mapping``'s tables, then walk the jobs once.
 
-    Safe while the app writes, and safe to run concurrently: a session advisory lock makes a
-    second migrate wait, then find nothing to do. Each migration is its own short transaction
-    that waits at most a second for the app's locks and is retried; index builds run
-    CONCURRENTLY outside it. The triggers are always re-pointed at ``channel`` (None: the
+    Safe while the app writes, and safe to run concurrently: the install lock makes a second
+    migrate wait, then find nothing to do (see :class:`InstallLock`). Each migration is its own
+    short transaction that waits at most a second for the app's locks and is retried; index
+    builds run CONCURRENTLY outside it. The triggers are always re-pointed at ``channel`` (None: the
     mapping's own), so changing REACTOR_CHANNEL takes effect; with ``notify`` False they queue
     without notifying, and with None they keep the choice installed (notifying on a first
     install). ``spread`` likewise: each share of the jobs on a channel of its own, so that a
@@ -105,7 +116,7 @@ async def migrate(
     """
     # Unbounded: an index build over a big table takes what it takes, and only waits.
     await conn.execute("SELECT set_config('statement_timeout', '0', false)")
-    await _take_migrate_lock(conn)
+    lock = await InstallLock.take(conn, Install.of(mapping))
     try:
         # Trust before harm: the reactor's schema is made by this role, or is this role's own
         # with nothing of another's in it. Nothing is changed before both checks pass.
@@ -136,6 +147,7 @@ async def migrate(
                 text = f"CREATE SCHEMA {identifier(install.schema)};\n{text}"
             # One transaction: the schema and its versions appear together or not at all.
             await migration_transaction(conn, text)
+            await lock.settle()
             done = [m.version for m in sql.migrations()]
         elif not install.mapping.is_reference and applied < MAPPED_SINCE:
             raise ConfigError(
@@ -151,6 +163,7 @@ async def migrate(
             if not steps:
                 text += ";\n" + record_statement(install, migration)
             await migration_transaction(conn, text)
+            await lock.settle()
             for step in steps:
                 await build(conn, step)
             if steps:
@@ -179,7 +192,7 @@ async def migrate(
         owner = "install" if done else "migrate"
         await queries.reconcile_pass(owner, on_progress=on_progress)
     finally:
-        await conn.execute("SELECT pg_advisory_unlock(%s)", (MIGRATE_LOCK,))
+        await lock.release()
     return Migrated(install, done, skipped, reinstalled)
 
 
@@ -217,20 +230,141 @@ async def _own_schema(conn: AnyConnection, schema: str) -> bool:
     return False
 
 
-async def _take_migrate_lock(conn: AnyConnection) -> None:
-    # Polled, never waited for inside a statement: a waiting statement holds a snapshot, and
-    # the other migrate's CREATE INDEX CONCURRENTLY waits for every older snapshot to end.
-    # Waiting in the lock would deadlock the two.
-    waited = False
-    while True:
-        cur = await conn.execute("SELECT pg_try_advisory_lock(%s)", (MIGRATE_LOCK,))
+class InstallLock:
+    """The turn of one `reactor migrate` on a database, held from its first statement to its
+    last, across its transactions and index builds.
+
+    Once the reactor's schema has its install_lock table, the turn is the lease on that table's
+    row: only the schema's owner may change it, so no other role can hold what a migrate waits
+    for, and a holder that died frees it (the lease names its session). Before then (a first
+    install, an upgrade from before migration 0021) it is :data:`MIGRATE_LOCK`, which any role
+    may take: a first install waits for it at most :data:`FIRST_INSTALL_WAIT` seconds, then
+    raises InstallLocked naming the session that holds it. The transaction that creates the
+    table gives its row to this session (:meth:`settle` then lets the advisory lock go), so a
+    migrate waiting on the advisory lock meanwhile finds the row and waits on it instead.
+    """
+
+    def __init__(self, conn: AnyConnection, install: Install) -> None:
+        self.conn = conn
+        self.install = install
+        self.advisory = False
+        self.leased = False
+
+    @classmethod
+    async def take(cls, conn: AnyConnection, install: Install) -> InstallLock:
+        """Wait for this session's turn on ``install``'s schema; InstallLocked when a first
+        install waited its bound, UntrustedSchema when the schema is not one to write to."""
+        # Polled, never waited for inside a statement: a waiting statement holds a snapshot,
+        # and the other migrate's CREATE INDEX CONCURRENTLY waits for every older snapshot to
+        # end. Waiting in the lock would deadlock the two.
+        lock = cls(conn, install)
+        if not await lock._has_table():
+            await lock._take_advisory()
+            if not await lock._has_table():
+                return lock
+            # Another migrate installed the table while this one waited: take turns by it.
+            await lock._unlock_advisory()
+        await lock._take_lease()
+        return lock
+
+    async def settle(self) -> None:
+        """After a transaction that may have created the install_lock table: once its row is
+        this session's, the advisory lock is let go for the next migrate to find the row."""
+        if self.advisory and await self._has_table() and await self._scalar("install_lock_ours"):
+            self.leased = True
+            await self._unlock_advisory()
+
+    async def release(self) -> None:
+        """Give the turn up."""
+        if self.leased:
+            await self.conn.execute(self.install.query("release_install_lock", _FILE))
+            self.leased = False
+        if self.advisory:
+            await self._unlock_advisory()
+
+    async def _has_table(self) -> bool:
+        # The schema's owner is checked first: to_regclass needs USAGE on the schema, and a
+        # table of a schema another role made is not ours to write to (nor its triggers').
+        if await _own_schema(self.conn, self.install.schema):
+            return False
+        cur = await self.conn.execute(
+            "SELECT to_regclass(%s) IS NOT NULL", (identifier(self.install.schema, "install_lock"),)
+        )
         row = await cur.fetchone()
-        if row and row[0]:
-            return
-        if not waited:
-            log.info("another `reactor migrate` is running; waiting for it to finish")
-            waited = True
-        await anyio.sleep(0.2)
+        return bool(row and row[0])
+
+    async def _take_lease(self) -> None:
+        # Trust before harm: the lease is an UPDATE, and a trigger on the table would run it.
+        await Database.dedicated(self.install, self.conn).require_trusted()
+        told = False
+        while True:
+            cur = await self.conn.execute(self.install.query("take_install_lock", _FILE))
+            row = await cur.fetchone()
+            if row is None:
+                raise SchemaMissing(
+                    f"{readable(self.install.schema, 'install_lock')} has no row; run "
+                    "`reactor migrate` again to restore it"
+                )
+            taken, pid, user, application = row
+            if taken:
+                self.leased = True
+                return
+            if not told:
+                log.info(
+                    "another `reactor migrate` is running (pid %s, user %s); waiting for it to "
+                    "finish",
+                    pid,
+                    user,
+                    extra={"pid": pid, "user": user, "application_name": application},
+                )
+                told = True
+            await anyio.sleep(_LOCK_POLL)
+
+    async def _take_advisory(self) -> None:
+        deadline = anyio.current_time() + FIRST_INSTALL_WAIT
+        told = False
+        while True:
+            cur = await self.conn.execute("SELECT pg_try_advisory_lock(%s)", (MIGRATE_LOCK,))
+            row = await cur.fetchone()
+            if row and row[0]:
+                self.advisory = True
+                return
+            if anyio.current_time() >= deadline:
+                raise InstallLocked(await self._refusal())
+            if not told:
+                log.info("another `reactor migrate` is running; waiting for it to finish")
+                told = True
+            await anyio.sleep(_LOCK_POLL)
+
+    async def _refusal(self) -> str:
+        cur = await self.conn.execute(
+            self.install.query("advisory_holder", _FILE), {"key": MIGRATE_LOCK}
+        )
+        row = await cur.fetchone()
+        pid, user, application = row if row else (None, None, None)
+        holder = (
+            f"pid {pid}, user {user}, application_name {application!r}"
+            if pid is not None
+            else "a session that has just let go"
+        )
+        end = f"SELECT pg_terminate_backend({pid})" if pid is not None else "it"
+        return (
+            f"the install lock (advisory lock {MIGRATE_LOCK}) has been held for "
+            f"{FIRST_INSTALL_WAIT:g}s by {holder}; nothing was changed: if that is not a "
+            f"`reactor migrate`, end it ({end}) and run `reactor migrate` again"
+        )
+
+    async def _unlock_advisory(self) -> None:
+        await self.conn.execute("SELECT pg_advisory_unlock(%s)", (MIGRATE_LOCK,))
+        self.advisory = False
+
+    async def _scalar(self, name: str) -> bool:
+        cur = await self.conn.execute(self.install.query(name, _FILE))
+        row = await cur.fetchone()
+        return bool(row and row[0])
+
+
+_FILE = "install_lock.sql"
 
 
 def record_all_statement(install: Install) -> str:

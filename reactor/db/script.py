@@ -6,7 +6,14 @@ from __future__ import annotations
 
 from reactor.db import drift, indexes
 from reactor.db.indexes import Index, Step
-from reactor.db.migrations import MIGRATE_LOCK, record_all_statement, record_statement, spreadable
+from reactor.db.migrations import (
+    FIRST_INSTALL_WAIT,
+    INSTALL_LOCK_SINCE,
+    MIGRATE_LOCK,
+    record_all_statement,
+    record_statement,
+    spreadable,
+)
 from reactor.db.online_ddl import LOCK_TIMEOUT
 from reactor.install import Install, sql
 
@@ -39,7 +46,15 @@ def migration_script(
     the jobs which finished before the triggers existed is the reactor's, not SQL's: the script
     ends by saying to run `reactor sweep --once`, or to let a running reactor's reconcile do it.
     """
-    lock = f"SELECT pg_advisory_xact_lock({MIGRATE_LOCK});"
+    # The turn `reactor migrate` takes, taken the same way: before the install_lock table
+    # exists, the advisory lock, waited for at most FIRST_INSTALL_WAIT (lock_timeout bounds an
+    # advisory lock's wait too); once it does, the lease on its row, after the trust guard (the
+    # lease is an UPDATE), failing the transaction while a live session holds it.
+    advisory = (
+        f"SET LOCAL lock_timeout = '{FIRST_INSTALL_WAIT:g}s';\n"
+        f"SELECT pg_advisory_xact_lock({MIGRATE_LOCK});"
+    )
+    lease = install.query("script_install_lock", "install_lock.sql") + ";"
     timeout = f"SET LOCAL lock_timeout = '{LOCK_TIMEOUT}';"
     parts = []
     if reference_schema:
@@ -48,12 +63,16 @@ def migration_script(
     if applied == 0:
         baseline = sql.baseline()
         parts += [f"-- a first install: the schema at version {baseline.version}", "BEGIN;"]
-        parts += [lock, timeout, guard, install.render(baseline.text).strip()]
+        parts += [advisory, timeout, guard, install.render(baseline.text).strip()]
         parts += [record_all_statement(install), "COMMIT;"]
     for migration in sql.migrations():
         if migration.version <= applied or applied == 0:
             continue
-        parts += [f"-- {migration.version:04d}_{migration.name}", "BEGIN;", lock, timeout, guard]
+        parts += [f"-- {migration.version:04d}_{migration.name}", "BEGIN;"]
+        if migration.version > INSTALL_LOCK_SINCE:
+            parts += [timeout, guard, lease]
+        else:
+            parts += [advisory, timeout, guard]
         parts.append(install.render(migration.text).strip())
         steps = indexes.of_migration(migration.version, install)
         if not steps:
@@ -62,7 +81,7 @@ def migration_script(
         parts.append("COMMIT;")
         parts += _printed(steps)
         parts.append(record_statement(install, migration))
-    parts += ["-- the triggers, repeatable", "BEGIN;", lock, timeout, guard]
+    parts += ["-- the triggers, repeatable", "BEGIN;", timeout, guard, lease]
     trigger_channel = install.channel if notify else ""
     repeatable = sql.repeatable()
     triggers = install.render(
@@ -70,6 +89,10 @@ def migration_script(
     )
     parts += [triggers.strip(), drift.record_statement(install), "COMMIT;"]
     parts += _printed(indexes.repeatable(install))
+    parts += [
+        "-- the install lock, given up",
+        install.query("release_install_lock", "install_lock.sql") + ";",
+    ]
     parts.append(
         "-- Jobs that finished before the triggers existed are not queued yet: run\n"
         "-- `reactor sweep --once`, or let a running reactor's reconcile pass find them."
