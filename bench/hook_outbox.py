@@ -65,7 +65,6 @@ PARAMS: dict[str, Any] = {
     "limit": 4,
     "lease": 150.0,
     "max_attempts": 40,
-    "lock": db.PURGE_LOCK,
     "batch": BATCH,
     "failed_only": False,
 }

@@ -8,17 +8,16 @@
 
 -- name: purge_hooks
 -- Retention: deletes up to %(batch)s settled rows (done, superseded, cancelled) that settled
--- more than %(retention)s seconds ago, oldest first. One replica at a time: the statement
--- takes the transaction-level advisory lock %(lock)s, held until it commits; a replica that
--- cannot take it deletes nothing (ours = false) and tries again at its next turn. Small
--- batches keep each transaction short and its WAL small.
-WITH turn AS MATERIALIZED (
-    SELECT pg_try_advisory_xact_lock(%(lock)s) AS ours
-), doomed AS (
+-- more than %(retention)s seconds ago, oldest first. Replicas purging at once share the rows:
+-- each locks its batch and skips the rows another holds. No lock decides whose turn it is: any
+-- role that can connect may hold an advisory key, and one that held the key the purge once took
+-- turns by kept every replica's purge from running, without a word. Only a role with UPDATE on
+-- the outbox (the reactor's) can lock its rows. Small batches keep each transaction short and
+-- its WAL small.
+WITH doomed AS (
     SELECT o.id
       FROM @reactor@.hook_outbox o
-     WHERE (SELECT ours FROM turn)
-       AND o.status IN ('done', 'superseded', 'cancelled')
+     WHERE o.status IN ('done', 'superseded', 'cancelled')
        AND o.updated_at < now() - make_interval(secs => %(retention)s)
      ORDER BY o.updated_at
      LIMIT %(batch)s
@@ -29,7 +28,7 @@ WITH turn AS MATERIALIZED (
      WHERE o.id = d.id
     RETURNING o.id
 )
-SELECT (SELECT ours FROM turn) AS ours, (SELECT count(*) FROM deleted)::int AS deleted
+SELECT count(*)::int AS deleted FROM deleted
 
 -- fragment: hook_row
 o.id, o.hook, o.status, o.attempts, o.run_id::text AS run_id, o.job_id::text AS job_id,

@@ -38,7 +38,7 @@ from reactor.db.fit import fit
 from reactor.db.health import HealthCheck, health_of_pairs, health_params
 from reactor.db.migrations import Migrated, migrate, require_schema, schema_version
 from reactor.db.pool import make_pool, own_check
-from reactor.db.queries import BATCH_BYTES, PURGE_LOCK, RECONCILE_CHUNK, RECONCILE_LEASE, Database
+from reactor.db.queries import BATCH_BYTES, RECONCILE_CHUNK, RECONCILE_LEASE, Database
 from reactor.db.rows import (
     Health,
     HookChange,
@@ -81,7 +81,6 @@ __all__ = [
     "LISTENER_ROLE",
     "OUTSIDE_TRANSACTION",
     "PREPARE_THRESHOLD",
-    "PURGE_LOCK",
     "RECONCILE_CHUNK",
     "RECONCILE_LEASE",
     "REINSTALLED",

@@ -44,8 +44,6 @@ RECONCILE_CHUNK = 1000
 RECONCILE_LEASE = 30.0
 # An interval that never comes due, for a one-off pass.
 _NEVER = 365 * 86400.0
-# The hook outbox's retention job runs on one replica at a time; a constant of ours.
-PURGE_LOCK = 0x7265_6170  # "reap"
 
 
 @dataclass(frozen=True)
@@ -386,14 +384,12 @@ class Database:
         """Give an interrupted attempt back for another replica to take at once."""
         await self.run("release_hook", _attempt(claim, {}), tuple_row)
 
-    async def purge_hooks(self, retention: float, batch: int) -> int | None:
-        """Delete up to ``batch`` settled hook rows older than ``retention`` seconds.
-
-        Returns how many were deleted, or None when another replica's purge holds the turn.
-        """
-        params = {"lock": PURGE_LOCK, "retention": retention, "batch": batch}
+    async def purge_hooks(self, retention: float, batch: int) -> int:
+        """Delete up to ``batch`` settled hook rows older than ``retention`` seconds, none that
+        another replica's purge holds; how many were deleted."""
+        params = {"retention": retention, "batch": batch}
         [row] = await self.run("purge_hooks", params, dict_row, filename="hooks.sql")
-        return int(row["deleted"]) if row["ours"] else None
+        return int(row["deleted"])
 
     async def list_hooks(
         self, *, failed_only: bool, limit: int

@@ -9,7 +9,7 @@ settled as superseded and never called. No transaction stays open while a hook r
 killed mid-hook loses nothing: its lease expires and another replica takes the row (unless
 that was the row's last attempt: see below). On SIGTERM, unfinished leases are handed back at
 once. :class:`.HookRetention` deletes settled rows once
-``REACTOR_HOOK_RETENTION_SECONDS`` have passed, one replica at a time.
+``REACTOR_HOOK_RETENTION_SECONDS`` have passed; replicas purging at once share the rows.
 
 Delivery is at least once. Every call carries an idempotency key, stable across retries and
 replicas, so a hook can deduplicate.

@@ -18,9 +18,9 @@ class HookRetention:
 
     It is a duty of the replica's cadence that runs only when brought forward: the replica's
     health check says when settled rows have outlived their retention, so a quiet outbox costs
-    no statement of its own. Every replica has one; the purge statement's advisory lock lets one
-    of them work at a time, and the others skip their turn. Failed rows are never deleted: they
-    need a person.
+    no statement of its own. Every replica has one; replicas purging at once share the rows (each
+    locks its batch and skips the others'), and nothing another role can hold decides whose turn
+    it is. Failed rows are never deleted: they need a person.
     """
 
     def __init__(
@@ -31,14 +31,12 @@ class HookRetention:
         self.is_stopping = is_stopping
 
     async def purge(self, batch: int = _PURGE_BATCH) -> int:
-        """Delete batches until none is full, another replica has the turn, or the replica
-        stops; the count. Raises when the database failed a batch (the next health check that
-        sees expired rows brings the duty forward again)."""
+        """Delete batches until none is full or the replica stops; the count. Raises when the
+        database failed a batch (the next health check that sees expired rows brings the duty
+        forward again)."""
         total = 0
         while not self.is_stopping():
             deleted = await self.database.purge_hooks(self.settings.hook_retention, batch)
-            if deleted is None:
-                break  # another replica is purging
             total += deleted
             if deleted < batch:
                 break

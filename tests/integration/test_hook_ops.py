@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import psycopg
+import psycopg.conninfo
 import pytest
 
 from reactor import db
@@ -17,6 +18,7 @@ from reactor.hooks import HookRetention
 from reactor.install import REFERENCE_INSTALL
 from tests import hookmods
 from tests import pgbouncer as bouncer
+from tests.conftest import NewRole
 from tests.helpers import finish, new_job, run_row
 from tests.integration.conftest import StartReactor
 from tests.integration.support import add_job, worker_lateness
@@ -346,25 +348,44 @@ async def test_retention_deletes_old_settled_rows_in_batches(
     add_rows(conn, 5, "pending", 30 * day)
     batches = []
     while (deleted := await database.purge_hooks(day, 1000)) != 0:
-        assert deleted is not None
         batches.append(deleted)
     assert batches == [1000, 1000, 320]
     assert counts(conn) == {"done": 5, "failed": 5, "pending": 5}
 
 
-async def test_retention_runs_on_one_replica_at_a_time(
-    conn: psycopg.Connection[Any], database: db.Database, database_url: str
+# The advisory key the purge took turns by until it took none.
+OLD_PURGE_LOCK = 0x7265_6170
+
+
+async def test_retention_runs_whatever_advisory_key_a_stranger_holds(
+    conn: psycopg.Connection[Any],
+    database: db.Database,
+    database_url: str,
+    new_login_role: NewRole,
 ) -> None:
     add_rows(conn, 30, "done", 100)
     retention = HookRetention(Settings(hook_retention=10), database, is_stopping=lambda: False)
-    with psycopg.connect(database_url, autocommit=True) as other_replica:
-        # Another replica's purge statement holds the lock (here, a session holds it).
-        other_replica.execute("SELECT pg_advisory_lock(%s)", (db.PURGE_LOCK,))
-        assert await database.purge_hooks(10, 1000) is None
-        assert await retention.purge() == 0
-        assert counts(conn) == {"done": 30}
-        other_replica.execute("SELECT pg_advisory_unlock(%s)", (db.PURGE_LOCK,))
-    assert await retention.purge(batch=7) == 30
+    stranger = new_login_role("stranger")
+    dsn = psycopg.conninfo.make_conninfo(database_url, user=stranger)
+    with psycopg.connect(dsn, autocommit=True) as other:
+        # A role with nothing but CONNECT holds the key the purge once took turns by.
+        other.execute("SELECT pg_advisory_lock(%s)", (OLD_PURGE_LOCK,))
+        assert await retention.purge(batch=7) == 30
+    assert counts(conn) == {}
+
+
+async def test_two_purges_at_once_share_the_rows(
+    conn: psycopg.Connection[Any], database: db.Database, database_url: str
+) -> None:
+    add_rows(conn, 30, "done", 100)
+    with psycopg.connect(database_url) as other_replica:
+        # Another replica's purge is in its transaction, its batch locked.
+        [(held,)] = other_replica.execute(
+            REFERENCE_INSTALL.query("purge_hooks", "hooks.sql"), {"retention": 10, "batch": 12}
+        ).fetchall()
+        assert held == 12
+        assert await database.purge_hooks(10, 1000) == 18
+        other_replica.commit()
     assert counts(conn) == {}
 
 
@@ -395,7 +416,6 @@ def test_periodic_queries_never_read_the_settled_rows(conn: psycopg.Connection[A
     params: dict[str, Any] = {
         **db.health_params(REFERENCE_INSTALL, 1.0, db.HealthCheck("test", 15.0, 86400.0)),
         "hooks": ["judge"], "limit": 4, "lease": 60.0, "max_attempts": 40, "batch": 1000,
-        "lock": db.PURGE_LOCK,
         "failed_only": False,
     }  # fmt: skip
     plans = {
