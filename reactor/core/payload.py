@@ -14,14 +14,19 @@ import psycopg.sql
 from reactor.core.ownership import CHANNEL_MAX
 
 _UUID = re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}")
-_BIGINT = re.compile(r"-?[0-9]{1,19}")
+_INTEGER = re.compile(r"-?[0-9]{1,19}")
+# The integer types a job id may have, each with the bound of its values: -bound <= id < bound.
+# An id its column cannot hold names no job, and sent on to the verify statement it would fail
+# that statement's cast, and with it every real hint of the batch.
+_INTEGER_BOUND = {"smallint": 2**15, "integer": 2**31, "bigint": 2**63}
 # A text id is taken as sent, up to this long: the trigger sends what the column holds.
 _TEXT_ID_MAX = 512
 
 
 def parse_payload(payload: str, id_type: str) -> str | None:
     """The job id a payload names, in the canonical text form of ``id_type`` (uuid, bigint or
-    text; a uuid's lower-case form), or None if it names none.
+    text; a uuid's lower-case form), or None if it names none: also an integer the column's
+    type cannot hold.
 
     Only the trigger's exact form is accepted: uuid.UUID alone would also take braces, URNs
     and non-ASCII digits.
@@ -31,8 +36,12 @@ def parse_payload(payload: str, id_type: str) -> str | None:
     if len(payload) > 64:  # a job id is at most 36 characters; don't even strip a flood
         return None
     text = payload.strip()
-    if id_type == "bigint":
-        return str(int(text)) if _BIGINT.fullmatch(text) else None
+    bound = _INTEGER_BOUND.get(id_type)
+    if bound is not None:
+        if not _INTEGER.fullmatch(text):
+            return None
+        value = int(text)
+        return str(value) if -bound <= value < bound else None
     return text.lower() if _UUID.fullmatch(text) else None
 
 

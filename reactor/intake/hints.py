@@ -20,6 +20,10 @@ batch goes at once. When the buffer is full (a flood, whether forged or not), fu
 are dropped and counted, and the reactor re-reads the queue (its re-arm) every
 :data:`REREAD_EVERY` seconds meanwhile and once it has drained: a real job whose hint was
 dropped, or waits behind the flood, is found there, and the scan remains the backstop of both.
+A batch the database could not verify asks for the same re-read, never more often: a stranger
+who could make every statement fail must not make each one cost a read of the whole queue.
+A job id its column's type cannot hold never reaches a batch (reactor/core/payload.py): it is
+garbage, counted as such, and cannot fail the real hints beside it.
 
 :class:`HintBatch` and :class:`Tally` are pure: no I/O, no clock; what needs the time takes
 ``now``. :class:`Verifier` is their async shell.
@@ -169,15 +173,24 @@ class HintBatch:
         if unverified >= FLOOD:
             self._missed = True
 
+    def unverified(self) -> None:
+        """A batch could not be verified (the database failed it): its hints are lost unless
+        the queue is read again, as when hints are dropped."""
+        self._missed = True
+
     def missed(self, now: float) -> bool:
-        """True when job hints were dropped since the last time it said so, and the buffer has
-        drained or the last re-read is :data:`REREAD_EVERY` old: the queue should be read
-        again now."""
-        if not self._missed or (self._jobs and now - self._reread_at < REREAD_EVERY):
+        """True when job hints were dropped, or a batch could not be verified, since the last
+        time it said so, and the last re-read is :data:`REREAD_EVERY` old: the queue should be
+        read again now. At most once a second, full or drained (:meth:`reread_at` says when)."""
+        if not self._missed or now - self._reread_at < REREAD_EVERY:
             return False
         self._missed = False
         self._reread_at = now
         return True
+
+    def reread_at(self) -> float | None:
+        """When :meth:`missed` says True next, if hints were missed; None when none were."""
+        return self._reread_at + REREAD_EVERY if self._missed else None
 
 
 class Tally:
@@ -268,15 +281,16 @@ class Verifier:
         """Verify batches as they come due, until :meth:`close`."""
         while not self._closed:
             now = self.clock.now()
+            if self.pending.missed(now):
+                self._reread()
             batch = self.pending.take(now)
             if batch is None:
-                due = self.pending.due_at()
+                wakes = (self.pending.due_at(), self.pending.reread_at())
+                due = min((at for at in wakes if at is not None), default=math.inf)
                 self._wake = anyio.Event()
-                await self.clock.sleep_until(math.inf if due is None else due, self._wake)
+                await self.clock.sleep_until(due, self._wake)
                 continue
             await self._verify(batch)
-            if self.pending.missed(self.clock.now()):
-                self._reread()
 
     async def _verify(self, batch: Batch) -> None:
         if self.database.grace == 0 and batch.jobs:
@@ -298,7 +312,7 @@ class Verifier:
             # Nothing is lost: the queue rows stay, and the re-arm reads them once the
             # database answers; the live set is the health check's to read.
             log.debug("could not verify notifications", extra={"error": db.first_line(error)})
-            self._reread()
+            self.pending.unverified()
             return
         self.apply(batch, found)
 

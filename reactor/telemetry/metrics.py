@@ -49,9 +49,9 @@ class Metrics:
         self.notifications = Counter(
             "reactor_notifications",
             "Notifications received, by result: accepted (named a job), rejected (named nothing: "
-            "garbage), unverified (named no queued job, or a replica joining or leaving that its "
-            "heartbeat contradicts), dropped (a job hint over the buffer of hints waiting to be "
-            "verified), probe, left, joined.",
+            "garbage, or a job id its column's type cannot hold), unverified (named no queued "
+            "job, or a replica joining or leaving that its heartbeat contradicts), dropped (a "
+            "job hint over the buffer of hints waiting to be verified), probe, left, joined.",
             ["result"],
             registry=r,
         )

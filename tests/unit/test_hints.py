@@ -103,8 +103,22 @@ def test_a_flood_is_bounded_and_the_drops_ask_for_one_reread_once_drained() -> N
     batch.take(1.2)
     assert not batch.missed(1.2)
     batch.take(1.3)
-    assert batch.missed(1.3), "drained: at once"
+    assert batch.reread_at() == 2.0
+    assert not batch.missed(1.3), "drained: once the second since the last re-read is over"
+    assert batch.missed(2.0)
+    assert batch.reread_at() is None
     assert not batch.missed(9.0), "said once"
+
+
+def test_batches_that_fail_their_statement_ask_for_a_reread_once_a_second() -> None:
+    batch = HintBatch()
+    rereads = 0
+    for tick in range(300):
+        now = tick * 0.01
+        batch.unverified()
+        rereads += batch.missed(now)
+    assert rereads == 3, "at 0, 1 and 2 seconds"
+    assert batch.reread_at() == 3.0
 
 
 def test_the_last_word_of_a_replica_wins_and_the_claims_are_bounded() -> None:

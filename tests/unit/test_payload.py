@@ -120,6 +120,24 @@ def test_uuid_glued_to_other_text_is_rejected(job: uuid.UUID, junk: str) -> None
 # -- hints: the job id and its updated_at -------------------------------------------------------
 
 
+@pytest.mark.parametrize(
+    ("id_type", "low", "high"),
+    [
+        ("bigint", -(2**63), 2**63 - 1),
+        ("integer", -(2**31), 2**31 - 1),
+        ("smallint", -(2**15), 2**15 - 1),
+    ],
+)
+def test_an_integer_id_is_taken_only_within_its_columns_range(
+    id_type: str, low: int, high: int
+) -> None:
+    for inside in (low, -1, 0, 7, high):
+        assert parse_payload(str(inside), id_type) == str(inside)
+    for outside in (low - 1, high + 1, 9_999_999_999_999_999_999):
+        assert parse_payload(str(outside), id_type) is None
+    assert parse_hint(f"{high + 1}@1700000000.5", id_type) is None
+
+
 def test_a_hint_carries_the_jobs_updated_at() -> None:
     assert parse_hint(f"{JOB}@1733030400.123456", "uuid") == (JOB, 1733030400.123456)
     assert parse_hint(f"{JOB}@1733030400", "uuid") == (JOB, 1733030400.0)
