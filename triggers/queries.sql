@@ -526,8 +526,10 @@ SELECT pass AS number,
 -- - oldest_overdue: how long past its grace the oldest queued job that needs a run has waited
 --   (0 when none is overdue); since is at most the updated_at that queued a job, so the range
 --   on since skips the jobs still inside their grace;
--- - the hook outbox: rows open and parked, and whether settled rows have outlived
---   %(retention)s seconds (the retention job has work);
+-- - the hook outbox: rows open and parked, whether settled rows have outlived
+--   %(retention)s seconds (the retention job has work), and by how many seconds the oldest
+--   has (hooks_overdue, 0 when none has: long past, the retention is not running), read from
+--   the settled rows' index, its first entry;
 -- - the reconcile: when its last pass ended (unix time, 0 before the first) and whether a pass
 --   was asked for (a TRUNCATE of analysis_runs asks);
 -- - trigger_channel: the channel the job trigger notifies, '' when it was installed not to
@@ -609,6 +611,10 @@ SELECT pg_notification_queue_usage()::float8 AS queue_usage,
        EXISTS (SELECT 1 FROM @reactor@.hook_outbox
                 WHERE status IN ('done', 'superseded', 'cancelled')
                   AND updated_at < now() - make_interval(secs => %(retention)s)) AS hooks_expired,
+       greatest(coalesce(extract(epoch FROM now() - make_interval(secs => %(retention)s)
+                    - (SELECT min(updated_at) FROM @reactor@.hook_outbox
+                        WHERE status IN ('done', 'superseded', 'cancelled'))), 0), 0)::float8
+           AS hooks_overdue,
        coalesce((SELECT extract(epoch FROM last_finished_at) FROM @reactor@.reconcile), 0)::float8
            AS reconcile_last_pass,
        coalesce((SELECT requested_at IS NOT NULL FROM @reactor@.reconcile), false)

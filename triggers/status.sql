@@ -89,13 +89,18 @@ SELECT (SELECT count(*) FROM held)::bigint AS count,
 
 -- name: status_hooks
 -- The hook outbox: what is queued or leased, how long the oldest has waited, and what is
--- parked as failed after its last attempt (it needs a person). Only the open and the parked
--- rows are read (each through its partial index, index-only), never the settled ones, which
--- can be millions.
+-- parked as failed after its last attempt (it needs a person); and by how many seconds the
+-- oldest settled row has outlived the retention %(retention)s (0 when none has). Only the open
+-- and the parked rows are counted (each through its partial index, index-only), never the
+-- settled ones, which can be millions: of those, only the first entry of their index is read.
 SELECT count(*) FILTER (WHERE o.status = 'pending')::bigint AS pending,
        count(*) FILTER (WHERE o.status = 'running')::bigint AS running,
        (SELECT count(*) FROM @reactor@.hook_outbox f WHERE f.status = 'failed')::bigint AS failed,
-       extract(epoch FROM now() - min(o.created_at))::float8 AS oldest_backlog_age
+       extract(epoch FROM now() - min(o.created_at))::float8 AS oldest_backlog_age,
+       greatest(coalesce(extract(epoch FROM now() - make_interval(secs => %(retention)s)
+                    - (SELECT min(s.updated_at) FROM @reactor@.hook_outbox s
+                        WHERE s.status IN ('done', 'superseded', 'cancelled'))), 0), 0)::float8
+           AS retention_overdue
   FROM @reactor@.hook_outbox o
  WHERE o.status IN ('pending', 'running')
 

@@ -50,6 +50,8 @@ class Health:
     hooks_orphaned: int  # running hook rows of replicas no longer live, made due at once
     queued: bool  # the pending queue holds a job, any replica's
     bell_in: float | None = None  # seconds the channel's doorbell is still awake; None: silent
+    # Seconds the oldest settled hook row has outlived its retention; 0 when none has.
+    hooks_overdue: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,6 +11,16 @@ from reactor.config import Settings
 log = logging.getLogger("reactor.hooks")
 
 _PURGE_BATCH = 1000
+# The purge is brought forward by every health check that sees settled rows past their
+# retention, so the oldest of them outlives it by about one check interval at most. By more
+# than this many intervals, the purge is not running (it fails, or no replica runs).
+LATE_CHECKS = 20
+
+
+def retention_late(overdue: float, check_interval: float) -> bool:
+    """Whether settled hook rows that outlived their retention by ``overdue`` seconds, with
+    health checks every ``check_interval`` seconds, say the purge is not running."""
+    return overdue > LATE_CHECKS * check_interval
 
 
 class HookRetention:
@@ -29,6 +39,25 @@ class HookRetention:
         self.settings = settings
         self.database = database
         self.is_stopping = is_stopping
+        self.late = False
+
+    def saw(self, overdue: float, check_interval: float) -> None:
+        """A health check read that the oldest settled row outlived its retention by
+        ``overdue`` seconds: warn once as the purge falls behind (:func:`retention_late`), and
+        say so once it has caught up."""
+        late = retention_late(overdue, check_interval)
+        if late and not self.late:
+            log.warning(
+                "hook retention has not run for a long time: settled hook rows outlived "
+                "REACTOR_HOOK_RETENTION_SECONDS by %.0fs, more than %d health checks; see the "
+                "lines 'hook retention failed'",
+                overdue,
+                LATE_CHECKS,
+                extra={"overdue_s": round(overdue, 1)},
+            )
+        elif self.late and not late:
+            log.info("hook retention caught up")
+        self.late = late
 
     async def purge(self, batch: int = _PURGE_BATCH) -> int:
         """Delete batches until none is full or the replica stops; the count. Raises when the

@@ -398,6 +398,7 @@ class Reactor:
             self.schedule.hasten("reconcile")
         if health.hooks_expired:
             self.schedule.hasten("retention")
+        self.hook_retention.saw(health.hooks_overdue, self.vitals.check_interval)
         if health.hooks_orphaned and self.hook_runner is not None:
             # A dead replica's running hook calls are due now: run them again at once.
             self.hook_runner.wake()

@@ -12,6 +12,7 @@ from reactor.core.ownership import LIVENESS_PROBES
 from reactor.db import errors as db_errors
 from reactor.db.health import QUEUE_WARNING as QUEUE_WARNING
 from reactor.errors import PrivilegeMissing, SchemaMissing
+from reactor.hooks.retention import retention_late
 from reactor.install import Install, null_cost, sql
 from reactor.install.quote import readable
 from reactor.shown import printable
@@ -68,6 +69,10 @@ class Hooks:
     failed: int | None = None
     oldest_backlog_age: float | None = None
     recent_failures: tuple[HookFailure, ...] = ()
+    # Seconds the oldest settled row outlived REACTOR_HOOK_RETENTION_SECONDS (0: none has), and
+    # whether that is long enough to say the retention purge is not running.
+    retention_overdue: float | None = None
+    retention_late: bool = False
 
     @property
     def backlog(self) -> int | None:
@@ -220,7 +225,7 @@ async def _collect(conn: db.AnyConnection, queries: db.Database, settings: Setti
     jobs = await _one(queries, jobs_query, {"grace": grace})
     hooks = Hooks(outbox=False)
     if server["hook_outbox"]:
-        counts = await _one(queries, "status_hooks")
+        counts = await _one(queries, "status_hooks", {"retention": settings.hook_retention})
         failures_query = (
             "status_hook_failures" if server["hook_ids"] else "status_hook_failures_unnumbered"
         )
@@ -233,6 +238,8 @@ async def _collect(conn: db.AnyConnection, queries: db.Database, settings: Setti
             running=counts["running"],
             failed=counts["failed"],
             oldest_backlog_age=counts["oldest_backlog_age"],
+            retention_overdue=counts["retention_overdue"],
+            retention_late=retention_late(counts["retention_overdue"], settings.probe_interval),
             recent_failures=tuple(
                 HookFailure(**{**row, "last_error": _shown(row["last_error"])}) for row in failures
             ),

@@ -55,6 +55,13 @@ def risks(status: Status) -> list[str]:
             "`reactor hooks list --failed` shows them, `reactor hooks retry --failed` "
             "re-queues them"
         )
+    if status.hooks.retention_late:
+        assert status.hooks.retention_overdue is not None
+        found.append(
+            "hook retention has not run for a long time: the oldest settled hook row outlived "
+            f"its retention by {duration(status.hooks.retention_overdue)}; check that a reactor "
+            "runs and what its log says ('hook retention failed')"
+        )
     if status.schema_behind:
         found.append(
             f"the schema is at version {status.schema_version}, this reactor needs "

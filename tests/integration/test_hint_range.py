@@ -59,8 +59,8 @@ async def test_an_out_of_range_id_is_counted_and_the_real_hints_beside_it_are_ar
             # One commit: the three real hints and the bad one arrive together, in one batch.
             with conn.transaction():
                 conn.execute(
-                    'UPDATE app."Job" SET state = \'done\', verdicts = \'["ok"]\','
-                    " \"updatedAt\" = now() AT TIME ZONE 'UTC' WHERE \"jobId\" = ANY(%s)",
+                    "UPDATE app.\"Job\" SET state = 'done', verdicts = '[\"ok\"]',"
+                    ' "updatedAt" = now() AT TIME ZONE \'UTC\' WHERE "jobId" = ANY(%s)',
                     (jobs,),
                 )
                 conn.execute(

@@ -4,6 +4,7 @@ out, re-driving parked rows, retention, and periodic queries that never read the
 from __future__ import annotations
 
 import logging
+import re
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
@@ -16,6 +17,8 @@ from reactor import db
 from reactor.config import Settings
 from reactor.hooks import HookRetention
 from reactor.install import REFERENCE_INSTALL
+from reactor.status.model import collect
+from reactor.status.risks import risks
 from tests import hookmods
 from tests import pgbouncer as bouncer
 from tests.conftest import NewRole
@@ -387,6 +390,37 @@ async def test_two_purges_at_once_share_the_rows(
         assert await database.purge_hooks(10, 1000) == 18
         other_replica.commit()
     assert counts(conn) == {}
+
+
+async def test_a_replica_and_status_say_so_when_the_retention_does_not_run(
+    conn: psycopg.Connection[Any],
+    database_url: str,
+    start_reactor: StartReactor,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, logger="reactor.hooks")
+    add_rows(conn, 5, "done", 3600)
+    settings = Settings(database_url=database_url, hook_retention=60)
+    with psycopg.connect(database_url) as other_replica:
+        # Another session holds every settled row (a purge stuck in its transaction): this
+        # replica's purge skips them, and they stay past their retention.
+        other_replica.execute("SELECT id FROM reactor.hook_outbox FOR UPDATE").fetchall()
+        async with start_reactor(hook_retention=60, probe_interval=0.2) as reactor:
+            await eventually(lambda: reactor.hook_retention.late, timeout=10)
+            async with await db.connect(database_url, "test") as reading:
+                found = risks(await collect(reading, REFERENCE_INSTALL, settings))
+            assert [r for r in found if "hook retention has not run" in r], found
+            other_replica.rollback()
+            await eventually(lambda: counts(conn) == {}, timeout=10)
+            await eventually(lambda: not reactor.hook_retention.late, timeout=10)
+    said = [r.getMessage() for r in caplog.records if r.name == "reactor.hooks"]
+    late = [m for m in said if m.startswith("hook retention has not run")]
+    assert len(late) == 1, said
+    # An hour old, a minute's retention: some 3540 s past it, whatever the start took.
+    assert re.search(r"RETENTION_SECONDS by 35[4-9]\ds", late[0]), late[0]
+    assert "hook retention caught up" in said
+    async with await db.connect(database_url, "test") as reading:
+        assert not risks(await collect(reading, REFERENCE_INSTALL, settings))
 
 
 async def test_a_running_reactor_applies_the_retention(
