@@ -40,6 +40,10 @@ SELECT EXISTS (SELECT 1 FROM taken) AS taken, l.pid, a.usename::text AS usename,
   LEFT JOIN pg_stat_activity a ON a.pid = l.pid
  WHERE l.singleton
 
+-- name: restore_install_lock
+-- The row, free, should someone have deleted it: without it there is nothing to take turns by.
+INSERT INTO @reactor@.install_lock DEFAULT VALUES ON CONFLICT DO NOTHING
+
 -- name: install_lock_ours
 -- Whether this session holds the lease (the install that made the table does from the start).
 SELECT EXISTS (SELECT 1 FROM @reactor@.install_lock WHERE singleton AND pid = pg_backend_pid())

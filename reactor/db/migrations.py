@@ -301,10 +301,9 @@ class InstallLock:
             cur = await self.conn.execute(self.install.query("take_install_lock", _FILE))
             row = await cur.fetchone()
             if row is None:
-                raise SchemaMissing(
-                    f"{readable(self.install.schema, 'install_lock')} has no row; run "
-                    "`reactor migrate` again to restore it"
-                )
+                # Deleted by hand: put it back, free, and take it.
+                await self.conn.execute(self.install.query("restore_install_lock", _FILE))
+                continue
             taken, pid, user, application = row
             if taken:
                 self.leased = True

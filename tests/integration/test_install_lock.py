@@ -95,3 +95,12 @@ def test_a_role_without_privileges_cannot_take_the_lease(
         ):
             with pytest.raises(psycopg.errors.InsufficientPrivilege):
                 conn.execute(statement)
+
+
+async def test_a_row_deleted_by_hand_is_put_back_and_taken(database_url: str) -> None:
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        conn.execute("DELETE FROM reactor.install_lock")
+    async with await db.connect(database_url, "test") as conn:
+        assert (await db.migrate(conn, REFERENCE)).applied == []
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        assert conn.execute("SELECT pid FROM reactor.install_lock").fetchall() == [(None,)]
