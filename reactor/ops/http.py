@@ -13,7 +13,8 @@ the metrics registry. None touches the database, so a slow or absent database ca
 cache, one ``status`` every few seconds at most, on a bounded wait.
 
 Both servers run on the reactor's own event loop, so neither may let a client hold what the
-loop needs: :mod:`reactor.ops.accept` bounds the connections, the time to a request head and the
+loop needs: :mod:`reactor.ops.accept` bounds the connections, the time each stage of a request
+may take (head, body, answers left unread), the requests sent ahead of their answers, and the
 body size of each.
 
 :func:`serving` and :func:`serving_page` bind on entry, so a port that is taken fails at
@@ -26,7 +27,7 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
-from typing import Protocol
+from typing import Any, Protocol
 
 import anyio
 import anyio.abc
@@ -132,7 +133,7 @@ def page_app(page: Dashboard, hosts: HostAllowlist) -> web.Application:
 # -- serving ---------------------------------------------------------------------------------
 
 
-def _door(server: str, replica: Callable[[], Probed | None]) -> Door:
+def _door(server: str, replica: Callable[[], Probed | None]) -> Door[Any]:
     """A door whose drops are counted in the metrics of the replica shown, and a flood of
     connections over the cap logged once in a while."""
 
@@ -153,7 +154,7 @@ def _door(server: str, replica: Callable[[], Probed | None]) -> Door:
         reactor = replica()
         if reactor is not None:
             reactor.metrics.http_dropped.labels(server, reason).inc()
-        if reason != "head_timeout":
+        if reason in ("limit", "peer_limit"):
             over_cap.seen()
 
     return Door(server, dropped=dropped)

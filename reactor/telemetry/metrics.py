@@ -37,7 +37,15 @@ _LATENESS_BUCKETS = (
 TRIGGER_STATES = ("notifies", "quiet", "elsewhere", "missing")
 # The label values of reactor_http_connections_dropped_total; see reactor.http.
 HTTP_SERVERS = ("probes", "page")
-HTTP_DROP_REASONS = ("limit", "peer_limit", "head_timeout")
+HTTP_DROP_REASONS = (
+    "limit",
+    "peer_limit",
+    "head_timeout",
+    "body_timeout",
+    "write_stall",
+    "pipelined",
+    "made_room",
+)
 
 
 class Metrics:
@@ -271,9 +279,11 @@ _HTTP_DROPPED = "reactor_http_connections_dropped"
 def _http_dropped(registry: CollectorRegistry) -> Counter:
     counter = Counter(
         _HTTP_DROPPED,
-        "HTTP connections closed before a request: limit, the places open to its peer were "
-        "taken; peer_limit, its peer address held as many as one may; head_timeout, no "
-        "complete request head in time.",
+        "HTTP connections the servers closed: limit, the places open to its peer were taken; "
+        "peer_limit, its peer address held as many as one may; head_timeout, no complete "
+        "request head in time; body_timeout, no complete body in time; write_stall, what was "
+        "written to it waited unread too long; pipelined, too many requests ahead of their "
+        "answers; made_room, its place went to a peer that held none.",
         ["server", "reason"],
         registry=registry,
     )

@@ -91,9 +91,10 @@ def expected_drops(count: int, servers: int) -> Counter[str]:
     """What one server refuses of :func:`half_open`'s connections, by reason, and how many it
     admits (``head_timeout``: each is closed at the deadline), by the rules of the door."""
     reasons: Counter[str] = Counter()
-    door = Door("probes", dropped=lambda reason: reasons.update([reason]))
+    door: Door[int] = Door("probes", dropped=lambda reason: reasons.update([reason]))
     for n in range(0, count, servers):
-        door.admit(flood_peer(n, servers))
+        door.make_room(flood_peer(n, servers))
+        door.admit(flood_peer(n, servers), n)
     reasons["head_timeout"] = door.open
     return reasons
 

@@ -1,13 +1,16 @@
 """``/healthz``, ``/readyz`` and ``/metrics`` of a reactor running in-process, including readiness
 going to 503 while PostgreSQL is down and back to 200 when it returns, with nobody's help; and
-what the HTTP servers let a client hold: the request-head deadline, the caps on connections, the
-loop's handling of a flood of failed accept() calls."""
+what the HTTP servers let a client hold: the deadlines on a request's head and body and on
+answers left unread, the cap on requests sent ahead of their answers, the caps on connections
+and the place a new peer takes when all are taken, the loop's handling of a flood of failed
+accept() calls."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import logging
+import select
 import signal
 import socket
 import subprocess
@@ -31,6 +34,7 @@ from tests.acceptance.conftest import reactor_env, run_reactor
 from tests.acceptance.test_cli import assert_one_clean_line
 from tests.conftest import Server
 from tests.integration.conftest import StartReactor
+from tests.integration.test_dashboard import TOKEN, page_of
 from tests.polling import wait_for
 from tests.ports import free_port, http_status
 
@@ -249,19 +253,26 @@ async def test_a_connection_without_a_request_head_is_closed_at_the_deadline(
             await anyio.connect_tcp(host, int(port)) as silent,
             await anyio.connect_tcp(host, int(port)) as partial,
             await anyio.connect_tcp(host, int(port)) as prompt,
+            await anyio.connect_tcp(host, int(port)) as later,
         ):
             await partial.send(b"GET /healthz HTTP/1.1\r\nHost: 127.0")
             # A head in two parts, complete in time, is served, and the connection kept.
             await prompt.send(b"\r\nGET /healthz HTTP/1.1\r\n")
             await prompt.send(b"Host: 127.0.0.1\r\n\r\n")
             assert (await read_response(prompt))[0] == 200
+            # A later head has its deadline too, from its first byte: not the keep-alive's.
+            await later.send(HEALTHZ)
+            assert (await read_response(later))[0] == 200
+            await later.send(b"GET /heal")
             with anyio.fail_after(accept.HEAD_SECONDS + 5):
                 async with anyio.create_task_group() as tg:
                     tg.start_soon(closed_by_server, silent)
                     tg.start_soon(closed_by_server, partial)
+                    tg.start_soon(closed_by_server, later)
             waited = time.monotonic() - started
             assert accept.HEAD_SECONDS - 0.5 <= waited < accept.HEAD_SECONDS + 5
-            assert dropped(reactor, "probes", "head_timeout") == 2
+            assert accept.HEAD_SECONDS + 5 < accept.KEEPALIVE_SECONDS
+            assert dropped(reactor, "probes", "head_timeout") == 3
             # The one that sent its head in time is still open: the keep-alive governs it now.
             await prompt.send(HEALTHZ)
             assert (await read_response(prompt))[0] == 200
@@ -309,10 +320,17 @@ async def test_connections_past_the_caps_are_closed_at_once(serve: Serve) -> Non
         held.append(await hold("127.0.2.1"))
         await refused("127.0.2.1")
         assert dropped(reactor, "probes", "limit") == 1
-        # The other kept places, one per new peer; then none is left, even for a new peer.
+        # The other kept places, one per new peer; then none is left: a new peer takes the
+        # oldest place of the peer that holds the most, which is cut at once.
         held += [await hold(f"127.0.2.{n}") for n in range(2, KEPT_FOR_NEW_PEERS + 1)]
         assert len(held) == accept.MAX_CONNECTIONS
-        await refused("127.0.3.1")
+        await answered("127.0.3.1")
+        with anyio.fail_after(accept.HEAD_SECONDS / 2):
+            await closed_by_server(held.pop(0))
+        assert dropped(reactor, "probes", "made_room") == 1
+        # Its peer holds one fewer, and cannot take the place back while all are taken.
+        await answered("127.0.3.2")
+        await refused("127.0.1.1")
         assert dropped(reactor, "probes", "limit") == 2
         assert dropped(reactor, "probes", "peer_limit") == 1
         # Those held are served as before.
@@ -328,6 +346,119 @@ async def test_connections_past_the_caps_are_closed_at_once(serve: Serve) -> Non
                 return False
 
         await until(healthy, 5)
+
+
+@pytest.mark.anyio
+async def test_requests_sent_ahead_of_their_answers_are_capped(serve: Serve) -> None:
+    async with serve() as (reactor, base, _):
+        host, port = base.removeprefix("http://").split(":")
+        async with await anyio.connect_tcp(host, int(port)) as stream:
+            # As many as one may send ahead: each answered, in order, and the connection kept.
+            await stream.send(HEALTHZ * accept.MAX_PIPELINED)
+            buffered = b""
+            with anyio.fail_after(5):
+                while buffered.count(b"HTTP/1.1 200 ") < accept.MAX_PIPELINED:
+                    buffered += await stream.receive()
+            await stream.send(HEALTHZ)
+            assert (await read_response(stream))[0] == 200
+        async with await anyio.connect_tcp(host, int(port)) as stream:
+            # One more, and the connection is closed: none of them is answered.
+            await stream.send(HEALTHZ * (accept.MAX_PIPELINED + 1))
+            with anyio.fail_after(5):
+                await closed_by_server(stream)
+        assert dropped(reactor, "probes", "pipelined") == 1
+
+
+async def trickle(stream: anyio.abc.SocketStream, every: float) -> None:
+    """Send ``stream`` a byte every ``every`` seconds until the server closes it."""
+    try:
+        while True:
+            await stream.send(b"x")
+            await anyio.sleep(every)
+    except (anyio.BrokenResourceError, ConnectionError):
+        return
+
+
+async def trickled_until_closed(host: str, port: int, head: bytes) -> float:
+    """Send ``head`` (which declares a body) to (host, port), then its body a byte every 0.2 s:
+    the seconds until the server closed the connection."""
+    started = time.monotonic()
+    async with await anyio.connect_tcp(host, port) as stream:
+        await stream.send(head)
+        with anyio.fail_after(accept.BODY_SECONDS + 5):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(trickle, stream, 0.2)
+                await closed_by_server(stream)
+                tg.cancel_scope.cancel()
+    return time.monotonic() - started
+
+
+@pytest.mark.anyio
+async def test_a_trickled_body_is_closed_at_its_deadline(
+    serve: Serve, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(accept, "BODY_SECONDS", 1.0)
+    async with serve() as (reactor, base, _):
+        host, port = base.removeprefix("http://").split(":")
+        head = HEALTHZ.replace(b"\r\n\r\n", b"\r\nContent-Length: 1000\r\n\r\n")
+        waited = await trickled_until_closed(host, int(port), head)
+        chunked = HEALTHZ.replace(b"\r\n\r\n", b"\r\nTransfer-Encoding: chunked\r\n\r\n")
+        waited_chunked = await trickled_until_closed(host, int(port), chunked + b"400\r\n")
+        assert dropped(reactor, "probes", "body_timeout") == 2
+    for seconds in (waited, waited_chunked):
+        assert accept.BODY_SECONDS - 0.1 <= seconds < accept.BODY_SECONDS + 5
+
+
+@pytest.mark.anyio
+async def test_a_form_trickled_to_the_page_is_closed_at_its_deadline(
+    start_reactor: StartReactor, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The sign-in reads its form before anyone is known: its body has a deadline too."""
+    monkeypatch.setattr(accept, "BODY_SECONDS", 1.0)
+    async with page_of(start_reactor, dashboard_token=TOKEN) as (page, base, _):
+        host, port = base.removeprefix("http://").split(":")
+        head = (
+            f"POST /login HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nOrigin: {base}\r\n"
+            "Content-Type: application/x-www-form-urlencoded\r\nContent-Length: 1000\r\n\r\n"
+        ).encode()
+        waited = await trickled_until_closed(host, int(port), head)
+        reactor = page.replica()
+        assert reactor is not None
+        assert dropped(reactor, "page", "body_timeout") == 1
+    assert accept.BODY_SECONDS - 0.1 <= waited < accept.BODY_SECONDS + 5
+
+
+def cut_after(sock: socket.socket, timeout: float) -> float | None:
+    """Seconds until the server cut ``sock`` (a reset: an error or a hang-up, seen without
+    reading a byte), or None after ``timeout``."""
+    started = time.monotonic()
+    poller = select.poll()
+    poller.register(sock, select.POLLERR | select.POLLHUP)
+    return time.monotonic() - started if poller.poll(timeout * 1000) else None
+
+
+@pytest.mark.anyio
+async def test_answers_left_unread_are_cut_at_the_stall_deadline(
+    serve: Serve, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(accept, "WRITE_STALL_SECONDS", 1.0)
+    # A kernel buffer smaller than the answers: the rest waits in the process, unread.
+    monkeypatch.setattr(accept, "SEND_BUFFER_BYTES", 4096)
+    async with serve() as (reactor, base, session):
+        host, port = base.removeprefix("http://").split(":")
+        with socket.socket() as sock:
+            # A window shut after a kilobyte: the answers stay with the server, which waits for
+            # the peer to take them, a connection's place and all.
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1024)
+            sock.connect((host, int(port)))
+            metrics = HEALTHZ.replace(b"/healthz", b"/metrics")
+            sock.sendall(metrics * accept.MAX_PIPELINED)
+            waited = await anyio.to_thread.run_sync(cut_after, sock, accept.KEEPALIVE_SECONDS)
+        assert dropped(reactor, "probes", "write_stall") == 1
+        # One who reads is answered as before.
+        assert (await get(session, f"{base}/healthz"))[0] == 200
+    assert waited is not None
+    assert accept.WRITE_STALL_SECONDS - 0.1 <= waited < accept.WRITE_STALL_SECONDS + 5
 
 
 @pytest.mark.anyio
