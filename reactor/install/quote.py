@@ -3,13 +3,16 @@
 :func:`identifier` and :func:`literal` are psycopg's own quoting, for SQL the reactor sends;
 :func:`readable` is for SQL a person reads and runs (a printed GRANT, a suggested fix): each
 name quoted exactly when PostgreSQL's ``quote_ident()`` would quote it, so that ``MyApp`` is
-not folded to ``myapp`` and ``user`` is not read as the keyword. Pure: no connection is
-involved.
+not folded to ``myapp`` and ``user`` is not read as the keyword. :func:`dollar_quoted` keeps a
+function body's dollar quotes closed where the template closes them, whatever the names and
+values quoted inside it hold. Pure: no connection is involved.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
+from itertools import count
 
 import psycopg.sql
 
@@ -63,3 +66,61 @@ def readable(*parts: str) -> str:
     """A name, schema-qualified when given two parts, as a person writes it: each part through
     :func:`quote_ident` (``public.analysis_jobs``, ``"user"."Job"``)."""
     return ".".join(quote_ident(part) for part in parts)
+
+
+# What a template writes to open and close a dollar-quoted body: $$, or $tag$ (scan.l's
+# dolqdelim, with the ASCII letters templates use). A digit after $ is a parameter ($1), not this.
+DOLLAR_DELIMITER = re.compile(r"\$(?:[A-Za-z_][A-Za-z0-9_]*)?\$")
+# What the delimiters a render picks itself are called: $reactor_1$, $reactor_2$, ...
+_FRESH_TAG = re.compile(r"reactor_([0-9]+)")
+
+
+def dollar_quoted(pieces: Sequence[str], delimiters: Sequence[str]) -> str:
+    """``pieces`` joined by ``delimiters`` (``pieces[0] + delimiters[0] + pieces[1] ...``), each
+    delimiter a template's own ``$$`` or ``$tag$``, each piece the template's text between two
+    of them with its names and values filled in.
+
+    PostgreSQL, and psql before it, end a dollar-quoted body at the first occurrence of its
+    delimiter, whatever quotes stand around that: a name holding ``$$`` inside a ``$$`` body
+    would end it there, and what follows would run as SQL, or as a psql command. So a
+    delimiter stays as the template wrote it only when the joined text holds it nowhere but
+    where it was placed (an occurrence may also straddle a piece and a delimiter: ``$x`` then
+    ``$x$``); else it is replaced, wherever the template placed it, by ``$reactor_<n>$`` with
+    an ``n`` no piece holds after ``reactor_``, which therefore occurs nowhere else either. The
+    same pieces always give the same text, so a render is as stable as its mapping."""
+    if len(pieces) != len(delimiters) + 1:
+        raise ValueError("one piece more than delimiters")
+    held = {found for piece in pieces for found in _FRESH_TAG.findall(piece)}
+    fresh = (f"$reactor_{n}$" for n in count(1) if str(n) not in held)
+    chosen = {delimiter: delimiter for delimiter in delimiters}
+    # Each round renames one delimiter that occurs elsewhere to a fresh one, which cannot.
+    for _ in range(len(chosen) + 1):
+        text, placed = _joined(pieces, [chosen[d] for d in delimiters])
+        clashing = next(
+            (d for d, tag in chosen.items() if _occurrences(text, tag) != placed[tag]), None
+        )
+        if clashing is None:
+            return text
+        chosen[clashing] = next(tag for tag in fresh if tag not in chosen.values())
+    raise ValueError("no dollar-quote delimiter occurs only where it was placed")
+
+
+def _joined(pieces: Sequence[str], delimiters: Sequence[str]) -> tuple[str, dict[str, set[int]]]:
+    """The joined text, and where each delimiter was placed in it."""
+    parts, at = [pieces[0]], len(pieces[0])
+    placed: dict[str, set[int]] = {}
+    for delimiter, piece in zip(delimiters, pieces[1:], strict=True):
+        placed.setdefault(delimiter, set()).add(at)
+        parts += [delimiter, piece]
+        at += len(delimiter) + len(piece)
+    return "".join(parts), placed
+
+
+def _occurrences(text: str, tag: str) -> set[int]:
+    """Every position ``tag`` starts at in ``text``, overlapping ones too (``$$$`` holds ``$$``
+    twice): the lexer tries each ``$`` as the start of the closing delimiter."""
+    found, at = set(), text.find(tag)
+    while at != -1:
+        found.add(at)
+        at = text.find(tag, at + 1)
+    return found

@@ -14,6 +14,7 @@ from importlib.resources import files
 import psycopg.sql
 
 from reactor.install.mapping import Mapping
+from reactor.install.quote import DOLLAR_DELIMITER, dollar_quoted
 
 _BLOCK = re.compile(r"^-- (name|fragment): (\w+)[ \t]*$", re.MULTILINE)
 _INCLUDE = re.compile(r"\{\{(\w+)\}\}")
@@ -55,7 +56,7 @@ def render(
     values: dict[str, str] | None = None,
     parameters: bool = False,
 ) -> str:
-    """Fill the slots of ``text`` from ``mapping``, ``@channel@``
+    """Fill the slots of ``text`` (a template) from ``mapping``, ``@channel@``
     with the NOTIFY channel, quoted as a literal, ``@spread@`` with the job trigger's second
     argument ('spread' when it notifies each share of the jobs on a channel of its own), and
     ``@name@`` with ``values[name]``, SQL the caller made (quoted names, a [runs.columns]
@@ -67,6 +68,10 @@ def render(
     which psycopg turns back into one. The template's own ``%`` are its placeholders. Without
     ``parameters`` (migrations, the printed script) nothing is doubled: psycopg sends the text
     as it is.
+
+    The template's dollar quotes (``AS $$ ... $$``) stay closed where it closes them: a
+    delimiter that a filled-in name or value also holds is replaced by one that occurs nowhere
+    else (:func:`~reactor.install.quote.dollar_quoted`).
     """
 
     def fill(match: re.Match[str]) -> str:
@@ -83,7 +88,11 @@ def render(
             filled = mapping.slot(name, alias, argument)
         return filled.replace("%", "%%") if parameters else filled
 
-    return _SLOT.sub(fill, text)
+    # Split at the template's own delimiters before anything is filled in: what a slot fills
+    # in is never taken for one.
+    parts = DOLLAR_DELIMITER.split(text)
+    delimiters = DOLLAR_DELIMITER.findall(text)
+    return dollar_quoted([_SLOT.sub(fill, piece) for piece in parts], delimiters)
 
 
 @cache
