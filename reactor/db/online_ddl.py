@@ -44,6 +44,9 @@ async def migration_transaction(conn: AnyConnection, text: str) -> None:
                     await conn.execute(
                         "SELECT set_config('lock_timeout', %s, true)", (LOCK_TIMEOUT,)
                     )
+                    # Every function body is compiled as it is created, whatever the database's
+                    # owner set: a body that ended early fails here, before the rest runs.
+                    await conn.execute("SET LOCAL check_function_bodies = on")
                     await conn.execute(text)
     except psycopg.errors.LockNotAvailable:
         raise DatabaseUnreachable(

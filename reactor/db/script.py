@@ -20,6 +20,9 @@ from reactor.install import Install, sql
 # In the printed script: the statement after this line runs on its own, outside any
 # transaction (CREATE INDEX CONCURRENTLY cannot run inside one, and is the point).
 OUTSIDE_TRANSACTION = "-- reactor: outside-transaction"
+# The script's first line: every function body is compiled as it is created, whatever the
+# database's owner set (`reactor migrate` sets it in each transaction).
+CHECK_BODIES = "SET check_function_bodies = on;"
 # What `migrate --print` says before an index build: the script is text, written without a
 # connection, so it cannot know whether the job table is partitioned or what its partitions are.
 _PARTITIONED_NOTE = (
@@ -56,7 +59,7 @@ def migration_script(
     )
     lease = install.query("script_install_lock", "install_lock.sql") + ";"
     timeout = f"SET LOCAL lock_timeout = '{LOCK_TIMEOUT}';"
-    parts = []
+    parts = [CHECK_BODIES]
     if reference_schema:
         parts += ["BEGIN;", sql.read("reference.sql"), "COMMIT;"]
     guard = install.query("guard", "trust.sql") + ";"
