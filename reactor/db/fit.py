@@ -40,6 +40,7 @@ async def fit(
     """``mapping`` checked against the catalog and typed from it; ConfigError names the first
     problem. ``installing``: `reactor migrate`, which may add ``runs.saved_by`` itself."""
     where = f"REACTOR_CONFIG ({mapping.source})" if mapping.source else "the reference mapping"
+    _check_showable(mapping, where)
     jobs_map, runs_map = mapping.jobs, mapping.runs
     # The reference tables missing is the schema missing (exit 4), as it always was.
     missing_is_schema = mapping.is_reference and not reference_schema
@@ -175,6 +176,19 @@ def _warn_null_costs(mapping: Mapping, jobs: Table, runs: Table) -> None:
             "a NULL in the job would be refused by the artifact's NOT NULL, and the job set "
             "aside: " + null_cost.fixes(mapping, column, sources),
             extra={"table": runs.shown, "column": column},
+        )
+
+
+def _check_showable(mapping: Mapping, where: str) -> None:
+    """No mapped name or value holds a control character or a line break
+    (:func:`~reactor.install.mapping.unshowable` says why); the message shows it escaped."""
+    found = mapping_module.unshowable(mapping)
+    if found is not None:
+        key, text, char = found
+        raise ConfigError(
+            f"{key} = {text!r} in {where} holds {char!r}, a control character or line break, "
+            "which no name or value the reactor renders may hold: rename the table or column "
+            "(or change the value), and the mapping with it"
         )
 
 

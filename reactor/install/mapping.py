@@ -17,6 +17,7 @@ A mapping is a value: a command resolves it once, with the catalog, into an inst
 
 from __future__ import annotations
 
+import unicodedata
 from dataclasses import dataclass, field, replace
 
 from reactor.core.ownership import share_sql
@@ -155,6 +156,26 @@ class Mapping:
         """This mapping with unqualified table names taken to be in the schema public."""
         jobs = replace(self.jobs, table=qualified(self.jobs.table))
         return replace(self, jobs=jobs, runs=replace(self.runs, table=qualified(self.runs.table)))
+
+    def named(self) -> tuple[tuple[str, str], ...]:
+        """Every name and value of the mapping that the rendered SQL quotes, as (the key that
+        gives it, its text): tables, columns, and the status and saved_by values. Not the
+        [runs.columns] expressions, which are SQL."""
+        jobs, runs = self.jobs, self.runs
+        found = [("reactor_schema", self.reactor_schema), ("jobs.table", ".".join(jobs.table))]
+        for key in ("id", "run", "status", "updated_at", "created_at", "deleted_at", "time_zone"):
+            value = getattr(jobs, key)
+            if value is not None:
+                found.append((f"jobs.{key}", value))
+        found += [("jobs.not_null", name) for name in jobs.not_null]
+        found += [("jobs.not_empty", name) for name in jobs.not_empty]
+        found += [("jobs.terminal", value) for value in jobs.terminal if isinstance(value, str)]
+        found.append(("runs.table", ".".join(runs.table)))
+        found += [(f"runs.{key}", getattr(runs, key)) for key in ("key", "job", "saved_by")]
+        found += [("runs.client", value) for value in runs.client]
+        found.append(("runs.worker", runs.worker))
+        found += [("[runs.columns]", column) for column, _ in runs.columns]
+        return tuple(found)
 
     def slot(self, name: str, alias: str | None, argument: str | None) -> str:
         """The SQL for one slot of a template: ``@name@``, ``@alias.name@`` or ``@name(arg)@``."""
@@ -322,6 +343,27 @@ class Mapping:
 
 
 REFERENCE = Mapping()
+
+# Unicode's control characters (C0, DEL, C1: \n, \r, \t, ESC, NEL, ...) and its line and
+# paragraph separators.
+_UNSHOWABLE = frozenset({"Cc", "Zl", "Zp"})
+
+
+def unshowable(mapping: Mapping) -> tuple[str, str, str] | None:
+    """The first name or value of ``mapping`` (:meth:`Mapping.named`) that holds a control
+    character or a line break, as (key, text, the character); None when none does.
+
+    PostgreSQL takes any character but NUL in a quoted name, and quoted, such a name is inert
+    where the reactor's SQL runs. But a comment of the SQL that `reactor migrate --print` writes
+    for psql, a one-line message or a log line that showed one would end at its line break,
+    and what follows would be read as something else (SQL after the comment, a second
+    message); an escape sequence rewrites what a terminal shows. No app needs one in a table or
+    column name: the reactor refuses them all, before it renders anything."""
+    for key, text in mapping.named():
+        for char in text:
+            if unicodedata.category(char) in _UNSHOWABLE:
+                return key, text, char
+    return None
 
 
 def value_of(expression: str) -> str:
