@@ -139,7 +139,9 @@ SELECT a.pid, host(a.client_addr) AS client_addr, a.backend_start
 -- found through pg_class rather than to_regclass(), which fails outright on a schema the role
 -- may not use; that lack is reported once, by the schema's own row. For a row lock, PostgreSQL
 -- accepts UPDATE on any column of the table, so any_column checks exactly that. A function is
--- found by name and argument types (%(args)s) through pg_proc, for the same reason.
+-- found by name and argument types (%(args)s) through pg_proc, for the same reason. Schemas
+-- are found by their names as the catalog has them, not through to_regnamespace(), which would
+-- read each as SQL (folding MyApp to myapp; on PostgreSQL 15, failing on a name with a space).
 SELECT need.grant_sql, current_user::text AS role
   FROM unnest(%(kinds)s::text[], %(privileges)s::text[], %(schemas)s::text[],
               %(names)s::text[], %(args)s::text[], %(grants)s::text[])
@@ -147,14 +149,17 @@ SELECT need.grant_sql, current_user::text AS role
        AS need(kind, privilege, schema_name, object_name, args, grant_sql, position)
  CROSS JOIN LATERAL (
        SELECT CASE
-                WHEN need.kind = 'schema' THEN to_regnamespace(need.object_name)::oid
+                WHEN need.kind = 'schema' THEN
+                     (SELECT n.oid FROM pg_namespace n WHERE n.nspname = need.object_name)
                 WHEN need.kind = 'function' THEN
                      (SELECT p.oid FROM pg_proc p
-                       WHERE p.pronamespace = to_regnamespace(need.schema_name)::oid
+                       JOIN pg_namespace n ON n.oid = p.pronamespace
+                       WHERE n.nspname = need.schema_name
                          AND p.proname = need.object_name
                          AND oidvectortypes(p.proargtypes) = need.args)
                 ELSE (SELECT c.oid FROM pg_class c
-                       WHERE c.relnamespace = to_regnamespace(need.schema_name)::oid
+                       JOIN pg_namespace n ON n.oid = c.relnamespace
+                       WHERE n.nspname = need.schema_name
                          AND c.relname = need.object_name)
               END AS oid
  ) AS found

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import uuid
 from pathlib import Path
 
@@ -18,6 +19,7 @@ from rich.console import Console
 
 from reactor import db, status
 from reactor.config import Settings
+from reactor.errors import PrivilegeMissing
 from reactor.install import Install, grants, mapping, mapping_file, sql
 from reactor.install.quote import quote_ident, readable
 from reactor.record.recorder import Recorder
@@ -136,6 +138,33 @@ async def test_the_printed_grants_name_a_mixed_case_schema_as_it_is(
                 database = db.Database.pooled(installed, pool)
                 drained = await Recorder(database, Metrics()).drain(10)
             assert drained.recorded == 1
+        finally:
+            admin.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = %s",
+                (role,),
+            )
+            admin.execute(f'DROP OWNED BY "{role}"')
+            admin.execute(f'DROP ROLE "{role}"')
+
+
+async def test_the_startup_check_finds_a_grant_missing_in_a_mixed_case_schema(
+    server: Server, my_app: tuple[str, mapping.Mapping]
+) -> None:
+    if server.embedded is None:
+        pytest.skip("needs a server whose authentication we control (trust for a new role)")
+    url, shape = my_app
+    installed = await install(url, shape)
+    role = f"reactor_rt_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(url, autocommit=True) as admin:
+        admin.execute(f'CREATE ROLE "{role}" LOGIN')
+        try:
+            admin.execute(grants.grant_script(role, installed.mapping).encode())
+            admin.execute(f'REVOKE SELECT ON "MyApp"."Jobs" FROM "{role}"')
+            grant = 'GRANT SELECT ON "MyApp"."Jobs"'
+            as_role = psycopg.conninfo.make_conninfo(url, user=role)
+            async with await db.connect(as_role, "test", configure_session=False) as conn:
+                with pytest.raises(PrivilegeMissing, match=re.escape(grant)):
+                    await db.Database.dedicated(installed, conn).require_privileges()
         finally:
             admin.execute(
                 "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = %s",
