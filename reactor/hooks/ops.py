@@ -28,14 +28,14 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from datetime import datetime
-from typing import Any
-
-from rich.console import Console
-from rich.table import Table
+from typing import TYPE_CHECKING, Any
 
 from reactor.db import Database, HookChange, HookRow
 from reactor.errors import UsageError
 from reactor.telemetry import redact
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 # What each command accepts, by the row's status; the SQL enforces the same.
 RETRYABLE = ("failed", "cancelled")
@@ -119,6 +119,9 @@ def as_json(rows: Sequence[HookRow], total: int, failed: int) -> dict[str, Any]:
 
 def render(rows: Sequence[HookRow], total: int, console: Console) -> None:
     """A table for people, with a line on what was left out."""
+    # Here: rich is the cli extra, which the JSON shape and the page's actions do not need.
+    from rich.table import Table
+
     if not rows:
         console.print("no hook calls waiting, running or parked")
         return
@@ -160,6 +163,8 @@ async def operate(
         if json_out:
             print(json.dumps(as_json(rows, total, parked), indent=2))
         else:
+            from rich.console import Console
+
             render(rows, total, Console())
         return 1 if parked else 0
     if action == "retry" and failed:

@@ -6,14 +6,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import fields
 from datetime import datetime
-from typing import Any
-
-from rich.console import Console
-from rich.table import Table
-from rich.text import Text
+from typing import TYPE_CHECKING, Any
 
 from reactor.status.model import Status
 from reactor.status.risks import duration, risks, verdict, verdict_over
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 
 def pairs_as_json(
@@ -156,6 +155,10 @@ def _reconcile_json(status: Status) -> dict[str, Any]:
 
 def render(status: Status, console: Console) -> None:
     """A table for people: one row per check, the risky ones in red."""
+    # Here: rich is the cli extra, which the JSON shapes above do not need.
+    from rich.table import Table
+    from rich.text import Text
+
     table = Table(title=f"reactor status at {status.checked_at:%Y-%m-%d %H:%M:%S %Z}")
     table.add_column("check")
     table.add_column("value")

@@ -13,8 +13,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
-from rich.console import Console
-from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from reactor import extras
 
 log = logging.getLogger(__name__)
 
@@ -25,7 +24,8 @@ LOG_EVERY = 5.0
 @contextmanager
 def counting(what: str, unit: str) -> Iterator[Callable[[int], None]]:
     """Yield ``update(done)``: report ``done`` units of ``what`` so far, with the rate."""
-    if sys.stderr.isatty():
+    # A bar needs rich (the cli extra); without it a terminal gets the log lines too.
+    if sys.stderr.isatty() and extras.installed("rich"):
         with _bar(what, unit) as update:
             yield update
     else:
@@ -34,6 +34,9 @@ def counting(what: str, unit: str) -> Iterator[Callable[[int], None]]:
 
 @contextmanager
 def _bar(what: str, unit: str) -> Iterator[Callable[[int], None]]:
+    from rich.console import Console
+    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
     started = time.monotonic()
     columns = (
         SpinnerColumn(),

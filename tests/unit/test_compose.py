@@ -7,6 +7,13 @@ from __future__ import annotations
 import json
 import re
 import shlex
+import socket
+import subprocess
+import sys
+import threading
+import tomllib
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -86,13 +93,12 @@ def test_one_database_url_pointing_at_the_postgres_service(services: dict[str, A
     assert parts.username == services["postgres"]["environment"]["POSTGRES_USER"]
 
 
-def test_health_checks(services: dict[str, Any]) -> None:
+def test_health_checks(services: dict[str, Any], dockerfile: list[str]) -> None:
     postgres = " ".join(services["postgres"]["healthcheck"]["test"])
     assert "pg_isready" in postgres
     reactor = services["reactor"]
-    check = " ".join(reactor["healthcheck"]["test"])
-    assert "127.0.0.1:9187/healthz" in check
-    assert "curl" not in check  # not in the slim image
+    # The image's own check, word for word (compose shows it to those who read only this file).
+    assert reactor["healthcheck"]["test"] == health_command(dockerfile)
     assert reactor["environment"]["REACTOR_HTTP_ADDR"] == "0.0.0.0:9187"
 
 
@@ -125,15 +131,53 @@ def test_the_bun_worker_is_optional_and_runs_the_example(services: dict[str, Any
     assert worker["depends_on"]["migrate"]["condition"] == "service_completed_successfully"
 
 
-def test_dockerfile_base_and_install(dockerfile: list[str]) -> None:
-    assert instruction(dockerfile, "FROM")[0].startswith("python:3.11-slim")
-    runs = " ".join(instruction(dockerfile, "RUN"))
-    assert re.search(r"pip install .*\buv\b", runs)
-    syncs = [run for run in instruction(dockerfile, "RUN") if "uv sync" in run]
+def stages(dockerfile: list[str]) -> list[list[str]]:
+    """The Dockerfile's stages, each from its FROM; what precedes the first is left out."""
+    found: list[list[str]] = []
+    for line in dockerfile:
+        if line.split()[0].upper() == "FROM":
+            found.append([])
+        if found:
+            found[-1].append(line)
+    return found
+
+
+def test_dockerfile_builds_on_one_base_in_two_stages(dockerfile: list[str]) -> None:
+    # The venv's python is a link to the base's interpreter: both stages stand on one base,
+    # python:3.11-slim unless a build argument names another (tests/container's stand-in).
+    assert dockerfile[0] == "ARG BASE=python:3.11-slim"
+    builder, runtime = stages(dockerfile)
+    assert builder[0] == "FROM ${BASE} AS builder"
+    assert runtime[0] == "FROM ${BASE}"
+
+
+def test_uv_and_the_build_stay_in_the_builder(dockerfile: list[str]) -> None:
+    builder, runtime = stages(dockerfile)
+    runs = " ".join(instruction(builder, "RUN"))
+    assert re.search(r"pip install .*\buv==", runs)
+    syncs = [run for run in instruction(builder, "RUN") if "uv sync" in run]
     assert syncs
     for sync in syncs:
         # --no-dev alone would install the bench group too: pyproject lists it as a default.
         assert {"--locked", "--no-dev", "--no-default-groups"} <= set(sync.split())
+        # No extra: the cli extra's tables, the demo and tracing are not the sidecar's.
+        assert "--extra" not in sync and "--all-extras" not in sync
+    # The project goes in as a wheel, not as a link to the build's sources.
+    assert "--no-editable" in syncs[-1].split()
+    # The runtime only copies the venv: no uv, no pip install, no build.
+    assert instruction(runtime, "COPY") == ["--from=builder /app/.venv /app/.venv"]
+    assert all("uv" not in run.split() and "pip" not in run for run in instruction(runtime, "RUN"))
+
+
+def test_the_image_is_labelled_with_the_projects_version(dockerfile: list[str]) -> None:
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+    _, runtime = stages(dockerfile)
+    assert f"ARG VERSION={project['version']}" in runtime
+    labels = " ".join(instruction(runtime, "LABEL"))
+    for key in ("title", "description", "licenses", "version", "revision"):
+        assert f"org.opencontainers.image.{key}=" in labels, key
+    assert 'org.opencontainers.image.version="${VERSION}"' in labels
+    assert f'org.opencontainers.image.licenses="{project["license"]}"' in labels
 
 
 def test_dockerfile_runs_as_non_root(dockerfile: list[str]) -> None:
@@ -148,7 +192,7 @@ def test_dockerfile_runs_as_non_root(dockerfile: list[str]) -> None:
 
 def test_dockerfile_health_entrypoint_and_address(dockerfile: list[str]) -> None:
     (health,) = instruction(dockerfile, "HEALTHCHECK")
-    assert "http://127.0.0.1:9187/healthz" in health
+    assert "/healthz" in health
     assert "urllib" in health
     assert "curl" not in health
     assert instruction(dockerfile, "ENTRYPOINT") == ['["reactor"]']
@@ -174,3 +218,68 @@ def test_dockerignore_keeps_the_build_context_small() -> None:
         assert entry in ignored
     for needed in ("pyproject.toml", "uv.lock", "README.md", "reactor", "triggers"):
         assert needed not in ignored
+
+
+def health_command(dockerfile: list[str]) -> list[str]:
+    """The exec form of the Dockerfile's HEALTHCHECK: ["CMD", argv...]."""
+    (health,) = instruction(dockerfile, "HEALTHCHECK")
+    found = json.loads(health[health.index("CMD") + len("CMD") :].strip())
+    assert isinstance(found, list)
+    return ["CMD", *found]
+
+
+class _Probe(BaseHTTPRequestHandler):
+    """Answers /healthz with the status the server was given."""
+
+    def do_GET(self) -> None:
+        status = self.server.status if self.path == "/healthz" else 404  # type: ignore[attr-defined]
+        self.send_response(status)
+        self.end_headers()
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def probed() -> Iterator[HTTPServer]:
+    server = HTTPServer(("127.0.0.1", 0), _Probe)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield server
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.mark.parametrize(("status", "code"), [(200, 0), (503, 1)])
+def test_the_health_check_asks_the_port_of_reactor_http_addr(
+    dockerfile: list[str], probed: HTTPServer, status: int, code: int
+) -> None:
+    # What the engine runs, with the python of this venv: 0.0.0.0 is asked on loopback, on
+    # whatever port REACTOR_HTTP_ADDR names.
+    probed.status = status  # type: ignore[attr-defined]
+    _, python, *args = health_command(dockerfile)
+    assert python == "python"
+    port = probed.server_address[1]
+    result = subprocess.run(
+        [sys.executable, *args],
+        env={"REACTOR_HTTP_ADDR": f"0.0.0.0:{port}"},
+        capture_output=True,
+        timeout=30,
+        check=False,
+    )
+    assert result.returncode == code, result.stderr
+
+
+def test_the_health_check_fails_when_nothing_answers(dockerfile: list[str]) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # bound, not listening: the connection is refused
+        _, _, *args = health_command(dockerfile)
+        result = subprocess.run(
+            [sys.executable, *args],
+            env={"REACTOR_HTTP_ADDR": f"0.0.0.0:{port}"},
+            capture_output=True,
+            timeout=30,
+            check=False,
+        )
+    assert result.returncode == 1

@@ -1,0 +1,421 @@
+"""The image as it is deployed: built from the Dockerfile, run by podman beside a real PostgreSQL.
+
+The Dockerfile is built on a stand-in base (tests/container/podman.py) and run with a read-only
+root filesystem, no capability and host networking, so that the containers reach the suite's
+PostgreSQL on 127.0.0.1. ``migrate`` runs as the tables' owner and ``run`` as the runtime role
+``reactor migrate --print-grants`` grants; jobs finish, and every invariant is read from the
+database's audit. The figures (the image's size over its base, its time to ready, the drain,
+its memory and CPU) are written to ``REACTOR_IMAGE_REPORT`` (default:
+``~/.cache/backstop-reactor/image-report.md``), which docs/deploying.md and
+deploy/kubernetes quote.
+
+Run by .ci/run as ``uv run pytest -n 0 -m container tests/container``.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import os
+import subprocess
+import time
+import uuid
+import zipfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import anyio
+import psycopg
+import pytest
+
+from reactor import audit
+from reactor.install.mapping import REFERENCE
+from tests import tools
+from tests.conftest import Server
+from tests.container.podman import CACHE, RUN_LIMITS, Podman, podman, standin_base
+from tests.helpers import AUDIT_SQL, client_save, finish, grant_audit, new_job
+from tests.polling import wait_for
+from tests.ports import free_port, http_status
+
+pytestmark = pytest.mark.container
+
+IMAGE = "localhost/backstop-reactor:test"
+UID = 10001
+# The goals the image is held to: what it adds to its base, and how soon `reactor run` is ready
+# once its container has started (the measured figures are in the report).
+MAX_OVER_BASE = 40 * 1024 * 1024
+MAX_READY_SECONDS = 2.0
+GRACE = 1.0
+DRAIN = 20.0
+
+
+@dataclass(frozen=True)
+class Built:
+    """The image, its base and what they weigh."""
+
+    engine: Podman
+    base: str
+    over_base: int
+    build_seconds: float
+
+
+@pytest.fixture(scope="module")
+def figures() -> Iterator[dict[str, str]]:
+    """The measured figures, by name; written to the report when the module is done."""
+    found: dict[str, str] = {}
+    yield found
+    path = Path(os.environ.get("REACTOR_IMAGE_REPORT") or CACHE / "image-report.md")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    lines = ["# The image, measured by tests/container", "", "| figure | value |", "|---|---|"]
+    lines += [f"| {name} | {value} |" for name, value in found.items()]
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    print(f"\nimage figures written to {path}:\n" + "\n".join(lines))
+
+
+@pytest.fixture(scope="module")
+def image(figures: dict[str, str]) -> Built:
+    """The Dockerfile built on the stand-in base (podman's layer cache makes a rebuild quick)."""
+    engine = podman()
+    started = time.monotonic()
+    base = standin_base(engine)
+    based = time.monotonic()
+    engine.run(
+        "build",
+        "--isolation=chroot",
+        "--network",
+        "host",
+        "--pull=never",
+        # HEALTHCHECK is a Docker-format field: an OCI image would drop it.
+        "--format",
+        "docker",
+        "--build-arg",
+        f"BASE={base}",
+        "--build-arg",
+        f"REVISION={_revision()}",
+        "-t",
+        IMAGE,
+        str(tools.ROOT),
+        timeout=900,
+    )
+    built = time.monotonic()
+    over = engine.image_size(IMAGE) - engine.image_size(base)
+    figures["stand-in base ready (s)"] = f"{based - started:.1f}"
+    figures["image build (s)"] = f"{built - based:.1f}"
+    figures["image size over its base (MB)"] = f"{over / 1e6:.1f}"
+    return Built(engine, base, over, built - based)
+
+
+def _revision() -> str:
+    result = subprocess.run(
+        ["git", "rev-parse", "HEAD"],
+        cwd=tools.ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    return result.stdout.strip() or "unknown"
+
+
+def inspect(engine: Podman, name: str, kind: str = "image") -> dict[str, Any]:
+    """``podman KIND inspect NAME`` as a dict."""
+    (found,) = json.loads(engine.run(kind, "inspect", name).stdout)
+    assert isinstance(found, dict)
+    return found
+
+
+def test_the_image_is_small_labelled_and_runs_as_a_number(image: Built) -> None:
+    assert image.over_base <= MAX_OVER_BASE, f"{image.over_base / 1e6:.1f} MB over the base"
+    found = inspect(image.engine, IMAGE)
+    config = found["Config"]
+    assert config["User"] == f"{UID}:{UID}"  # a number: runAsNonRoot can check it
+    labels = config["Labels"]
+    assert labels["org.opencontainers.image.version"] == _project_version()
+    assert labels["org.opencontainers.image.revision"] == _revision()
+    assert labels["org.opencontainers.image.licenses"] == "MIT"
+    assert found["Healthcheck"]["Test"][0] == "CMD"  # podman shows it beside Config
+    # What only the builder needs stays there: uv, and the terminal's tables (the cli extra).
+    listed = image.engine.run(
+        "run",
+        "--rm",
+        "--network",
+        "none",
+        *RUN_LIMITS,
+        "--entrypoint",
+        "python",
+        IMAGE,
+        "-c",
+        "import importlib.util as u, shutil;"
+        "print(shutil.which('uv'), *(u.find_spec(m) for m in ('rich', 'pygments')))",
+    )
+    assert listed.stdout.split() == ["None", "None", "None"]
+
+
+def _project_version() -> str:
+    import tomllib
+
+    project = tomllib.loads((tools.ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+    version = project["project"]["version"]
+    assert isinstance(version, str)
+    return version
+
+
+# Inside the image: every file of the installed reactor and triggers packages, by its path in
+# site-packages, with the sha256 a wheel's RECORD would give it.
+_INSTALLED = """
+import base64, hashlib, json, pathlib, reactor, triggers
+site = pathlib.Path(reactor.__file__).parent.parent
+found = {}
+for package in (reactor, triggers):
+    for path in pathlib.Path(package.__file__).parent.rglob('*'):
+        if path.is_file() and '__pycache__' not in path.parts:
+            digest = hashlib.sha256(path.read_bytes()).digest()
+            found[str(path.relative_to(site))] = base64.urlsafe_b64encode(digest).decode()
+print(json.dumps(found))
+"""
+
+
+def test_the_image_carries_the_wheels_code(image: Built, tmp_path: Path) -> None:
+    built = subprocess.run(
+        ["uv", "build", "--wheel", "--out-dir", str(tmp_path)],
+        cwd=tools.ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert built.returncode == 0, built.stderr
+    (wheel,) = tmp_path.glob("*.whl")
+    with zipfile.ZipFile(wheel) as archive:
+        in_wheel = {
+            name: base64.urlsafe_b64encode(hashlib.sha256(archive.read(name)).digest()).decode()
+            for name in archive.namelist()
+            if name.split("/")[0] in ("reactor", "triggers")
+        }
+    shown = image.engine.run(
+        "run",
+        "--rm",
+        "--network",
+        "none",
+        *RUN_LIMITS,
+        "--entrypoint",
+        "python",
+        IMAGE,
+        "-c",
+        _INSTALLED,
+    )
+    assert json.loads(shown.stdout) == in_wheel
+
+
+@dataclass(frozen=True)
+class Roles:
+    """A fresh database, with its owner (who migrates) and the runtime role (who runs)."""
+
+    admin: str
+    owner: str
+    runtime: str
+
+
+@pytest.fixture
+def roles(server: Server, empty_database_url: str) -> Iterator[Roles]:
+    if server.embedded is None:
+        pytest.skip("needs the suite's own PostgreSQL on 127.0.0.1, trusting local roles")
+    suffix = uuid.uuid4().hex[:8]
+    owner, runtime = f"app_owner_{suffix}", f"reactor_rt_{suffix}"
+    dbname = psycopg.conninfo.conninfo_to_dict(empty_database_url)["dbname"]
+    with psycopg.connect(empty_database_url, autocommit=True) as conn:
+        conn.execute(f"CREATE ROLE {owner} LOGIN")
+        conn.execute(f"CREATE ROLE {runtime} LOGIN")
+        conn.execute(f"ALTER DATABASE {dbname} OWNER TO {owner}")
+        conn.execute(f"ALTER SCHEMA public OWNER TO {owner}")
+    yield Roles(
+        empty_database_url,
+        psycopg.conninfo.make_conninfo(empty_database_url, user=owner),
+        psycopg.conninfo.make_conninfo(empty_database_url, user=runtime),
+    )
+    with psycopg.connect(server.admin_dsn, autocommit=True) as conn:
+        conn.execute(f"DROP DATABASE IF EXISTS {dbname} WITH (FORCE)")
+        for role in (owner, runtime):
+            conn.execute(f"DROP ROLE IF EXISTS {role}")
+
+
+def one_shot(engine: Podman, dsn: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """``reactor ARGS`` in a container of the image, to completion."""
+    return engine.run(
+        "run", "--rm", "--read-only", "--cap-drop=all", "--network", "host", *RUN_LIMITS,
+        "-e", f"DATABASE_URL={dsn}", IMAGE, *args,
+        check=False,
+    )  # fmt: skip
+
+
+@dataclass
+class Running:
+    """A ``reactor run`` container, its probes' port, and when it started."""
+
+    name: str
+    port: int
+    started: float  # monotonic, when `podman run -d` returned: the container is running
+
+
+@contextmanager
+def reactor_container(engine: Podman, dsn: str, **env: str) -> Iterator[Running]:
+    """``reactor run`` in a detached container, as production runs it: read-only, no
+    capability, no new privilege; removed afterwards."""
+    name = f"reactor-test-{uuid.uuid4().hex[:8]}"
+    port = free_port()
+    variables = {
+        "DATABASE_URL": dsn,
+        "REACTOR_HTTP_ADDR": f"0.0.0.0:{port}",
+        "REACTOR_DASHBOARD_ADDR": f"127.0.0.1:{free_port()}",
+        "REACTOR_GRACE_SECONDS": str(GRACE),
+        "REACTOR_DRAIN_SECONDS": str(DRAIN),
+        **env,
+    }
+    options = [arg for key, value in variables.items() for arg in ("-e", f"{key}={value}")]
+    engine.run(
+        "run", "-d", "--name", name, "--read-only", "--cap-drop=all",
+        "--security-opt", "no-new-privileges", "--network", "host", *RUN_LIMITS,
+        *options, IMAGE,
+    )  # fmt: skip
+    try:
+        yield Running(name, port, time.monotonic())
+    finally:
+        engine.run("rm", "--force", "--time", "0", name, check=False)
+
+
+def ready_after(engine: Podman, running: Running) -> float:
+    """Seconds from the container's start to /readyz answering 200."""
+
+    def ready() -> bool:
+        if http_status(f"http://127.0.0.1:{running.port}/readyz") == 200:
+            return True
+        state = inspect(engine, running.name, "container")["State"]
+        assert state["Running"], engine.run("logs", running.name).stderr[-3000:]
+        return False
+
+    wait_for(ready, timeout=30, what="/readyz", interval=0.01)
+    return time.monotonic() - running.started
+
+
+def verdict(dsn: str) -> audit.Verdict:
+    """The invariants, counted from the database's audit."""
+
+    async def read() -> audit.Verdict:
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+            return await audit.verdict(conn, REFERENCE.in_public(), GRACE)
+
+    return anyio.run(read)
+
+
+def finish_jobs(dsn: str, count: int) -> None:
+    """The app: ``count`` jobs finish, and a tab saves every third of them."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        for n in range(count):
+            job, _ = new_job(conn)
+            finish(conn, job)
+            if n % 3 == 0:
+                client_save(conn, job)
+
+
+def all_recorded(dsn: str, jobs: int) -> audit.Verdict | None:
+    """The verdict once each of ``jobs`` finished jobs has its run, a tab's or the reactor's."""
+    found = verdict(dsn)
+    done = found.jobs == found.saved_by_client + found.saved_by_worker == jobs
+    return found if done and found.lost == 0 else None
+
+
+def usage(engine: Podman, name: str) -> tuple[float, float]:
+    """(peak resident MB, CPU seconds so far) of the container's process, from the host's
+    /proc: what a Kubernetes request should cover."""
+    pid = inspect(engine, name, "container")["State"]["Pid"]
+    status = Path(f"/proc/{pid}/status").read_text()
+    (peak,) = (line.split()[1] for line in status.splitlines() if line.startswith("VmHWM:"))
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    ticks = int(fields[11]) + int(fields[12])  # utime + stime
+    return int(peak) / 1024, ticks / os.sysconf("SC_CLK_TCK")
+
+
+def test_deployed_migrate_as_owner_run_as_the_role_drain_and_hand_over(
+    image: Built, roles: Roles, figures: dict[str, str]
+) -> None:
+    engine = image.engine
+    migrated = one_shot(engine, roles.owner, "migrate", "--reference-schema")
+    assert migrated.returncode == 0, migrated.stderr
+    grants = one_shot(engine, roles.owner, "migrate", "--print-grants", _user(roles.runtime))
+    assert grants.returncode == 0, grants.stderr
+    with psycopg.connect(roles.owner, autocommit=True) as conn:
+        conn.execute(grants.stdout)
+    # The audit's table and trigger, which the invariants are read from.
+    with psycopg.connect(roles.admin, autocommit=True) as conn:
+        conn.execute(AUDIT_SQL)
+        grant_audit(conn, _user(roles.runtime))
+
+    with reactor_container(engine, roles.runtime) as first:
+        figures["time to /readyz from container start (s)"] = f"{ready_after(engine, first):.2f}"
+        # The image's own HEALTHCHECK, as the engine runs it.
+        checked = engine.run("healthcheck", "run", first.name, check=False)
+        assert checked.returncode == 0, checked.stdout + checked.stderr
+        assert _in(engine, first, "id", "-u") == str(UID)
+        # The page's templates (jinja2) are in the image: it answers on the container's loopback.
+        page = _in(engine, first, "python", "-c", _PAGE_STATUS)
+        assert page == "200"
+        # The terminal's table is the cli extra, which the image leaves out: one line says so,
+        # and --json needs nothing more.
+        table = engine.run("exec", first.name, "reactor", "status", check=False)
+        assert (table.returncode, table.stdout) == (2, ""), table.stderr
+        assert table.stderr.strip() == (
+            "reactor: reactor status draws its table with rich, which the cli extra installs: "
+            "pip install 'backstop-reactor[cli]', or give --json"
+        )
+        report = engine.run("exec", first.name, "reactor", "status", "--json", check=False)
+        assert report.returncode in (0, 1), report.stderr
+        assert "verdict" in json.loads(report.stdout) or json.loads(report.stdout)
+
+        finish_jobs(roles.admin, 20)
+        found = wait_for(lambda: all_recorded(roles.admin, 20), timeout=60, what="20 runs")
+        assert found.clean, found
+
+        # A rolling deploy: the new container is ready beside the old one, the old one stops
+        # while jobs are still inside their grace, and the new one records them.
+        with reactor_container(engine, roles.runtime) as second:
+            ready_after(engine, second)
+            finish_jobs(roles.admin, 10)
+            peak_mb, cpu_s = usage(engine, first.name)
+            stopping = time.monotonic()
+            engine.run("stop", "--time", str(int(DRAIN + 10)), first.name, timeout=60)
+            drained = time.monotonic() - stopping
+            state = inspect(engine, first.name, "container")["State"]
+            assert state["ExitCode"] == 0, engine.run("logs", first.name).stderr[-3000:]
+            assert drained < DRAIN
+            found = wait_for(lambda: all_recorded(roles.admin, 30), timeout=60, what="30 runs")
+            assert found.clean, found
+            logs = engine.run("logs", first.name).stderr
+            assert '"signal": "SIGTERM"' in logs or '"signal":"SIGTERM"' in logs
+    figures["podman stop to exit 0, drain included (s)"] = f"{drained:.2f}"
+    figures["peak RSS of reactor run (MB)"] = f"{peak_mb:.0f}"
+    figures["CPU over the run, 20 jobs, ~10 s (s)"] = f"{cpu_s:.2f}"
+    figures["runs recorded by the reactor / saved by tabs"] = (
+        f"{found.saved_by_worker} / {found.saved_by_client}"
+    )
+
+
+# The page on the container's loopback: the status of GET /, from inside.
+_PAGE_STATUS = (
+    "import os, urllib.request;"
+    "print(urllib.request.urlopen("
+    "'http://' + os.environ['REACTOR_DASHBOARD_ADDR'] + '/', timeout=5).status)"
+)
+
+
+def _in(engine: Podman, running: Running, *argv: str) -> str:
+    """What ``argv`` prints inside the running container."""
+    return engine.run("exec", running.name, *argv).stdout.strip()
+
+
+def _user(dsn: str) -> str:
+    user = psycopg.conninfo.conninfo_to_dict(dsn)["user"]
+    assert isinstance(user, str)
+    return user
