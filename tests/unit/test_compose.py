@@ -161,7 +161,8 @@ def test_uv_and_the_build_stay_in_the_builder(dockerfile: list[str]) -> None:
         # --no-dev alone would install the bench group too: pyproject lists it as a default.
         assert {"--locked", "--no-dev", "--no-default-groups"} <= set(sync.split())
         # No extra: the cli extra's tables, the demo and tracing are not the sidecar's.
-        assert "--extra" not in sync and "--all-extras" not in sync
+        assert "--extra" not in sync
+        assert "--all-extras" not in sync
     # The project goes in as a wheel, not as a link to the build's sources.
     assert "--no-editable" in syncs[-1].split()
     # The runtime only copies the venv: no uv, no pip install, no build.
