@@ -44,7 +44,8 @@ from tests.helpers import AUDIT_SQL, client_save, finish, grant_audit, new_job
 from tests.polling import wait_for
 from tests.ports import free_port, http_status
 
-pytestmark = pytest.mark.container
+# Cold, the stand-in base is bootstrapped from Debian's packages first: minutes, not seconds.
+pytestmark = [pytest.mark.container, pytest.mark.timeout(1200)]
 
 IMAGE = "localhost/backstop-reactor:test"
 UID = 10001
