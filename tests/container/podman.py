@@ -148,3 +148,20 @@ def _as_the_python_image(root: Path) -> None:
     # The packages debootstrap downloaded: the system needs them no more.
     for deb in (root / "var/cache/apt/archives").glob("*.deb"):
         deb.unlink()
+
+
+def standin_bun(engine: Podman, base: str, binary: Path, version: str) -> str:
+    """An image holding Bun where the official one does (/usr/local/bin/bun), on ``base``: the
+    binary npm installed for examples/bun, which deploy/fly/Dockerfile copies out of it."""
+    name = f"localhost/backstop-reactor-bun:{version}"
+    if engine.has_image(name):
+        return name
+    with tempfile.TemporaryDirectory(prefix="reactor-bun-") as folder:
+        context = Path(folder)
+        shutil.copyfile(binary.resolve(), context / "bun")
+        (context / "bun").chmod(0o755)
+        (context / "Dockerfile").write_text(f"FROM {base}\nCOPY bun /usr/local/bin/bun\n")
+        engine.run(
+            "build", "--isolation=chroot", "--pull=never", "-t", name, str(context), timeout=600
+        )
+    return name

@@ -4,8 +4,9 @@ The Dockerfile is built on a stand-in base (tests/container/podman.py) and run w
 root filesystem, no capability and host networking, so that the containers reach the suite's
 PostgreSQL on 127.0.0.1. ``migrate`` runs as the tables' owner and ``run`` as the runtime role
 ``reactor migrate --print-grants`` grants; jobs finish, and every invariant is read from the
-database's audit. The figures (the image's size over its base, its time to ready, the drain,
-its memory and CPU) are written to ``REACTOR_IMAGE_REPORT`` (default:
+database's audit. deploy/fly/Dockerfile is built on that image, and runs the Bun worker and
+the reactor as fly.toml's process groups say. The figures (the image's size over its base, its
+time to ready, the drain, its memory and CPU) are written to ``REACTOR_IMAGE_REPORT`` (default:
 ``~/.cache/backstop-reactor/image-report.md``), which docs/deploying.md and
 deploy/kubernetes quote.
 
@@ -39,7 +40,14 @@ from reactor.install import sql
 from reactor.install.mapping import REFERENCE
 from tests import tools
 from tests.conftest import Server
-from tests.container.podman import CACHE, RUN_LIMITS, Podman, podman, standin_base
+from tests.container.podman import (
+    CACHE,
+    RUN_LIMITS,
+    Podman,
+    podman,
+    standin_base,
+    standin_bun,
+)
 from tests.helpers import AUDIT_SQL, client_save, finish, grant_audit, new_job
 from tests.polling import wait_for
 from tests.ports import free_port, http_status
@@ -268,18 +276,19 @@ class Running:
 
 @contextmanager
 def reactor_container(
-    engine: Podman, env: dict[str, str], command: Sequence[str] = ()
+    engine: Podman, env: dict[str, str], command: Sequence[str] = (), image: str = IMAGE
 ) -> Iterator[Running]:
     """``reactor run`` (or ``command``, from the shell's path) in a detached container, as
     production runs it: read-only, no capability, no new privilege; removed afterwards."""
     name = f"reactor-test-{uuid.uuid4().hex[:8]}"
     port = free_port()
     variables = {
-        "REACTOR_HTTP_ADDR": f"0.0.0.0:{port}",
-        "REACTOR_DASHBOARD_ADDR": f"127.0.0.1:{free_port()}",
         "REACTOR_GRACE_SECONDS": str(GRACE),
         "REACTOR_DRAIN_SECONDS": str(DRAIN),
         **env,
+        # Ports of their own: the containers share the host's network with everything else.
+        "REACTOR_HTTP_ADDR": f"0.0.0.0:{port}",
+        "REACTOR_DASHBOARD_ADDR": f"127.0.0.1:{free_port()}",
     }
     options = [arg for key, value in variables.items() for arg in ("-e", f"{key}={value}")]
     if command:
@@ -287,7 +296,7 @@ def reactor_container(
     engine.run(
         "run", "-d", "--name", name, "--read-only", "--cap-drop=all",
         "--security-opt", "no-new-privileges", "--network", "host", *RUN_LIMITS,
-        *options, IMAGE, *command[1:],
+        *options, image, *command[1:],
     )  # fmt: skip
     try:
         yield Running(name, port, time.monotonic())
@@ -478,3 +487,80 @@ def _user(dsn: str) -> str:
     user = psycopg.conninfo.conninfo_to_dict(dsn)["user"]
     assert isinstance(user, str)
     return user
+
+
+FLY_IMAGE = "localhost/backstop-reactor-fly:test"
+
+
+def as_url(dsn: str) -> str:
+    """``dsn`` as a postgresql:// URL, the form Bun's SQL takes (no password: trust)."""
+    parts = psycopg.conninfo.conninfo_to_dict(dsn)
+    return f"postgresql://{parts['user']}@{parts['host']}:{parts['port']}/{parts['dbname']}"
+
+
+def bun_version() -> str:
+    lock = json.loads((tools.BUN_EXAMPLE / "package-lock.json").read_text(encoding="utf-8"))
+    version = lock["packages"]["node_modules/bun"]["version"]
+    assert isinstance(version, str)
+    return version
+
+
+def test_the_fly_image_runs_the_worker_and_the_reactor_from_fly_toml(
+    image: Built, roles: Roles, figures: dict[str, str]
+) -> None:
+    # deploy/fly/Dockerfile on the image built here and a Bun image of the tests' Bun; each
+    # process group's command and the release command as fly.toml says them.
+    engine = image.engine
+    bun = standin_bun(engine, image.base, tools.bun(), bun_version())
+    engine.run(
+        "build", "--isolation=chroot", "--network", "host", "--pull=never", "--format", "docker",
+        "--build-arg", f"REACTOR_IMAGE={IMAGE}", "--build-arg", f"BUN_IMAGE={bun}",
+        "-f", str(tools.ROOT / "deploy/fly/Dockerfile"), "-t", FLY_IMAGE, str(tools.ROOT),
+        timeout=600,
+    )  # fmt: skip
+    config = tomllib.loads((tools.ROOT / "deploy/fly/fly.toml").read_text(encoding="utf-8"))
+    with psycopg.connect(roles.owner, autocommit=True) as conn:
+        conn.execute(sql.read("reference.sql"))
+    release = fly_process("deploy.release_command")
+    migrated = engine.run(
+        "run", "--rm", "--read-only", "--network", "host", *RUN_LIMITS,
+        "-e", f"MIGRATE_DATABASE_URL={roles.owner}", "--entrypoint", release[0], FLY_IMAGE,
+        *release[1:],
+        check=False,
+    )  # fmt: skip
+    assert migrated.returncode == 0, migrated.stderr
+    grants = one_shot(engine, roles.owner, "migrate", "--print-grants", _user(roles.runtime))
+    with psycopg.connect(roles.owner, autocommit=True) as conn:
+        conn.execute(grants.stdout)
+    with psycopg.connect(roles.admin, autocommit=True) as conn:
+        conn.execute(AUDIT_SQL)
+        grant_audit(conn, _user(roles.runtime))
+        jobs = 12
+        for _ in range(jobs):
+            new_job(conn, status="queued", doc_html=None)
+
+    # The app's secrets are every Machine's: each process picks its own connection string.
+    secrets = {"DATABASE_URL": as_url(roles.admin), "RUNTIME_DATABASE_URL": roles.runtime}
+    shared = {**config["env"], **secrets, "REACTOR_GRACE_SECONDS": str(GRACE)}
+    with (
+        reactor_container(engine, shared, fly_process("processes.reactor"), FLY_IMAGE) as reactor,
+        reactor_container(engine, shared, fly_process("processes.worker"), FLY_IMAGE) as worker,
+    ):
+        ready_after(engine, reactor)
+        try:
+            found = wait_for(
+                lambda: all_recorded(roles.admin, jobs), timeout=60, what="the worker's jobs' runs"
+            )
+        except AssertionError as error:
+            logs = {c.name: engine.run("logs", c.name).stderr[-2000:] for c in (worker, reactor)}
+            raise AssertionError(f"{error}; {verdict(roles.admin)}; {logs}") from None
+        assert found.clean, found
+        assert found.saved_by_worker == jobs  # no tab in this play: the reactor wrote each
+        # Fly's kill_signal to each; the worker finishes the job in hand, the reactor drains.
+        for running in (worker, reactor):
+            engine.run("kill", "--signal", config["kill_signal"], running.name)
+            waited = engine.run("wait", running.name, timeout=config["kill_timeout"])
+            assert waited.stdout.strip() == "0", engine.run("logs", running.name).stderr[-3000:]
+    figures["Fly image (reactor + Bun) over the reactor's (MB)"] = (
+        f"{(engine.image_size(FLY_IMAGE) - engine.image_size(IMAGE)) / 1e6:.1f}"
+    )
