@@ -153,7 +153,7 @@ def _as_the_python_image(root: Path) -> None:
 def standin_bun(engine: Podman, base: str, binary: Path, version: str) -> str:
     """An image holding Bun where the official one does (/usr/local/bin/bun), on ``base``: the
     binary npm installed for examples/bun, which deploy/fly/Dockerfile copies out of it."""
-    name = f"localhost/backstop-reactor-bun:{version}"
+    name = f"localhost/backstop-reactor-bun:{version}-{base.rpartition(':')[2]}"
     if engine.has_image(name):
         return name
     with tempfile.TemporaryDirectory(prefix="reactor-bun-") as folder:
