@@ -73,13 +73,18 @@ def podman() -> Podman:
     """Podman, as root (the stand-in base needs debootstrap, and rootless podman a setup this
     machine lacks); skipped without it, failed under CI (.ci/run installs it)."""
     binary = shutil.which("podman")
-    if binary is None or shutil.which("debootstrap") is None:
+    if binary is None or debootstrap() is None:
         tools.missing(
             "podman or debootstrap not found: apt-get install podman buildah runc debootstrap"
         )
     if os.geteuid() != 0:
         tools.missing("the container tests run podman and debootstrap as root")
     return Podman(binary)
+
+
+def debootstrap() -> str | None:
+    """debootstrap's path: it lives in /usr/sbin, which not every PATH holds."""
+    return shutil.which("debootstrap") or shutil.which("debootstrap", path="/usr/sbin:/sbin")
 
 
 def base_key() -> str:
@@ -114,9 +119,11 @@ def _bootstrap(tarball: Path) -> None:
     """Debian's minimal system with Python, made into ``tarball`` (written whole or not at all)."""
     with tempfile.TemporaryDirectory(prefix="reactor-base-") as folder:
         root = Path(folder) / "root"
+        program = debootstrap()
+        assert program is not None
         result = subprocess.run(
             [
-                "debootstrap",
+                program,
                 "--variant=minbase",
                 f"--include={','.join(PACKAGES)}",
                 SUITE,
