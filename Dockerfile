@@ -39,8 +39,7 @@ LABEL org.opencontainers.image.title="backstop-reactor" \
       org.opencontainers.image.description="A PostgreSQL sidecar that records every finished job's run exactly once, right after its grace window." \
       org.opencontainers.image.licenses="MIT" \
       org.opencontainers.image.version="${VERSION}" \
-      org.opencontainers.image.revision="${REVISION}" \
-      org.opencontainers.image.documentation="docs/deploying.md"
+      org.opencontainers.image.revision="${REVISION}"
 
 # Never root: the reactor needs no privilege in the container, only its database role.
 RUN useradd --system --uid 10001 --user-group --no-create-home --shell /usr/sbin/nologin reactor
