@@ -132,6 +132,12 @@ def finish(
     TABLES.finish(conn, job_id, failed=_failed(status), results=verdicts, age=age)
 
 
+def reopen(conn: Conn, job_id: uuid.UUID, *, age: float = 0) -> None:
+    """The worker takes a finished job up again (a retry): it is running, ``age`` seconds
+    ago."""
+    TABLES.reopen(conn, job_id, age=age)
+
+
 def client_save(conn: Conn, job_id: uuid.UUID, *, legacy: bool = False) -> None:
     """The browser tab: the upsert that always wins (``legacy``: a row of the days before
     saved_by, NULL)."""
@@ -151,11 +157,13 @@ def worker_writes(conn: Conn) -> list[tuple[Any, ...]]:
 
 
 def early_writes(conn: Conn, grace: float) -> int:
-    """Worker writes that landed before their job's updated_at + grace."""
+    """Worker writes that landed before their job's updated_at + grace: the updated_at the
+    write was made from (a retried job finishes more than once)."""
     row = conn.execute(
         """
         SELECT count(*) FROM run_audit a JOIN analysis_jobs j ON j.id = a.job_id
-         WHERE a.saved_by = 'worker' AND a.at < j.updated_at + make_interval(secs => %s)
+         WHERE a.saved_by = 'worker'
+           AND a.at < coalesce(a.job_updated_at, j.updated_at) + make_interval(secs => %s)
         """,
         (grace,),
     ).fetchone()

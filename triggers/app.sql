@@ -74,14 +74,22 @@ SELECT @job@, @saved_by@ FROM @runs@ WHERE @key@ = %(run)s::@run_type@
 -- name: unsettled
 -- Jobs that still need a run, due or still inside their grace window: their run has no row, or
 -- only a worker's row written for an earlier job of the run (a re-analysis), which theirs
--- replaces (the precedence rule of queries.sql, read in this statement's snapshot).
+-- replaces, or for an earlier finish of the job itself (a retry: the reactor recorded another
+-- updated_at of the job's), which its last finish replaces (the precedence rule of queries.sql,
+-- read in this statement's snapshot).
 SELECT count(*)
   FROM @jobs@ j
  WHERE @eligible(j)@
    AND NOT EXISTS (SELECT 1 FROM @runs@ r
                     WHERE @r.key@ = @j.run@
                       AND NOT (@r.saved_by@ IS NOT DISTINCT FROM @worker@
-                               AND @r.job@ <> @j.id@
-                               AND NOT EXISTS (SELECT 1 FROM @jobs@ rj
-                                                WHERE @rj.id@ = @r.job@
-                                                  AND @rank(rj)@ >= @rank(j)@)))
+                               AND CASE WHEN @r.job@ = @j.id@
+                                        THEN EXISTS (SELECT 1 FROM @reactor@.recorded w
+                                                      WHERE w.run_id = @r.key@
+                                                        AND w.job_id = @j.id@
+                                                        AND w.job_updated_at
+                                                            <> @j.updated_at@)
+                                        ELSE NOT EXISTS (SELECT 1 FROM @jobs@ rj
+                                                          WHERE @rj.id@ = @r.job@
+                                                            AND @rank(rj)@ >= @rank(j)@)
+                                   END))

@@ -28,6 +28,35 @@ BEGIN
 END
 $$;
 
+-- The precedence rule of DESIGN.md, the newest committed jobs read as outranks_v1 reads them:
+-- true when a run row written for run_job (with run_saved_by) may be replaced by new_job. Only
+-- a worker row, and only one written for an earlier job of the same run (rule b), or for an
+-- earlier finish of new_job itself (rule c): @reactor@.recorded says the row was written from
+-- an updated_at the job no longer has (it was retried, or moved to another terminal value, or
+-- touched, since). No recorded row: the row stands for the job as it is. outranks_v1 stays
+-- for the replicas of the release before, while a rolling deploy runs both.
+CREATE OR REPLACE FUNCTION @reactor@.outranks_v2(new_job @job_type@, run_job @job_type@,
+                                               run_saved_by text)
+    RETURNS boolean
+    LANGUAGE plpgsql VOLATILE
+    SET search_path = pg_catalog, pg_temp AS
+$$
+BEGIN
+    IF NOT coalesce(run_saved_by = @worker@, false) THEN
+        RETURN false;
+    ELSIF $1 = $2 THEN
+        RETURN EXISTS (SELECT 1
+                         FROM @jobs@ j JOIN @reactor@.recorded w
+                           ON w.run_id = @j.run@ AND w.job_id = @j.id@
+                        WHERE @j.id@ = $1 AND w.job_updated_at <> @j.updated_at@);
+    END IF;
+    RETURN NOT EXISTS (SELECT 1
+                         FROM @jobs@ rj, @jobs@ j
+                        WHERE @rj.id@ = $2 AND @j.id@ = $1
+                          AND @rank(rj)@ >= @rank(j)@);
+END
+$$;
+
 -- The one function a job-finishing commit of the app's calls, so it is kept to one call: the
 -- guard, the queueing and the hint are inline. What it writes is one row of the queue. It is
 -- kept to few statements: PL/pgSQL prepares each expression once per transaction, and an app's
@@ -47,14 +76,18 @@ BEGIN
     IF TG_TABLE_NAME <> @jobs_table_name@ OR TG_TABLE_SCHEMA <> @jobs_schema_name@ THEN
         PERFORM @reactor@.app_table_v1('jobs', TG_RELID);
     END IF;
-    -- The row-local half of "needs a run"; the runs table decides the rest at record time.
+    -- The row-local half of "needs a run"; the runs table decides the rest at record time. A
+    -- job that finishes again is queued too: back from a retry (it was not eligible), or moved
+    -- from one terminal value to another, its last finish replaces the run of its earlier one.
     IF @eligible(NEW)@
-       AND NOT (TG_OP = 'UPDATE' AND @eligible(OLD)@) THEN
+       AND NOT (TG_OP = 'UPDATE' AND @eligible(OLD)@
+                AND @OLD.status@ IS NOT DISTINCT FROM @NEW.status@) THEN
         INSERT INTO @reactor@.pending (job_id, since)
         VALUES (@NEW.id@, least(@NEW.updated_at@, now()))
             ON CONFLICT (job_id) DO UPDATE SET since = EXCLUDED.since;
     ELSIF TG_OP = 'UPDATE' AND @OLD.status@ IS NOT DISTINCT FROM @NEW.status@ THEN
-        -- A terminal job updated while not yet eligible, and still not: nothing to say.
+        -- A terminal job updated with its status unchanged, not newly eligible: nothing to
+        -- say.
         RETURN NULL;
     END IF;
     -- Wake the reactors on the transition into a terminal status, and when a terminal job
@@ -121,9 +154,15 @@ CREATE OR REPLACE FUNCTION @reactor@.run_changed_v1() RETURNS trigger
 $$
 BEGIN
     PERFORM @reactor@.app_table_v1('runs', TG_RELID);
+    -- What the reactor kept of a deleted run row goes with it: @reactor@.recorded holds one
+    -- row per run row, not one per write.
     IF TG_OP = 'TRUNCATE' THEN
         UPDATE @reactor@.reconcile SET requested_at = now();
+        DELETE FROM @reactor@.recorded;
     ELSE
+        IF TG_OP = 'DELETE' THEN
+            DELETE FROM @reactor@.recorded WHERE run_id = @OLD.key@;
+        END IF;
         PERFORM @reactor@.queue_runs_v2(ARRAY[@OLD.key@], TG_ARGV[0]);
     END IF;
     RETURN NULL;

@@ -7,21 +7,26 @@
 
 -- fragment: outranked
 -- True when the run row r may be replaced by job j: only a worker row written for an earlier
--- job of the same run (older created_at, ties broken by id). NULL saved_by is a client row.
--- @reactor@.outranks_v1 (migration 0007) reads the newest committed jobs, not this statement's
--- snapshot, which is what the write's conflict check needs. The saved_by test in front spares
--- the function call for client rows, most of them.
-(@r.saved_by@ = @worker@ AND @reactor@.outranks_v1(@j.id@, @r.job@, @r.saved_by@))
+-- job of the same run (older created_at, ties broken by id), or for an earlier finish of j
+-- itself (@reactor@.recorded holds another updated_at of j's). NULL saved_by is a client row.
+-- @reactor@.outranks_v2 (notify_triggers.sql) reads the newest committed rows, not this
+-- statement's snapshot, which is what the write's conflict check needs. The saved_by test in
+-- front spares the function call for client rows, most of them.
+(@r.saved_by@ = @worker@ AND @reactor@.outranks_v2(@j.id@, @r.job@, @r.saved_by@))
 
 -- fragment: outranked_in_snapshot
 -- The same rule read in this statement's snapshot, for statements that only queue or report:
 -- whatever they get wrong by a concurrent commit, the record statement re-checks under lock.
 -- It costs an index probe, not a function call, per worker row: the reconcile walks millions.
 (@r.saved_by@ = @worker@
- AND @r.job@ <> @j.id@
- AND NOT EXISTS (SELECT 1 FROM @jobs@ rj
-                  WHERE @rj.id@ = @r.job@
-                    AND @rank(rj)@ >= @rank(j)@))
+ AND CASE WHEN @r.job@ = @j.id@
+          THEN EXISTS (SELECT 1 FROM @reactor@.recorded w
+                        WHERE w.run_id = @r.key@ AND w.job_id = @j.id@
+                          AND w.job_updated_at <> @j.updated_at@)
+          ELSE NOT EXISTS (SELECT 1 FROM @jobs@ rj
+                            WHERE @rj.id@ = @r.job@
+                              AND @rank(rj)@ >= @rank(j)@)
+     END)
 
 -- fragment: walked
 -- The part of "needs a run" that the reconcile's walk index holds: the soft delete and the
@@ -96,13 +101,37 @@ newest AS (
     ON CONFLICT (@key@) DO UPDATE
        SET @run_updates@,
            @saved_by@ = @worker@
-     WHERE @reactor@.outranks_v1(EXCLUDED.@job@, @r.job@, @r.saved_by@)
+     WHERE @reactor@.outranks_v2(EXCLUDED.@job@, @r.job@, @r.saved_by@)
     RETURNING @r.key@ AS run_id, @r.job@ AS job_id
+), finishes AS (
+    -- Each written run with the job's updated_at it was written from: the job is locked by the
+    -- claim, so this is the finish the row holds.
+    SELECT w.run_id, w.job_id, c.updated_at
+      FROM written w JOIN claimed c ON c.id = w.job_id
+), noted AS (
+    -- What the row was written from, one row per run key, for rule (c) of "needs a run".
+    INSERT INTO @reactor@.recorded AS k (run_id, job_id, job_updated_at)
+    SELECT f.run_id, f.job_id, f.updated_at FROM finishes f
+    ON CONFLICT (run_id) DO UPDATE
+       SET job_id = EXCLUDED.job_id, job_updated_at = EXCLUDED.job_updated_at
 ), hooked AS (
-    INSERT INTO @reactor@.hook_outbox (run_id, job_id, hook)
-    SELECT w.run_id, w.job_id, h.hook
-      FROM written w CROSS JOIN unnest(%(hooks)s::text[]) AS h(hook)
-    ON CONFLICT DO NOTHING
+    -- One hook row per (run, job, hook), queued again for each later finish of the job: a
+    -- row still waiting for an earlier finish runs once, for the run as it is now. The row
+    -- of the same finish written again (its run was deleted) is left as it is.
+    INSERT INTO @reactor@.hook_outbox AS o (run_id, job_id, hook, job_updated_at)
+    SELECT f.run_id, f.job_id, h.hook, f.updated_at
+      FROM finishes f CROSS JOIN unnest(%(hooks)s::text[]) AS h(hook)
+    ON CONFLICT (run_id, job_id, hook) DO UPDATE
+       SET finish = o.finish + 1,
+           job_updated_at = EXCLUDED.job_updated_at,
+           status = 'pending',
+           retry_base = o.attempts,
+           last_error = NULL,
+           available_at = now(),
+           leased_until = NULL,
+           leased_by = NULL,
+           updated_at = now()
+     WHERE o.job_updated_at IS DISTINCT FROM EXCLUDED.job_updated_at
 )
 
 -- fragment: release_set_aside
@@ -413,11 +442,12 @@ WITH state AS (
      WHERE @r.key@ = ANY(ARRAY(SELECT c.run_id FROM chunk c))
      ORDER BY @r.key@
 ), uncovered AS (
-    -- Nearly every walked job has a run row that stands for it: a client row, or the worker
-    -- row written for the job itself. Only the rest need the whole predicate and a job row.
+    -- Nearly every walked job has a client row that stands for it. Only the rest need the
+    -- whole predicate and a job row: a worker row written for the job itself stands for it
+    -- only while the job has the updated_at it was written from (rule c), which the job row
+    -- holds, not the walk index.
     SELECT c.id FROM chunk c
-     WHERE NOT EXISTS (SELECT 1 FROM covering r
-                        WHERE r.run_id = c.run_id AND (r.client OR r.job_id = c.id))
+     WHERE NOT EXISTS (SELECT 1 FROM covering r WHERE r.run_id = c.run_id AND r.client)
 ), found AS (
     INSERT INTO @reactor@.pending (job_id, since)
     SELECT @j.id@, least(@j.updated_at@, now())
@@ -699,7 +729,8 @@ UPDATE @reactor@.hook_outbox o
  WHERE o.id = j.id
 RETURNING o.id, o.run_id::text AS run_id, o.job_id::text AS job_id, o.hook,
           o.attempts AS attempt, o.retry_base,
-          CASE o.status WHEN 'superseded' THEN true WHEN 'running' THEN false END AS superseded
+          CASE o.status WHEN 'superseded' THEN true WHEN 'running' THEN false END AS superseded,
+          o.finish
 
 -- name: next_hook_in
 -- Seconds until the next hook row of ours becomes claimable (NULL when there is none).
@@ -709,7 +740,8 @@ SELECT extract(epoch FROM min(available_at) - now())::float8 AS next_in
 
 -- name: finish_hook
 -- Settles one attempt: done, retry after %(delay)s seconds, or parked as failed. Only the
--- holder of the current attempt may settle it, except that success is always recorded.
+-- holder of the current attempt may settle it, except that success is always recorded for the
+-- finish it ran for (%(finish)s): a row queued again for a later finish of its job is not.
 UPDATE @reactor@.hook_outbox
    SET status = %(status)s,
        last_error = %(error)s,
@@ -719,7 +751,7 @@ UPDATE @reactor@.hook_outbox
        updated_at = now()
  WHERE id = %(id)s
    AND status = 'running'
-   AND (attempts = %(attempt)s OR %(status)s = 'done')
+   AND (attempts = %(attempt)s OR (%(status)s = 'done' AND finish = %(finish)s))
 
 -- name: release_hook
 -- Hands an interrupted attempt back at once (a drain ran out), without counting it.

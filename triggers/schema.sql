@@ -51,6 +51,16 @@ CREATE TABLE IF NOT EXISTS @reactor@.set_aside (
     retry_at         timestamptz NOT NULL
 );
 
+-- What each worker row of the runs table was written from, one row per run key the reactor
+-- wrote: the job, and the job's updated_at it read (migration 0022). A worker row whose job has
+-- another updated_at now stands for an earlier finish of it, which the job's last finish
+-- replaces (outranks_v2, notify_triggers.sql). No row: the row stands for the job as it is.
+CREATE TABLE IF NOT EXISTS @reactor@.recorded (
+    run_id          @run_type@ PRIMARY KEY,
+    job_id          @job_type@ NOT NULL,
+    job_updated_at  timestamptz NOT NULL
+);
+
 -- The app's table a trigger function was called for: the installed one, or a partition of it.
 -- Anything else is refused before the caller's row is read.
 CREATE OR REPLACE FUNCTION @reactor@.app_table_v1(which text, relid oid) RETURNS regclass
@@ -116,6 +126,11 @@ CREATE TABLE IF NOT EXISTS @reactor@.hook_outbox (
     -- The replica whose lease a running row is under: when the others see it die, they take
     -- the row back at once rather than when the lease runs out.
     leased_by     text,
+    -- A row stands for one finish of its (run, job): a later finish's write queues it again
+    -- (finish counts them; the idempotency key carries it). job_updated_at: the finish it was
+    -- queued for (NULL: before migration 0022).
+    finish        integer NOT NULL DEFAULT 0,
+    job_updated_at timestamptz,
     PRIMARY KEY (run_id, job_id, hook)
 );
 

@@ -466,8 +466,9 @@ class Database:
 
 
 def _attempt(claim: rows.HookClaim, params: dict[str, Any]) -> dict[str, Any]:
-    # The fencing token: only the holder of the claim's attempt may settle it.
-    return {"id": claim.id, "attempt": claim.attempt, **params}
+    # The fencing token: only the holder of the claim's attempt may settle it, and a success
+    # only for the finish the attempt ran for.
+    return {"id": claim.id, "attempt": claim.attempt, "finish": claim.finish, **params}
 
 
 def _listed(*, total: int, failed_total: int, **row: Any) -> tuple[rows.HookRow, int, int]:

@@ -145,6 +145,9 @@ class HookClaim:
     hook: str
     attempt: int  # claims of this row so far, this one included; the lease's fencing token
     retry_base: int = 0  # attempts before the last `reactor hooks retry`
+    # Which finish of the job this row runs for: 0 for its first, one more for each later
+    # finish whose write queued the row again (a retried job).
+    finish: int = 0
     superseded: bool = False
     # Not a lease either: the lease of the row's last attempt ran out (its replica died running
     # it), and the claim parked the row as failed.

@@ -95,7 +95,7 @@ _SESSION_DEFAULTS = {
 }
 
 # The start of every pinned transaction. Explicit, because the session's defaults may say
-# otherwise: the claim's SKIP LOCKED and reactor.outranks_v1's fresh snapshot per query need READ
+# otherwise: the claim's SKIP LOCKED and reactor.outranks_v2's fresh snapshot per query need READ
 # COMMITTED; under REPEATABLE READ or SERIALIZABLE a race between writers turns into a
 # serialization failure of the whole batch.
 

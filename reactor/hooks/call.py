@@ -53,6 +53,7 @@ class Hook(Protocol):
         ...
 
 
-def idempotency_key(run_id: str, job_id: str, hook: str) -> str:
-    """Stable for one hook of one recorded (run, job), whichever replica or attempt runs it."""
-    return f"{run_id}:{job_id}:{hook}"
+def idempotency_key(run_id: str, job_id: str, hook: str, finish: int = 0) -> str:
+    """Stable for one hook of one recorded (run, job) finish, whichever replica or attempt
+    runs it: a job that finishes again (a retry) gets a key of its own for its later finish."""
+    return f"{run_id}:{job_id}:{hook}" + (f":{finish}" if finish else "")

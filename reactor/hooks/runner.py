@@ -160,7 +160,7 @@ class HookRunner:
             claim.job_id,
             claim.hook,
             claim.attempt,
-            idempotency_key(claim.run_id, claim.job_id, claim.hook),
+            idempotency_key(claim.run_id, claim.job_id, claim.hook, claim.finish),
         )
         fields = {
             "run_id": claim.run_id,

@@ -178,6 +178,12 @@ def _groups(
             _table(reactor, "set_aside", "SELECT", "INSERT", "UPDATE", "DELETE"),
         ),
         Group(
+            "What each worker row was written from (the job and its updated_at), one row per\n"
+            "run key: the record statement upserts it with the run (INSERT ... ON CONFLICT DO\n"
+            "UPDATE), and the precedence rule reads it to tell a job's later finish.",
+            _table(reactor, "recorded", "SELECT", "INSERT", "UPDATE"),
+        ),
+        Group(
             "The reconcile's shared state: one row, locked and advanced by each step of a pass.",
             _table(reactor, "reconcile", "SELECT", "UPDATE"),
         ),
@@ -208,7 +214,7 @@ def _groups(
                     "function",
                     "EXECUTE",
                     reactor,
-                    "outranks_v1",
+                    "outranks_v2",
                     args=f"{id_type}, {id_type}, text",
                 ),
             ),

@@ -56,7 +56,8 @@ def worker_lateness(conn: Conn, grace: float) -> list[float]:
     """For each worker write, seconds between updated_at + grace and the write (>= 0: not early)."""
     rows = conn.execute(
         """
-        SELECT extract(epoch FROM a.at - (j.updated_at + make_interval(secs => %s)))::float8
+        SELECT extract(epoch FROM a.at - (coalesce(a.job_updated_at, j.updated_at)
+                                          + make_interval(secs => %s)))::float8
           FROM run_audit a JOIN analysis_jobs j ON j.id = a.job_id
          WHERE a.saved_by = 'worker' ORDER BY a.seq
         """,

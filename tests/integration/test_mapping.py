@@ -250,7 +250,7 @@ async def test_a_role_with_the_printed_grants_records_on_the_mapped_tables(
             printed = grants.grant_script(name, second.mapping)
             assert f'GRANT USAGE ON SCHEMA app TO "{name}";' in printed
             assert f'GRANT UPDATE ("updatedAt") ON app."Job" TO "{name}";' in printed
-            assert "outranks_v1(bigint, bigint, text)" in printed
+            assert "outranks_v2(bigint, bigint, text)" in printed
             with app(second_url) as conn:
                 add(conn, "as-role")
             as_role = psycopg.conninfo.make_conninfo(second_url, user=name)

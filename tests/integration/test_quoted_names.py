@@ -128,7 +128,7 @@ async def test_the_printed_grants_name_a_mixed_case_schema_as_it_is(
             # Typed from the catalog, as --print-grants does.
             script = grants.grant_script(role, installed.mapping)
             assert 'GRANT USAGE ON SCHEMA "MyApp" TO' in script
-            assert "ON FUNCTION my_reactor.outranks_v1(uuid, uuid, text) TO" in script
+            assert "ON FUNCTION my_reactor.outranks_v2(uuid, uuid, text) TO" in script
             admin.execute(script.encode())
             add_finished_job(url)
             as_role = psycopg.conninfo.make_conninfo(url, user=role)

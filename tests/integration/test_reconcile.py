@@ -145,6 +145,51 @@ async def test_truncated_runs_are_written_again(
         await _clean(database_url)
 
 
+async def test_a_retry_with_triggers_bypassed_gets_its_last_finish(
+    database_url: str, start_reactor: StartReactor
+) -> None:
+    with _connect(database_url) as conn:
+        async with start_reactor(grace=GRACE, reconcile_interval=RECONCILE) as reactor:
+            [job] = _finished(conn, 1)
+            [run] = _runs(conn, [job])
+            await eventually(lambda: _verdicts(conn, run) == {"v": 1})
+            # Retried and finished again as a restore or a replication apply writes it: no
+            # trigger queues it, and only the walk can tell the row holds an earlier finish.
+            with conn.transaction():
+                conn.execute("SET LOCAL session_replication_role = replica")
+                conn.execute(*APP.reopen(job))
+                conn.execute(*APP.finish(job, verdicts='{"v": 2}'))
+            assert not _queued(conn, job)
+            await eventually(lambda: _verdicts(conn, run) == {"v": 2})
+            found = reactor.metrics.registry.get_sample_value("reactor_reconcile_found_total")
+            assert (found or 0) >= 1
+        assert scalar(conn, "SELECT count(*) FROM run_audit WHERE saved_by = 'worker'") == 2
+        await _clean(database_url)
+
+
+async def test_a_touch_of_a_recorded_job_is_written_once_more_by_the_reconcile(
+    database_url: str, start_reactor: StartReactor
+) -> None:
+    # A touch is not told apart from a finish by the tables: the job's updated_at moved since
+    # its run was written. The trigger leaves it (no transition); the walk writes it once.
+    with _connect(database_url) as conn:
+        async with start_reactor(grace=GRACE, reconcile_interval=RECONCILE):
+            [job] = _finished(conn, 1)
+            await eventually(lambda: scalar(conn, "SELECT count(*) FROM analysis_runs") == 1)
+            conn.execute(*APP.touch(job))
+            assert not _queued(conn, job)
+            await eventually(
+                lambda: (
+                    scalar(conn, "SELECT count(*) FROM run_audit WHERE saved_by = 'worker'") == 2
+                )
+            )
+            await _clean(database_url)
+            # Once: the row stands for the job as it is now.
+            passes = scalar(conn, "SELECT pass FROM reactor.reconcile")
+            await eventually(lambda: scalar(conn, "SELECT pass FROM reactor.reconcile") > passes)
+        assert scalar(conn, "SELECT count(*) FROM run_audit WHERE saved_by = 'worker'") == 2
+
+
 # -- roads the triggers close at once ---------------------------------------------------------
 
 
@@ -310,6 +355,12 @@ async def test_two_replicas_share_one_pass(database_url: str, start_reactor: Sta
             ]
             # Each job was found once, by one replica or the other.
             assert sum(found) == len(jobs)
+
+
+def _verdicts(conn: Conn, run: uuid.UUID) -> object:
+    """The run's verdicts; None while it has no row."""
+    row = conn.execute("SELECT results FROM analysis_runs WHERE id = %s", (run,)).fetchone()
+    return None if row is None else row[0]
 
 
 def _runs(conn: Conn, jobs: list[uuid.UUID]) -> list[uuid.UUID]:

@@ -30,6 +30,7 @@ from tests.integration.conftest import StartReactor
 from tests.integration.support import (
     add_job,
     audit,
+    hints_heard,
     hints_ignored,
     recorded,
     scalar,
@@ -129,12 +130,12 @@ async def test_client_save_after_the_worker_wins(
 
             # A later pass does not take it back...
             assert await reactor.scan(rearm=True) == 0
-            # ...nor does a fresh notification for the same job (the worker flips its status):
-            # it names no queued job, and is dropped when checked.
-            ignored, batches = hints_ignored(reactor), len(log.batches)
+            # ...nor does a later finish of the job (the worker flips its status): queued and
+            # notified, its timer finds the client's row, and settles it without a write.
+            batches = len(log.batches)
             touch(conn, job_id, status="failed")
-            await eventually(lambda: hints_ignored(reactor) > ignored)
-            assert len(log.batches) == batches
+            await eventually(lambda: any(str(job_id) in b for b in log.batches[batches:]))
+            assert scalar(conn, "SELECT count(*) FROM reactor.pending") == 0
             assert await reactor.scan(rearm=True) == 0
         assert run_row(conn, run_id) == (job_id, "client")
         assert audit(conn) == [
@@ -259,7 +260,7 @@ async def test_job_inserted_terminal_is_recorded(
         assert early_writes(conn, GRACE) == 0
 
 
-async def test_status_flip_after_recording_writes_nothing_more(
+async def test_status_flip_after_recording_is_a_later_finish(
     database_url: str, start_reactor: StartReactor
 ) -> None:
     with _connect(database_url) as conn:
@@ -267,11 +268,32 @@ async def test_status_flip_after_recording_writes_nothing_more(
             job_id, run_id = new_job(conn)
             finish(conn, job_id)
             assert await eventually(lambda: run_row(conn, run_id)) == (job_id, "worker")
-            ignored = hints_ignored(reactor)
-            touch(conn, job_id, status="failed")  # a second terminal transition, notified
-            # It names no queued job (the job stayed eligible: nothing queued it again).
-            await eventually(lambda: hints_ignored(reactor) > ignored)
+            # A second terminal transition, queued and notified: the job finished again, and
+            # its run is written once more from it after its grace.
+            touch(conn, job_id, status="failed")
+            await eventually(lambda: len(worker_writes(conn)) == 2)
+            await eventually(lambda: recorded(reactor, "timer") == 2)
             assert await reactor.scan(rearm=True) == 0
+        assert worker_writes(conn) == [(run_id, job_id, "INSERT"), (run_id, job_id, "UPDATE")]
+        assert early_writes(conn, GRACE) == 0
+
+
+async def test_a_touch_after_recording_is_left_to_the_reconcile(
+    database_url: str, start_reactor: StartReactor
+) -> None:
+    with _connect(database_url) as conn:
+        async with start_reactor(grace=GRACE) as reactor:
+            job_id, run_id = new_job(conn)
+            finish(conn, job_id)
+            assert await eventually(lambda: run_row(conn, run_id)) == (job_id, "worker")
+            await eventually(lambda: recorded(reactor, "timer") == 1)
+            heard = hints_heard(reactor)
+            # No transition: neither queued nor notified, so the app's commit pays nothing for
+            # it (the reconcile writes the run again: test_reconcile.py).
+            touch(conn, job_id)
+            assert scalar(conn, "SELECT count(*) FROM reactor.pending") == 0
+            assert await reactor.scan(rearm=True) == 0
+            assert hints_heard(reactor) == heard
         assert worker_writes(conn) == [(run_id, job_id, "INSERT")]
 
 

@@ -190,6 +190,7 @@ async def test_migrations_produce_the_current_schema(
         "job_changed_v1",
         "jobs_deleted_v1",
         "outranks_v1",
+        "outranks_v2",
         "queue_runs_v2",
         "run_changed_v1",
     ]

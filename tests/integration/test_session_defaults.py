@@ -153,7 +153,7 @@ def test_the_precedence_rule_reads_the_app_table_whatever_the_search_path(app: C
             "CREATE TEMP TABLE analysis_jobs (id uuid, created_at timestamptz) ON COMMIT DROP"
         )
         rows = app.execute(
-            "SELECT reactor.outranks_v1(%s, %s, 'worker'), reactor.outranks_v1(%s, %s, 'worker')",
+            "SELECT reactor.outranks_v2(%s, %s, 'worker'), reactor.outranks_v2(%s, %s, 'worker')",
             (later, earlier, earlier, later),
         ).fetchone()
     assert rows == (True, False)

@@ -102,7 +102,7 @@ def test_needs_run_is_spliced_in(name: str) -> None:
         'j."doc_html" IS NOT NULL',
         'j."results" IS NOT NULL',
         """j."results" <> '{}'::jsonb""",
-        'reactor.outranks_v1(j."id", r."job_id", r."saved_by")',
+        'reactor.outranks_v2(j."id", r."job_id", r."saved_by")',
     ):
         assert piece in text
 
@@ -114,7 +114,7 @@ def test_writers_use_the_precedence_clause(name: str) -> None:
     assert "SKIP LOCKED" in text
     assert "FOR NO KEY UPDATE OF j" in text
     # The precedence function guards both the needs_run check and the ON CONFLICT re-check.
-    assert text.count("reactor.outranks_v1(") >= 2
+    assert text.count("reactor.outranks_v2(") >= 2
 
 
 def test_every_query_the_code_names_exists() -> None:
