@@ -1,9 +1,9 @@
 """DESIGN.md's invariants, checked from the database rather than from what the reactor says.
 
 ``install`` adds an audit trigger to the runs table; ``verdict`` counts lost, duplicate,
-clobbering, early and wrong writes and the reactor's lateness from it. The demo, the tests and
-the benchmarks share it, so all three judge the reactor the same way. Both are rendered for the
-mapping they are given, like the reactor's own statements.
+clobbering, early, wrong and stale writes and the reactor's lateness from it. The demo, the
+tests and the benchmarks share it, so all three judge the reactor the same way. Both are
+rendered for the mapping they are given, like the reactor's own statements.
 """
 
 from __future__ import annotations
@@ -36,11 +36,16 @@ class Verdict:
     lateness_max_overall: float | None
     # Jobs that need no run: not finished, deleted, or finished with nothing to show.
     needed_no_run: int
+    # Worker rows that do not hold their run's last word once its grace has passed: an earlier
+    # job's row beside a later one of the run, or an earlier finish's of a retried job.
+    stale: int
 
     @property
     def clean(self) -> bool:
         """True when no invariant is broken."""
-        return not (self.lost or self.dup or self.clobbered or self.early or self.wrong)
+        return not (
+            self.lost or self.dup or self.clobbered or self.early or self.wrong or self.stale
+        )
 
     def as_dict(self) -> dict[str, Any]:
         """A plain dict, for JSON."""

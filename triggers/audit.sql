@@ -10,8 +10,11 @@ CREATE TABLE IF NOT EXISTS @audit@ (
     run_id     @run_type@ NOT NULL,
     job_id     @job_type@ NOT NULL,
     saved_by   text,
-    at         timestamptz NOT NULL DEFAULT clock_timestamp()
+    at         timestamptz NOT NULL DEFAULT clock_timestamp(),
+    -- The job's updated_at when the row was written: which finish of the job it holds.
+    job_updated_at  timestamptz
 );
+ALTER TABLE @audit@ ADD COLUMN IF NOT EXISTS job_updated_at timestamptz;
 -- Deletions are recorded too (TRUNCATE as one row with the least ids of their types, which no
 -- write names): a run written again after the app deleted it is a new write, not a duplicate,
 -- and lands on no client row.
@@ -25,8 +28,9 @@ BEGIN
         INSERT INTO @audit@ (op, run_id, job_id, saved_by)
         VALUES (TG_OP, @OLD.key@, @OLD.job@, @OLD.saved_by@);
     ELSE
-        INSERT INTO @audit@ (op, run_id, job_id, saved_by)
-        VALUES (TG_OP, @NEW.key@, @NEW.job@, @NEW.saved_by@);
+        INSERT INTO @audit@ (op, run_id, job_id, saved_by, job_updated_at)
+        VALUES (TG_OP, @NEW.key@, @NEW.job@, @NEW.saved_by@,
+                (SELECT @j.updated_at@ FROM @jobs@ j WHERE @j.id@ = @NEW.job@));
     END IF;
     RETURN NULL;
 END $$;
@@ -50,8 +54,12 @@ ALTER TABLE @runs@ ENABLE ALWAYS TRIGGER run_audit_truncate;
 -- excused stretches. Run it when
 -- the app has been quiet for longer than the grace window, or `lost` counts jobs in flight.
 -- A row saved by anything but the worker (a client, or NULL: a legacy row) is a client's.
+-- A job may finish more than once (a retry): each worker write is judged by the finish it was
+-- written from, the job's updated_at the audit recorded with it.
 WITH worker AS (
-    SELECT a.*, @j.updated_at@ + make_interval(secs => %(grace)s) AS due_at,
+    SELECT a.*,
+           coalesce(a.job_updated_at, @j.updated_at@) + make_interval(secs => %(grace)s)
+               AS due_at,
            -- What the run row was just before this write: the run's previous event.
            (SELECT p.op || ':' || CASE WHEN p.saved_by = @worker@ THEN 'worker' ELSE 'client' END
               FROM @audit@ p
@@ -73,10 +81,12 @@ SELECT
     (SELECT count(*) FROM @runs@ r WHERE @r.saved_by@ = @worker@) AS saved_by_worker,
     (SELECT count(*) FROM @jobs@ j
       WHERE {{needs_run}} AND @j.updated_at@ < now() - make_interval(secs => %(grace)s)) AS lost,
-    -- A second worker write of the same (run, job) while its row stood: no deletion between.
+    -- A second worker write of the same (run, job, finish) while its row stood: no deletion
+    -- between.
     (SELECT count(*) FROM worker w
       WHERE EXISTS (SELECT 1 FROM worker e
                      WHERE e.run_id = w.run_id AND e.job_id = w.job_id AND e.seq < w.seq
+                       AND e.job_updated_at IS NOT DISTINCT FROM w.job_updated_at
                        AND NOT EXISTS (SELECT 1 FROM @audit@ g
                                         WHERE g.seq > e.seq AND g.seq < w.seq
                                           AND g.op IN ('DELETE', 'TRUNCATE')
@@ -96,4 +106,21 @@ SELECT
         AS lateness_max_overall,
     -- The jobs that need no run, and got none unless a client saved one: not finished, deleted,
     -- or finished with nothing to show. With the other two counts they account for every job.
-    (SELECT count(*) FROM @jobs@ j WHERE {{eligible}} IS NOT TRUE) AS needed_no_run
+    (SELECT count(*) FROM @jobs@ j WHERE {{eligible}} IS NOT TRUE) AS needed_no_run,
+    -- A worker row that does not hold its run's last word once that word's grace has passed:
+    -- written for an earlier job of the run than its newest eligible one (a re-analysis), or
+    -- from an earlier finish of that job (a retry: its last write was made from another
+    -- updated_at than the job has now).
+    (SELECT count(*)
+       FROM (SELECT DISTINCT ON (@j.run@) @j.run@ AS run, @j.id@ AS id,
+                    @j.updated_at@ AS updated_at
+               FROM @jobs@ j
+              WHERE {{eligible}}
+              ORDER BY @j.run@, @created(j)@ DESC, @j.id@ DESC) AS n
+       JOIN @runs@ r ON @r.key@ = n.run
+      WHERE @r.saved_by@ = @worker@
+        AND n.updated_at < now() - make_interval(secs => %(grace)s)
+        AND (@r.job@ <> n.id
+             OR (SELECT a.job_updated_at FROM @audit@ a
+                  WHERE a.run_id = n.run AND a.op IN ('INSERT', 'UPDATE')
+                  ORDER BY a.seq DESC LIMIT 1) <> n.updated_at)) AS stale

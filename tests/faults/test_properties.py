@@ -1,5 +1,6 @@
 """The precedence rule as a property: for any interleaving of client saves, jobs of one run
-going terminal (or back, or away), and reactor passes, the run row is what DESIGN.md §2 says.
+going terminal (or back, or away, or terminal again), and reactor passes, the run row is what
+DESIGN.md §2 says.
 
 A tiny pure model of the rules runs beside the real record statements (``record_oldest`` and
 ``record_jobs`` on a pool, grace 0) and the two must agree after every step.
@@ -51,6 +52,8 @@ class Model:
 
     jobs: dict[int, Job]
     row: tuple[int, str | None] | None = None  # (job index, saved_by)
+    # The job's updated stamp a worker row was written from: a later finish replaces it.
+    written_from: int | None = None
     clock: int = 0
     log: list[str] = field(default_factory=list)
 
@@ -58,11 +61,14 @@ class Model:
         return (self.jobs[i].created, i)
 
     def outranked_by(self, i: int) -> bool:
-        """The run row may be replaced by job i: a worker row of an earlier (or gone) job."""
+        """The run row may be replaced by job i: a worker row of an earlier (or gone) job, or
+        of an earlier finish of job i itself (it was updated since the row was written)."""
         assert self.row is not None
         job, saved_by = self.row
         if saved_by != "worker":  # client, or NULL (legacy) which counts as client
             return False
+        if job == i:
+            return self.written_from != self.jobs[i].updated
         return job not in self.jobs or self.key(job) < self.key(i)
 
     def needs_run(self, i: int) -> bool:
@@ -77,6 +83,7 @@ class Model:
         if claimed:
             newest = max(claimed, key=self.key)
             self.row = (newest, "worker")
+            self.written_from = self.jobs[newest].updated
 
     def oldest(self, limit: int) -> None:
         due = sorted(
@@ -250,9 +257,14 @@ def test_precedence_matches_the_model(database_url: str, tables: Tables) -> None
                         created_age=86_400 - c,
                         updated_age=7200,
                     )
-            for step in [*steps, ("oldest", 10)]:
+            for step in steps:
                 apply(step, model, real)
                 assert real.row() == model.row, f"after {step}"
+            # A job finished again without leaving its terminal value is, to the tables, a
+            # touch: the trigger does not queue it, the reconcile does. Then the last pass.
+            portal.call(queries.reconcile_pass, "test")
+            apply(("oldest", 10), model, real)
+            assert real.row() == model.row, "after the reconcile and the last pass"
             # At rest, by the database's own count: nothing still needs a run, and no worker
             # write landed on a client row.
             counts = real.reactor.install.query("verdict", "audit.sql")
