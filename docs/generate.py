@@ -590,7 +590,7 @@ def second_record_write() -> str:
     query = sql.queries("queries.sql", second_mapping())["record_jobs"]
     lines = query.splitlines()
     start = next(i for i, line in enumerate(lines) if line.lstrip().startswith("INSERT INTO"))
-    end = next(i for i in range(start, len(lines)) if "outranks_v1(" in lines[i])
+    end = next(i for i in range(start, len(lines)) if "outranks_v2(" in lines[i])
     return _sql("\n".join(lines[start : end + 1]))
 
 
