@@ -14,20 +14,6 @@
 -- front spares the function call for client rows, most of them.
 (@r.saved_by@ = @worker@ AND @reactor@.outranks_v2(@j.id@, @r.job@, @r.saved_by@))
 
--- fragment: outranked_in_snapshot
--- The same rule read in this statement's snapshot, for statements that only queue or report:
--- whatever they get wrong by a concurrent commit, the record statement re-checks under lock.
--- It costs an index probe, not a function call, per worker row: the reconcile walks millions.
-(@r.saved_by@ = @worker@
- AND CASE WHEN @r.job@ = @j.id@
-          THEN EXISTS (SELECT 1 FROM @reactor@.recorded w
-                        WHERE w.run_id = @r.key@ AND w.job_id = @j.id@
-                          AND w.job_updated_at <> @j.updated_at@)
-          ELSE NOT EXISTS (SELECT 1 FROM @jobs@ rj
-                            WHERE @rj.id@ = @r.job@
-                              AND @rank(rj)@ >= @rank(j)@)
-     END)
-
 -- fragment: walked
 -- The part of "needs a run" that the reconcile's walk index holds: the soft delete and the
 -- documents, which the app sets when it creates a job. The status and the not_empty columns
@@ -53,12 +39,6 @@ EXISTS (SELECT 1 FROM @reactor@.set_aside s
 ({{eligible}}
  AND NOT EXISTS (SELECT 1 FROM @runs@ r
                   WHERE @r.key@ = @j.run@ AND NOT {{outranked}}))
-
--- fragment: needs_run_in_snapshot
--- needs_run with the precedence rule read in the statement's snapshot (see above).
-({{eligible}}
- AND NOT EXISTS (SELECT 1 FROM @runs@ r
-                  WHERE @r.key@ = @j.run@ AND NOT {{outranked_in_snapshot}}))
 
 -- fragment: replica_live
 -- True while replica r counts as live: its heartbeat is within %(liveness)s seconds and, when it
@@ -449,11 +429,27 @@ WITH state AS (
     SELECT c.id FROM chunk c
      WHERE NOT EXISTS (SELECT 1 FROM covering r WHERE r.run_id = c.run_id AND r.client)
 ), found AS (
+    -- needs_run with the precedence rule read in this statement's snapshot (the record
+    -- statement re-checks it under lock), and the run rows read from covering, the chunk's
+    -- own: a probe of the run table per job was planned as a hash of the whole table once
+    -- more than a few jobs were uncovered. An uncovered job's run row, if any, is a worker's.
+    -- Index probes, not a function call, per worker row: the reconcile walks millions.
     INSERT INTO @reactor@.pending (job_id, since)
     SELECT @j.id@, least(@j.updated_at@, now())
       FROM @jobs@ j
      WHERE @j.id@ IN (SELECT id FROM uncovered)
-       AND {{needs_run_in_snapshot}}
+       AND {{eligible}}
+       AND NOT EXISTS (SELECT 1 FROM covering r
+                        WHERE r.run_id = @j.run@
+                          AND NOT CASE WHEN r.job_id = @j.id@
+                                       THEN EXISTS (SELECT 1 FROM @reactor@.recorded w
+                                                     WHERE w.run_id = r.run_id
+                                                       AND w.job_id = r.job_id
+                                                       AND w.job_updated_at <> @j.updated_at@)
+                                       ELSE NOT EXISTS (SELECT 1 FROM @jobs@ rj
+                                                         WHERE @rj.id@ = r.job_id
+                                                           AND @rank(rj)@ >= @rank(j)@)
+                                  END)
        AND NOT EXISTS (SELECT 1 FROM @reactor@.pending p WHERE p.job_id = @j.id@)
     ON CONFLICT (job_id) DO NOTHING
     RETURNING job_id, since
