@@ -22,6 +22,7 @@ from reactor.config import Settings
 from reactor.install import REFERENCE_INSTALL, sql
 from reactor.install.mapping import REFERENCE
 from tests.acceptance.conftest import reactor_env, run_reactor
+from tests.helpers import APP
 from tests.integration.support import add_job
 
 RESULTS = {"verdicts": [1]}
@@ -114,6 +115,28 @@ def test_counts_due_and_in_grace(database_url: str, conn: psycopg.Connection[Any
     assert report["at_risk"] is True
     assert len(report["risks"]) == 1
     assert "no reactor is LISTENing" in report["risks"][0]
+
+
+@pytest.mark.anyio
+async def test_a_retried_job_counts_until_its_last_finish_is_written(
+    database_url: str, conn: psycopg.Connection[Any]
+) -> None:
+    retried, _ = add_job(conn, status="failed", results=RESULTS, age=120)
+    add_job(conn, status="complete", results=RESULTS, age=120)
+    async with db.make_pool(database_url, max_size=2) as pool:
+        database = db.Database.pooled(REFERENCE_INSTALL, pool, grace=5.0)
+        assert len(await database.record_oldest(10)) == 2
+        _, report = status_json(database_url, REACTOR_MODE="poll")
+        assert (report["jobs"]["due"], report["jobs"]["in_grace"]) == (0, 0)
+        # Retried, and finished again a minute ago: its run holds the earlier finish.
+        conn.execute(*APP.reopen(retried, age=60))
+        conn.execute(*APP.finish(retried, verdicts='{"verdicts": [2]}', age=60))
+        _, report = status_json(database_url, REACTOR_MODE="poll")
+        assert (report["jobs"]["due"], report["jobs"]["in_grace"]) == (1, 0)
+        assert report["jobs"]["oldest_due"]["job_id"] == str(retried)
+        assert [o.outcome for o in await database.record_oldest(10)] == ["recorded"]
+    _, report = status_json(database_url, REACTOR_MODE="poll")
+    assert report["jobs"]["due"] == 0
 
 
 def test_listener_sessions_are_listed(database_url: str, conn: psycopg.Connection[Any]) -> None:
