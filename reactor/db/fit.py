@@ -16,6 +16,7 @@ import psycopg
 import psycopg.errors
 
 from reactor.db.catalog import Column, Table, default_sequences, describe, enum_labels, unique_on
+from reactor.db.saves import check_plain_saves
 from reactor.db.session import AnyConnection
 from reactor.errors import ConfigError, SchemaMissing
 from reactor.install import mapping as mapping_module
@@ -55,6 +56,8 @@ async def fit(
                 f"reactor_schema = {mapping.reactor_schema!r} is the schema of {table.shown}; "
                 f"the reactor needs a schema of its own (set reactor_schema in {where})"
             )
+    if installing:
+        await check_plain_saves(conn, mapping, (runs.schema, runs.name), where)
     if runs.partitioned:
         raise ConfigError(
             f"{runs.shown} is partitioned: the reactor writes it with ON CONFLICT on its key "

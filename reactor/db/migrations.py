@@ -169,7 +169,7 @@ async def migrate(
             if steps:
                 await migration_transaction(conn, record_statement(install, migration))
             done.append(migration.version)
-        repeatable = sql.repeatable()
+        repeatable = sql.repeatable(install.mapping)
         text = install.render(
             repeatable.text, channel=install.channel if notify else "", spread=spread
         )

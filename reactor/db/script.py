@@ -86,7 +86,7 @@ def migration_script(
         parts.append(record_statement(install, migration))
     parts += ["-- the triggers, repeatable", "BEGIN;", timeout, guard, lease]
     trigger_channel = install.channel if notify else ""
-    repeatable = sql.repeatable()
+    repeatable = sql.repeatable(install.mapping)
     triggers = install.render(
         repeatable.text, channel=trigger_channel, spread=spreadable(install, spread)
     )

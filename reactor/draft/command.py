@@ -14,7 +14,7 @@ import tomllib
 
 from reactor import db, pairs
 from reactor.config import Settings
-from reactor.draft import catalog
+from reactor.draft import catalog, saves
 from reactor.draft.facts import Table
 from reactor.draft.links import candidates, status_column
 from reactor.draft.propose import Draft, draft
@@ -53,7 +53,7 @@ async def cmd_init(args: argparse.Namespace) -> int:
         if args.jobs is None or args.runs is None:
             return _list(tables, args.jobs, args.runs)
         jobs, runs = _table(tables, args.jobs, "--jobs"), _table(tables, args.runs, "--runs")
-        drafted = draft(jobs, runs, terminal)
+        drafted = await saves.noted(conn, draft(jobs, runs, terminal), runs)
         problem, checked = await _check(conn, drafted)
     text = drafted.text
     todos = list(drafted.todos)

@@ -102,6 +102,10 @@ class Runs:
         ("results", "j.results"),
         ("updated_at", "now()"),
     )
+    # How the app saves its own rows (docs/mapping.md, The app's own save): "upsert", with the
+    # upsert that marks itself as the client, or "plain", as it would without the reactor: a
+    # plain INSERT, an ORM's create, over a row the reactor wrote (triggers/app_saves.sql).
+    app_saves: str = "upsert"
     # From the catalog (db.fit), not the file: the sequences (schema, name) that the defaults of
     # the columns left unwritten draw from (a serial key's); the runtime role needs USAGE on each.
     sequences: tuple[tuple[str, str], ...] = field(default=(), compare=False)
@@ -121,7 +125,9 @@ class Mapping:
     def is_reference(self) -> bool:
         """Whether it names the reference tables and columns (whatever types it was given)."""
         jobs = replace(self.jobs, types=Jobs().types)
-        return jobs == Jobs() and self.runs == Runs() and self.reactor_schema == "reactor"
+        # How the app saves names nothing: the reference tables keep their channel either way.
+        runs = replace(self.runs, app_saves=Runs().app_saves)
+        return jobs == Jobs() and runs == Runs() and self.reactor_schema == "reactor"
 
     def typed(self, types: dict[str, str]) -> Mapping:
         """This mapping with the job columns' types as the catalog reported them."""
@@ -219,6 +225,10 @@ class Mapping:
                 return literal(jobs.table[-1])
             case "jobs_schema_name":
                 return literal(jobs.table[0])
+            case "runs_table_name":
+                return literal(runs.table[-1])
+            case "runs_schema_name":
+                return literal(runs.table[0])
             case "terminal":
                 return "(" + ", ".join(_status_literal(value) for value in jobs.terminal) + ")"
             case "worker":

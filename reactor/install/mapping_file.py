@@ -23,6 +23,8 @@ _SHARED_SCHEMAS = frozenset({"public", "information_schema"})
 _SCHEMA = re.compile(r"[a-z_][a-z0-9_]{0,62}")
 _JOB_KEYS = set(Jobs.__dataclass_fields__) - {"types"}
 _RUN_KEYS = set(Runs.__dataclass_fields__) - {"sequences"}
+# How the app may save its own artifact rows (runs.app_saves).
+APP_SAVES = ("upsert", "plain")
 
 
 def load(path: str) -> Mapping:
@@ -100,6 +102,7 @@ def parse(document: dict[str, Any], *, source: str = "the mapping") -> Mapping:
         client=_values(runs, "client", where, "runs", reference_runs.client),
         worker=_value(runs, "worker", where, reference_runs.worker),
         columns=reference_runs.columns if columns is None else _expressions(columns, where),
+        app_saves=_app_saves(runs, where),
     )
     written = {parsed_runs.key, parsed_runs.job, parsed_runs.saved_by}
     for column, _ in parsed_runs.columns:
@@ -218,6 +221,17 @@ def _value(table: dict[str, Any], key: str, where: str, default: str) -> str:
     if not isinstance(value, str) or not value:
         raise ConfigError(f"{where} runs.{key} must be a non-empty string")
     return value
+
+
+def _app_saves(table: dict[str, Any], where: str) -> str:
+    value = table.get("app_saves", "upsert")
+    if value not in APP_SAVES:
+        raise ConfigError(
+            f'{where} runs.app_saves must be "upsert" (the app saves with INSERT ... ON CONFLICT '
+            'DO UPDATE SET ..., saved_by = its client value) or "plain" (it saves with a plain '
+            "INSERT, an ORM's create)"
+        )
+    return str(value)
 
 
 def _zone(table: dict[str, Any], where: str) -> str | None:

@@ -13,7 +13,7 @@ from importlib.resources import files
 
 import psycopg.sql
 
-from reactor.install.mapping import Mapping
+from reactor.install.mapping import REFERENCE, Mapping
 from reactor.install.quote import DOLLAR_DELIMITER, dollar_quoted
 
 _BLOCK = re.compile(r"^-- (name|fragment): (\w+)[ \t]*$", re.MULTILINE)
@@ -122,9 +122,23 @@ def baseline() -> Migration:
     return Migration(latest.version, "baseline", read("schema.sql"))
 
 
-def repeatable() -> Migration:
-    """What every `reactor migrate` applies after the migrations: notify_triggers.sql."""
-    return Migration(0, "repeatable", read("notify_triggers.sql"))
+def repeatable(mapping: Mapping = REFERENCE) -> Migration:
+    """What every `reactor migrate` applies after the migrations: notify_triggers.sql, then the
+    part of app_saves.sql that ``mapping``'s runs.app_saves names (the triggers of the app's
+    plain save, or the statements that drop them)."""
+    return Migration(
+        0, "repeatable", read("notify_triggers.sql") + app_saves(mapping.runs.app_saves)
+    )
+
+
+def app_saves(mode: str) -> str:
+    """The part of ``triggers/app_saves.sql`` for ``mode`` ("plain" or "upsert"), with its
+    comments: it is printed by `reactor migrate --print`."""
+    parts = _BLOCK.split(read("app_saves.sql"))
+    blocks = {
+        name: body for _, name, body in zip(parts[1::3], parts[2::3], parts[3::3], strict=True)
+    }
+    return f"\n-- app_saves = {mode}\n" + blocks[mode].strip() + "\n"
 
 
 def latest_version() -> int:
