@@ -450,12 +450,34 @@ def _settled(url: str, app: App) -> Judgement:
             (left,) = conn.execute(*app.unsettled()).fetchone() or (None,)
         return bool(left == 0)
 
-    wait_for(owed, 30, "every run recorded")
+    try:
+        wait_for(owed, 30, "every run recorded")
+    except AssertionError as error:
+        raise AssertionError(f"{error}; the finished jobs:\n{_jobs_and_runs(url, app)}") from None
 
     async def judged() -> Judgement:
         return await judge(url, GRACE, app.mapping)
 
     return anyio.run(judged, backend="asyncio")
+
+
+# Each finished job's run, queue row and run row, for a failure to show which job waits and why.
+JOBS_AND_RUNS = """
+SELECT @j.id@::text AS job, @j.run@::text AS run, @created(j)@ AS created,
+       @j.updated_at@ AS updated,
+       (SELECT p.since FROM @reactor@.pending p WHERE p.job_id = @j.id@) AS queued_since,
+       (SELECT @r.job@::text || ' ' || coalesce(@r.saved_by@, 'NULL') FROM @runs@ r
+         WHERE @r.key@ = @j.run@) AS run_row
+  FROM @jobs@ j
+ WHERE @eligible(j)@
+ ORDER BY 2, 3
+"""
+
+
+def _jobs_and_runs(url: str, app: App) -> str:
+    with psycopg.connect(url, autocommit=True) as conn:
+        rows = conn.execute(app.render(JOBS_AND_RUNS)).fetchall()
+    return "\n".join(" | ".join(str(value) for value in row) for row in rows)
 
 
 def _first_artifact(url: str, app: App) -> float:
