@@ -79,9 +79,9 @@ $$;
 REVOKE ALL ON FUNCTION @reactor@.app_save_v1() FROM PUBLIC;
 REVOKE ALL ON FUNCTION @reactor@.worker_save_v1() FROM PUBLIC;
 
--- BEFORE triggers of one event fire in the order of their names; these three never both fire
--- for one row. The WHEN keeps the reactor's rows out of the app's trigger, and the app's
--- updates of its own rows out of the function.
+-- BEFORE triggers of one event fire in the order of their names; the two insert triggers
+-- never both fire for one row. The WHEN keeps the reactor's rows out of the app's trigger, and
+-- the app's updates of its own rows out of the function.
 CREATE OR REPLACE TRIGGER @reactor@_app_save
     BEFORE INSERT ON @runs@
     FOR EACH ROW
