@@ -205,9 +205,10 @@ def _next_steps(
         f'  3. REACTOR_CONFIG={config} reactor init --role {runtime} | psql "$DATABASE_URL"',
         "     (the runtime role and its grants; give it a password or your usual login)",
         f"  4. REACTOR_CONFIG={config} DATABASE_URL=<as {runtime}> reactor run",
-        f"The app's own save of {_sql_name(mapping.runs.table)} must be an upsert that marks "
+        f"The app's own save of {_sql_name(mapping.runs.table)} is an upsert that marks "
         f"itself: INSERT ... ON CONFLICT ({readable(mapping.runs.key)}) DO UPDATE SET ..., "
-        f"{saved_by} = {literal(mapping.runs.client[0])}.",
+        f"{saved_by} = {literal(mapping.runs.client[0])}; or its plain INSERT, where the draft "
+        'allows app_saves = "plain" under [runs].',
     ]
     if output is None:
         lines.insert(1, f"  0. save it: reactor init ... -o {config}")
