@@ -55,8 +55,8 @@ MAX_FOLLOWED = 64 * 1024
 # held MAX_PER_PEER already (peer_limit), no request head came in time (head_timeout), a body
 # did not (body_timeout), its answers waited unread (write_stall), it sent more than
 # MAX_PIPELINED requests ahead of their answers (pipelined), or a peer that held none took its
-# place (made_room). (reactor.telemetry.metrics.HTTP_DROP_REASONS: the label values of the
-# counter they are counted in.)
+# place (made_room). They are the label values of the counter they are counted in
+# (reactor.telemetry.metrics.HTTP_DROP_REASONS).
 DropReason = Literal[
     "limit",
     "peer_limit",

@@ -7,10 +7,13 @@ labelled counter is touched at start, so dashboards show 0 rather than nothing.
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
+from typing import get_args
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
+
+from reactor.core.admission import DropReason
 
 # Lateness is milliseconds when things work and up to a scan interval when they don't.
 _LATENESS_BUCKETS = (
@@ -37,15 +40,8 @@ _LATENESS_BUCKETS = (
 TRIGGER_STATES = ("notifies", "quiet", "elsewhere", "missing")
 # The label values of reactor_http_connections_dropped_total; see reactor.http.
 HTTP_SERVERS = ("probes", "page")
-HTTP_DROP_REASONS = (
-    "limit",
-    "peer_limit",
-    "head_timeout",
-    "body_timeout",
-    "write_stall",
-    "pipelined",
-    "made_room",
-)
+# Every reason the servers close a connection for (reactor.core.admission.DropReason).
+HTTP_DROP_REASONS: tuple[str, ...] = get_args(DropReason)
 
 
 class Metrics:
