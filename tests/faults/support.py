@@ -41,6 +41,8 @@ from tests.faults.tables import JobId, RunKey, Tables
 from tests.helpers import scalar as scalar  # where the fault tests find it
 
 ROOT = Path(__file__).resolve().parents[2]
+# How long the workload's retry waits for a job's row before it leaves that job alone.
+RETRY_LOCK_WAIT_MS = 200
 Conn = psycopg.Connection[Any]
 
 
@@ -329,15 +331,23 @@ class Workload:
 
     def _retry_one(self, conn: Conn, *, save: bool) -> bool:
         """Retry a job that finished more than a grace ago with no tab to save it, so that the
-        reactor has written its run from that finish; False when there is none yet."""
+        reactor has written its run from that finish; False when there is none yet, or the one
+        chosen is held by another transaction."""
         before = time.monotonic() - 1.5 * self.grace
         ready = [job for job, at in self._unsaved.items() if at < before]
         if not ready:
             return False
         job_id = self.rng.choice(ready)
         # The job goes back to running, then finishes again (mostly complete, after a failure),
-        # each its own commit, with verdicts its first finish did not have.
-        self.tables.reopen(conn, job_id)
+        # each its own commit, with verdicts its first finish did not have. A job whose row
+        # another transaction holds (a scenario's frozen claim) is left alone, not waited for:
+        # the workload must go on whatever the fault holds.
+        try:
+            with conn.transaction():
+                conn.execute(f"SET LOCAL lock_timeout = '{RETRY_LOCK_WAIT_MS}ms'")
+                self.tables.reopen(conn, job_id)
+        except psycopg.errors.LockNotAvailable:
+            return False
         results = json.dumps({"verdicts": [self.rng.randrange(100, 200)], "retried": True})
         self.tables.finish(conn, job_id, failed=self.rng.random() < 0.2, results=results)
         self.retried.append(job_id)
