@@ -1,1 +1,0 @@
-"""Where job events come from, as hints, and the one door into the work queue."""
