@@ -3,7 +3,7 @@
 A NOTIFY takes a cluster-wide lock at commit and holds it through the commit's WAL flush, so
 concurrent notifying commits cannot share a flush (group commit): they queue on the lock. The
 job trigger skips its NOTIFY while its channel's doorbell is awake, which a replica keeps it
-while the jobs come fast and it polls the queue itself (reactor/core/doorbell.py). This
+while the jobs come fast and it polls the queue itself (reactor/insurance/doorbell.py). This
 measures the default install as `reactor migrate` installs it, with its replica listening and
 ringing the bell as it would in production, against the notify-only trigger (the floor of a
 notifying install) and against the default install with the bell's read taken out of its

@@ -32,9 +32,9 @@ from bench.workload import (
     wait_for_first_scan,
     wait_until_recorded,
 )
-from reactor import audit
-from reactor.config import Settings
 from reactor.install import REFERENCE_INSTALL
+from reactor.settings.config import Settings
+from reactor.testing import audit
 
 TITLE = "Lateness of recorded runs past updated_at + grace (database clock)"
 P99_GOAL_S = 0.005

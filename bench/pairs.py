@@ -45,15 +45,16 @@ from bench.result import Context, Result, Table, conditions, unmeasured
 from bench.server import Server, open_counting_server
 from bench.stats import ms, ratio, safe_div, summarize
 from bench.workload import RESULTS, bench_settings
-from reactor import audit, db
-from reactor.app import App
-from reactor.config import Settings
+from reactor import db
 from reactor.db.pool import POOL_MAX_IDLE
 from reactor.install import Install, mapping_file
 from reactor.install.mapping import REFERENCE
-from reactor.pairs import Pair
 from reactor.runtime.replica import Replica, open_replica
 from reactor.runtime.service import Reactor
+from reactor.settings.config import Settings
+from reactor.settings.pairs import Pair
+from reactor.testing import audit
+from reactor.testing.app import App
 
 TITLE = "Many job/artifact pairs, one sidecar: connections, idle cost and lateness per pair"
 GOAL = (

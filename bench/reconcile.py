@@ -20,11 +20,11 @@ from bench.result import Context, Result, Table, conditions
 from bench.server import open_server
 from bench.stats import ms, ratio, safe_div
 from reactor import db
-from reactor.config import Settings
 from reactor.db import indexes
 from reactor.install import REFERENCE_INSTALL
 from reactor.install.mapping import REFERENCE
-from reactor.intake import reconcile
+from reactor.insurance import reconcile
+from reactor.settings.config import Settings
 
 TITLE = "Reconcile pass over the job table, against the article's sweep"
 GOAL = (

@@ -37,10 +37,10 @@ from bench.workload import (
     wait_for_first_scan,
     wait_until_recorded,
 )
-from reactor import audit
-from reactor.config import Settings
 from reactor.core.ownership import LIVENESS_PROBES
 from reactor.install import REFERENCE_INSTALL
+from reactor.settings.config import Settings
+from reactor.testing import audit
 
 TITLE = "Replicas: record statements and database time per job, and a killed owner's takeover"
 GOAL = (

@@ -23,13 +23,13 @@ from psycopg_pool import AsyncConnectionPool
 
 from bench.conn import Conn, connect
 from reactor import db
-from reactor.app import App
-from reactor.config import Settings
 from reactor.install import REFERENCE_INSTALL, Install
 from reactor.install.mapping import REFERENCE
-from reactor.pairs import Pair
 from reactor.runtime.replica import open_replica
 from reactor.runtime.service import Reactor
+from reactor.settings.config import Settings
+from reactor.settings.pairs import Pair
+from reactor.testing.app import App
 
 # The worker of the eager design writes the run itself at finalize, in the same transaction;
 # it never overwrites a client row.

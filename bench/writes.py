@@ -30,8 +30,8 @@ from bench.workload import (
     wait_for_first_scan,
     wait_until_recorded,
 )
-from reactor import audit
 from reactor.install import REFERENCE_INSTALL
+from reactor.testing import audit
 
 TITLE = "Writes per job: WAL bytes and tuple writes on analysis_runs"
 GOAL = (

@@ -7,10 +7,11 @@ A page holds a generated part between two markers::
     <!-- end generated: NAME -->
 
 and this script rewrites what stands between them from the code: the CLI's options from
-``reactor.arguments.build_parser()``, every setting from ``reactor.config.Settings``, the metrics
-registry of ``reactor.telemetry.metrics.Metrics``, the exit codes of ``reactor.errors``, the SQL
-that ``reactor migrate --print`` prints for ``tests/mappings/second.toml``, and README's diagram.
-Everything outside the markers is written by hand.
+``reactor.cli.arguments.build_parser()``, every setting from ``reactor.settings.config.Settings``,
+the metrics registry of ``reactor.telemetry.metrics.Metrics``, the exit codes of
+``reactor.errors``, the SQL that ``reactor migrate --print`` prints for
+``tests/mappings/second.toml``, and README's diagram. Everything outside the markers is written by
+hand.
 
     uv run python docs/generate.py           # rewrite the generated parts
     uv run python docs/generate.py --check   # exit 1, naming each stale page, when one is
@@ -32,8 +33,10 @@ from typing import NamedTuple
 from prometheus_client import Counter, Histogram
 from prometheus_client.metrics import MetricWrapperBase
 
-from reactor import arguments, config, db, errors
+from reactor import db, errors
+from reactor.cli import arguments
 from reactor.install import Install, mapping, mapping_file, sql
+from reactor.settings import config
 from reactor.telemetry import metrics
 
 DOCS = Path(__file__).resolve().parent

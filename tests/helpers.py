@@ -1,6 +1,6 @@
 """Playing the app in tests on the reference tables: the worker, the browser tab (both as
-:mod:`tests.faults.tables` plays them, through :class:`reactor.app.App`), and an audit of every
-run write."""
+:mod:`tests.faults.tables` plays them, through :class:`reactor.testing.app.App`), and an audit of
+every run write."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ from typing import Any
 
 import psycopg
 
-from reactor import audit
 from reactor.install import mapping
+from reactor.testing import audit
 from tests.faults import tables
 
 # Every write to analysis_runs, with who made it and when (by the database clock), so tests

@@ -1,7 +1,7 @@
 -- The app's own writes to its two tables, as the app itself sends them, for any mapping: what
--- `reactor demo`, the tests and the benchmarks play (reactor/app.py). The reactor never sends
+-- `reactor demo`, the tests and the benchmarks play (reactor/testing/app.py). The reactor never sends
 -- these. Besides the mapping's slots (@jobs@, @j.id@, ...) they have the app's own, which
--- reactor.app.App fills:
+-- reactor.testing.app.App fills:
 --   @now@              the app's clock as its time columns hold it (naive columns: in time_zone)
 --   @new_columns@      what a new job is given: its id (unless the database assigns it), run key,
 --   @new_values@       status, documents, verdicts, times and the job table's own NOT NULL

@@ -1,7 +1,7 @@
 -- An audit of every write to the runs table: who wrote (saved_by), for which job, and when by the
 -- database clock. Not part of the reactor's schema: `reactor demo`, the tests and the benchmarks
 -- install it to count lost, duplicate, clobbering and early writes from the database itself.
--- Rendered through the mapping (reactor.audit.ddl), like every other statement: the ids take
+-- Rendered through the mapping (reactor.testing.audit.ddl), like every other statement: the ids take
 -- the types of the mapped columns, and each pair of a database has its own audit (@audit@:
 -- run_audit for the pair in the reactor schema, <schema>_run_audit for another).
 CREATE TABLE IF NOT EXISTS @audit@ (

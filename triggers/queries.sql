@@ -567,7 +567,7 @@ SELECT pass AS number,
 -- - hooks_orphaned: the running hook rows of replicas no longer live that this check made due
 --   at once (their leases would have held them until they ran out);
 -- - bell_in: the seconds the channel's doorbell is still awake (NULL: silent), so that every
---   replica polls while another keeps it awake (reactor/core/doorbell.py);
+--   replica polls while another keeps it awake (reactor/insurance/doorbell.py);
 -- - queued: whether the pending queue holds any job, whoever owns it. An empty queue, with
 --   nothing else to act on, lets the replica check less often (reactor.vitals): every job
 --   queued after this check is due a grace later, past the next one.

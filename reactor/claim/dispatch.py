@@ -1,8 +1,8 @@
 """One work queue for job ids: who claims which job, and when. Every road to a claim goes here.
 
 The listener, the poll, the scan's re-arm, the reconcile and the recorder's retries are sources
-(:mod:`reactor.intake.sources`): each says what it knows of a job as a
-:class:`~reactor.intake.sources.Hint`, and every hint comes in by one door,
+(:mod:`reactor.claim.sources`): each says what it knows of a job as a
+:class:`~reactor.claim.sources.Hint`, and every hint comes in by one door,
 :meth:`Dispatcher.intake` (:meth:`WorkQueue.admit`, pure);
 :meth:`~WorkQueue.take` hands out the due ones this replica owns and marks them in flight;
 :meth:`~WorkQueue.done` settles them. It is controller-runtime's workqueue with its delaying
@@ -46,10 +46,10 @@ from dataclasses import dataclass
 import anyio
 import anyio.abc
 
+from reactor.claim.sources import RETRY, Answer, Hint
 from reactor.core.clock import Clock
 from reactor.core.deadlines import Deadlines
 from reactor.core.ownership import Membership
-from reactor.intake.sources import RETRY, Answer, Hint
 from reactor.telemetry.metrics import Metrics
 
 __all__ = ["Answer", "Claim", "Dispatcher", "WorkQueue"]
@@ -122,7 +122,7 @@ class WorkQueue:
         return self._deadlines.when(job)
 
     def admit(self, hint: Hint, now: float) -> bool:
-        """What a source says of a job, read at ``now`` (see :class:`~reactor.intake.sources.Hint`).
+        """What a source says of a job, read at ``now`` (see :class:`~reactor.claim.sources.Hint`).
         A job another live replica owns is left to it, unless adopted or stuck. Returns True
         when this is now the earliest deadline (a sleeping dispatcher must wake)."""
         return self._admit(hint, hint.at(now))

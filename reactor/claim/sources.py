@@ -1,10 +1,10 @@
 """The roads by which a job reaches the dispatcher, each saying what it knows as a :class:`Hint`.
 
 Every road reads something different: the LISTEN session a notification (verified against the
-queue first, :mod:`reactor.intake.hints`), the poll and the scan's re-arm the queue's upcoming jobs,
+queue first, :mod:`reactor.listen.hints`), the poll and the scan's re-arm the queue's upcoming jobs,
 the scan the jobs it found behind another transaction's row lock, the reconcile the jobs missing
 from the queue, a claim its answer (:class:`Answer`). Each turns its read into hints, and
-:meth:`reactor.intake.dispatch.Dispatcher.intake` is the one door they go through: what a hint says
+:meth:`reactor.claim.dispatch.Dispatcher.intake` is the one door they go through: what a hint says
 is data (when the job is due, whether this replica claims it whoever owns it, whether it is held
 behind a lock, whether it is an edge), and the work queue alone decides what follows from it.
 

@@ -7,11 +7,11 @@ import argparse
 import os
 from typing import TYPE_CHECKING
 
-from reactor import pairs
-from reactor.config import Settings
+from reactor.settings import pairs
+from reactor.settings.config import Settings
 
 if TYPE_CHECKING:
-    from reactor.pairs import Pair
+    from reactor.settings.pairs import Pair
 
 # The flags that override an environment variable, by Settings field.
 OVERRIDES = ("grace", "scan_interval", "batch_size", "channel", "mode", "drain", "http_addr")

@@ -1,7 +1,7 @@
 """The ``reactor`` command line: argument parsing, wiring, and turning errors into exit codes.
 
 Each command is a small async function: ``run``, ``status`` and ``demo`` here, the upkeep
-commands in :mod:`reactor.upkeep`, ``init`` in :mod:`reactor.draft.command`. User mistakes
+commands in :mod:`reactor.cli.upkeep`, ``init`` in :mod:`reactor.draft.command`. User mistakes
 arrive as :class:`ReactorError` and leave as one line on stderr with the error's exit code;
 nothing here prints a traceback for them.
 """
@@ -22,9 +22,16 @@ from typing import TYPE_CHECKING
 import anyio
 import psycopg.errors
 
-from reactor import db, extras, pairs, upkeep
-from reactor.arguments import LOG_FORMATS, build_parser, pairs_from, settings_from
-from reactor.config import Settings
+from reactor import db
+from reactor.cli import extras, upkeep
+from reactor.cli.arguments import LOG_FORMATS, build_parser, pairs_from, settings_from
+from reactor.cli.served import (
+    fit_pair,
+    known_error,
+    pair_trouble,
+    resolve_served,
+    startup_connection,
+)
 from reactor.errors import (
     ConfigError,
     DatabaseReadOnly,
@@ -33,13 +40,8 @@ from reactor.errors import (
 )
 from reactor.hooks import check_hooks
 from reactor.install import mapping
-from reactor.served import (
-    fit_pair,
-    known_error,
-    pair_trouble,
-    resolve_served,
-    startup_connection,
-)
+from reactor.settings import pairs
+from reactor.settings.config import Settings
 from reactor.shown import printable
 from reactor.telemetry import logs, tracing
 

@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
-from reactor import extras
+from reactor.cli import extras
 
 log = logging.getLogger(__name__)
 

@@ -2,8 +2,8 @@
 
 Each pair a command serves is checked against the catalog (:func:`reactor.db.fit` types its
 mapping), its reactor schema, the schema's trust and the role's grants, into the
-:class:`~reactor.pairs.Pair` the command then passes everywhere: nothing downstream builds an
-install again. A pair's own trouble leaves only that pair out when there are others.
+:class:`~reactor.settings.pairs.Pair` the command then passes everywhere: nothing downstream builds
+an install again. A pair's own trouble leaves only that pair out when there are others.
 """
 
 from __future__ import annotations
@@ -11,7 +11,6 @@ from __future__ import annotations
 import psycopg.errors
 
 from reactor import db
-from reactor.config import ProcessSettings
 from reactor.errors import (
     ConfigError,
     PrivilegeMissing,
@@ -20,7 +19,8 @@ from reactor.errors import (
     UntrustedSchema,
 )
 from reactor.install.mapping import Mapping
-from reactor.pairs import Pair
+from reactor.settings.config import ProcessSettings
+from reactor.settings.pairs import Pair
 
 
 def known_error(error: BaseException) -> ReactorError | None:

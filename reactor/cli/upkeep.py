@@ -12,24 +12,26 @@ from typing import TYPE_CHECKING
 
 import psycopg.errors
 
-from reactor import db, extras, pairs
-from reactor.arguments import pairs_from, settings_from
-from reactor.config import Settings
+from reactor import db
+from reactor.cli import extras
+from reactor.cli.arguments import pairs_from, settings_from
+from reactor.cli.served import fit_for_print, fit_pair, resolve_served, startup_connection
 from reactor.errors import ConfigError, PrivilegeMissing, UsageError
 from reactor.hooks import check_hooks
 from reactor.install import sql
-from reactor.served import fit_for_print, fit_pair, resolve_served, startup_connection
+from reactor.settings import pairs
+from reactor.settings.config import Settings
 from reactor.telemetry import logs, tracing
 
 if TYPE_CHECKING:
-    from reactor.pairs import Pair
+    from reactor.settings.pairs import Pair
 
 
 async def cmd_migrate(args: argparse.Namespace) -> int:
     """``reactor migrate``: apply (or print) the migrations of every pair, idempotently; or
     print the grants every pair needs."""
+    from reactor.cli import progress
     from reactor.install import grants
-    from reactor.telemetry import progress
 
     if args.print_grants is not None:
         # Text for each mapping: checked against the database when DATABASE_URL names one
@@ -134,9 +136,9 @@ async def cmd_sweep(args: argparse.Namespace) -> int:
 
 async def _sweep(pair: Pair, which: str) -> tuple[int, bool]:
     # (runs recorded, whether any job was set aside) for one pair.
+    from reactor.cli import progress
     from reactor.hooks import open_hooks
     from reactor.record.recorder import Recorder
-    from reactor.telemetry import progress
     from reactor.telemetry.metrics import Metrics
 
     settings, install = pair.settings, pair.install

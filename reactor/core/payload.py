@@ -94,7 +94,7 @@ class Membership:
 
 @dataclass(frozen=True, slots=True)
 class Rang:
-    """A replica rang the doorbell of ``channel`` awake (reactor.core.doorbell): the others
+    """A replica rang the doorbell of ``channel`` awake (reactor.insurance.doorbell): the others
     poll the queue from now on. Only the bell's row can confirm it."""
 
     channel: str

@@ -25,18 +25,19 @@ import psycopg.errors
 from rich.console import Console
 from rich.live import Live
 
-from reactor import audit, db
-from reactor.app import App
-from reactor.config import Settings
+from reactor import db
 from reactor.demo.embedded import EmbeddedPostgres
 from reactor.demo.view import Scoreboard, refresh, report
 from reactor.errors import ConfigError
 from reactor.install.mapping import REFERENCE, Mapping
 from reactor.ops import http
 from reactor.ops.dashboard import Dashboard
-from reactor.pairs import Pair
 from reactor.runtime.replica import Replica, open_replica
+from reactor.settings.config import Settings
+from reactor.settings.pairs import Pair
 from reactor.telemetry.metrics import Metrics
+from reactor.testing import audit
+from reactor.testing.app import App
 
 # Where the page is served while the demo runs: the reactor's own default for the page
 # (REACTOR_DASHBOARD_ADDR). The demo serves no probes: its replicas come and go.

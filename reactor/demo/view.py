@@ -1,5 +1,6 @@
 """What ``reactor demo`` shows: the live view while it runs, and the summary it ends with,
-counted from the database (:func:`reactor.audit.verdict`). :mod:`reactor.demo.run` plays the story.
+counted from the database (:func:`reactor.testing.audit.verdict`). :mod:`reactor.demo.run` plays
+the story.
 """
 
 from __future__ import annotations
@@ -14,9 +15,9 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from reactor import audit
 from reactor.runtime.service import Reactor
 from reactor.telemetry.metrics import Metrics
+from reactor.testing import audit
 
 # The sweep this replaces ran every 30 s, so a rescued run waited 15 s past its grace on average.
 _SWEEP_TICK = 30.0

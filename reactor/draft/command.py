@@ -12,8 +12,7 @@ import os
 import sys
 import tomllib
 
-from reactor import db, pairs
-from reactor.config import Settings
+from reactor import db
 from reactor.draft import catalog, saves
 from reactor.draft.facts import Table
 from reactor.draft.links import candidates, status_column
@@ -24,6 +23,8 @@ from reactor.install import grants
 from reactor.install.mapping import Mapping
 from reactor.install.mapping_file import parse
 from reactor.install.quote import literal, readable
+from reactor.settings import pairs
+from reactor.settings.config import Settings
 from reactor.shown import printable, shell_word
 
 # The exit code of a draft that needs a decision, or of a choice left to make: a usage error.

@@ -8,7 +8,7 @@ exponential schedule with jitter (:func:`.retry_delay`), or parked as failed aft
 settled as superseded and never called. No transaction stays open while a hook runs. A replica
 killed mid-hook loses nothing: its lease expires and another replica takes the row (unless
 that was the row's last attempt: see below). On SIGTERM, unfinished leases are handed back at
-once. :class:`.HookRetention` deletes settled rows once
+once. :class:`~reactor.insurance.retention.HookRetention` deletes settled rows once
 ``REACTOR_HOOK_RETENTION_SECONDS`` have passed; replicas purging at once share the rows.
 
 Delivery is at least once. Every call carries an idempotency key, stable across retries and
@@ -46,8 +46,7 @@ The rooms, each importing only those before it: :mod:`.call` (what a hook is and
 :mod:`.secrets` (which variable signs which webhook), :mod:`.registry` (each kind's parser, the
 resources it takes and the secrets it reads), :mod:`.spec` (``REACTOR_HOOKS`` parsed into
 hooks through the registry), :mod:`.runner`
-(claiming, running and settling attempts: a duty of the replica's cadence) and
-:mod:`.retention` (deleting settled rows: another duty).
+(claiming, running and settling attempts: a duty of the replica's cadence).
 
 A hook that raises anything but the runner's own cancellation, ``SystemExit`` and
 ``KeyboardInterrupt`` included, has failed an attempt like any other. A hook that kills its
@@ -69,7 +68,6 @@ from reactor.hooks.kinds import (
     webhook_verdict,
 )
 from reactor.hooks.registry import KINDS, Kind, Resources
-from reactor.hooks.retention import HookRetention
 from reactor.hooks.runner import JITTER, OUTCOMES, HookRunner, retry_delay, retry_span
 from reactor.hooks.spec import check_hooks, open_hooks, parse_hooks
 
@@ -82,7 +80,6 @@ __all__ = [
     "PERMANENT_STATUSES",
     "Hook",
     "HookCall",
-    "HookRetention",
     "HookRunner",
     "Kind",
     "NotifyHook",

@@ -23,11 +23,11 @@ import anyio
 from psycopg_pool import AsyncConnectionPool
 
 from reactor import db
-from reactor.config import webhook_secret_variable
 from reactor.errors import ConfigError
 from reactor.hooks.call import Hook, HookCall
 from reactor.hooks.kinds import NotifyHook, PythonHook, WebhookHook
 from reactor.hooks.secrets import secret_variables
+from reactor.settings.config import webhook_secret_variable
 from reactor.telemetry import redact, tracing
 
 if TYPE_CHECKING:

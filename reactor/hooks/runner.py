@@ -1,8 +1,8 @@
 """Claiming, running and settling hook attempts: one replica's share of the hook outbox.
 
-The runner is a duty of the replica's cadence (:mod:`reactor.core.cadence`): each run of it leases
-as many runnable rows as it has free slots, starts each attempt in the replica's task group and
-says when it is due next: at once while rows keep coming, else when the next row's backoff or
+The runner is a duty of the replica's cadence (:mod:`reactor.insurance.cadence`): each run of it
+leases as many runnable rows as it has free slots, starts each attempt in the replica's task group
+and says when it is due next: at once while rows keep coming, else when the next row's backoff or
 lease ends, never later than the scan interval (rows other replicas queue are found so). A
 recorded run, a finished attempt and an operator's retry bring it forward. No transaction stays
 open while a hook runs.
@@ -19,10 +19,10 @@ import anyio
 import anyio.abc
 
 from reactor import db
-from reactor.config import Settings
 from reactor.core import backoff
 from reactor.hooks.call import Hook, HookCall, PermanentFailure, idempotency_key
 from reactor.hooks.guard import ASYNC_HINT, LoopGuard
+from reactor.settings.config import Settings
 from reactor.telemetry import redact, tracing
 from reactor.telemetry.metrics import Metrics
 

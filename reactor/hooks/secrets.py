@@ -29,8 +29,8 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
 
-from reactor.config import WEBHOOK_SECRET_PREFIX, webhook_secret_variable
 from reactor.errors import ConfigError
+from reactor.settings.config import WEBHOOK_SECRET_PREFIX, webhook_secret_variable
 
 SHARED_SECRET = "REACTOR_WEBHOOK_SECRET"
 _EACH = WEBHOOK_SECRET_PREFIX + "<PAIR>_<HOOK>"

@@ -18,11 +18,11 @@ import anyio
 from psycopg_pool import AsyncConnectionPool
 
 from reactor import db
-from reactor.config import Settings, webhook_secret_variable
 from reactor.errors import ConfigError
 from reactor.hooks.call import Hook
 from reactor.hooks.registry import KINDS, Resources
 from reactor.hooks.secrets import SHARED_SECRET, resolve
+from reactor.settings.config import Settings, webhook_secret_variable
 from reactor.telemetry import redact
 
 if TYPE_CHECKING:

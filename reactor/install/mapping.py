@@ -1,7 +1,7 @@
 """The mapping: which of the app's tables, columns and values the reactor reads and writes.
 
-``REACTOR_CONFIG`` names a TOML file (DESIGN.md §2), or several (:mod:`reactor.pairs`); without
-one the reactor runs on the reference mapping, ``analysis_jobs``/``analysis_runs``. Parsing
+``REACTOR_CONFIG`` names a TOML file (DESIGN.md §2), or several (:mod:`reactor.settings.pairs`);
+without one the reactor runs on the reference mapping, ``analysis_jobs``/``analysis_runs``. Parsing
 (:mod:`reactor.install.mapping_file`) is pure and validates every key, so the rest of the code can
 trust a :class:`Mapping`. The catalog adds what the file does not say (the columns' types, the
 artifact's sequences) before any SQL.
@@ -200,7 +200,7 @@ class Mapping:
             case "reactor_name":
                 return literal(self.reactor_schema)
             case "audit" | "audit_write" | "audit_index":
-                # reactor.audit's objects: the pair's own, so that two pairs of one database
+                # reactor.testing.audit's objects: the pair's own, so that two pairs of one database
                 # are counted apart.
                 own = "" if self.reactor_schema == "reactor" else f"{self.reactor_schema}_"
                 suffix = {"audit": "", "audit_write": "_write", "audit_index": "_run_idx"}[name]

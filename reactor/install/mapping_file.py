@@ -3,7 +3,8 @@
 
 Pure but for :func:`read`: every key is checked here, with a message that names it and the fix,
 so the rest of the code can trust a mapping. Where a key is left out the reference mapping's
-value stands. The ``[reactor]`` table, the pair's own settings, is :mod:`reactor.pairs`' to read.
+value stands. The ``[reactor]`` table, the pair's own settings, is :mod:`reactor.settings.pairs`'
+to read.
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ def read(path: str) -> dict[str, Any]:
 
 def parse(document: dict[str, Any], *, source: str = "the mapping") -> Mapping:
     """A validated mapping from a parsed TOML document; its ``[reactor]`` table, the pair's own
-    settings, is :mod:`reactor.pairs`' to read."""
+    settings, is :mod:`reactor.settings.pairs`' to read."""
     where = f"{source}:"
     _known(document, {"reactor_schema", "jobs", "runs", "reactor"}, where, "")
     schema = document.get("reactor_schema", "reactor")

@@ -5,7 +5,7 @@ A pair polls its queue on its own (:class:`PairPoll`) while notifications cannot
 and sleeps otherwise.
 
 A replica of one pair checks it as the pair's own duty (:func:`check_pair`, begun by the pair's
-:class:`~reactor.core.cadence.Scheduler`). A replica of two or more checks them together
+:class:`~reactor.insurance.cadence.Scheduler`). A replica of two or more checks them together
 (:class:`PairsHealth`): one statement per interval through the pool
 (:func:`reactor.db.health_of_pairs`), not one per pair, so that the replica's checks cost the
 database what one pair's do.
@@ -36,11 +36,11 @@ from typing import TYPE_CHECKING, Any
 import anyio
 
 from reactor import db
-from reactor.core.cadence import fleet_poll_interval
+from reactor.claim.sources import POLL
 from reactor.core.clock import Clock
 from reactor.core.ownership import ALL_SHARES
-from reactor.intake.listener import Listener
-from reactor.intake.sources import POLL
+from reactor.insurance.cadence import fleet_poll_interval
+from reactor.listen.listener import Listener
 from reactor.telemetry import logs
 
 if TYPE_CHECKING:
@@ -95,7 +95,7 @@ class PairPoll:
     async def run(self) -> None:
         """One poll: every poll interval, the queued jobs whose deadline comes within two
         intervals, offered to the pair's work queue; the doorbell rung or renewed when the
-        jobs come fast enough (:mod:`reactor.core.doorbell`)."""
+        jobs come fast enough (:mod:`reactor.insurance.doorbell`)."""
         # Windows overlap by that much, so a job queued by a transaction that was still open at
         # the last poll is read now (one that committed after its deadline is the scan's).
         reactor = self.reactor

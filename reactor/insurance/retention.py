@@ -6,7 +6,7 @@ import logging
 from collections.abc import Callable
 
 from reactor import db
-from reactor.config import Settings
+from reactor.settings.config import Settings
 
 log = logging.getLogger("reactor.hooks")
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
-from reactor.intake.sources import REARM, STUCK
+from reactor.claim.sources import REARM, STUCK
 from reactor.telemetry import tracing
 
 if TYPE_CHECKING:

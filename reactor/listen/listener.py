@@ -1,6 +1,6 @@
 """The LISTEN side: one dedicated connection that turns notifications into job ids. It only
 listens: connect, LISTEN/UNLISTEN, prove, route. What to do when is decided by the pure
-:class:`reactor.intake.listen_session.Session` (which says how the session proves itself); this
+:class:`reactor.listen.session.Session` (which says how the session proves itself); this
 module performs its actions on the connection. A payload is parsed, never trusted; garbage is
 counted.
 
@@ -38,7 +38,6 @@ import anyio.lowlevel
 import psycopg
 
 from reactor import db
-from reactor.config import ProcessSettings
 from reactor.core.clock import Clock
 from reactor.core.payload import (
     PROBE,
@@ -51,7 +50,7 @@ from reactor.core.payload import (
     read,
 )
 from reactor.errors import ConfigError, ReactorError
-from reactor.intake.listen_session import (
+from reactor.listen.session import (
     Action,
     Change,
     Close,
@@ -63,7 +62,8 @@ from reactor.intake.listen_session import (
     Report,
     Session,
 )
-from reactor.intake.subscriber import Routes, Subscriber, on_behalf
+from reactor.listen.subscriber import Routes, Subscriber, on_behalf
+from reactor.settings.config import ProcessSettings
 from reactor.telemetry.metrics import Metrics
 
 log = logging.getLogger(__name__)

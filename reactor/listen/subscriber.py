@@ -1,4 +1,4 @@
-"""One pair's side of the replica's LISTEN session (:class:`reactor.intake.listener.Listener`): its
+"""One pair's side of the replica's LISTEN session (:class:`reactor.listen.listener.Listener`): its
 channels and what it is told on them."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from reactor import db
 from reactor.core.ownership import replicas_channel, share_channels
 from reactor.errors import ConfigError
-from reactor.intake.hints import LOG_INTERVAL, Tally
+from reactor.listen.hints import LOG_INTERVAL, Tally
 from reactor.telemetry import logs
 from reactor.telemetry.metrics import Metrics
 

@@ -1,5 +1,5 @@
 """Accepting the connections of the reactor's HTTP servers: the I/O half of
-:mod:`reactor.core.admission`.
+:mod:`reactor.ops.admission`.
 
 Both servers run on the reactor's own event loop, so neither may let a client hold what the
 loop needs. A connection has a deadline at every stage of a request: its head within
@@ -10,7 +10,7 @@ its small kernel send buffer (:data:`SEND_BUFFER_BYTES`), taken by the peer with
 :data:`KEEPALIVE_SECONDS`. It may send at most :data:`MAX_PIPELINED` requests ahead of their
 answers. At most :data:`MAX_CONNECTIONS` are open per server and :data:`MAX_PER_PEER` per peer
 address, with places kept for a peer that holds none and, when all are taken all the same, a
-place of the peer holding the most for it (:class:`reactor.core.admission.Door`; more are closed
+place of the peer holding the most for it (:class:`reactor.ops.admission.Door`; more are closed
 at once, and counted), and a body is at most :data:`MAX_BODY` bytes. Together they bound the
 file descriptors a stranger can take, and for how long, whatever they send or leave unread, and
 leave the orchestrator's probes a place while other peers hold all they may.
@@ -36,14 +36,15 @@ import anyio
 from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 
-from reactor.core.admission import BODY_SECONDS as BODY_SECONDS
-from reactor.core.admission import HEAD_SECONDS as HEAD_SECONDS
-from reactor.core.admission import MAX_CONNECTIONS as MAX_CONNECTIONS
-from reactor.core.admission import MAX_PER_PEER as MAX_PER_PEER
-from reactor.core.admission import MAX_PIPELINED as MAX_PIPELINED
-from reactor.core.admission import WRITE_STALL_SECONDS as WRITE_STALL_SECONDS
-from reactor.core.admission import Door, DropReason, Requests, Tally
 from reactor.errors import ConfigError
+from reactor.ops.admission import BODY_SECONDS as BODY_SECONDS
+from reactor.ops.admission import HEAD_SECONDS as HEAD_SECONDS
+from reactor.ops.admission import MAX_CONNECTIONS as MAX_CONNECTIONS
+from reactor.ops.admission import MAX_PER_PEER as MAX_PER_PEER
+from reactor.ops.admission import MAX_PIPELINED as MAX_PIPELINED
+from reactor.ops.admission import WRITE_STALL_SECONDS as WRITE_STALL_SECONDS
+from reactor.ops.admission import Door, Requests, Tally
+from reactor.telemetry.metrics import DropReason
 
 # The servers' log lines keep one logger name, the one operators filter on.
 log = logging.getLogger("reactor.http")

@@ -22,6 +22,8 @@ from collections.abc import Callable, Hashable
 from dataclasses import KW_ONLY, dataclass, field
 from typing import Generic, Literal, TypeVar
 
+from reactor.telemetry.metrics import DropReason
+
 # Open connections per server. Probes, a scraper and a few browsers need a handful; a
 # connection past this is closed as soon as it is accepted.
 MAX_CONNECTIONS = 64
@@ -50,22 +52,6 @@ MAX_PIPELINED = 4
 # The longest head or chunk line followed; past it the connection is not followed any more
 # (aiohttp refuses a line past 8 KiB), and the deadline of its head or body closes it.
 MAX_FOLLOWED = 64 * 1024
-
-# Why a server closed a connection: the places open to its peer were taken (limit), its peer
-# held MAX_PER_PEER already (peer_limit), no request head came in time (head_timeout), a body
-# did not (body_timeout), its answers waited unread (write_stall), it sent more than
-# MAX_PIPELINED requests ahead of their answers (pipelined), or a peer that held none took its
-# place (made_room). They are the label values of the counter they are counted in
-# (reactor.telemetry.metrics.HTTP_DROP_REASONS).
-DropReason = Literal[
-    "limit",
-    "peer_limit",
-    "head_timeout",
-    "body_timeout",
-    "write_stall",
-    "pipelined",
-    "made_room",
-]
 
 
 # Where a connection's peer is in its requests (:class:`Requests`): owing a head (the first

@@ -35,12 +35,13 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter
 from prometheus_client.exposition import choose_encoder
 
-from reactor.config import Settings
-from reactor.core.admission import MAX_CONNECTIONS, MAX_PER_PEER, Door, DropReason
 from reactor.ops.accept import MAX_BODY, FloodLog, listening, show
+from reactor.ops.admission import MAX_CONNECTIONS, MAX_PER_PEER, Door
 from reactor.ops.dashboard import Dashboard, HostAllowlist, install
 from reactor.runtime.replica import Replica
 from reactor.runtime.service import Reactor
+from reactor.settings.config import Settings
+from reactor.telemetry.metrics import DropReason
 
 log = logging.getLogger("reactor.http")
 

@@ -18,7 +18,7 @@ from typing import Literal, TypeGuard
 import psycopg
 import psycopg.errors
 
-from reactor.core.writes import is_broken_state
+from reactor.record.writes import is_broken_state
 
 # A statement that gave up on a row lock, or ran out of time.
 TIMEOUTS = (psycopg.errors.LockNotAvailable, psycopg.errors.QueryCanceled)

@@ -22,7 +22,7 @@ Every other job of the batch is recorded as if it did not exist.
 The timer's claims (``record_jobs``, the given jobs) and the scan (``record_oldest``, the oldest
 due ones) differ only in their statement: both write by one road, :meth:`Recorder._write`, with
 one split-and-isolate, and what a failed statement says of its batch is read from its error in
-:mod:`reactor.db.outcomes`.
+:mod:`reactor.record.outcomes`.
 """
 
 from __future__ import annotations
@@ -34,16 +34,16 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
+from reactor.claim.sources import Answer
 from reactor.core.backoff import exponential
 from reactor.core.clock import Clock, SystemClock
-from reactor.core.writes import WriteHealth
 from reactor.db import DATABASE_ERRORS, Database, JobOutcome, first_line
-from reactor.db.outcomes import is_broken_error, is_row_error, verdict
 from reactor.install import null_cost
-from reactor.intake.sources import Answer
 from reactor.record.batch import SPLIT as SPLIT
 from reactor.record.batch import Batch, Written, each_part
 from reactor.record.batch import split as split
+from reactor.record.outcomes import is_broken_error, is_row_error, verdict
+from reactor.record.writes import WriteHealth
 from reactor.telemetry import tracing
 from reactor.telemetry.metrics import Metrics
 

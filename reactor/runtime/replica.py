@@ -4,9 +4,9 @@ The :class:`Replica` is the process's one supervisor. It owns what every pair sh
 replica's identity (one id, in every pair's heartbeats, claims and hook leases), each pair's
 view of who is live (its :class:`~reactor.core.ownership.Roster`, from that pair's heartbeats), the
 pool, the LISTEN session (one for every pair), the pairs' health check (one statement per
-interval for all of them, :mod:`reactor.runtime.duties`, so that a replica costs the database about
-what one pair does) and the one task group everything runs in. Each
-pair is built from one value, a :class:`~reactor.pairs.Pair`, and runs under it as a
+interval for all of them, :mod:`reactor.insurance.health`, so that a replica costs the database
+about what one pair does) and the one task group everything runs in. Each
+pair is built from one value, a :class:`~reactor.settings.pairs.Pair`, and runs under it as a
 :class:`~reactor.runtime.service.Reactor`; the replica starts them, and stops and drains them
 together.
 
@@ -37,14 +37,14 @@ import anyio
 import anyio.abc
 
 from reactor import db
-from reactor.config import ProcessSettings
 from reactor.core.clock import Clock, SystemClock
 from reactor.core.ownership import Roster
 from reactor.hooks import Hook, open_hooks
-from reactor.intake.listener import Listener
-from reactor.pairs import Pair
-from reactor.runtime.duties import PairsHealth
+from reactor.insurance.health import PairsHealth
+from reactor.listen.listener import Listener
 from reactor.runtime.service import POOL_SIZE, Reactor
+from reactor.settings.config import ProcessSettings
+from reactor.settings.pairs import Pair
 from reactor.telemetry import logs
 from reactor.telemetry.metrics import Metrics, PairMetrics
 

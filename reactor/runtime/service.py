@@ -1,11 +1,11 @@
 """One pair's runnable under its replica (reactor.replica): its parts wired together.
 
-- :mod:`reactor.intake.dispatch` owns every claim: the listener, the poll, the scan's re-arm, the
+- :mod:`reactor.claim.dispatch` owns every claim: the listener, the poll, the scan's re-arm, the
   reconcile and the recorder's retries offer jobs to one work queue, which hands out the due
   ones this replica owns, one claim per job at a time.
-- :mod:`reactor.core.cadence` owns every periodic duty, all through the pool: the health check
+- :mod:`reactor.insurance.cadence` owns every periodic duty, all through the pool: the health check
   (which carries the LISTEN session's probe; in a replica of several pairs the replica begins
-  it, for all of them in one statement: :mod:`reactor.runtime.duties`), the poll, the scan and the
+  it, for all of them in one statement: :mod:`reactor.insurance.health`), the poll, the scan and the
   reconcile step.
 - :mod:`reactor.runtime.vitals` keeps what the checks saw, for the loops and for /readyz.
 - :mod:`reactor.core.ownership` keeps who is live, from the heartbeats and from what replicas say
@@ -32,25 +32,26 @@ import anyio
 import anyio.abc
 
 from reactor import db
-from reactor.config import Settings
-from reactor.core.cadence import Action, Cadence, Scheduler, backoff
+from reactor.claim.dispatch import Dispatcher, WorkQueue
+from reactor.claim.sources import LISTEN, RECONCILE
 from reactor.core.clock import Clock, SystemClock
 from reactor.core.dbclock import DatabaseClock
-from reactor.core.doorbell import Doorbell
 from reactor.core.ownership import LIVENESS_PROBES, Membership, Roster
-from reactor.core.writes import WriteHealth
-from reactor.hooks import Hook, HookRetention, HookRunner
-from reactor.intake.dispatch import Dispatcher, WorkQueue
-from reactor.intake.hints import Verifier
-from reactor.intake.listener import Listener
-from reactor.intake.reconcile import MAX_ERROR_WAIT, Reconciler
-from reactor.intake.sources import LISTEN, RECONCILE
-from reactor.intake.subscriber import Subscriber
+from reactor.hooks import Hook, HookRunner
+from reactor.insurance.cadence import Action, Cadence, Scheduler, backoff
+from reactor.insurance.doorbell import Doorbell
+from reactor.insurance.health import PairPoll, check_pair
+from reactor.insurance.reconcile import MAX_ERROR_WAIT, Reconciler
+from reactor.insurance.retention import HookRetention
+from reactor.insurance.scan import PairScan
+from reactor.listen.hints import Verifier
+from reactor.listen.listener import Listener
+from reactor.listen.subscriber import Subscriber
 from reactor.record.recorder import Recorder
-from reactor.runtime.duties import PairPoll, check_pair
+from reactor.record.writes import WriteHealth
 from reactor.runtime.membership import PairMembership
-from reactor.runtime.scan import PairScan
 from reactor.runtime.vitals import Vitals
+from reactor.settings.config import Settings
 from reactor.telemetry.metrics import Metrics
 
 # The least time a batch of hints is given to be verified (see Verifier).
@@ -372,8 +373,8 @@ class Reactor:
 
     def health_ask(self, probe: str | None) -> dict[str, Any]:
         """The parameters of this pair's health check now, carrying ``probe`` (see
-        :func:`reactor.runtime.duties.check_pair`). Once a probe proved the LISTEN session ours, its
-        heartbeat names that session."""
+        :func:`reactor.insurance.health.check_pair`). Once a probe proved the LISTEN session ours,
+        its heartbeat names that session."""
         listener = self.listener
         return db.health_params(
             self.database.install,
@@ -409,7 +410,7 @@ class Reactor:
 
     def poll_if_needed(self) -> None:
         """Wake the poll, which sleeps while notifications are relied on (see
-        :class:`~reactor.runtime.duties.PairPoll`), when they may no longer be: called as the
+        :class:`~reactor.insurance.health.PairPoll`), when they may no longer be: called as the
         LISTEN session changes state and after each check (the trigger's state, the NOTIFY
         queue's usage). A poll already on its cadence is left to it: brought forward at every
         check, a fleet's replica would poll more often than its share of the fleet's polls."""

@@ -11,12 +11,12 @@ import logging
 import math
 
 from reactor import db
-from reactor.config import Settings
 from reactor.core.clock import Clock
-from reactor.core.writes import WriteHealth
 from reactor.db.health import QUEUE_WARNING
 from reactor.install import Install
-from reactor.intake.listener import Listener
+from reactor.listen.listener import Listener
+from reactor.record.writes import WriteHealth
+from reactor.settings.config import Settings
 from reactor.telemetry.metrics import TRIGGER_STATES, Metrics
 
 log = logging.getLogger(__name__)

@@ -8,7 +8,7 @@ reactor runs with, the two side by side.
 Every value is checked here, so the rest of the code can trust it. A bad value raises
 :class:`ConfigError` naming the variable, what was wrong and what to set instead. No message
 quotes a value that may be secret: a connection string is shown with every libpq secret
-parameter masked (:func:`reactor.dsn.redact_dsn`), or not at all when it does not parse.
+parameter masked (:func:`reactor.settings.dsn.redact_dsn`), or not at all when it does not parse.
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Literal
 
-from reactor.dsn import check_dsn, redact_dsn
 from reactor.errors import ConfigError
+from reactor.settings.dsn import check_dsn, redact_dsn
 
 Mode = Literal["listen", "poll"]
 
@@ -42,7 +42,7 @@ MAX_LISTEN_COALESCE = 0.1
 @dataclass(frozen=True)
 class PairSettings:
     """What one job/artifact pair runs with: the environment's values, as its own ``[reactor]``
-    table changes them (:data:`PAIR_SETTINGS`; reactor.pairs)."""
+    table changes them (:data:`PAIR_SETTINGS`; reactor.settings.pairs)."""
 
     grace: float = 120.0
     batch_size: int = 500
@@ -52,8 +52,8 @@ class PairSettings:
     hooks: str = field(default="", repr=False)  # webhook URLs may carry credentials
     webhook_secret: str | None = field(default=None, repr=False)
     # REACTOR_WEBHOOK_SECRET_<NAME>, by variable name: a webhook's own secret, which takes
-    # precedence over webhook_secret for that hook. In a pair's settings (reactor.pairs), the
-    # secret each of its webhooks reads, under REACTOR_WEBHOOK_SECRET_<HOOK> whichever variable
+    # precedence over webhook_secret for that hook. In a pair's settings (reactor.settings.pairs),
+    # the secret each of its webhooks reads, under REACTOR_WEBHOOK_SECRET_<HOOK> whichever variable
     # gave it, and no other.
     webhook_secrets: Mapping[str, str] = field(default_factory=dict, repr=False, hash=False)
     hook_timeout: float = 120.0
@@ -114,7 +114,7 @@ class ProcessSettings:
     # notification, a few milliseconds of a grace of seconds (docs/how-it-works.md, the figures).
     listen_coalesce: float = 0.005
     # From how many job notifications a second a replica rings the doorbell awake: the app's
-    # commits skip their NOTIFY while it polls the queue itself (reactor/core/doorbell.py);
+    # commits skip their NOTIFY while it polls the queue itself (reactor/insurance/doorbell.py);
     # 0 (or a grace under two poll intervals): every finishing commit notifies.
     doorbell_rate: int = 20
     # The most deadlines held in memory; past it, new ones are left to the fallback scan.
@@ -255,7 +255,7 @@ def webhook_secret_variable(hook: str) -> str:
     return WEBHOOK_SECRET_PREFIX + hook.upper().replace("-", "_")
 
 
-# The settings a pair's own ``[reactor]`` table may set (reactor.pairs): what is the pair's
+# The settings a pair's own ``[reactor]`` table may set (reactor.settings.pairs): what is the pair's
 # business, its grace, its channel and its hooks; the rest (the database, the ports, the
 # cadence) belongs to the process that serves every pair.
 PAIR_SETTINGS = (

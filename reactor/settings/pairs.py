@@ -6,8 +6,8 @@ its own ``reactor_schema``: that schema holds the pair's queue, heartbeats and h
 its name is the pair's name in the logs, the metrics, ``reactor status`` and ``--pair``.
 
 A file's ``[reactor]`` table holds what differs for its pair (the grace, the channel, the hooks
-and their bounds, :data:`reactor.config.PAIR_SETTINGS`); the environment gives the rest, and
-the defaults. Reading is pure and validates every file before anything connects.
+and their bounds, :data:`reactor.settings.config.PAIR_SETTINGS`); the environment gives the rest,
+and the defaults. Reading is pure and validates every file before anything connects.
 """
 
 from __future__ import annotations
@@ -16,11 +16,11 @@ from collections.abc import Mapping as Environ
 from dataclasses import dataclass, replace
 from typing import Any
 
-from reactor.config import Settings
 from reactor.errors import ConfigError
 from reactor.hooks.spec import own_secrets
 from reactor.install import Install, mapping_file
 from reactor.install.mapping import CONFIG_VARIABLE, REFERENCE, Mapping
+from reactor.settings.config import Settings
 
 
 @dataclass(frozen=True)

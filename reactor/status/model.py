@@ -7,14 +7,14 @@ from datetime import datetime
 from typing import Any
 
 from reactor import db
-from reactor.config import Settings
 from reactor.core.ownership import LIVENESS_PROBES
 from reactor.db import errors as db_errors
 from reactor.db.health import QUEUE_WARNING as QUEUE_WARNING
 from reactor.errors import PrivilegeMissing, SchemaMissing
-from reactor.hooks.retention import retention_late
 from reactor.install import Install, null_cost, sql
 from reactor.install.quote import readable
+from reactor.insurance.retention import retention_late
+from reactor.settings.config import Settings
 from reactor.shown import printable
 from reactor.telemetry import redact
 

@@ -7,13 +7,11 @@ labelled counter is touched at start, so dashboards show 0 rather than nothing.
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from typing import get_args
+from typing import Literal, get_args
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
-
-from reactor.core.admission import DropReason
 
 # Lateness is milliseconds when things work and up to a scan interval when they don't.
 _LATENESS_BUCKETS = (
@@ -40,7 +38,21 @@ _LATENESS_BUCKETS = (
 TRIGGER_STATES = ("notifies", "quiet", "elsewhere", "missing")
 # The label values of reactor_http_connections_dropped_total; see reactor.http.
 HTTP_SERVERS = ("probes", "page")
-# Every reason the servers close a connection for (reactor.core.admission.DropReason).
+# Why an HTTP server closed a connection (reactor.ops.admission): the places open to its peer
+# were taken (limit), its peer held its most already (peer_limit), no request head came in time
+# (head_timeout), a body did not (body_timeout), its answers waited unread (write_stall), it
+# pipelined too many requests ahead of their answers (pipelined), or a peer that held none took
+# its place (made_room): the label values of reactor_http_connections_dropped_total.
+DropReason = Literal[
+    "limit",
+    "peer_limit",
+    "head_timeout",
+    "body_timeout",
+    "write_stall",
+    "pipelined",
+    "made_room",
+]
+
 HTTP_DROP_REASONS: tuple[str, ...] = get_args(DropReason)
 
 

@@ -24,10 +24,10 @@ from typing import IO, Any
 import psycopg
 import pytest
 
-from reactor.audit import Verdict
 from reactor.hooks import IDEMPOTENCY_HEADER, HookCall
 from reactor.hooks.signature import SIGNATURE_HEADER, sign
 from reactor.install import REFERENCE_INSTALL
+from reactor.testing.audit import Verdict
 from tests import tools
 from tests.acceptance.conftest import reactor_env
 from tests.acceptance.test_cli import listening

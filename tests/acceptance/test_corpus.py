@@ -5,14 +5,14 @@ Drizzle, Kysely and TypeORM make them, and a hand-written pair.
 As a newcomer whose app saves as its ORM does would: the draft written by ``init -o`` with
 ``--terminal``, and one edit, ``app_saves = "plain"`` (the draft offers it, commented);
 ``migrate`` as the owner, the runtime role from ``init --role`` applied as the superuser,
-``reactor run`` as that role with a hook. The worker plays what its code does (reactor.app.App
-on the drafted mapping, so one worker serves every schema): jobs it finishes, some that need no
-run (no documents, deleted, still running, and where the mapping judges by verdicts, failed
-without any), one retried (it fails, runs again and finishes with another document). The tab
-saves the way the ORM does, as the SQL the ORM sends: its create inside the grace, and after the
-reactor wrote the row, its create and its upsert (which leaves saved_by alone). The ORM must get
-what it expects back (one row, the RETURNING it asked for), the tab's data must stand, and the
-audit of every write to the artifact table says the rest.
+``reactor run`` as that role with a hook. The worker plays what its code does
+(reactor.testing.app.App on the drafted mapping, so one worker serves every schema): jobs it
+finishes, some that need no run (no documents, deleted, still running, and where the mapping judges
+by verdicts, failed without any), one retried (it fails, runs again and finishes with another
+document). The tab saves the way the ORM does, as the SQL the ORM sends: its create inside the
+grace, and after the reactor wrote the row, its create and its upsert (which leaves saved_by
+alone). The ORM must get what it expects back (one row, the RETURNING it asked for), the tab's data
+must stand, and the audit of every write to the artifact table says the rest.
 """
 
 from __future__ import annotations
@@ -31,12 +31,13 @@ import psycopg
 import psycopg.conninfo
 import pytest
 
-from reactor import audit, db
-from reactor.app import DOCUMENT, App
+from reactor import db
 from reactor.db.fit import fit
 from reactor.install import mapping_file, sql
 from reactor.install.mapping import Mapping
 from reactor.install.quote import identifier
+from reactor.testing import audit
+from reactor.testing.app import DOCUMENT, App
 from tests.acceptance.conftest import reactor_env, run_reactor
 from tests.acceptance.test_init import DJANGO, HANDWRITTEN, PRISMA, RAILS, SQLALCHEMY
 from tests.acceptance.test_init import App as Schema

@@ -27,9 +27,10 @@ import psycopg
 import pytest
 from psycopg.sql import SQL, Identifier
 
-from reactor import audit, db
+from reactor import db
 from reactor.install import mapping_file, sql
 from reactor.install.mapping import Mapping
+from reactor.testing import audit
 from tests.acceptance.conftest import reactor_env, run_reactor
 from tests.acceptance.test_trust import one_line
 

@@ -28,8 +28,8 @@ from typing import Any
 import psycopg
 import pytest
 
-from reactor.core.admission import Door
 from reactor.ops import accept
+from reactor.ops.admission import Door
 from tests.acceptance.conftest import reactor_env
 from tests.acceptance.test_cli import listening
 from tests.helpers import finish, new_job, run_row

@@ -25,8 +25,8 @@ from typing import Any, Literal
 
 import pytest
 
-from reactor.core.admission import KEPT_FOR_NEW_PEERS, MAX_CONNECTIONS, MAX_PER_PEER
 from reactor.ops import accept
+from reactor.ops.admission import KEPT_FOR_NEW_PEERS, MAX_CONNECTIONS, MAX_PER_PEER
 from tests.acceptance.conftest import reactor_env
 from tests.acceptance.test_http_flood import PROBE_PEER, PROBE_TIMEOUT, probe
 from tests.ports import free_port, metrics_text, serving

@@ -20,8 +20,8 @@ import anyio
 import psycopg
 import psycopg.conninfo
 
-from reactor import audit
 from reactor.install.mapping import REFERENCE
+from reactor.testing import audit
 from tests import pgbouncer as bouncer
 from tests.acceptance.conftest import reactor_env, run_reactor
 from tests.acceptance.test_cli import kill_9_and_restart

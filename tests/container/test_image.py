@@ -35,9 +35,9 @@ import anyio
 import psycopg
 import pytest
 
-from reactor import audit
 from reactor.install import sql
 from reactor.install.mapping import REFERENCE
+from reactor.testing import audit
 from tests import tools
 from tests.conftest import Server
 from tests.container.podman import (

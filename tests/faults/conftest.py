@@ -23,11 +23,11 @@ from typing import Any, Literal, cast
 import psycopg
 import pytest
 
-from reactor.config import Settings
 from reactor.demo.embedded import EmbeddedPostgres
-from reactor.pairs import Pair
 from reactor.runtime.replica import open_replica
 from reactor.runtime.service import Reactor
+from reactor.settings.config import Settings
+from reactor.settings.pairs import Pair
 from tests.conftest import FAULT_ROW, Server
 from tests.faults import tables as app_tables
 from tests.faults.proxy import FaultProxy

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 import anyio
 import pytest
 
-from reactor.intake.listener import Listener
+from reactor.listen.listener import Listener
 from reactor.runtime.service import Reactor
 from tests.faults.support import Judgement, Workload, settle
 from tests.faults.tables import Tables

@@ -8,7 +8,7 @@ not make, and the tab that could not save simply leaves the run to the reactor.
 Some of its jobs are retried: they finish, go back to running and finish again with other
 verdicts, so that their artifact must end up holding their last finish.
 
-``judge`` counts every invariant through ``reactor.audit.verdict`` (stale included), and
+``judge`` counts every invariant through ``reactor.testing.audit.verdict`` (stale included), and
 ``settle`` polls it (bounded) until the reactor has caught up.
 """
 
@@ -33,10 +33,10 @@ import anyio
 import psycopg
 import psycopg.conninfo
 
-from reactor import audit
-from reactor.app import App
-from reactor.audit import Verdict
 from reactor.install.mapping import REFERENCE, Mapping
+from reactor.testing import audit
+from reactor.testing.app import App
+from reactor.testing.audit import Verdict
 from tests.faults.tables import JobId, RunKey, Tables
 from tests.helpers import scalar as scalar  # where the fault tests find it
 

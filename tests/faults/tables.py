@@ -6,7 +6,7 @@ assigns and a text run key, an enum status with other terminal values, timestamp
 time zone holding UTC in a database whose TimeZone is not UTC, no soft delete, other saved_by
 values, and NOT NULL columns of the app's own). The reactor reads either through the mapping;
 the app does not know the mapping exists, and writes its tables in its own names and types with
-:class:`reactor.app.App`, so a scenario says once "a job finishes" or "a tab saves".
+:class:`reactor.testing.app.App`, so a scenario says once "a job finishes" or "a tab saves".
 
 A test's own queries are written once too, with the mapping's slots (``@jobs@``, ``@r.key@``,
 ``@worker@``, ...) and the app's (``@doc@`` and ``@results@``, its two documents, ``@client@``,
@@ -26,10 +26,11 @@ import anyio
 import psycopg
 import psycopg.sql
 
-from reactor import audit, db
-from reactor.app import DOCUMENT, VERDICTS, App, JobId, RunKey
+from reactor import db
 from reactor.install import mapping, mapping_file, sql
 from reactor.install.mapping import Mapping, Terminal
+from reactor.testing import audit
+from reactor.testing.app import DOCUMENT, VERDICTS, App, JobId, RunKey
 
 MAPPINGS = Path(__file__).resolve().parent.parent / "mappings"
 # The reactor schema of a companion pair.

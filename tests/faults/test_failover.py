@@ -21,8 +21,8 @@ from pathlib import Path
 import anyio
 import pytest
 
-from reactor import audit
 from reactor.demo.embedded import EmbeddedPostgres
+from reactor.testing import audit
 from tests.acceptance.conftest import reactor_env, run_reactor
 from tests.conftest import Server
 from tests.faults.conftest import Report

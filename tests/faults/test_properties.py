@@ -18,8 +18,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from reactor import db
-from reactor.audit import Verdict
 from reactor.install import Install
+from reactor.testing.audit import Verdict
 from tests.faults.support import Conn, connect
 from tests.faults.tables import JobId, RunKey, Tables
 

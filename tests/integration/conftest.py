@@ -9,11 +9,11 @@ from typing import Any
 import pytest
 
 from reactor import db
-from reactor.config import Settings
 from reactor.install.mapping import REFERENCE
-from reactor.pairs import Pair
 from reactor.runtime.replica import open_replica
 from reactor.runtime.service import Reactor
+from reactor.settings.config import Settings
+from reactor.settings.pairs import Pair
 
 StartReactor = Callable[..., AbstractAsyncContextManager[Reactor]]
 

@@ -18,7 +18,7 @@ from psycopg.rows import AsyncRowFactory
 from psycopg_pool import AsyncConnectionPool
 
 from reactor import db
-from reactor.intake.dispatch import Answer
+from reactor.claim.dispatch import Answer
 from reactor.runtime.service import Reactor
 from tests.helpers import APP, Conn, new_job
 from tests.helpers import scalar as scalar  # where the integration tests find it

@@ -19,8 +19,8 @@ import psycopg
 import pytest
 
 from reactor import db
-from reactor.core.doorbell import LEASE_POLLS
 from reactor.install.mapping import REFERENCE
+from reactor.insurance.doorbell import LEASE_POLLS
 from reactor.runtime.service import Reactor
 from tests.faults.support import judge
 from tests.helpers import Conn, scalar

@@ -19,10 +19,10 @@ import psycopg.sql
 import pytest
 
 from reactor import db, status
-from reactor.config import Settings
 from reactor.errors import ConfigError
 from reactor.install import Install, mapping, mapping_file
 from reactor.record.recorder import Recorder
+from reactor.settings.config import Settings
 from reactor.telemetry.metrics import Metrics
 from tests.acceptance.conftest import reactor_env, run_reactor
 from tests.helpers import IMMUTABLE_BY_ITS_WORD

@@ -9,10 +9,10 @@ import psycopg
 import pytest
 
 from reactor import db
-from reactor.config import Settings
 from reactor.install import Install, mapping_file
-from reactor.pairs import Pair
 from reactor.runtime.replica import open_replica
+from reactor.settings.config import Settings
+from reactor.settings.pairs import Pair
 from tests.integration.support import recorded, start_scans_over
 from tests.integration.test_mapping import SECOND_SQL, SECOND_TOML, add, app
 from tests.polling import eventually

@@ -14,9 +14,9 @@ import psycopg.conninfo
 import pytest
 
 from reactor import db
-from reactor.config import Settings
-from reactor.hooks import HookRetention
 from reactor.install import REFERENCE_INSTALL
+from reactor.insurance.retention import HookRetention
+from reactor.settings.config import Settings
 from reactor.status.model import collect
 from reactor.status.risks import risks
 from tests import hookmods

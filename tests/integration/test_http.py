@@ -26,9 +26,9 @@ import anyio.abc
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from reactor.core.admission import KEPT_FOR_NEW_PEERS
 from reactor.errors import ConfigError
 from reactor.ops import accept, http
+from reactor.ops.admission import KEPT_FOR_NEW_PEERS
 from reactor.runtime.service import Reactor
 from tests.acceptance.conftest import reactor_env, run_reactor
 from tests.acceptance.test_cli import assert_one_clean_line

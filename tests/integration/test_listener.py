@@ -40,7 +40,7 @@ def warnings_from(caplog: pytest.LogCaptureFixture, logger: str) -> list[str]:
 async def test_a_listen_dsn_that_never_connects_holds_nothing_hostage(
     database_url: str, start_reactor: StartReactor, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.DEBUG, logger="reactor.intake.listener")
+    caplog.set_level(logging.DEBUG, logger="reactor.listen.listener")
     # The server refuses it for good, as it would a wrong password.
     bad = psycopg.conninfo.make_conninfo(database_url, user="reactor_no_such_role")
     async with start_reactor(
@@ -67,7 +67,7 @@ async def test_a_listen_dsn_that_never_connects_holds_nothing_hostage(
         assert reason.endswith("; polling, reconnecting")
         assert listener.state == "connecting"
     # Three attempts and more, one line: the same refusal again is not news.
-    assert warnings_from(caplog, "reactor.intake.listener") == [
+    assert warnings_from(caplog, "reactor.listen.listener") == [
         "listener cannot connect; polling meanwhile"
     ]
 
@@ -77,7 +77,7 @@ async def test_a_listen_that_fails_right_after_connecting_backs_off(
 ) -> None:
     # A standby, say: the connection is fine, LISTEN is not. Here the proxy cuts the link
     # right after the LISTEN, four times, then lets the fifth through.
-    caplog.set_level(logging.DEBUG, logger="reactor.intake.listener")
+    caplog.set_level(logging.DEBUG, logger="reactor.listen.listener")
     host, port = host_port(database_url)
     proxy = FaultProxy(host, port).start()
     try:
@@ -113,7 +113,7 @@ async def test_a_listen_that_fails_right_after_connecting_backs_off(
         # Never sooner than half the exponential step: no reconnect loop.
         floor = 0.5 * min(BACKOFF_CAP, BACKOFF_BASE * 2 ** (failures - 1))
         assert gap >= floor - 0.01, (failures, gaps)
-    assert warnings_from(caplog, "reactor.intake.listener") == [
+    assert warnings_from(caplog, "reactor.listen.listener") == [
         "listener connection lost or refused; polling meanwhile"
     ]
 

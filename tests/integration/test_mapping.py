@@ -22,12 +22,12 @@ import pytest
 
 from docs import generate
 from reactor import db, status
-from reactor.config import Settings
 from reactor.core.payload import parse_hint
 from reactor.install import Install, grants, mapping, mapping_file, sql
-from reactor.pairs import Pair
 from reactor.record.recorder import Recorder
 from reactor.runtime.replica import open_replica
+from reactor.settings.config import Settings
+from reactor.settings.pairs import Pair
 from reactor.telemetry.metrics import Metrics
 from tests.acceptance.conftest import reactor_env, run_reactor
 from tests.helpers import Conn

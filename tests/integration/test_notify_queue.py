@@ -18,12 +18,12 @@ import psycopg
 import pytest
 
 from reactor import db
-from reactor.config import Settings
 from reactor.demo.embedded import EmbeddedPostgres
 from reactor.install import REFERENCE_INSTALL, sql
 from reactor.install.mapping import REFERENCE
-from reactor.pairs import Pair
 from reactor.runtime.replica import open_replica
+from reactor.settings.config import Settings
+from reactor.settings.pairs import Pair
 from tests.faults.support import judge
 from tests.helpers import AUDIT_SQL, Conn
 from tests.polling import eventually

@@ -14,11 +14,11 @@ import psycopg
 import pytest
 
 from reactor import db
-from reactor.config import Settings
 from reactor.install import mapping, mapping_file
-from reactor.pairs import Pair
 from reactor.runtime.replica import Replica, open_replica
 from reactor.runtime.service import Reactor
+from reactor.settings.config import Settings
+from reactor.settings.pairs import Pair
 from tests.integration.support import Counting
 from tests.polling import eventually
 

@@ -18,11 +18,11 @@ import pytest
 from rich.console import Console
 
 from reactor import db, status
-from reactor.config import Settings
 from reactor.errors import PrivilegeMissing
 from reactor.install import Install, grants, mapping, mapping_file, sql
 from reactor.install.quote import quote_ident, readable
 from reactor.record.recorder import Recorder
+from reactor.settings.config import Settings
 from reactor.telemetry.metrics import Metrics
 from tests.conftest import Server
 

@@ -10,7 +10,7 @@ import pytest
 from reactor import db
 from reactor.core.ownership import ALL_SHARES
 from reactor.install.mapping import REFERENCE
-from reactor.intake.hints import fleet_linger
+from reactor.listen.hints import fleet_linger
 from reactor.runtime.service import Reactor
 from tests.helpers import Conn, client_save, early_writes, finish, new_job, worker_writes
 from tests.integration.conftest import StartReactor

@@ -16,9 +16,9 @@ import psycopg
 import pytest
 
 from reactor import db, status
-from reactor.config import Settings
 from reactor.install import REFERENCE_INSTALL
 from reactor.record.recorder import Recorder
+from reactor.settings.config import Settings
 from reactor.telemetry.metrics import Metrics
 from tests.acceptance.conftest import reactor_env, run_reactor
 from tests.helpers import Conn

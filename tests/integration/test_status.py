@@ -18,9 +18,9 @@ import psycopg
 import pytest
 
 from reactor import db, status
-from reactor.config import Settings
 from reactor.install import REFERENCE_INSTALL, sql
 from reactor.install.mapping import REFERENCE
+from reactor.settings.config import Settings
 from tests.acceptance.conftest import reactor_env, run_reactor
 from tests.helpers import APP
 from tests.integration.support import add_job

@@ -17,8 +17,8 @@ import psycopg
 import pytest
 
 from reactor import db
+from reactor.claim.dispatch import Answer
 from reactor.install import REFERENCE_INSTALL
-from reactor.intake.dispatch import Answer
 from reactor.record.recorder import Recorder, split
 from reactor.telemetry.metrics import Metrics
 from tests.faults.tables import RESULTS

@@ -25,13 +25,13 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import StatusCode
 
-from reactor.config import Settings
 from reactor.hooks import HookCall, WebhookHook
 from reactor.hooks.signature import SIGNATURE_HEADER, verify_signature
 from reactor.install import REFERENCE_INSTALL
-from reactor.pairs import Pair
 from reactor.runtime.replica import open_replica
 from reactor.runtime.service import Reactor
+from reactor.settings.config import Settings
+from reactor.settings.pairs import Pair
 from reactor.telemetry import tracing
 from tests import hookmods
 from tests.helpers import finish, new_job, python_without_otel
@@ -421,10 +421,10 @@ _SCRIPT = textwrap.dedent(
     import psycopg
     # The console script's module, imported as the console script imports it: what it imports
     # is in the sys.modules this script prints last.
-    from reactor import cli  # noqa: F401
-    from reactor.config import Settings
+    from reactor.cli import commands as cli  # noqa: F401
+    from reactor.settings.config import Settings
     from reactor.install import REFERENCE_INSTALL
-    from reactor.pairs import Pair
+    from reactor.settings.pairs import Pair
     from reactor.runtime.replica import open_replica
     from tests import hookmods
 

@@ -1,4 +1,5 @@
-"""reactor.app: the app's statements keep their placeholders, whatever the mapping's names hold."""
+"""reactor.testing.app: the app's statements keep their placeholders, whatever the mapping's names
+hold."""
 
 from __future__ import annotations
 
@@ -6,8 +7,8 @@ import re
 
 import pytest
 
-from reactor.app import App
 from reactor.install import mapping, mapping_file
+from reactor.testing.app import App
 
 # Names with a % in them, as the mapping accepts: each must reach the server as written.
 PERCENT = mapping_file.parse(

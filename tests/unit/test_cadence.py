@@ -7,8 +7,8 @@ import math
 import psycopg
 import pytest
 
-from reactor.core.cadence import Cadence, Scheduler, backoff, fleet_poll_interval
 from reactor.core.clock import FakeClock
+from reactor.insurance.cadence import Cadence, Scheduler, backoff, fleet_poll_interval
 from tests.loops import running
 
 pytestmark = pytest.mark.anyio

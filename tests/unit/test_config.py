@@ -1,4 +1,4 @@
-"""reactor.config: Settings.from_env parses, validates and never shows a password."""
+"""reactor.settings.config: Settings.from_env parses, validates and never shows a password."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from reactor.config import (
+from reactor.errors import ConfigError
+from reactor.settings.config import (
     ENVIRONMENT,
     PAIR_SETTINGS,
     PairSettings,
@@ -17,8 +18,7 @@ from reactor.config import (
     Settings,
     webhook_secret_variable,
 )
-from reactor.dsn import UNPARSABLE_DSN, check_dsn, redact_dsn
-from reactor.errors import ConfigError
+from reactor.settings.dsn import UNPARSABLE_DSN, check_dsn, redact_dsn
 from reactor.telemetry import redact
 
 PASSWORD = "s3cr3t-Pa55"

@@ -122,8 +122,8 @@ def test_next_reconcile_in_words() -> None:
 def test_the_token_setting() -> None:
     import pytest
 
-    from reactor.config import Settings
     from reactor.errors import ConfigError
+    from reactor.settings.config import Settings
 
     assert Settings.from_env({"REACTOR_DASHBOARD_TOKEN": TOKEN}).dashboard_token == TOKEN
     assert Settings.from_env({"REACTOR_DASHBOARD_TOKEN": ""}).dashboard_token is None

@@ -9,10 +9,8 @@ from typing import Any
 import anyio
 import pytest
 
-from reactor.core.clock import FakeClock
-from reactor.core.ownership import Membership, owner, share_of
-from reactor.intake.dispatch import Answer, Dispatcher, WorkQueue
-from reactor.intake.sources import (
+from reactor.claim.dispatch import Answer, Dispatcher, WorkQueue
+from reactor.claim.sources import (
     BOUNDARY,
     LISTEN,
     POLL,
@@ -23,6 +21,8 @@ from reactor.intake.sources import (
     Hint,
     Source,
 )
+from reactor.core.clock import FakeClock
+from reactor.core.ownership import Membership, owner, share_of
 from reactor.telemetry.metrics import Metrics
 from tests.loops import running
 

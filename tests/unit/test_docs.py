@@ -9,8 +9,8 @@ import tomllib
 import yaml
 
 from docs import generate
-from reactor import pairs
-from reactor.config import Settings
+from reactor.settings import pairs
+from reactor.settings.config import Settings
 from tests import tools
 
 DOCS = tools.ROOT / "docs"

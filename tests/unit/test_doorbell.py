@@ -1,11 +1,11 @@
-"""When a replica rings the doorbell, renews it, and polls for it (reactor.core.doorbell)."""
+"""When a replica rings the doorbell, renews it, and polls for it (reactor.insurance.doorbell)."""
 
 from __future__ import annotations
 
 import math
 
-from reactor.core.doorbell import LEASE_POLLS, MIN_GRACE_POLLS, WINDOW, Doorbell
 from reactor.core.payload import Rang, read
+from reactor.insurance.doorbell import LEASE_POLLS, MIN_GRACE_POLLS, WINDOW, Doorbell
 
 RATE = 20
 INTERVAL = 0.25

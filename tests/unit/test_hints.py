@@ -1,4 +1,4 @@
-"""reactor.intake.hints: hints wait in a bounded buffer for one statement per batch; what the tables
+"""reactor.listen.hints: hints wait in a bounded buffer for one statement per batch; what the tables
 do not confirm is counted and logged at most once per interval."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import pytest
 
 from reactor import db
 from reactor.core.clock import FakeClock
-from reactor.intake.hints import LINGER, LOG_INTERVAL, HintBatch, Tally, Verifier, fleet_linger
+from reactor.listen.hints import LINGER, LOG_INTERVAL, HintBatch, Tally, Verifier, fleet_linger
 
 
 def ids(count: int) -> list[str]:
@@ -218,7 +218,7 @@ async def test_forged_claims_are_logged_at_most_once_per_interval(
 ) -> None:
     heard, clock = Heard(), FakeClock()
     verifier = heard.verifier(clock)
-    caplog.set_level(logging.WARNING, logger="reactor.intake.hints")
+    caplog.set_level(logging.WARNING, logger="reactor.listen.hints")
     for n in range(4_500):  # 45 s, one every 10 ms
         verifier.replica(f"fake-{n}", left=False)
         batch = verifier.pending.take(clock.now() + 1)
@@ -231,7 +231,7 @@ async def test_forged_claims_are_logged_at_most_once_per_interval(
     assert sum(cast(Any, r).count for r in caplog.records) < 4_500, "the rest waits its turn"
     await clock.advance(LOG_INTERVAL)
     verifier.report()
-    lines = [r for r in caplog.records if r.name == "reactor.intake.hints"]
+    lines = [r for r in caplog.records if r.name == "reactor.listen.hints"]
     assert 1 <= len(lines) <= 45 / LOG_INTERVAL + 2
     assert sum(cast(Any, r).count for r in lines) == 4_500
     assert heard.joined == []

@@ -15,7 +15,6 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from reactor.config import Settings
 from reactor.db import HookChange, HookRow
 from reactor.errors import ConfigError, UsageError
 from reactor.hooks import (
@@ -41,6 +40,7 @@ from reactor.hooks.secrets import (
     resolve,
     secret_variables,
 )
+from reactor.settings.config import Settings
 from reactor.telemetry import redact
 
 SECRET = "Zq9-pl4nted~S3cret"  # no character that splits a URL, and no identifier either

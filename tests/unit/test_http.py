@@ -1,4 +1,4 @@
-"""reactor.core.admission and reactor.accept without a socket: where a connection's requests
+"""reactor.ops.admission and reactor.accept without a socket: where a connection's requests
 begin and end, which connections are admitted, whose place a new peer takes, and a flood
 counted."""
 
@@ -10,7 +10,8 @@ from typing import Any
 
 import pytest
 
-from reactor.core.admission import (
+from reactor.ops.accept import peer_address
+from reactor.ops.admission import (
     KEPT_FOR_NEW_PEERS,
     MAX_CONNECTIONS,
     MAX_FOLLOWED,
@@ -19,7 +20,6 @@ from reactor.core.admission import (
     Requests,
     Tally,
 )
-from reactor.ops.accept import peer_address
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,4 @@
-"""reactor.intake.listen_session: the LISTEN session's states, on a fake clock (times passed in)."""
+"""reactor.listen.session: the LISTEN session's states, on a fake clock (times passed in)."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import itertools
 
 import pytest
 
-from reactor.intake import listen_session as ls
-from reactor.intake.listen_session import PROBE_LOST, Session
+from reactor.listen import session as ls
+from reactor.listen.session import PROBE_LOST, Session
 
 INTERVAL = 5.0
 TIMEOUT = 2.0

@@ -1,4 +1,4 @@
-"""reactor.intake.listener's shell on a fake clock and a fake session: connect, back off, LISTEN,
+"""reactor.listen.listener's shell on a fake clock and a fake session: connect, back off, LISTEN,
 prove, reconnect, follow subscriptions, route; no database."""
 
 from __future__ import annotations
@@ -15,12 +15,12 @@ import psycopg.sql
 import pytest
 
 from reactor import db
-from reactor.config import Settings
 from reactor.core.clock import FakeClock
 from reactor.errors import ReactorError
 from reactor.install import Install, mapping
-from reactor.intake.listener import Listener
-from reactor.intake.subscriber import Subscriber
+from reactor.listen.listener import Listener
+from reactor.listen.subscriber import Subscriber
+from reactor.settings.config import Settings
 from reactor.telemetry.metrics import Metrics
 
 pytestmark = pytest.mark.anyio

@@ -1,4 +1,4 @@
-"""reactor.pairs: REACTOR_CONFIG names one pair or several, each file its own schema and
+"""reactor.settings.pairs: REACTOR_CONFIG names one pair or several, each file its own schema and
 settings; every mistake is one line naming the file."""
 
 from __future__ import annotations
@@ -11,13 +11,13 @@ from typing import cast
 import pytest
 from prometheus_client.exposition import generate_latest
 
-from reactor import pairs
-from reactor.config import Settings
 from reactor.errors import ConfigError
 from reactor.hooks import check_hooks
 from reactor.install import mapping
 from reactor.runtime.replica import Replica
 from reactor.runtime.service import Reactor
+from reactor.settings import pairs
+from reactor.settings.config import Settings
 from reactor.telemetry import logs
 from reactor.telemetry.metrics import Metrics, PairMetrics
 

@@ -1,4 +1,4 @@
-"""reactor.intake.listener: payloads become canonical job ids, or nothing; the LISTEN statement."""
+"""reactor.listen.listener: payloads become canonical job ids, or nothing; the LISTEN statement."""
 
 from __future__ import annotations
 
@@ -15,15 +15,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from reactor import db
-from reactor.config import Settings
 from reactor.core.clock import FakeClock
 from reactor.core.ownership import share_of
 from reactor.core.payload import parse_hint, parse_payload
 from reactor.errors import ConfigError
 from reactor.install import Install, mapping
-from reactor.intake.listen_session import Probe
-from reactor.intake.listener import Listener
-from reactor.intake.subscriber import Subscriber
+from reactor.listen.listener import Listener
+from reactor.listen.session import Probe
+from reactor.listen.subscriber import Subscriber
+from reactor.settings.config import Settings
 from reactor.telemetry.metrics import Metrics
 
 JOB = "5f0c6a2e-1b7d-4c3e-9a8f-0123456789ab"
@@ -321,17 +321,17 @@ def test_garbage_is_counted_and_logged_at_most_once_per_interval(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     listener, jobs = make_listener()
-    caplog.set_level(logging.WARNING, logger="reactor.intake.subscriber")
+    caplog.set_level(logging.WARNING, logger="reactor.listen.subscriber")
     for n in range(20_000):
         listener._receive(f"garbage-{n}")
     subscriber = listener.subscribers[0]
     assert subscriber.metrics.notified["rejected"]._value.get() == 20_000
-    lines = [r for r in caplog.records if r.name == "reactor.intake.subscriber"]
+    lines = [r for r in caplog.records if r.name == "reactor.listen.subscriber"]
     assert len(lines) == 1, "the first at once, the rest counted"
     # The health check reports what is left once the interval passed; the clock did not move.
     subscriber.report(listener.clock.now())
-    assert len([r for r in caplog.records if r.name == "reactor.intake.subscriber"]) == 1
+    assert len([r for r in caplog.records if r.name == "reactor.listen.subscriber"]) == 1
     subscriber.report(listener.clock.now() + 10.0)
-    lines = [r for r in caplog.records if r.name == "reactor.intake.subscriber"]
+    lines = [r for r in caplog.records if r.name == "reactor.listen.subscriber"]
     assert [cast(Any, r).count for r in lines] == [1, 19_999]
     assert jobs == []

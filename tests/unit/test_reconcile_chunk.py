@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from reactor.intake.reconcile import MAX_CHUNK, MIN_CHUNK, STEP_TARGET, next_chunk
+from reactor.insurance.reconcile import MAX_CHUNK, MIN_CHUNK, STEP_TARGET, next_chunk
 
 
 def test_a_chunk_grows_towards_the_target_at_most_twofold_per_step() -> None:

@@ -8,10 +8,10 @@ from dataclasses import replace
 import pytest
 
 from reactor import db
-from reactor.config import Settings
 from reactor.install.mapping import REFERENCE
-from reactor.pairs import Pair
 from reactor.runtime.replica import Replica
+from reactor.settings.config import Settings
+from reactor.settings.pairs import Pair
 
 pytestmark = pytest.mark.anyio
 

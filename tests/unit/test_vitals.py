@@ -7,10 +7,10 @@ import dataclasses
 import pytest
 
 from reactor import db
-from reactor.config import Settings
 from reactor.core.clock import FakeClock
 from reactor.install import REFERENCE_INSTALL
 from reactor.runtime.vitals import Vitals, calm_interval
+from reactor.settings.config import Settings
 from reactor.telemetry.metrics import Metrics
 
 CHANNEL = REFERENCE_INSTALL.channel

@@ -1,8 +1,8 @@
-"""When a pair's record statements are judged unable to write (reactor/core/writes.py)."""
+"""When a pair's record statements are judged unable to write (reactor/record/writes.py)."""
 
 from __future__ import annotations
 
-from reactor.core.writes import BROKEN_AFTER, REPEATED_FOR, WriteHealth
+from reactor.record.writes import BROKEN_AFTER, REPEATED_FOR, WriteHealth
 
 GONE = 'column "doc_html" of relation "analysis_runs" does not exist'
 

@@ -16,13 +16,13 @@ from urllib.parse import urlencode
 from aiohttp import hdrs, web
 
 from reactor import db
-from reactor.config import Settings
 from reactor.core.payload import parse_payload
 from reactor.errors import UsageError
 from reactor.ops.dashboard.guard import COOKIE, HEADERS, HostAllowlist, Who
 from reactor.ops.dashboard.signin import SignIn
 from reactor.ops.dashboard.source import Snapshot, StatusSource
 from reactor.ops.dashboard.view import render_page, replica_view
+from reactor.settings.config import Settings
 from reactor.telemetry import redact
 
 if TYPE_CHECKING:

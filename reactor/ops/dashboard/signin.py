@@ -14,9 +14,9 @@ from typing import TYPE_CHECKING
 
 from aiohttp import web
 
-from reactor.config import Settings
 from reactor.ops.dashboard.guard import COOKIE, HEADERS, Auth, Throttle, Who, cross_site
 from reactor.ops.dashboard.view import render_login
+from reactor.settings.config import Settings
 
 if TYPE_CHECKING:
     from multidict import MultiDictProxy

@@ -11,9 +11,9 @@ from typing import Any
 import anyio
 
 from reactor import db
-from reactor.config import Settings
 from reactor.db import errors as db_errors
 from reactor.errors import ReactorError
+from reactor.settings.config import Settings
 from reactor.telemetry import redact
 
 # How long one report serves every request.
