@@ -31,8 +31,14 @@ _SHAPES = {
 # A URL connection string up to its query or fragment: its authority, and its dbname when a "/"
 # in the password ended the authority early.
 _URL_DSN = re.compile(r"postgres(?:ql)?://([^?#]*)", re.IGNORECASE)
-# A secret parameter's "name=" inside another value: a lost space glued it there.
-_GLUED = re.compile("|".join(sorted(redact.DSN_SECRET_PARAMS)) + r"\s*=", re.IGNORECASE)
+# A secret parameter's "name=" inside another value: a lost space glued it there, or an escaped
+# one ("user=app\\ password=..."). A stray character inside the name ("p@ssword=") still reads
+# as it: libpq would take the whole for the other value, and show the secret with it.
+_GLUED = re.compile(
+    "|".join(r"[^\w\s=]?".join(map(re.escape, name)) for name in sorted(redact.DSN_SECRET_PARAMS))
+    + r"\s*=",
+    re.IGNORECASE,
+)
 
 
 def check_dsn(dsn: str, source: str) -> None:
