@@ -18,7 +18,7 @@ from reactor.cli import extras
 log = logging.getLogger(__name__)
 
 # How often a log line reports progress when there is no terminal to draw on.
-LOG_EVERY = 5.0
+LOG_EVERY_S = 5.0
 
 
 @contextmanager
@@ -61,7 +61,7 @@ def _log_lines(what: str, unit: str) -> Callable[[int], None]:
     def update(done: int) -> None:
         nonlocal last
         now = time.monotonic()
-        if now - last < LOG_EVERY:
+        if now - last < LOG_EVERY_S:
             return
         last = now
         log.info(

@@ -27,14 +27,14 @@ def jittered(delay: float, rand: float, *, low: float, high: float) -> float:
     return delay * (low + (high - low) * rand)
 
 
-# Reconnect backoff: the first retry within BACKOFF_BASE seconds, doubling per failure up to a
+# Reconnect backoff: the first retry within BACKOFF_BASE_S seconds, doubling per failure up to a
 # cap; a problem retrying cannot fix (a wrong password, a missing role) is retried rarely.
-BACKOFF_BASE = 0.2
-BACKOFF_CAP = 5.0
-BACKOFF_CAP_PERMANENT = 60.0
+BACKOFF_BASE_S = 0.2
+BACKOFF_CAP_S = 5.0
+BACKOFF_CAP_PERMANENT_S = 60.0
 
 
-def backoff(failures: int, *, cap: float, base: float = BACKOFF_BASE, rand: float) -> float:
+def backoff(failures: int, *, cap: float, base: float = BACKOFF_BASE_S, rand: float) -> float:
     """Seconds to wait before reconnect attempt ``failures + 1``; ``rand`` in [0, 1) jitters it.
 
     Exponential from ``base``, at most ``cap``, and never below half of that (so a burst of

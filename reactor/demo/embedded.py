@@ -54,7 +54,7 @@ StopMode = Literal["smart", "fast", "immediate"]
 _SOCKET_PORT = 5432
 _SUPERUSER = "postgres"
 _LOG_NAME = "reactor-postgres.log"
-_TIMEOUT = 60.0  # seconds; pg_ctl's default wait
+_TIMEOUT_S = 60.0  # pg_ctl's default wait
 # sun_path is 108 bytes on Linux and 104 on macOS; keep a margin for the socket name.
 _MAX_SOCKET_PATH = 100
 _DEFAULT_SETTINGS: Mapping[str, str] = {
@@ -207,10 +207,10 @@ class EmbeddedPostgres:
         logger.debug("stopping %s (%s)", self._datadir, mode)
         self._run(
             *(self._programs / "pg_ctl", "stop", "-D", self._datadir),
-            *("-m", mode, "-w", "-t", str(int(_TIMEOUT))),
+            *("-m", mode, "-w", "-t", str(int(_TIMEOUT_S))),
         )
         if self._proc is not None:
-            self._proc.wait(_TIMEOUT)
+            self._proc.wait(_TIMEOUT_S)
             self._proc = None
 
     def restart(self, mode: StopMode = "fast") -> None:
@@ -263,7 +263,7 @@ class EmbeddedPostgres:
         logger.debug("promoting %s", self._datadir)
         self._run(
             *(self._programs / "pg_ctl", "promote", "-D", self._datadir),
-            *("-w", "-t", str(int(_TIMEOUT))),
+            *("-w", "-t", str(int(_TIMEOUT_S))),
         )
 
     def kill(self) -> None:
@@ -281,9 +281,9 @@ class EmbeddedPostgres:
             with contextlib.suppress(ProcessLookupError):  # a child may exit on its own first
                 os.kill(victim, signal.SIGKILL)
         if self._proc is not None:
-            self._proc.wait(_TIMEOUT)
+            self._proc.wait(_TIMEOUT_S)
             self._proc = None
-        deadline = time.monotonic() + _TIMEOUT
+        deadline = time.monotonic() + _TIMEOUT_S
         while any(is_alive(victim) for victim in doomed):
             if time.monotonic() > deadline:
                 raise EmbeddedPostgresError(f"processes {doomed} survived SIGKILL")
@@ -348,7 +348,7 @@ class EmbeddedPostgres:
                 group=self._gid,
                 extra_groups=self._groups,
             )
-        deadline = time.monotonic() + _TIMEOUT
+        deadline = time.monotonic() + _TIMEOUT_S
         # Ready means postmaster.pid names this process and says "ready" ("standby" for a hot
         # standby that accepts connections), which is pg_ctl -w's test.
         while (lines := self._pidfile_lines())[:1] != [str(proc.pid)] or lines[7:8] not in (

@@ -20,7 +20,7 @@ from reactor.telemetry.metrics import Metrics
 from reactor.testing import audit
 
 # The sweep this replaces ran every 30 s, so a rescued run waited 15 s past its grace on average.
-_SWEEP_TICK = 30.0
+_SWEEP_TICK_S = 30.0
 
 
 @dataclass
@@ -106,7 +106,7 @@ def report(
             f"Every finished job that no tab saved got its run exactly once{each}, without "
             f"touching a tab's save, even across an outage of every replica. The reactor "
             f"wrote {p50} after the grace window at the median (outage recovery included in "
-            f"the max); a {_SWEEP_TICK:.0f} s sweep waits about {_SWEEP_TICK / 2:.0f} s. "
+            f"the max); a {_SWEEP_TICK_S:.0f} s sweep waits about {_SWEEP_TICK_S / 2:.0f} s. "
             f"({elapsed:.0f} s in all)"
         )
     else:

@@ -58,7 +58,7 @@ instead of handing it to the next replica to kill.
 from __future__ import annotations
 
 from reactor.hooks.call import Hook, HookCall, PermanentFailure, idempotency_key
-from reactor.hooks.guard import BLOCK_LIMIT
+from reactor.hooks.guard import BLOCK_LIMIT_S
 from reactor.hooks.kinds import (
     IDEMPOTENCY_HEADER,
     PERMANENT_STATUSES,
@@ -72,7 +72,7 @@ from reactor.hooks.runner import JITTER, OUTCOMES, HookRunner, retry_delay, retr
 from reactor.hooks.spec import check_hooks, open_hooks, parse_hooks
 
 __all__ = [
-    "BLOCK_LIMIT",
+    "BLOCK_LIMIT_S",
     "IDEMPOTENCY_HEADER",
     "JITTER",
     "KINDS",

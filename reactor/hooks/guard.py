@@ -24,9 +24,9 @@ log = logging.getLogger("reactor.hooks")
 
 # A hook step that keeps the event loop longer than this is logged with the hook's name: it
 # delays every timer and notification of the reactor by as much.
-BLOCK_LIMIT = 0.1
+BLOCK_LIMIT_S = 0.1
 # How often a threaded hook's watchdog looks at the loop's punctuality.
-_WATCH_TICK = 0.05
+_WATCH_TICK_S = 0.05
 ASYNC_HINT = "blocking code in an async def: make it async all the way, or a plain def"
 _GIL_HINT = "a plain def in a thread that keeps the GIL (a C extension?)"
 
@@ -35,7 +35,7 @@ class LoopGuard:
     """Awaits a coroutine and times each of its steps on the event loop.
 
     A step is the code between two of the coroutine's suspensions: while it runs, nothing else
-    on the loop does. One that takes longer than BLOCK_LIMIT is reported with ``on_block``.
+    on the loop does. One that takes longer than BLOCK_LIMIT_S is reported with ``on_block``.
     """
 
     def __init__(self, coroutine: Awaitable[None], on_block: Callable[[float], None]) -> None:
@@ -64,7 +64,7 @@ class LoopGuard:
 
     def _check(self, started: float) -> None:
         took = time.perf_counter() - started
-        if took > BLOCK_LIMIT:
+        if took > BLOCK_LIMIT_S:
             self.on_block(took)
 
 
@@ -113,13 +113,13 @@ async def in_thread(
 async def _watch_loop(name: str, since: float) -> None:
     # A threaded hook cannot hold the loop itself, but one that keeps the GIL (a C extension
     # that does not release it) starves it just the same: the loop then wakes this task late.
-    due = since + _WATCH_TICK
+    due = since + _WATCH_TICK_S
     while True:
         await anyio.sleep(max(0.0, due - anyio.current_time()))
         now = anyio.current_time()
-        if now - due > BLOCK_LIMIT:
+        if now - due > BLOCK_LIMIT_S:
             log.warning(
                 "a hook blocked the event loop",
                 extra={"hook": name, "blocked_ms": round((now - due) * 1000), "hint": _GIL_HINT},
             )
-        due = now + _WATCH_TICK
+        due = now + _WATCH_TICK_S

@@ -33,7 +33,7 @@ import math
 
 SIGNATURE_HEADER = "X-Reactor-Signature"
 SCHEME = "v1"
-DEFAULT_TOLERANCE = 300.0
+DEFAULT_TOLERANCE_S = 300.0
 
 
 class SignatureError(ValueError):
@@ -51,7 +51,7 @@ def check_signature(
     body: bytes,
     *,
     now: float,
-    tolerance: float = DEFAULT_TOLERANCE,
+    tolerance: float = DEFAULT_TOLERANCE_S,
 ) -> int:
     """Return the signed timestamp, or raise SignatureError saying what is wrong.
 
@@ -94,7 +94,7 @@ def verify_signature(
     body: bytes,
     *,
     now: float,
-    tolerance: float = DEFAULT_TOLERANCE,
+    tolerance: float = DEFAULT_TOLERANCE_S,
 ) -> bool:
     """True when ``header`` signs ``body`` with ``secret`` within ``tolerance`` of ``now``."""
     try:

@@ -34,7 +34,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
-from reactor.core.backoff import BACKOFF_BASE, BACKOFF_CAP, BACKOFF_CAP_PERMANENT, backoff
+from reactor.core.backoff import BACKOFF_BASE_S, BACKOFF_CAP_PERMANENT_S, BACKOFF_CAP_S, backoff
 
 Phase = Literal["waiting", "connecting", "listening", "degraded", "proven"]
 
@@ -111,7 +111,7 @@ class Session:
         *,
         probe_interval: float,
         probe_timeout: float,
-        backoff_base: float = BACKOFF_BASE,
+        backoff_base: float = BACKOFF_BASE_S,
         rand: Callable[[], float] = random.random,
         token: Callable[[], str] = lambda: uuid.uuid4().hex,
     ) -> None:
@@ -232,7 +232,7 @@ class Session:
         self._changing = None
         self.probe_token = None
         self.failures += 1
-        cap = BACKOFF_CAP_PERMANENT if self._permanent else BACKOFF_CAP
+        cap = BACKOFF_CAP_PERMANENT_S if self._permanent else BACKOFF_CAP_S
         delay = backoff(self.failures, cap=cap, base=self.backoff_base, rand=self._rand())
         self.retry_at = now + delay
         news = problem != self.problem

@@ -11,7 +11,7 @@ its small kernel send buffer (:data:`SEND_BUFFER_BYTES`), taken by the peer with
 answers. At most :data:`MAX_CONNECTIONS` are open per server and :data:`MAX_PER_PEER` per peer
 address, with places kept for a peer that holds none and, when all are taken all the same, a
 place of the peer holding the most for it (:class:`reactor.ops.admission.Door`; more are closed
-at once, and counted), and a body is at most :data:`MAX_BODY` bytes. Together they bound the
+at once, and counted), and a body is at most :data:`MAX_BODY_BYTES` bytes. Together they bound the
 file descriptors a stranger can take, and for how long, whatever they send or leave unread, and
 leave the orchestrator's probes a place while other peers hold all they may.
 
@@ -70,7 +70,7 @@ LISTEN_QUEUE = 1024
 # a few answers (tens of kilobytes each), its writing pauses, and WRITE_STALL_SECONDS applies.
 SEND_BUFFER_BYTES = 64 * 1024
 # The largest request body: the page's forms carry a few ids and a token.
-MAX_BODY = 64 * 1024
+MAX_BODY_BYTES = 64 * 1024
 # Repeats of a flood of one error (accept() failing, connections over the cap) are counted and
 # logged at most this often.
 FLOOD_LOG_SECONDS = 10.0

@@ -51,7 +51,7 @@ WRITE_STALL_SECONDS = 10.0
 MAX_PIPELINED = 4
 # The longest head or chunk line followed; past it the connection is not followed any more
 # (aiohttp refuses a line past 8 KiB), and the deadline of its head or body closes it.
-MAX_FOLLOWED = 64 * 1024
+MAX_FOLLOWED_BYTES = 64 * 1024
 
 
 # Where a connection's peer is in its requests (:class:`Requests`): owing a head (the first
@@ -116,7 +116,7 @@ class Requests:
         found = data.find(ending, at)
         if found < 0:
             self._line += data[at:]
-            if len(self._line) > MAX_FOLLOWED:
+            if len(self._line) > MAX_FOLLOWED_BYTES:
                 self._lose()
             return None
         line = bytes(self._line) + data[at:found]

@@ -35,7 +35,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter
 from prometheus_client.exposition import choose_encoder
 
-from reactor.ops.accept import MAX_BODY, FloodLog, listening, show
+from reactor.ops.accept import MAX_BODY_BYTES, FloodLog, listening, show
 from reactor.ops.admission import MAX_CONNECTIONS, MAX_PER_PEER, Door
 from reactor.ops.dashboard import Dashboard, HostAllowlist, install
 from reactor.runtime.replica import Replica
@@ -117,7 +117,7 @@ def probes_app(replica: Callable[[], Probed | None], *, starting: bool = False) 
             headers={"Content-Type": content_type, **_NO_CACHE},
         )
 
-    app = web.Application(client_max_size=MAX_BODY)
+    app = web.Application(client_max_size=MAX_BODY_BYTES)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", metrics)
@@ -126,7 +126,7 @@ def probes_app(replica: Callable[[], Probed | None], *, starting: bool = False) 
 
 def page_app(page: Dashboard, hosts: HostAllowlist) -> web.Application:
     """The operator's page, answering to the Host names of ``hosts`` only."""
-    app = web.Application(client_max_size=MAX_BODY)
+    app = web.Application(client_max_size=MAX_BODY_BYTES)
     install(app, page, hosts)
     return app
 

@@ -259,10 +259,10 @@ async def test_a_body_past_64_kib_is_refused(start_reactor: StartReactor) -> Non
     async with page_of(start_reactor, dashboard_token=TOKEN) as (_, base, session):
         bearer = {"Authorization": f"Bearer {TOKEN}", **FORM}
         url = f"{base}/actions/hooks/retry"
-        small = "id=4242&pad=" + "x" * (accept.MAX_BODY - 1024)
+        small = "id=4242&pad=" + "x" * (accept.MAX_BODY_BYTES - 1024)
         async with session.post(url, data=small, headers=bearer) as response:
             assert response.status == 409  # read and acted on: no such hook row
-        large = "id=4242&pad=" + "x" * accept.MAX_BODY
+        large = "id=4242&pad=" + "x" * accept.MAX_BODY_BYTES
         async with session.post(url, data=large, headers=bearer) as response:
             assert response.status == 413
 

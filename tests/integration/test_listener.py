@@ -18,7 +18,7 @@ import psycopg.conninfo
 import pytest
 
 from reactor import db
-from reactor.core.backoff import BACKOFF_BASE, BACKOFF_CAP, backoff
+from reactor.core.backoff import BACKOFF_BASE_S, BACKOFF_CAP_S, backoff
 from tests.faults.proxy import FaultProxy
 from tests.faults.support import host_port, with_port
 from tests.helpers import finish, new_job, run_row
@@ -111,7 +111,7 @@ async def test_a_listen_that_fails_right_after_connecting_backs_off(
     gaps = [later - earlier for earlier, later in itertools.pairwise(accepts)]
     for failures, gap in enumerate(gaps, start=1):
         # Never sooner than half the exponential step: no reconnect loop.
-        floor = 0.5 * min(BACKOFF_CAP, BACKOFF_BASE * 2 ** (failures - 1))
+        floor = 0.5 * min(BACKOFF_CAP_S, BACKOFF_BASE_S * 2 ** (failures - 1))
         assert gap >= floor - 0.01, (failures, gaps)
     assert warnings_from(caplog, "reactor.listen.listener") == [
         "listener connection lost or refused; polling meanwhile"

@@ -14,7 +14,7 @@ from reactor.ops.accept import peer_address
 from reactor.ops.admission import (
     KEPT_FOR_NEW_PEERS,
     MAX_CONNECTIONS,
-    MAX_FOLLOWED,
+    MAX_FOLLOWED_BYTES,
     MAX_PER_PEER,
     Door,
     Requests,
@@ -132,7 +132,7 @@ def test_requests_are_followed_however_the_reads_split_them() -> None:
         b"POST / HTTP/1.1\r\nContent-Length: 1\r\nTransfer-Encoding: chunked\r\n\r\n",
         b"POST / HTTP/1.1\r\nTransfer-Encoding: gzip\r\n\r\n",
         b"GET / HTTP/1.1\r\nno colon\r\n\r\n",
-        b"GET / HTTP/1.1\r\nX: " + b"x" * (MAX_FOLLOWED + 1),
+        b"GET / HTTP/1.1\r\nX: " + b"x" * (MAX_FOLLOWED_BYTES + 1),
     ],
 )
 def test_a_request_the_parser_refuses_is_followed_no_further(head: bytes) -> None:
