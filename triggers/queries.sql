@@ -569,7 +569,7 @@ SELECT pass AS number,
 -- - bell_in: the seconds the channel's doorbell is still awake (NULL: silent), so that every
 --   replica polls while another keeps it awake (reactor/insurance/doorbell.py);
 -- - queued: whether the pending queue holds any job, whoever owns it. An empty queue, with
---   nothing else to act on, lets the replica check less often (reactor.vitals): every job
+--   nothing else to act on, lets the replica check less often (reactor.runtime.vitals): every job
 --   queued after this check is due a grace later, past the next one.
 -- When %(own_session)s (the check rides the replica's LISTEN connection, a session of its own)
 -- the heartbeat names this session, and a replica whose named session is gone is not live

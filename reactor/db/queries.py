@@ -1,8 +1,8 @@
 """The reactor's named queries (``triggers/*.sql``), each written once, as methods of one class.
 
 A :class:`Database` is those queries bound to an install (whose statements they run) and to a
-connector (where they run): a replica's pool (:class:`~.session.Pooled`), or a connection of
-its own (:class:`~.session.Dedicated`: the LISTEN connection, a command's). It also carries what
+connector (where they run): a replica's pool (:class:`~.calls.Pooled`), or a connection of
+its own (:class:`~.calls.Dedicated`: the LISTEN connection, a command's). It also carries what
 the replica's statements need besides: the grace and the names of the configured hooks. Rows
 are decoded by column name into the types of :mod:`.rows`. River's driver interface is the
 model: callers get a Database passed in, and nothing reads a global.
@@ -71,7 +71,7 @@ class Database:
         hooks: Sequence[str] = (),
         share: anyio.CapacityLimiter | None = None,
     ) -> Database:
-        """The queries through ``pool``, each as :func:`~.session.call` runs it; ``share``
+        """The queries through ``pool``, each as :func:`~.calls.call` runs it; ``share``
         caps the connections they hold at once (see :class:`~.calls.Pooled`)."""
         return cls(install, Pooled(pool, share=share), grace, tuple(hooks))
 

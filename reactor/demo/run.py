@@ -95,7 +95,7 @@ async def main(
         f"{replicas} replicas, tabs save {save_ratio:.0%}"
     )
     # Socket-only, in a folder of mode 0700: no one else on the machine may connect to this
-    # cluster, whose superuser needs no password (see reactor.embedded).
+    # cluster, whose superuser needs no password (see reactor.demo.embedded).
     pg = EmbeddedPostgres()
     await anyio.to_thread.run_sync(pg.start)
     try:

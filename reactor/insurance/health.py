@@ -289,7 +289,7 @@ class PairsHealth:
 
 @contextlib.contextmanager
 def _on_behalf(name: str | None) -> Iterator[None]:
-    # What is done here is the pair's: its lines name it (see reactor.logs).
+    # What is done here is the pair's: its lines name it (see reactor.telemetry.logs).
     token = logs.PAIR.set(name)
     try:
         yield

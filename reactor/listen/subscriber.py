@@ -140,7 +140,7 @@ class Routes:
 
 @contextlib.contextmanager
 def on_behalf(subscriber: Subscriber) -> Iterator[None]:
-    # What runs here is the pair's: its lines name it (see reactor.logs).
+    # What runs here is the pair's: its lines name it (see reactor.telemetry.logs).
     token = logs.PAIR.set(subscriber.name) if subscriber.name is not None else None
     try:
         yield

@@ -56,7 +56,7 @@ log = logging.getLogger(__name__)
 SET_ASIDE_FIRST_RETRY = 60.0
 SET_ASIDE_MAX_RETRY = 3600.0
 
-# A record statement that fails on the pair's own objects (reactor.writes.BROKEN_CLASSES: a
+# A record statement that fails on the pair's own objects (reactor.record.writes.BROKEN_CLASSES: a
 # table or a column gone, a grant revoked) fails the same way for every job until someone
 # repairs it. Its jobs are then tried again later each time such a statement fails in a row,
 # doubling from the error retry up to this, so a broken pair's backlog does not cycle every

@@ -1,4 +1,4 @@
-"""One pair's runnable under its replica (reactor.replica): its parts wired together.
+"""One pair's runnable under its replica (reactor.runtime.replica): its parts wired together.
 
 - :mod:`reactor.claim.dispatch` owns every claim: the listener, the poll, the scan's re-arm, the
   reconcile and the recorder's retries offer jobs to one work queue, which hands out the due
@@ -131,7 +131,7 @@ class Reactor:
         )
         self.members = PairMembership(self)
         # Nothing the channel says is acted on before the tables confirm it: any role that
-        # can connect can NOTIFY (see reactor.hints).
+        # can connect can NOTIFY (see reactor.listen.hints).
         self.verifier = Verifier(
             database,
             self.clock,

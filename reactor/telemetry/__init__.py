@@ -1,1 +1,1 @@
-"""What the process says about itself: metrics, traces, logs, progress."""
+"""What the process says about itself: metrics, traces and logs."""

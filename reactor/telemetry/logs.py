@@ -19,7 +19,7 @@ from typing import Any
 _STANDARD = frozenset(vars(logging.makeLogRecord({}))) | {"message", "asctime", "taskName"}
 
 
-# The pair whose reactor logs, in a replica that serves several (reactor.replica sets it in
+# The pair whose reactor logs, in a replica that serves several (reactor.runtime.replica sets it in
 # each pair's task, whose child tasks inherit it); None: the line is the process's own.
 PAIR: ContextVar[str | None] = ContextVar("reactor_pair", default=None)
 

@@ -34,9 +34,9 @@ _LATENESS_BUCKETS = (
 )
 
 
-# What reactor_job_trigger{state} distinguishes; see reactor.service.trigger_state.
+# What reactor_job_trigger{state} distinguishes; see reactor.runtime.vitals.trigger_state.
 TRIGGER_STATES = ("notifies", "quiet", "elsewhere", "missing")
-# The label values of reactor_http_connections_dropped_total; see reactor.http.
+# The label values of reactor_http_connections_dropped_total; see reactor.ops.http.
 HTTP_SERVERS = ("probes", "page")
 # Why an HTTP server closed a connection (reactor.ops.admission): the places open to its peer
 # were taken (limit), its peer held its most already (peer_limit), no request head came in time

@@ -1,4 +1,4 @@
-"""reactor.ops.admission and reactor.accept without a socket: where a connection's requests
+"""reactor.ops.admission and reactor.ops.accept without a socket: where a connection's requests
 begin and end, which connections are admitted, whose place a new peer takes, and a flood
 counted."""
 

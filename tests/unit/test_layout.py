@@ -15,7 +15,7 @@ PACKAGE = Path(reactor.__file__).parent
 
 
 def room_of(module: str) -> str:
-    # A room is a folder of reactor/ (reactor.intake), or a module at its top (reactor.cli).
+    # A room is a folder of reactor/ (reactor.listen), or a module at its top (reactor.errors).
     return ".".join(module.split(".")[:2])
 
 
