@@ -72,8 +72,25 @@ def sql_names() -> frozenset[str]:
     return frozenset(names)
 
 
-def _docstrings(tree: ast.AST) -> Iterator[ast.Constant]:
-    for node in ast.walk(tree):
+@cache
+def parsed(path: Path) -> ast.Module:
+    """A Python file's tree, parsed once for every reader here."""
+    return ast.parse(path.read_text(encoding="utf-8"))
+
+
+def _statements(body: list[ast.stmt]) -> Iterator[ast.stmt]:
+    # Statements only, nested ones included: a docstring is never inside an expression, and
+    # leaving the expressions out makes the walk several times shorter.
+    for statement in body:
+        yield statement
+        for field in ("body", "orelse", "finalbody", "handlers", "cases"):
+            inner = getattr(statement, field, None)
+            if isinstance(inner, list):
+                yield from _statements(inner)
+
+
+def _docstrings(tree: ast.Module) -> Iterator[ast.Constant]:
+    for node in [tree, *_statements(tree.body)]:
         if (
             isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef)
             and node.body
@@ -93,11 +110,12 @@ def telemetry_names() -> frozenset[str]:
     """
     names: set[str] = set()
     for path in (ROOT / "reactor").rglob("*.py"):
-        tree = ast.parse(path.read_text(encoding="utf-8"))
-        docstrings = {id(node) for node in _docstrings(tree)}
-        docstrings |= {
+        tree = parsed(path)
+        nodes = list(ast.walk(tree))
+        left_out = {id(node) for node in _docstrings(tree)}
+        left_out |= {
             id(argument)
-            for node in ast.walk(tree)
+            for node in nodes
             if isinstance(node, ast.Call)
             and isinstance(node.func, ast.Attribute)
             and node.func.attr == "getLogger"
@@ -105,10 +123,10 @@ def telemetry_names() -> frozenset[str]:
         }
         names |= {
             node.value
-            for node in ast.walk(tree)
+            for node in nodes
             if isinstance(node, ast.Constant)
             and isinstance(node.value, str)
-            and id(node) not in docstrings
+            and id(node) not in left_out
             and re.fullmatch(r"reactor(\.\w+)+", node.value)
         }
     return frozenset(names)
@@ -120,7 +138,7 @@ def python_prose(path: Path) -> Iterator[tuple[int, str]]:
     for token in tokenize.generate_tokens(io.StringIO(text).readline):
         if token.type == tokenize.COMMENT:
             yield token.start[0], token.string
-    for docstring in _docstrings(ast.parse(text)):
+    for docstring in _docstrings(parsed(path)):
         yield docstring.lineno, str(docstring.value)
 
 
@@ -136,8 +154,13 @@ def page_prose(path: Path) -> Iterator[tuple[int, str]]:
     yield from enumerate(path.read_text(encoding="utf-8").splitlines(), start=1)
 
 
-def prose() -> Iterator[tuple[Path, int, str]]:
+@cache
+def prose() -> tuple[tuple[Path, int, str], ...]:
     """Every piece of prose this test reads, with its file and line."""
+    return tuple(_prose())
+
+
+def _prose() -> Iterator[tuple[Path, int, str]]:
     for folder in ("reactor", "tests", "bench"):
         for path in sorted((ROOT / folder).rglob("*.py")):
             yield from ((path, line, text) for line, text in python_prose(path))
@@ -156,13 +179,11 @@ def prose() -> Iterator[tuple[Path, int, str]]:
 
 
 def package_of(path: Path) -> str | None:
-    """The package a file of reactor/ is in, against which a relative role resolves."""
-    parts = path.relative_to(ROOT).with_suffix("").parts
-    if parts[0] != "reactor":
+    """The package a file of reactor/ is in (an ``__init__.py``'s own), against which a
+    relative role resolves."""
+    if not path.is_relative_to(ROOT / "reactor"):
         return None
-    return ".".join(parts if parts[-1] == "__init__" and parts[:-1] else parts[:-1]).removesuffix(
-        ".__init__"
-    )
+    return ".".join(path.relative_to(ROOT).with_suffix("").parts[:-1])
 
 
 def names_in(path: Path, text: str) -> Iterator[tuple[int, str]]:
@@ -195,7 +216,7 @@ def _attribute_of_class(owner: type, name: str) -> bool:
 
 @cache
 def resolves(name: str) -> bool:
-    """Whether ``name`` is a module of reactor, or an attribute (of an attribute...) of one."""
+    """Whether ``name`` is a module, or an attribute (of an attribute...) of one."""
     parts = name.split(".")
     module = importlib.import_module(parts[0])
     index = 1
@@ -248,21 +269,81 @@ def unresolved() -> list[str]:
     return missing
 
 
-def test_every_name_in_the_prose_is_a_module_or_an_attribute_of_one() -> None:
+def test_every_name_and_path_the_prose_writes_exists() -> None:
     missing = unresolved()
-    assert missing == [], "names that no longer exist:\n" + "\n".join(missing)
+    assert missing == [], "the prose names what no longer exists:\n" + "\n".join(missing)
 
 
-def test_the_reader_finds_a_name_in_each_kind_of_prose_and_rejects_a_made_up_one() -> None:
+class _Example:
+    """A class whose instances have attributes the class itself lacks."""
+
+    declared: int
+
+    def __init__(self) -> None:
+        self.assigned = 1
+
+
+def test_each_reader_finds_the_names_of_its_prose_and_only_those(tmp_path: Path) -> None:
     # Without this, a reader that found nothing would pass the test above.
-    found = {name for path, _, text in prose() for _, name in names_in(path, text)}
-    assert {"reactor.listen.hints", "reactor.settings.config.Settings"} <= found
-    assert resolves("reactor.core.deadlines.Deadlines")
+    module = tmp_path / "module.py"
+    module.write_text(
+        '"""The module, :mod:`reactor.core.deadlines`."""\n'
+        'SPAN = "reactor.not.prose"  # see reactor.core.clock\n'
+        "def f() -> None:\n"
+        '    """:class:`~reactor.core.ownership.Roster`."""\n'
+        "    if True:\n"
+        "        class C:\n"
+        '            """reactor.core.backoff, nested."""\n',
+        encoding="utf-8",
+    )
+    found = {name for _, text in python_prose(module) for _, name in names_in(module, text)}
+    assert found == {
+        "reactor.core.deadlines",
+        "reactor.core.clock",
+        "reactor.core.ownership.Roster",
+        "reactor.core.backoff",
+    }
+    script = tmp_path / "script.sql"
+    script.write_text("SELECT 1 FROM @reactor@.pending;  -- see reactor.runtime.vitals\n")
+    assert [text for _, text in sql_prose(script)] == [" see reactor.runtime.vitals"]
+    queries = ROOT / "reactor" / "db" / "queries.py"
+    assert list(names_in(queries, "a :class:`~.calls.Pooled`")) == [(0, "reactor.db.calls.Pooled")]
+    package = ROOT / "reactor" / "db" / "__init__.py"
+    assert list(names_in(package, "\n:mod:`.session`")) == [(1, "reactor.db.session")]
+    page = "from reactor.hooks.signature import verify_signature"
+    assert "reactor.hooks.signature.verify_signature" in {n for _, n in names_in(module, page)}
+    assert list(names_in(module, "self.reactor.queue, ./reactor.toml, backstop-reactor.x")) == []
+
+
+def test_a_name_resolves_to_a_module_an_attribute_or_an_instances_attribute() -> None:
     assert resolves("reactor.record.recorder")
+    assert resolves("reactor.core.deadlines.Deadlines")
+    assert resolves("tests.unit.test_names._Example.declared")
+    assert resolves("tests.unit.test_names._Example.assigned")
+    assert not resolves("tests.unit.test_names._Example.missing")
     assert not resolves("reactor.core.deadlines.Nowhere")
     assert not resolves("reactor.intake.dispatch")
     assert is_sql("reactor.pending")
     assert not is_sql("reactor.intake")
     assert "reactor.jobs.count" in telemetry_names()
-    assert not known("reactor.signature.verify_signature")
+    assert "reactor.db" not in telemetry_names()  # a logger's name
     assert known("reactor.hooks.signature.verify_signature")
+    assert not known("reactor.signature.verify_signature")
+    assert is_path("tests/mappings/second")
+    assert not is_path("reactor/intake")
+
+
+def test_the_prose_read_is_every_kind_this_test_promises() -> None:
+    read = {path.relative_to(ROOT).as_posix() for path, _, _ in prose()}
+    assert {
+        "reactor/claim/dispatch.py",
+        "tests/unit/test_layout.py",
+        "bench/report.py",
+        "docs/generate.py",
+        "triggers/queries.sql",
+        "docs/development.md",
+        "docs/reference/cli.md",
+        "README.md",
+        "tests/apps/README.md",
+    } <= read
+    assert not {"CHANGELOG.md", "bench/REPORT.md"} & read
