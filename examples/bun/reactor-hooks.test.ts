@@ -7,7 +7,7 @@ const bytes = (text: string) => new TextEncoder().encode(text);
 
 describe("verify", () => {
   test("accepts what the reactor signs", () => {
-    // Computed by the reactor itself: reactor.hooks.signature("s3cret", body, 1700000000).
+    // Computed by the reactor: reactor.hooks.signature.sign("s3cret", body, timestamp=1700000000).
     const header =
       "t=1700000000,v1=c2074ca39f54940fb90bce3df92f9f576deb86f6a77d7b8a03bed7279b0b7e47";
     expect(sign(secret, body, 1700000000)).toBe(header);

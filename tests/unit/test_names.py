@@ -1,11 +1,12 @@
 """Every ``reactor.…`` name the prose writes is a real module, or an attribute of one.
 
 The prose is the comments and docstrings of reactor/, tests/, bench/ and docs/generate.py, the
-comments of the SQL in triggers/, and the pages: docs/ (the generated reference included, since
-it is what a reader sees), README.md and tests/apps/README.md. CHANGELOG.md is left out: it is
-history, and a line names the module as it was when the line was written. So is bench/REPORT.md:
-``python -m bench`` writes it from the results of past runs, each at its own commit, and nobody
-edits it by hand; the prose it is written from is in bench/*.py, which this reads.
+comments of the SQL in triggers/ and of the TypeScript in examples/, and the pages: docs/ (the
+generated reference included, since it is what a reader sees), README.md and
+tests/apps/README.md. CHANGELOG.md is left out: it is history, and a line names the module as it
+was when the line was written. So is bench/REPORT.md: ``python -m bench`` writes it from the
+results of past runs, each at its own commit, and nobody edits it by hand; the prose it is
+written from is in bench/*.py, which this reads.
 
 A name in the ``reactor`` schema of PostgreSQL (``reactor.pending``, ``reactor.hook_outbox``,
 a setting such as ``reactor.worker_key``) is SQL, not Python; those are read from triggers/. A
@@ -149,6 +150,13 @@ def sql_prose(path: Path) -> Iterator[tuple[int, str]]:
             yield number, line.split("--", 1)[1]
 
 
+def script_prose(path: Path) -> Iterator[tuple[int, str]]:
+    """The line comments of a TypeScript file, each with its line."""
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        if "//" in line:
+            yield number, line.split("//", 1)[1]
+
+
 def page_prose(path: Path) -> Iterator[tuple[int, str]]:
     """Every line of a Markdown page: its code blocks are prose a reader follows too."""
     yield from enumerate(path.read_text(encoding="utf-8").splitlines(), start=1)
@@ -169,6 +177,8 @@ def _prose() -> Iterator[tuple[Path, int, str]]:
     )
     for path in sorted((ROOT / "triggers").rglob("*.sql")):
         yield from ((path, line, text) for line, text in sql_prose(path))
+    for path in sorted((ROOT / "examples").glob("*/*.ts")):
+        yield from ((path, line, text) for line, text in script_prose(path))
     pages = [
         *sorted((ROOT / "docs").rglob("*.md")),
         ROOT / "README.md",
@@ -341,6 +351,7 @@ def test_the_prose_read_is_every_kind_this_test_promises() -> None:
         "bench/report.py",
         "docs/generate.py",
         "triggers/queries.sql",
+        "examples/bun/reactor-hooks.test.ts",
         "docs/development.md",
         "docs/reference/cli.md",
         "README.md",
