@@ -7,6 +7,7 @@ import argparse
 import os
 from typing import TYPE_CHECKING
 
+from reactor.cli.served import with_own_secrets
 from reactor.settings import pairs
 from reactor.settings.config import Settings
 
@@ -173,6 +174,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
 
 
 def pairs_from(args: argparse.Namespace, settings: Settings) -> tuple[Pair, ...]:
-    """The pairs every command runs on: the files REACTOR_CONFIG names, or the reference."""
+    """The pairs every command runs on: the files REACTOR_CONFIG names, or the reference, each
+    with the webhook secrets its own hooks read."""
     flags = frozenset(name for name in OVERRIDES if getattr(args, name, None) is not None)
-    return pairs.from_env(os.environ, settings, flags)
+    return with_own_secrets(pairs.from_env(os.environ, settings, flags), settings)

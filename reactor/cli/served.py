@@ -3,7 +3,8 @@
 Each pair a command serves is checked against the catalog (:func:`reactor.db.fit` types its
 mapping), its reactor schema, the schema's trust and the role's grants, into the
 :class:`~reactor.settings.pairs.Pair` the command then passes everywhere: nothing downstream builds
-an install again. A pair's own trouble leaves only that pair out when there are others.
+an install again. A pair's own trouble leaves only that pair out when there are others. Before
+that, each pair is given the webhook secrets its own hooks read (:func:`with_own_secrets`).
 """
 
 from __future__ import annotations
@@ -18,8 +19,10 @@ from reactor.errors import (
     SchemaMissing,
     UntrustedSchema,
 )
+from reactor.hooks import secrets
+from reactor.hooks.spec import secret_readers
 from reactor.install.mapping import Mapping
-from reactor.settings.config import ProcessSettings
+from reactor.settings.config import ProcessSettings, Settings
 from reactor.settings.pairs import Pair
 
 
@@ -39,6 +42,14 @@ def known_error(error: BaseException) -> ReactorError | None:
             "`reactor migrate` must run as the tables' owner"
         )
     return None
+
+
+def with_own_secrets(served: tuple[Pair, ...], settings: Settings) -> tuple[Pair, ...]:
+    """``served``, each pair holding the webhook secrets of ``settings`` (the process's) that
+    its own hooks read, and no other (:func:`reactor.hooks.secrets.own_secrets`); ConfigError,
+    before anything connects, for a secret that no webhook or two pairs' webhooks would read."""
+    webhooks = {pair.name: secret_readers(pair.settings.hooks) for pair in served}
+    return secrets.own_secrets(served, webhooks, settings)
 
 
 async def startup_connection(

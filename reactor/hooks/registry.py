@@ -26,8 +26,7 @@ from reactor import db
 from reactor.errors import ConfigError
 from reactor.hooks.call import Hook, HookCall
 from reactor.hooks.kinds import NotifyHook, PythonHook, WebhookHook
-from reactor.hooks.secrets import secret_variables
-from reactor.settings.config import webhook_secret_variable
+from reactor.hooks.secrets import secret_for, secret_variables
 from reactor.telemetry import redact, tracing
 
 if TYPE_CHECKING:
@@ -97,13 +96,12 @@ def _notify(name: str, target: str, resources: Resources) -> Hook:
 
 
 def _webhook(name: str, target: str, resources: Resources) -> Hook:
-    own = resources.own_secrets.get(webhook_secret_variable(name))
     url = _check_url(name, target)
     return WebhookHook(
         name,
         f"webhook:{target}",
         url,
-        own or resources.shared_secret,
+        secret_for(name, resources.own_secrets, resources.shared_secret),
         resources.session,
         tracer=resources.tracer,
     )

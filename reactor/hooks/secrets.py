@@ -21,19 +21,30 @@ Start is refused (ConfigError, exit 2) when:
   behind when the hook's own name was set), since it would otherwise lie there for a hook
   named to meet it.
 
-So no pair's webhook ever reads a variable another pair's webhook reads. Pure; messages name
-variables, never their values.
+So no pair's webhook ever reads a variable another pair's webhook reads. :func:`own_secrets`
+gives each pair's settings the secrets its webhooks read and no other, before its hooks are
+made; :func:`secret_for` is the one that signs a hook, and :func:`check_own_secrets` refuses a
+secret of a pair that none of its webhooks reads. Pure; messages name variables, never their
+values.
 """
 
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
+from dataclasses import replace
 
 from reactor.errors import ConfigError
-from reactor.settings.config import WEBHOOK_SECRET_PREFIX, webhook_secret_variable
+from reactor.settings.config import WEBHOOK_SECRET_PREFIX, Settings
+from reactor.settings.pairs import Pair
 
 SHARED_SECRET = "REACTOR_WEBHOOK_SECRET"
 _EACH = WEBHOOK_SECRET_PREFIX + "<PAIR>_<HOOK>"
+
+
+def webhook_secret_variable(hook: str) -> str:
+    """The variable that holds webhook ``hook``'s own secret: ``ops-diag`` reads
+    REACTOR_WEBHOOK_SECRET_OPS_DIAG."""
+    return WEBHOOK_SECRET_PREFIX + hook.upper().replace("-", "_")
 
 
 def pair_secret_variable(pair: str, hook: str) -> str:
@@ -107,3 +118,64 @@ def _refuse_names_without_the_pair(
             f"hooks, which would read the one key; with several pairs, set {_EACH} for each "
             f"webhook hook and unset {SHARED_SECRET}"
         )
+
+
+def own_secrets(
+    served: Sequence[Pair], webhooks: Mapping[str, Sequence[str]], settings: Settings
+) -> tuple[Pair, ...]:
+    """Each of ``served`` with the secrets its own webhooks read, and no other: ``webhooks``
+    names each pair's webhook hooks (:func:`reactor.hooks.spec.secret_readers`), ``settings``
+    are the process's, with every secret the environment gives. :func:`resolve` says which
+    variable each webhook reads, and refuses what would let a pair read another's. Each hook's
+    secret is kept under its name without the pair, as :func:`secret_for` looks it up, and the
+    shared one only where a hook falls back to it; the pair's hooks are then made from its
+    settings alone, as a single pair's always were."""
+    found = dict(settings.webhook_secrets)
+    if settings.webhook_secret is not None:
+        found[SHARED_SECRET] = settings.webhook_secret
+    chosen = resolve({pair.name: webhooks[pair.name] for pair in served}, found)
+    return tuple(
+        replace(
+            pair,
+            settings=replace(
+                pair.settings,
+                webhook_secrets={
+                    webhook_secret_variable(hook): found[variable]
+                    for hook, variable in chosen[pair.name].items()
+                    if variable != SHARED_SECRET
+                },
+                webhook_secret=(
+                    settings.webhook_secret if SHARED_SECRET in chosen[pair.name].values() else None
+                ),
+            ),
+        )
+        for pair in served
+    )
+
+
+def secret_for(hook: str, own: Mapping[str, str], shared: str | None) -> str | None:
+    """The secret that signs webhook ``hook``: its own (``own``, by variable, as a pair's
+    settings hold them), else the shared one; None: its calls go unsigned."""
+    return own.get(webhook_secret_variable(hook)) or shared
+
+
+def check_own_secrets(webhooks: Sequence[str], own: Collection[str]) -> None:
+    """Refuse a secret of ``own`` (variable names) that no hook of ``webhooks`` (the names of a
+    pair's webhook hooks) reads, or that two of them would read."""
+    # A secret for no webhook would leave the hook it was meant for signing with the shared
+    # one (a typo, a renamed hook), and its receiver refusing every call for a day of retries.
+    readers: dict[str, list[str]] = {}
+    for name in webhooks:
+        readers.setdefault(webhook_secret_variable(name), []).append(name)
+    for variable in sorted(own):
+        names = readers.get(variable)
+        if not names:
+            raise ConfigError(
+                f"{variable} is set, but REACTOR_HOOKS has no webhook hook of that name (the "
+                "variable is REACTOR_WEBHOOK_SECRET_ and the name upper-cased, - as _)"
+            )
+        if len(names) > 1:
+            raise ConfigError(
+                f"{variable} would sign webhook hooks {' and '.join(map(repr, names))} alike; "
+                "rename one of them"
+            )

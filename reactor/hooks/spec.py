@@ -9,9 +9,8 @@ from __future__ import annotations
 
 import difflib
 import re
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import anyio
@@ -21,8 +20,8 @@ from reactor import db
 from reactor.errors import ConfigError
 from reactor.hooks.call import Hook
 from reactor.hooks.registry import KINDS, Resources
-from reactor.hooks.secrets import SHARED_SECRET, resolve
-from reactor.settings.config import Settings, webhook_secret_variable
+from reactor.hooks.secrets import check_own_secrets
+from reactor.settings.config import Settings
 from reactor.telemetry import redact
 
 if TYPE_CHECKING:
@@ -64,7 +63,8 @@ def parse_hooks(text: str, resources: Resources) -> dict[str, Hook]:
         if kind is None:
             raise ConfigError(f"REACTOR_HOOKS: {name}: {_unknown_kind(kind_name)}")
         hooks[name] = kind.parse(name, target, resources)
-    _check_own_secrets(hooks, resources.own_secrets)
+    webhooks = [name for name, hook in hooks.items() if KINDS[hook.kind].reads_secrets]
+    check_own_secrets(webhooks, resources.own_secrets)
     return hooks
 
 
@@ -83,27 +83,6 @@ def _unknown_kind(kind: str) -> str:
         hint = f"; did you mean {close[0]}?" if close else ""
     usages = [known.usage for known in KINDS.values()]
     return f"unknown kind{hint}; use {', '.join(usages[:-1])} or {usages[-1]}"
-
-
-def _check_own_secrets(hooks: Mapping[str, Hook], own_secrets: Mapping[str, str]) -> None:
-    # A secret for no webhook would leave the hook it was meant for signing with the shared
-    # one (a typo, a renamed hook), and its receiver refusing every call for a day of retries.
-    webhooks: dict[str, list[str]] = {}
-    for name, hook in hooks.items():
-        if KINDS[hook.kind].reads_secrets:
-            webhooks.setdefault(webhook_secret_variable(name), []).append(name)
-    for variable in sorted(own_secrets):
-        names = webhooks.get(variable)
-        if not names:
-            raise ConfigError(
-                f"{variable} is set, but REACTOR_HOOKS has no webhook hook of that name (the "
-                "variable is REACTOR_WEBHOOK_SECRET_ and the name upper-cased, - as _)"
-            )
-        if len(names) > 1:
-            raise ConfigError(
-                f"{variable} would sign webhook hooks {' and '.join(map(repr, names))} alike; "
-                "rename one of them"
-            )
 
 
 @asynccontextmanager
@@ -147,31 +126,6 @@ def secret_readers(text: str) -> tuple[str, ...]:
         if kind is not None and kind.reads_secrets and _NAME.fullmatch(name) and name not in found:
             found.append(name)
     return tuple(found)
-
-
-def own_secrets(pairs: Mapping[str, Settings], settings: Settings) -> dict[str, Settings]:
-    """Each of ``pairs`` (name: its settings) with the secrets its own hooks read, and no other
-    (:func:`.secrets.resolve` says which, from ``settings``, the process's, and refuses what
-    would let a pair read another's): each hook's under its name without the pair, as
-    parse_hooks looks it up, and the shared one only where a hook falls back to it."""
-    found = dict(settings.webhook_secrets)
-    if settings.webhook_secret is not None:
-        found[SHARED_SECRET] = settings.webhook_secret
-    chosen = resolve({name: secret_readers(own.hooks) for name, own in pairs.items()}, found)
-    return {
-        name: replace(
-            own,
-            webhook_secrets={
-                webhook_secret_variable(hook): found[variable]
-                for hook, variable in chosen[name].items()
-                if variable != SHARED_SECRET
-            },
-            webhook_secret=(
-                settings.webhook_secret if SHARED_SECRET in chosen[name].values() else None
-            ),
-        )
-        for name, own in pairs.items()
-    }
 
 
 def check_hooks(settings: Settings) -> None:

@@ -29,8 +29,8 @@ Mode = Literal["listen", "poll"]
 _CHANNEL = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
 
 # REACTOR_WEBHOOK_SECRET_<PAIR>_<HOOK> (or, for a hook name one pair alone has, _<HOOK>) signs
-# that webhook hook with a secret of its own (reactor.hooks.secrets), so that no receiver
-# holds the key to forge calls to the others. A pair's name and a hook's are 63 at most.
+# that webhook hook with a secret of its own (reactor.hooks.secrets says which), so that no
+# receiver holds the key to forge calls to the others. A pair's name and a hook's are 63 at most.
 WEBHOOK_SECRET_PREFIX = "REACTOR_WEBHOOK_SECRET_"
 _SECRET_SUFFIX = re.compile(r"[A-Z0-9_]{1,127}")
 
@@ -76,11 +76,6 @@ class PairSettings:
                 "REACTOR_HOOK_LEASE_SECONDS must be at least REACTOR_HOOK_TIMEOUT_SECONDS, or "
                 "a second replica would start a hook that is still running"
             )
-
-    def webhook_secret_for(self, hook: str) -> str | None:
-        """The secret that signs webhook ``hook``: its REACTOR_WEBHOOK_SECRET_<NAME>, else the
-        shared REACTOR_WEBHOOK_SECRET; None: its calls go unsigned."""
-        return self.webhook_secrets.get(webhook_secret_variable(hook), self.webhook_secret)
 
     @property
     def hook_lease(self) -> float:
@@ -247,12 +242,6 @@ class Settings(PairSettings, ProcessSettings):
 def _values(settings: ProcessSettings | PairSettings, part: type[Any]) -> dict[str, Any]:
     # The fields of ``part`` (one of the two kinds), as ``settings`` holds them.
     return {f.name: getattr(settings, f.name) for f in fields(part)}
-
-
-def webhook_secret_variable(hook: str) -> str:
-    """The variable that holds webhook ``hook``'s own secret: ``ops-diag`` reads
-    REACTOR_WEBHOOK_SECRET_OPS_DIAG."""
-    return WEBHOOK_SECRET_PREFIX + hook.upper().replace("-", "_")
 
 
 # The settings a pair's own ``[reactor]`` table may set (reactor.settings.pairs): what is the pair's

@@ -7,7 +7,9 @@ its name is the pair's name in the logs, the metrics, ``reactor status`` and ``-
 
 A file's ``[reactor]`` table holds what differs for its pair (the grace, the channel, the hooks
 and their bounds, :data:`reactor.settings.config.PAIR_SETTINGS`); the environment gives the rest,
-and the defaults. Reading is pure and validates every file before anything connects.
+and the defaults. Reading is pure and validates every file before anything connects. Each pair's
+settings hold every webhook secret the environment gives: which of them its own hooks read is
+the hooks' to say (:func:`reactor.hooks.secrets.own_secrets`, before the hooks are made).
 """
 
 from __future__ import annotations
@@ -17,7 +19,6 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from reactor.errors import ConfigError
-from reactor.hooks.spec import own_secrets
 from reactor.install import Install, mapping_file
 from reactor.install.mapping import CONFIG_VARIABLE, REFERENCE, Mapping
 from reactor.settings.config import Settings
@@ -66,9 +67,9 @@ def from_env(
     paths = [path.strip() for path in environ.get(CONFIG_VARIABLE, "").split(":")]
     paths = [path for path in paths if path]
     if not paths:
-        return _own_secrets((Pair.of(REFERENCE, settings),), settings)
+        return (Pair.of(REFERENCE, settings),)
     if len(paths) == 1:
-        return _own_secrets((_pair(_read(paths[0]), settings, flags),), settings)
+        return (_pair(_read(paths[0]), settings, flags),)
     if settings.channel is not None:
         raise ConfigError(
             "REACTOR_CHANNEL (or --channel) names one channel, and REACTOR_CONFIG names several "
@@ -109,15 +110,7 @@ def several(
                     f"{other.mapping.source}'s; each pair writes an artifact table of its own"
                 )
         pairs.append(pair)
-    return _own_secrets(tuple(pairs), settings)
-
-
-def _own_secrets(pairs: tuple[Pair, ...], settings: Settings) -> tuple[Pair, ...]:
-    # Each pair is given the secrets its own hooks read, and no other (reactor.hooks.secrets
-    # says which those are, and refuses what would let a pair read another's): its hooks are
-    # then made from its settings alone, as a single pair's always were.
-    owned = own_secrets({pair.name: pair.settings for pair in pairs}, settings)
-    return tuple(replace(pair, settings=owned[pair.name]) for pair in pairs)
+    return tuple(pairs)
 
 
 def named(pairs: tuple[Pair, ...], name: str | None) -> Pair:

@@ -10,13 +10,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from reactor.errors import ConfigError
+from reactor.hooks.secrets import secret_for, webhook_secret_variable
 from reactor.settings.config import (
     ENVIRONMENT,
     PAIR_SETTINGS,
     PairSettings,
     ProcessSettings,
     Settings,
-    webhook_secret_variable,
 )
 from reactor.settings.dsn import UNPARSABLE_DSN, check_dsn, redact_dsn
 from reactor.telemetry import redact
@@ -422,10 +422,10 @@ def test_per_hook_webhook_secrets_are_read_and_never_shown() -> None:
         "REACTOR_WEBHOOK_SECRET_JUDGE": PASSWORD,
         "REACTOR_WEBHOOK_SECRET_OPS_DIAG": "ops-secret",
     }
-    assert s.webhook_secret_for("judge") == PASSWORD
-    assert s.webhook_secret_for("ops-diag") == "ops-secret"
-    assert s.webhook_secret_for("audit") == "shared-secret"  # the fallback
-    assert load().webhook_secret_for("judge") is None
+    assert secret_for("judge", s.webhook_secrets, s.webhook_secret) == PASSWORD
+    assert secret_for("ops-diag", s.webhook_secrets, s.webhook_secret) == "ops-secret"
+    assert secret_for("audit", s.webhook_secrets, s.webhook_secret) == "shared-secret"
+    assert secret_for("judge", load().webhook_secrets, None) is None
     assert PASSWORD not in repr(s)
     assert "ops-secret" not in repr(s)
 

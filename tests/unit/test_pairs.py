@@ -11,6 +11,7 @@ from typing import cast
 import pytest
 from prometheus_client.exposition import generate_latest
 
+from reactor.cli.served import with_own_secrets
 from reactor.errors import ConfigError
 from reactor.hooks import check_hooks
 from reactor.install import mapping
@@ -33,6 +34,12 @@ def write(tmp_path: Path, name: str, text: str) -> str:
 
 def config(*paths: str) -> dict[str, str]:
     return {"REACTOR_CONFIG": ":".join(paths)}
+
+
+def owned(environ: dict[str, str], settings: Settings) -> tuple[pairs.Pair, ...]:
+    """The pairs of ``environ``, each with the webhook secrets its own hooks read, as every
+    command is given them (reactor.hooks.secrets decides which)."""
+    return with_own_secrets(pairs.from_env(environ, settings), settings)
 
 
 @pytest.fixture
@@ -162,14 +169,14 @@ def test_each_pair_gets_the_secrets_of_its_own_webhooks(tmp_path: Path) -> None:
         + '\n[reactor]\nhooks = "judge=webhook:https://judge.internal/reports"\n',
     )
     signed = Settings.from_env({"REACTOR_WEBHOOK_SECRET_JUDGE": "s" * 32})
-    reference, second = pairs.from_env(config(analysis, reports), signed)
+    reference, second = owned(config(analysis, reports), signed)
     assert reference.settings.webhook_secrets == {}
     assert second.settings.webhook_secrets == {"REACTOR_WEBHOOK_SECRET_JUDGE": "s" * 32}
     check_hooks(reference.settings)
     check_hooks(second.settings)
     unused = Settings.from_env({"REACTOR_WEBHOOK_SECRET_JUGDE": "s" * 32})
     with pytest.raises(ConfigError, match="REACTOR_WEBHOOK_SECRET_JUGDE is set, but no webhook"):
-        pairs.from_env(config(analysis, reports), unused)
+        owned(config(analysis, reports), unused)
 
 
 def both_name_ops(tmp_path: Path) -> dict[str, str]:
@@ -199,7 +206,7 @@ def test_a_pairs_file_naming_a_hook_like_anothers_is_not_handed_its_secret(
         {"REACTOR_WEBHOOK_SECRET_OPS": "a" * 32, "REACTOR_WEBHOOK_SECRET_REACTOR_OPS": "b" * 32},
     ):
         with pytest.raises(ConfigError) as refused:
-            pairs.from_env(two, Settings.from_env(environ))
+            owned(two, Settings.from_env(environ))
         message = str(refused.value)
         assert "pairs reactor and reactor_reports both have" in message
         assert "REACTOR_WEBHOOK_SECRET_<PAIR>_<HOOK>" in message
@@ -210,7 +217,7 @@ def test_a_pairs_file_naming_a_hook_like_anothers_is_not_handed_its_secret(
             "REACTOR_WEBHOOK_SECRET_REACTOR_REPORTS_OPS": "b" * 32,
         }
     )
-    analysis, reports = pairs.from_env(two, own)
+    analysis, reports = owned(two, own)
     # Each pair's settings hold its own webhook's secret, and no other.
     assert analysis.settings.webhook_secrets == {"REACTOR_WEBHOOK_SECRET_OPS": "a" * 32}
     assert reports.settings.webhook_secrets == {"REACTOR_WEBHOOK_SECRET_OPS": "b" * 32}
@@ -234,13 +241,13 @@ def test_one_pair_reads_the_names_it_always_did_and_its_own(tmp_path: Path) -> N
         "REACTOR_WEBHOOK_SECRET_JUDGE": "j" * 32,
         "REACTOR_WEBHOOK_SECRET_REACTOR_REPORTS_OPS": "o" * 32,
     }
-    (pair,) = pairs.from_env(config(one), Settings.from_env(environ))
+    (pair,) = owned(config(one), Settings.from_env(environ))
     assert pair.settings.webhook_secrets == {
         "REACTOR_WEBHOOK_SECRET_OPS": "o" * 32,
         "REACTOR_WEBHOOK_SECRET_JUDGE": "j" * 32,
     }
     assert pair.settings.webhook_secret == "s" * 32  # audit's
-    (reference,) = pairs.from_env({}, Settings.from_env({"REACTOR_WEBHOOK_SECRET": "s" * 32}))
+    (reference,) = owned({}, Settings.from_env({"REACTOR_WEBHOOK_SECRET": "s" * 32}))
     assert reference.settings.webhook_secret is None  # no webhook reads it
 
 
