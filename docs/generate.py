@@ -7,7 +7,7 @@ A page holds a generated part between two markers::
     <!-- end generated: NAME -->
 
 and this script rewrites what stands between them from the code: the CLI's options from
-``reactor.cli.arguments.build_parser()``, every setting from ``reactor.settings.config.Settings``,
+``reactor.cli.arguments.build_parser()``, every setting from ``reactor.settings.table.TABLE``,
 the metrics registry of ``reactor.telemetry.metrics.Metrics``, the exit codes of
 ``reactor.errors``, the SQL that ``reactor migrate --print`` prints for
 ``tests/mappings/second.toml``, and README's diagram. Everything outside the markers is written by
@@ -20,7 +20,6 @@ hand.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import functools
 import os
 import re
@@ -36,7 +35,8 @@ from prometheus_client.metrics import MetricWrapperBase
 from reactor import db, errors
 from reactor.cli import arguments
 from reactor.install import Install, mapping, mapping_file, sql
-from reactor.settings import config
+from reactor.settings import table
+from reactor.settings.setting import Setting
 from reactor.telemetry import metrics
 
 DOCS = Path(__file__).resolve().parent
@@ -189,160 +189,30 @@ def cli_reference() -> str:
 # ---- settings ---------------------------------------------------------------------------------
 
 
-class Meaning(NamedTuple):
-    """What a variable does, and its default where the code's is None (unset)."""
+class Row(NamedTuple):
+    """A line of the settings table."""
 
-    text: str
-    unset: str | None = None
-
-
-_WEBHOOK_SECRETS = config.WEBHOOK_SECRET_PREFIX + "<HOOK>"
-
-# One line for each variable: the code gives its name, flag and default; this, what it is for.
-# Settings' variables come in its order; the others (read elsewhere in reactor/) follow in this
-# order, and must be named in reactor/'s source. Write `x` for a literal; no links (the pages
-# around the table link the topics).
-MEANINGS: dict[str, Meaning] = {
-    "DATABASE_URL": Meaning(
-        "libpq connection string or URL; every command needs it except `demo`, and `migrate "
-        "--print` or `--print-grants` on the reference mapping (with `REACTOR_CONFIG` they "
-        "take the columns' types from it)",
-        unset="required",
-    ),
-    "REACTOR_LISTEN_DATABASE_URL": Meaning(
-        "a direct connection for LISTEN when everything else goes through a pooler",
-        unset="`DATABASE_URL`",
-    ),
-    "REACTOR_GRACE_SECONDS": Meaning("how long a tab has to save a run before the reactor does"),
-    "REACTOR_SCAN_INTERVAL_SECONDS": Meaning("period of the fallback scan"),
-    "REACTOR_BATCH_SIZE": Meaning("jobs per claim statement"),
-    "REACTOR_CHANNEL": Meaning(
-        "the NOTIFY channel (a plain identifier); `reactor migrate` points the trigger at it; "
-        "unset, each mapping's is `<reactor_schema>_jobs_terminal` (`reactor_jobs_terminal` "
-        "by default), the reference tables' `analysis_jobs_terminal`",
-        unset="the mapping's",
-    ),
-    "REACTOR_MODE": Meaning("`listen`, or `poll` (no LISTEN: timers come from polling the queue)"),
-    "REACTOR_DRAIN_SECONDS": Meaning("how long SIGTERM waits for in-flight work"),
-    "REACTOR_HTTP_ADDR": Meaning(
-        "health and metrics (`/healthz`, `/readyz`, `/metrics`); empty disables; a port that is "
-        "taken stops startup with exit 2"
-    ),
-    "REACTOR_HOOKS": Meaning("follow-up hooks, `name=spec,...`"),
-    "REACTOR_WEBHOOK_SECRET": Meaning(
-        "HMAC key for webhooks without one of their own; with several pairs, only while one "
-        "pair alone has webhooks",
-        unset="none",
-    ),
-    _WEBHOOK_SECRETS: Meaning(
-        "HMAC key of webhook hook HOOK alone (its name upper-cased, `-` as `_`: `ops-diag` "
-        "reads `REACTOR_WEBHOOK_SECRET_OPS_DIAG`), after its pair's own "
-        "`REACTOR_WEBHOOK_SECRET_<PAIR>_<HOOK>` (the reference pair's `reactor`: "
-        "`REACTOR_WEBHOOK_SECRET_REACTOR_OPS_DIAG`); with several pairs, only for a name one pair "
-        "alone gives a webhook (hooks.md, Verifying webhook signatures); empty counts as "
-        "unset; one that no webhook reads stops startup",
-        unset="`REACTOR_WEBHOOK_SECRET`",
-    ),
-    "REACTOR_HOOK_TIMEOUT_SECONDS": Meaning("one attempt's time limit"),
-    "REACTOR_HOOK_CONCURRENCY": Meaning(
-        "hooks running at once per replica (threads for plain `def` hooks)"
-    ),
-    "REACTOR_HOOK_MAX_ATTEMPTS": Meaning("attempts before a row is parked as failed"),
-    "REACTOR_HOOK_BACKOFF_SECONDS": Meaning("first retry delay; doubles each time"),
-    "REACTOR_HOOK_MAX_BACKOFF_SECONDS": Meaning("the longest retry delay, before jitter"),
-    "REACTOR_HOOK_RETENTION_SECONDS": Meaning(
-        "how long settled rows (`done`, `superseded`, `cancelled`) are kept"
-    ),
-    "REACTOR_HOOK_LEASE_SECONDS": Meaning(
-        "how long a claimed hook stays with its replica; at least the timeout",
-        unset="timeout + 30",
-    ),
-    "REACTOR_TRIM_HORIZON_SECONDS": Meaning(
-        "how long after a job's last update the app trims its document (a `not_null` column "
-        "of the mapping); drives the at-risk alarm"
-    ),
-    "REACTOR_RECONCILE_INTERVAL_SECONDS": Meaning(
-        "a full reconcile pass over the jobs that can still need a run ends at least this "
-        "often; `0` turns it off"
-    ),
-    "REACTOR_PROBE_INTERVAL_SECONDS": Meaning(
-        "how often a replica runs its health check: its heartbeat, and the proof of its LISTEN "
-        "connection"
-    ),
-    "REACTOR_PROBE_TIMEOUT_SECONDS": Meaning(
-        "how long a check may take before the LISTEN connection is replaced; at most 4x the "
-        "probe interval"
-    ),
-    "REACTOR_POLL_INTERVAL_SECONDS": Meaning(
-        "how often the queue is polled when no notification can be relied on (`poll` mode, a "
-        "trigger installed with `--no-notify`, LISTEN down, the doorbell awake), by one "
-        "replica alone; each of N live replicas polls N times less often, at most every half "
-        "grace"
-    ),
-    "REACTOR_LISTEN_COALESCE_SECONDS": Meaning(
-        "after a batch of notifications, how long the listener lets the next gather before it "
-        "reads again (one wake-up per interval under a stream); at most 0.1, `0` reads each "
-        "as it arrives"
-    ),
-    "REACTOR_DOORBELL_RATE": Meaning(
-        "job notifications a second from which a replica rings the doorbell: the app's "
-        "finishing commits skip their NOTIFY while the replicas poll the queue instead "
-        "(how-it-works.md, The doorbell); `0`, or a grace under two poll intervals: every "
-        "finishing commit notifies"
-    ),
-    "REACTOR_MAX_PENDING": Meaning(
-        "most timers held in memory (about 130 bytes each); beyond it the scan takes over"
-    ),
-    "REACTOR_DASHBOARD_TOKEN": Meaning(
-        f"enables the operator's page's actions; at least {config.MIN_TOKEN} printable ASCII "
-        "characters (`openssl rand -hex 32`); unset or empty, the page is read-only",
-        unset="none",
-    ),
-    "REACTOR_DASHBOARD_ADDR": Meaning(
-        "the operator's page (`/`, `/api/status`, `/login`, the actions), apart from the "
-        "probes; keep it on loopback unless a proxy in front of it authenticates; empty "
-        "disables; unset, the page is optional: when the default address is taken (another "
-        "replica on the host), the replica logs one warning and runs without it; set, even to "
-        "the default, a port that is taken stops startup with exit 2"
-    ),
-    "REACTOR_DASHBOARD_URL": Meaning(
-        "the address operators open the page at through a reverse proxy, `https://HOST[:PORT]/` "
-        "with no path: the page then also answers to that Host, and `https` makes its session "
-        "cookie Secure",
-        unset="none",
-    ),
-    mapping.CONFIG_VARIABLE: Meaning(
-        "the TOML file that maps the reactor onto your own tables, or several separated by `:`, "
-        "one job/artifact pair each, all served by one process (mapping.md, Many pairs); every "
-        "command reads it",
-        unset="none: the reference tables",
-    ),
-    "REACTOR_LOG_LEVEL": Meaning(
-        "`debug`, `info`, `warning`, `error` or `critical`", unset="`INFO`"
-    ),
-    "REACTOR_LOG_FORMAT": Meaning(
-        "`json` or `console`", unset="console on a terminal, else `json`"
-    ),
-}
-
-
-class Setting(NamedTuple):
     variable: str
     flags: str
     default: str
+    unit: str
     meaning: str
 
 
-def _shown_default(value: object) -> str:
-    if isinstance(value, float) and value.is_integer():
-        value = int(value)
-    if isinstance(value, tuple):
-        value = ":".join(str(part) for part in value)
-    return "empty" if value == "" else f"`{value}`"
+def _shown_default(text: str) -> str:
+    return "empty" if text == "" else f"`{text}`"
+
+
+def _setting_flags(setting: Setting) -> str:
+    """The setting's option, with the commands that take it."""
+    if setting.flag is None:
+        return ""
+    return f"`{setting.option}` ({', '.join(setting.flag.commands)})"
 
 
 def _flags(variable: str) -> str:
-    """The options whose help names ``variable``, with the commands that take them."""
+    """The options whose help names ``variable``, with the commands that take them: for the
+    variables read beside the settings, whose flags are declared with their commands."""
     parser = _parser()
     named = re.compile(rf"\b{re.escape(variable)}\b")
     found: dict[str, list[str]] = {}
@@ -364,9 +234,9 @@ def _commands(
         yield from _commands(f"{path} {name}", child)
 
 
-def _source() -> str:
-    """The package's source, where the names of the variables it reads stand."""
-    paths = sorted((ROOT / "reactor").rglob("*.py"))
+def _source(but: Path | None = None) -> str:
+    """The package's source, where the names of the variables it reads stand (``but`` one file)."""
+    paths = sorted(path for path in (ROOT / "reactor").rglob("*.py") if path != but)
     return "\n".join(path.read_text(encoding="utf-8") for path in paths)
 
 
@@ -375,56 +245,51 @@ def _words(text: str) -> set[str]:
     return set(re.findall(r"REACTOR_[A-Z0-9_]+", text))
 
 
-def settings() -> list[Setting]:
-    """Every variable the reactor reads: Settings' fields in ENVIRONMENT's order, then the others
-    MEANINGS names (read outside Settings), in its order."""
-    variables: dict[str, object] = {}
-    defaults = {f.name: f.default for f in dataclasses.fields(config.Settings)}
-    for name, variable in config.ENVIRONMENT.items():
-        variables[variable] = defaults[name]
-        if variable == "REACTOR_WEBHOOK_SECRET":
-            variables[_WEBHOOK_SECRETS] = None
-    unknown = [name for name in variables if name not in MEANINGS]
-    if unknown:
-        raise SystemExit(f"docs/generate.py: say in MEANINGS what {', '.join(unknown)} means")
-    source = _source()
-    for name in MEANINGS:
-        if name not in variables:
-            if name.split("<")[0] not in source:
-                raise SystemExit(f"docs/generate.py: MEANINGS names {name}, which nothing reads")
-            variables[name] = None
-    rows = []
-    for variable, default in variables.items():
-        meaning = MEANINGS[variable]
-        if (default is None) != (meaning.unset is not None):
+def settings() -> list[Row]:
+    """Every variable the reactor reads: the settings' table in its order, then the variables
+    read beside it (``table.ELSEWHERE``), each of which must be named in reactor/'s source."""
+    rows = [
+        Row(
+            setting.variable,
+            _setting_flags(setting),
+            _shown_default(setting.default) if setting.default is not None else str(setting.unset),
+            setting.unit or "",
+            setting.doc,
+        )
+        for setting in table.TABLE
+    ]
+    # Where the variables are read: the table, which names them all, is no proof of that.
+    source = _source(but=Path(table.__file__))
+    for other in table.ELSEWHERE:
+        if other.variable not in source:
             raise SystemExit(
-                f"docs/generate.py: {variable} defaults to {default!r} in the code; give "
-                "MEANINGS an `unset` text exactly when that is None"
+                f"docs/generate.py: settings/table.py documents {other.variable}, which nothing "
+                "reads"
             )
-        shown = meaning.unset if meaning.unset is not None else _shown_default(default)
-        rows.append(Setting(variable, _flags(variable), shown, meaning.text))
+        rows.append(Row(other.variable, _flags(other.variable), other.unset, "", other.doc))
     return rows
 
 
-def _settings_table(rows: list[Setting]) -> str:
-    lines = ["| variable | flag | default | meaning |", "|---|---|---|---|"]
+def _settings_table(rows: list[Row]) -> str:
+    lines = ["| variable | flag | default | unit | meaning |", "|---|---|---|---|---|"]
     for row in rows:
         lines.append(
             f"| `{row.variable}` | {_cell(row.flags)} | {_cell(row.default)} | "
-            f"{_cell(row.meaning)} |"
+            f"{_cell(row.unit)} | {_cell(row.meaning)} |"
         )
     return "\n".join(lines)
 
 
 def settings_reference() -> str:
-    """Every variable with its flag, default and meaning."""
-    table = _settings_table(settings())
-    missing = sorted(_words(_source()) - _words(table))
+    """Every variable with its flag, default, unit and meaning."""
+    shown = _settings_table(settings())
+    missing = sorted(_words(_source()) - _words(shown))
     if missing:
         raise SystemExit(
-            f"docs/generate.py: reactor/ reads {', '.join(missing)}; add it to MEANINGS"
+            f"docs/generate.py: reactor/ reads {', '.join(missing)}; add it to "
+            "reactor/settings/table.py (TABLE, or ELSEWHERE when it is read beside the settings)"
         )
-    return table
+    return shown
 
 
 def hook_settings() -> str:

@@ -1,5 +1,9 @@
 """The ``reactor`` command line as a contract: its sub-commands, flags and help (DESIGN.md's CLI
-table); :mod:`reactor.cli` runs them. The CLI reference page is generated from it."""
+table); :mod:`reactor.cli` runs them. The CLI reference page is generated from it.
+
+The flags that override a setting come from the settings' table
+(:data:`reactor.settings.table.TABLE`): each command takes those whose row names it.
+"""
 
 from __future__ import annotations
 
@@ -10,12 +14,10 @@ from typing import TYPE_CHECKING
 from reactor.cli.served import with_own_secrets
 from reactor.settings import pairs
 from reactor.settings.config import Settings
+from reactor.settings.table import DASHBOARD_ADDR, FLAGGED, TABLE
 
 if TYPE_CHECKING:
     from reactor.settings.pairs import Pair
-
-# The flags that override an environment variable, by Settings field.
-OVERRIDES = ("grace", "scan_interval", "batch_size", "channel", "mode", "drain", "http_addr")
 
 LOG_FORMATS = ("json", "console")
 
@@ -39,13 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     run = commands.add_parser("run", help="run the sidecar until SIGTERM/SIGINT")
-    run.add_argument("--grace", type=str, help="seconds (REACTOR_GRACE_SECONDS)")
-    run.add_argument("--scan-interval", type=str, help="seconds (REACTOR_SCAN_INTERVAL_SECONDS)")
-    run.add_argument("--batch-size", type=str, help="rows per claim (REACTOR_BATCH_SIZE)")
-    run.add_argument("--channel", help="NOTIFY channel (REACTOR_CHANNEL)")
-    run.add_argument("--mode", help="listen or poll (REACTOR_MODE)")
-    run.add_argument("--drain", type=str, help="seconds (REACTOR_DRAIN_SECONDS)")
-    run.add_argument("--http-addr", help="HOST:PORT or empty (REACTOR_HTTP_ADDR)")
+    _setting_flags(run, "run")
 
     migrate = commands.add_parser("migrate", help="install or upgrade the reactor's SQL")
     migrate.add_argument(
@@ -66,7 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="VERSION",
         help="with --print: only what comes after this applied schema version",
     )
-    migrate.add_argument("--channel", help="NOTIFY channel (REACTOR_CHANNEL)")
+    _setting_flags(migrate, "migrate")
     migrate.add_argument(
         "--notify",
         action=argparse.BooleanOptionalAction,
@@ -87,8 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
         "sweep", help="repair after a restore or bypass: a full reconcile pass, then a drain"
     )
     sweep.add_argument("--once", action="store_true", required=True, help="drain once and exit")
-    sweep.add_argument("--grace", type=str, help="seconds (REACTOR_GRACE_SECONDS)")
-    sweep.add_argument("--batch-size", type=str, help="rows per claim (REACTOR_BATCH_SIZE)")
+    _setting_flags(sweep, "sweep")
 
     state = commands.add_parser(
         "status", help="backlog, trim-horizon risk, hooks, LISTEN replicas; exit 1 if at risk"
@@ -152,7 +147,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="after the summary, keep the cluster and the page up until Ctrl-C",
     )
     demo.add_argument(
-        "--http-addr", help="HOST:PORT of the page, or empty for none (127.0.0.1:9188)"
+        "--http-addr", help=f"HOST:PORT of the page, or empty for none ({DASHBOARD_ADDR})"
     )
     demo.add_argument(
         "--config",
@@ -167,14 +162,23 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _setting_flags(parser: argparse.ArgumentParser, command: str) -> None:
+    """Add to ``parser`` the flag of each setting whose row names ``command``. No defaults and
+    no types: the value is parsed as the variable's is, and an absent flag leaves it be."""
+    for setting in TABLE:
+        if setting.flag is not None and command in setting.flag.commands:
+            takes = setting.flag.takes or setting.unit
+            parser.add_argument(setting.option, help=f"{takes} ({setting.variable})")
+
+
 def settings_from(args: argparse.Namespace) -> Settings:
-    """The process settings: the environment, overridden by the flags of :data:`OVERRIDES`."""
-    overrides = {name: getattr(args, name, None) for name in OVERRIDES}
+    """The process settings: the environment, overridden by the settings' flags."""
+    overrides = {setting.name: getattr(args, setting.name, None) for setting in FLAGGED}
     return Settings.from_env(os.environ, overrides)
 
 
 def pairs_from(args: argparse.Namespace, settings: Settings) -> tuple[Pair, ...]:
     """The pairs every command runs on: the files REACTOR_CONFIG names, or the reference, each
     with the webhook secrets its own hooks read."""
-    flags = frozenset(name for name in OVERRIDES if getattr(args, name, None) is not None)
+    flags = frozenset(s.name for s in FLAGGED if getattr(args, s.name, None) is not None)
     return with_own_secrets(pairs.from_env(os.environ, settings, flags), settings)

@@ -34,10 +34,11 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import replace
 
 from reactor.errors import ConfigError
-from reactor.settings.config import WEBHOOK_SECRET_PREFIX, Settings
+from reactor.settings.config import Settings
 from reactor.settings.pairs import Pair
+from reactor.settings.table import SETTINGS, WEBHOOK_SECRET_PREFIX
 
-SHARED_SECRET = "REACTOR_WEBHOOK_SECRET"
+SHARED_SECRET = SETTINGS["webhook_secret"].variable
 _EACH = WEBHOOK_SECRET_PREFIX + "<PAIR>_<HOOK>"
 
 

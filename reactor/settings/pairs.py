@@ -6,8 +6,8 @@ its own ``reactor_schema``: that schema holds the pair's queue, heartbeats and h
 its name is the pair's name in the logs, the metrics, ``reactor status`` and ``--pair``.
 
 A file's ``[reactor]`` table holds what differs for its pair (the grace, the channel, the hooks
-and their bounds, :data:`reactor.settings.config.PAIR_SETTINGS`); the environment gives the rest,
-and the defaults. Reading is pure and validates every file before anything connects. Each pair's
+and their bounds, :data:`reactor.settings.table.IN_FILE`); the environment gives the rest, and
+the defaults. Reading is pure and validates every file before anything connects. Each pair's
 settings hold every webhook secret the environment gives: which of them its own hooks read is
 the hooks' to say (:func:`reactor.hooks.secrets.own_secrets`, before the hooks are made).
 """
@@ -22,6 +22,7 @@ from reactor.errors import ConfigError
 from reactor.install import Install, mapping_file
 from reactor.install.mapping import CONFIG_VARIABLE, REFERENCE, Mapping
 from reactor.settings.config import Settings
+from reactor.settings.table import SETTINGS
 
 
 @dataclass(frozen=True)
@@ -142,7 +143,7 @@ def _pair(read: tuple[str, dict[str, Any]], settings: Settings, flags: frozenset
         raise ConfigError(f"{source}: reactor must be a table, [reactor]")
     for name in sorted(flags & own.keys()):
         raise ConfigError(
-            f"--{name.replace('_', '-')} is given, and {source} sets [reactor] {name}; "
+            f"{SETTINGS[name].option} is given, and {source} sets [reactor] {name}; "
             "say it in one place"
         )
     return Pair.of(mapping_file.parse(document, source=source), settings.overridden(own, source))

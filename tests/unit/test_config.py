@@ -1,4 +1,5 @@
-"""reactor.settings.config: Settings.from_env parses, validates and never shows a password."""
+"""reactor.settings.config: Settings.from_env parses, validates and never shows a password; the
+settings' table is the one place each setting is declared."""
 
 from __future__ import annotations
 
@@ -11,17 +12,15 @@ from hypothesis import strategies as st
 
 from reactor.errors import ConfigError
 from reactor.hooks.secrets import secret_for, webhook_secret_variable
-from reactor.settings.config import (
-    ENVIRONMENT,
-    PAIR_SETTINGS,
-    PairSettings,
-    ProcessSettings,
-    Settings,
-)
+from reactor.settings.config import PairSettings, ProcessSettings, Settings
 from reactor.settings.dsn import UNPARSABLE_DSN, check_dsn, redact_dsn
+from reactor.settings.table import IN_FILE, TABLE
 from reactor.telemetry import redact
 
 PASSWORD = "s3cr3t-Pa55"
+
+# Each single variable's setting, by name (REACTOR_WEBHOOK_SECRET_<NAME> is a family).
+ENVIRONMENT = {s.name: s.variable for s in TABLE if s.family is None}
 
 
 def load(**environ: str) -> Settings:
@@ -63,10 +62,8 @@ def test_defaults_match_the_design() -> None:
 def test_every_field_has_an_environment_variable() -> None:
     # webhook_secrets is a family of variables, REACTOR_WEBHOOK_SECRET_<NAME>;
     # dashboard_addr_chosen says whether REACTOR_DASHBOARD_ADDR was set.
-    assert {f.name for f in fields(Settings)} == {
-        *ENVIRONMENT,
-        "webhook_secrets",
-        "dashboard_addr_chosen",
+    assert {f.name for f in fields(Settings)} == {*ENVIRONMENT, "webhook_secrets"} | {
+        "dashboard_addr_chosen"
     }
     for variable in ENVIRONMENT.values():
         assert variable == "DATABASE_URL" or variable.startswith("REACTOR_")
@@ -78,7 +75,7 @@ def test_every_setting_is_the_processs_or_a_pairs() -> None:
     assert not process & pair
     assert process | pair == {f.name for f in fields(Settings)}
     # What a [reactor] table may set is the pair's own; the secrets come from the environment.
-    assert set(PAIR_SETTINGS) == pair - {"webhook_secret", "webhook_secrets"}
+    assert set(IN_FILE) == pair - {"webhook_secret", "webhook_secrets"}
 
 
 def test_a_pairs_settings_are_made_of_the_two_parts() -> None:
