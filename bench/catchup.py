@@ -21,9 +21,7 @@ from bench.server import DOC_FUNCTION, open_server
 from bench.stats import ratio, safe_div
 from reactor import db
 from reactor.install import REFERENCE_INSTALL
-from reactor.install.mapping import REFERENCE
-from reactor.record.recorder import Recorder
-from reactor.telemetry.metrics import Metrics
+from reactor.testing import REFERENCE, Metrics, Recorder
 
 TITLE = "Catch-up after downtime: backlog drain vs one bare INSERT ... SELECT"
 GOAL = "rows/s >= 0.8x the floor"

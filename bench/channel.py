@@ -20,7 +20,7 @@ import psycopg
 import psycopg.conninfo
 
 from bench.workload import APP
-from reactor.demo.embedded import EmbeddedPostgres
+from reactor.demo import EmbeddedPostgres
 
 CHANNEL = "analysis_jobs_terminal"
 GRACE = 1.0

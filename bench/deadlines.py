@@ -29,7 +29,7 @@ import anyio
 
 from bench.result import Context, Result, Table, conditions
 from bench.stats import ratio, safe_div
-from reactor.core.deadlines import Deadlines
+from reactor.testing import Deadlines
 
 TITLE = "Deadlines at 1M pending: memory per entry and operations per second"
 GOAL = (

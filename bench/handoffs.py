@@ -61,8 +61,7 @@ from bench.server import Server, open_server
 from bench.stats import ms, ratio, safe_div, summarize
 from bench.workload import Play, insert_jobs, wait_until_recorded
 from reactor.install import REFERENCE_INSTALL
-from reactor.settings.config import Settings
-from reactor.testing import audit
+from reactor.testing import Settings, audit
 
 TITLE = "Handoffs: lateness through rolling deploys, a replica killed for good, and a fleet"
 GOAL = (

@@ -32,7 +32,7 @@ from bench.result import Context, Result, Table, conditions, not_ours_to_stop
 from bench.server import open_server
 from bench.stats import ms, summarize
 from bench.workload import bench_settings, replicas
-from reactor.demo.embedded import EmbeddedPostgres
+from reactor.demo import EmbeddedPostgres
 
 TITLE = "The backlog after an outage, around rows held by open transactions"
 GOAL = (

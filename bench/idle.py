@@ -36,7 +36,7 @@ from bench.result import Context, Result, Table, conditions
 from bench.server import open_server, stat_statements_problem
 from bench.stats import ratio, safe_div
 from bench.workload import bench_settings, replicas, wait_for_first_scan
-from reactor.settings.config import Settings
+from reactor.testing import Settings
 
 TITLE = "Idle cost: statements per minute from one replica with no work"
 GOAL = (

@@ -33,8 +33,7 @@ from bench.workload import (
     wait_until_recorded,
 )
 from reactor.install import REFERENCE_INSTALL
-from reactor.settings.config import Settings
-from reactor.testing import audit
+from reactor.testing import Settings, audit
 
 TITLE = "Lateness of recorded runs past updated_at + grace (database clock)"
 P99_GOAL_S = 0.005

@@ -25,7 +25,7 @@ from bench.stats import ms
 from bench.workload import APP, RESULTS
 from reactor import db
 from reactor.install import sql
-from reactor.install.mapping import REFERENCE
+from reactor.testing import REFERENCE
 
 TITLE = "reactor migrate on a big live database"
 GOAL = (

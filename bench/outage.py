@@ -26,7 +26,7 @@ from bench.result import Context, Result, Table, conditions, not_ours_to_stop
 from bench.server import open_server
 from bench.stats import ms, summarize
 from reactor import db
-from reactor.demo.embedded import EmbeddedPostgres
+from reactor.demo import EmbeddedPostgres
 
 TITLE = "How soon a pooled call that waited through an outage is answered"
 GOAL = "within 1.5 s of the server being back, at every downtime (the old pool: 1, 2, 4, 8 s...)"

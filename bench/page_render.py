@@ -42,12 +42,9 @@ from bench.result import Context, Result, Table, conditions
 from bench.server import open_counting_server
 from bench.stats import ms, ratio, safe_div, size_text
 from bench.workload import APP, bench_settings, replicas, wait_for_first_scan
-from reactor import db, status
-from reactor.cli import commands as cli
+from reactor import cli, db, status
 from reactor.install import REFERENCE_INSTALL
-from reactor.ops import dashboard, http
-from reactor.record.recorder import RECENT_OUTCOMES
-from reactor.settings.config import Settings
+from reactor.testing import RECENT_OUTCOMES, Settings, dashboard, http
 
 TITLE = "The operator's page with 1M finished jobs and 100k hook rows, beside `reactor status`"
 GOAL = (

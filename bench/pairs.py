@@ -46,15 +46,19 @@ from bench.server import Server, open_counting_server
 from bench.stats import ms, ratio, safe_div, summarize
 from bench.workload import RESULTS, bench_settings
 from reactor import db
-from reactor.db.pool import POOL_MAX_IDLE
-from reactor.install import Install, mapping_file
-from reactor.install.mapping import REFERENCE
-from reactor.runtime.replica import Replica, open_replica
-from reactor.runtime.service import Reactor
-from reactor.settings.config import Settings
-from reactor.settings.pairs import Pair
-from reactor.testing import audit
-from reactor.testing.app import App
+from reactor.install import Install
+from reactor.testing import (
+    POOL_MAX_IDLE,
+    REFERENCE,
+    App,
+    Pair,
+    Reactor,
+    Replica,
+    Settings,
+    audit,
+    mapping_file,
+    open_replica,
+)
 
 TITLE = "Many job/artifact pairs, one sidecar: connections, idle cost and lateness per pair"
 GOAL = (

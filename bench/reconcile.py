@@ -20,11 +20,8 @@ from bench.result import Context, Result, Table, conditions
 from bench.server import open_server
 from bench.stats import ms, ratio, safe_div
 from reactor import db
-from reactor.db import indexes
 from reactor.install import REFERENCE_INSTALL
-from reactor.install.mapping import REFERENCE
-from reactor.insurance import reconcile
-from reactor.settings.config import Settings
+from reactor.testing import REFERENCE, Settings, indexes, reconcile
 
 TITLE = "Reconcile pass over the job table, against the article's sweep"
 GOAL = (

@@ -37,10 +37,8 @@ from bench.workload import (
     wait_for_first_scan,
     wait_until_recorded,
 )
-from reactor.core.ownership import LIVENESS_PROBES
 from reactor.install import REFERENCE_INSTALL
-from reactor.settings.config import Settings
-from reactor.testing import audit
+from reactor.testing import LIVENESS_PROBES, Settings, audit
 
 TITLE = "Replicas: record statements and database time per job, and a killed owner's takeover"
 GOAL = (

@@ -26,7 +26,7 @@ from bench.stats import SLOW, ms, ratio, safe_div, size_text, slow_enough
 from bench.workload import APP
 from reactor import db
 from reactor.install import REFERENCE_INSTALL
-from reactor.install.mapping import REFERENCE
+from reactor.testing import REFERENCE
 
 TITLE = "Fallback scan cost with many finished jobs, nothing due"
 GOAL = (

@@ -19,10 +19,9 @@ import psycopg.conninfo
 
 from bench.conn import connect, scalar
 from reactor import db
-from reactor.demo.embedded import EmbeddedPostgres
+from reactor.demo import EmbeddedPostgres
 from reactor.install import REFERENCE_INSTALL
-from reactor.install.mapping import REFERENCE
-from reactor.testing import audit
+from reactor.testing import REFERENCE, audit
 
 # The embedded server's settings on top of EmbeddedPostgres' own (fsync and full_page_writes
 # off: a throwaway cluster). Room for the bulk loads of catchup and scan_scale.

@@ -34,8 +34,7 @@ from bench.stats import ms
 from bench.workload import insert_jobs
 from reactor import db
 from reactor.install import REFERENCE_INSTALL
-from reactor.record.recorder import SPLIT, Recorder
-from reactor.telemetry.metrics import Metrics
+from reactor.testing import SPLIT, Metrics, Recorder
 
 TITLE = "Jobs the app's constraint rejects at the head of a backlog: drain time against none"
 GOAL = "a drain with N rejected jobs at the head takes at most 1 s more than with none, each N"

@@ -38,7 +38,8 @@ from bench.server import Server, open_server
 from bench.stats import ratio, safe_div
 from bench.workload import bench_settings, replicas, wait_for_first_scan
 from reactor import db
-from reactor.install import REFERENCE_INSTALL, mapping_file, sql
+from reactor.install import REFERENCE_INSTALL, sql
+from reactor.testing import mapping_file
 
 TITLE = "Notify trigger overhead on the worker's commit throughput"
 GOAL = (

@@ -24,12 +24,7 @@ from psycopg_pool import AsyncConnectionPool
 from bench.conn import Conn, connect
 from reactor import db
 from reactor.install import REFERENCE_INSTALL, Install
-from reactor.install.mapping import REFERENCE
-from reactor.runtime.replica import open_replica
-from reactor.runtime.service import Reactor
-from reactor.settings.config import Settings
-from reactor.settings.pairs import Pair
-from reactor.testing.app import App
+from reactor.testing import REFERENCE, App, Pair, Reactor, Settings, open_replica
 
 # The worker of the eager design writes the run itself at finalize, in the same transaction;
 # it never overwrites a client row.
