@@ -32,12 +32,11 @@ import anyio
 import psycopg
 
 from bench import pgbench
-from bench.app_cost import (
+from bench.app_cost.installs import Config, Installed
+from bench.app_cost.rounds import (
     DOCUMENTS,
     JOB_LIFE,
     SERVER,
-    Config,
-    Installed,
     add_documents,
     set_orders,
 )
