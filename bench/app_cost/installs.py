@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from bench.conn import Conn, scalar
-from bench.trigger_overhead import Triggers
+from bench.trigger_overhead.triggers import Triggers
 
 
 @dataclass(frozen=True)
