@@ -13,11 +13,12 @@ from __future__ import annotations
 import os
 import statistics
 import time
+from dataclasses import dataclass
 from typing import Any
 
-from bench.conn import connect, scalar
+from bench.conn import Conn, connect, scalar
 from bench.result import Context, Result, Table, conditions
-from bench.server import DOC_FUNCTION, open_server
+from bench.server import DOC_FUNCTION, Server, open_server
 from bench.stats import ratio, safe_div
 from reactor import db
 from reactor.install import REFERENCE_INSTALL
@@ -48,7 +49,6 @@ async def run(ctx: Context) -> Result:
     """Load the backlog, copy it, drain one copy with the reactor and the other with the floor."""
     quick = ctx.quick
     small, big = (500, 5) if quick else (20_000, 200)
-    small_bytes, big_bytes = 96 * 1024, 2 * 1024 * 1024
     batch = 500
     settings: dict[str, Any] = {
         "jobs_96KB": small,
@@ -62,49 +62,91 @@ async def run(ctx: Context) -> Result:
         source = await server.create_database("catchup")
         dsn = server.dsn_for(source)
         async with await connect(dsn, "setup") as conn:
-            await db.migrate(conn, REFERENCE, reference_schema=True)
-            await conn.execute(DOC_FUNCTION)
-            load_started = time.monotonic()
-            for count, size, distinct in ((small, small_bytes, 64), (big, big_bytes, 8)):
-                await conn.execute("DROP TABLE IF EXISTS bench_docs")
-                await conn.execute(
-                    "CREATE TABLE bench_docs AS SELECT k, bench_doc(k, %s) AS doc "
-                    "FROM generate_series(0, %s - 1) k",
-                    (size, distinct),
-                )
-                await conn.execute(LOAD, {"count": count, "distinct": distinct})
-            await conn.execute("DROP TABLE bench_docs")
-            await conn.execute("VACUUM (FREEZE, ANALYZE) analysis_jobs")
-            load_s = time.monotonic() - load_started
-            logical = int(
-                await scalar(conn, "SELECT sum(octet_length(doc_html)) FROM analysis_jobs")
-            )
-            stored = int(
-                await scalar(conn, "SELECT sum(pg_column_size(doc_html)) FROM analysis_jobs")
-            )
-            relation = int(await scalar(conn, "SELECT pg_total_relation_size('analysis_jobs')"))
-            rows = int(await scalar(conn, "SELECT count(*) FROM analysis_jobs"))
-            queued = int(await scalar(conn, "SELECT count(*) FROM reactor.pending"))
+            backlog = await _load(conn, small, big)
+        runs = await _runs(server, source, batch)
+    return _result(settings, cond, backlog, runs, quick=quick, small=small, big=big)
+
+
+@dataclass(frozen=True)
+class Backlog:
+    """The backlog as loaded: its rows and bytes, and what loading it took."""
+
+    rows: int
+    logical: int  # the document text, bytes
+    stored: int  # the documents as stored (compressed), bytes
+    relation: int  # analysis_jobs on disk, bytes
+    queued: int  # jobs the trigger queued in reactor.pending as they were inserted
+    load_s: float
+
+
+async def _load(conn: Conn, small: int, big: int) -> Backlog:
+    """The reference tables, then ``small`` 96 KB jobs and ``big`` 2 MB ones, finished hours
+    ago; a CHECKPOINT at the end."""
+    small_bytes, big_bytes = 96 * 1024, 2 * 1024 * 1024
+    await db.migrate(conn, REFERENCE, reference_schema=True)
+    await conn.execute(DOC_FUNCTION)
+    load_started = time.monotonic()
+    for count, size, distinct in ((small, small_bytes, 64), (big, big_bytes, 8)):
+        await conn.execute("DROP TABLE IF EXISTS bench_docs")
+        await conn.execute(
+            "CREATE TABLE bench_docs AS SELECT k, bench_doc(k, %s) AS doc "
+            "FROM generate_series(0, %s - 1) k",
+            (size, distinct),
+        )
+        await conn.execute(LOAD, {"count": count, "distinct": distinct})
+    await conn.execute("DROP TABLE bench_docs")
+    await conn.execute("VACUUM (FREEZE, ANALYZE) analysis_jobs")
+    load_s = time.monotonic() - load_started
+    logical = int(await scalar(conn, "SELECT sum(octet_length(doc_html)) FROM analysis_jobs"))
+    stored = int(await scalar(conn, "SELECT sum(pg_column_size(doc_html)) FROM analysis_jobs"))
+    relation = int(await scalar(conn, "SELECT pg_total_relation_size('analysis_jobs')"))
+    rows = int(await scalar(conn, "SELECT count(*) FROM analysis_jobs"))
+    queued = int(await scalar(conn, "SELECT count(*) FROM reactor.pending"))
+    return Backlog(rows, logical, stored, relation, queued, load_s)
+
+
+async def _runs(server: Server, source: str, batch: int) -> list[tuple[str, int, float]]:
+    """Each writer's runs on identical copies of ``source``: (writer, runs written, seconds)."""
+    # Each run gets an identical copy made just before it, then a CHECKPOINT and a sync of
+    # the kernel's dirty pages, so that no run shares the disk with the writeback of a copy
+    # made for another; the writers take turns (ABBAAB) so neither always goes first.
+    order = ("reactor", "floor", "floor", "reactor", "reactor", "floor")
+    runs: list[tuple[str, int, float]] = []
+    for writer in order:
+        name = await server.create_database("catchup_copy", template=source)
+        copy_dsn = server.dsn_for(name)
+        async with await connect(copy_dsn, "check") as conn:
             await conn.execute("CHECKPOINT")
-        # Each run gets an identical copy made just before it, then a CHECKPOINT and a sync of
-        # the kernel's dirty pages, so that no run shares the disk with the writeback of a copy
-        # made for another; the writers take turns (ABBAAB) so neither always goes first.
-        order = ("reactor", "floor", "floor", "reactor", "reactor", "floor")
-        runs: list[tuple[str, int, float]] = []
-        for writer in order:
-            name = await server.create_database("catchup_copy", template=source)
-            copy_dsn = server.dsn_for(name)
-            async with await connect(copy_dsn, "check") as conn:
-                await conn.execute("CHECKPOINT")
-            os.sync()
-            if writer == "reactor":
-                seconds = await _drain(copy_dsn, batch)
-            else:
-                seconds = await _floor(copy_dsn)
-            async with await connect(copy_dsn, "check") as conn:
-                written = int(await scalar(conn, "SELECT count(*) FROM analysis_runs"))
-            runs.append((writer, written, seconds))
-            await server.drop_database(name)  # measured: free its disk now
+        os.sync()
+        if writer == "reactor":
+            seconds = await _drain(copy_dsn, batch)
+        else:
+            seconds = await _floor(copy_dsn)
+        async with await connect(copy_dsn, "check") as conn:
+            written = int(await scalar(conn, "SELECT count(*) FROM analysis_runs"))
+        runs.append((writer, written, seconds))
+        await server.drop_database(name)  # measured: free its disk now
+    return runs
+
+
+def _result(
+    settings: dict[str, Any],
+    cond: dict[str, Any],
+    backlog: Backlog,
+    runs: list[tuple[str, int, float]],
+    *,
+    quick: bool,
+    small: int,
+    big: int,
+) -> Result:
+    """The drain against the floor, from ``runs``."""
+    rows, logical, stored, relation, load_s = (
+        backlog.rows,
+        backlog.logical,
+        backlog.stored,
+        backlog.relation,
+        backlog.load_s,
+    )
 
     def mean_seconds(writer: str) -> float:
         return statistics.fmean(s for w, _, s in runs if w == writer)
@@ -121,6 +163,38 @@ async def run(ctx: Context) -> Result:
     pairs = [safe_div(f, r) for r, f in zip(drains, floors, strict=True)]
     complete = all(n == rows for _, n, _ in runs)
     met = share >= 0.8 and complete
+    table = _table(rows, reactor_s, floor_s, mib, stored_mib)
+    notes = _notes(backlog, runs, pairs, share, quick=quick, small=small, big=big)
+    headline = (
+        f"{r_rate:,.0f} rows/s, {mib / reactor_s:,.0f} MB/s of documents: {ratio(share)} the "
+        f"floor's {f_rate:,.0f} rows/s"
+    )
+    return Result(
+        met=met,
+        headline=headline,
+        table=table,
+        figures={
+            "rows": rows,
+            "document_bytes": logical,
+            "stored_bytes": stored,
+            "analysis_jobs_bytes": relation,
+            "load_s": load_s,
+            "runs": [{"writer": w, "rows": n, "seconds": s} for w, n, s in runs],
+            "reactor": {"rows": reactor_rows, "seconds": reactor_s, "rows_per_s": r_rate},
+            "floor": {"rows": floor_rows, "seconds": floor_s, "rows_per_s": f_rate},
+            "share_of_floor": share,
+            "share_pairwise": pairs,
+        },
+        settings=settings,
+        conditions=cond,
+        notes=notes,
+    )
+
+
+def _table(rows: int, reactor_s: float, floor_s: float, mib: float, stored_mib: float) -> Table:
+    """The drain and the floor side by side: ``rows`` each, in their mean seconds."""
+    r_rate, f_rate = safe_div(rows, reactor_s), safe_div(rows, floor_s)
+    share = safe_div(r_rate, f_rate)
     table = Table(
         [
             "writer",
@@ -134,7 +208,7 @@ async def run(ctx: Context) -> Result:
     )
     table.add(
         "reactor drain (Recorder.drain, batch 500)",
-        reactor_rows,
+        rows,
         f"{reactor_s:.2f}",
         f"{r_rate:,.0f}",
         f"{mib / reactor_s:,.0f}",
@@ -143,13 +217,37 @@ async def run(ctx: Context) -> Result:
     )
     table.add(
         "floor: one INSERT ... SELECT",
-        floor_rows,
+        rows,
         f"{floor_s:.2f}",
         f"{f_rate:,.0f}",
         f"{mib / floor_s:,.0f}",
         f"{stored_mib / floor_s:,.0f}",
         ratio(1.0),
     )
+    return table
+
+
+def _notes(
+    backlog: Backlog,
+    runs: list[tuple[str, int, float]],
+    pairs: list[float],
+    share: float,
+    *,
+    quick: bool,
+    small: int,
+    big: int,
+) -> list[str]:
+    """What the backlog was, how the runs ran, and what the drain pays over the floor."""
+    rows, logical, stored, relation, queued, load_s = (
+        backlog.rows,
+        backlog.logical,
+        backlog.stored,
+        backlog.relation,
+        backlog.queued,
+        backlog.load_s,
+    )
+    mib, stored_mib = logical / 2**20, stored / 2**20
+    complete = all(n == rows for _, n, _ in runs)
     notes = [
         f"Backlog: {small:,} jobs x 96 KB + {big:,} jobs x 2 MB = {mib:,.0f} MiB of document "
         f"text, {stored_mib:,.0f} MiB as stored (TOAST compression "
@@ -187,30 +285,7 @@ async def run(ctx: Context) -> Result:
             "Below 0.8x: the parts above, about a fifth of the floor's time, are what the claim "
             "(exactly one write, the client's save wins, nothing lost) costs over a bare copy."
         )
-    headline = (
-        f"{r_rate:,.0f} rows/s, {mib / reactor_s:,.0f} MB/s of documents: {ratio(share)} the "
-        f"floor's {f_rate:,.0f} rows/s"
-    )
-    return Result(
-        met=met,
-        headline=headline,
-        table=table,
-        figures={
-            "rows": rows,
-            "document_bytes": logical,
-            "stored_bytes": stored,
-            "analysis_jobs_bytes": relation,
-            "load_s": load_s,
-            "runs": [{"writer": w, "rows": n, "seconds": s} for w, n, s in runs],
-            "reactor": {"rows": reactor_rows, "seconds": reactor_s, "rows_per_s": r_rate},
-            "floor": {"rows": floor_rows, "seconds": floor_s, "rows_per_s": f_rate},
-            "share_of_floor": share,
-            "share_pairwise": pairs,
-        },
-        settings=settings,
-        conditions=cond,
-        notes=notes,
-    )
+    return notes
 
 
 async def _drain(dsn: str, batch: int) -> float:
