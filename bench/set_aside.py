@@ -255,6 +255,44 @@ def _result(
 ) -> Result:
     by_n = {n: [d for d in drains if d.bad == n] for n in counts}
     median = {n: statistics.median(d.seconds for d in ds) for n, ds in by_n.items()}
+    extra = {n: median[n] - median[0] for n in counts}
+    sweep_s = {
+        n: statistics.median(s.seconds for s in sweeps if s.bad == n)
+        for n in counts
+        if any(s.bad == n for s in sweeps)
+    }
+    problems = [f"N={d.bad}: {p}" for d in drains for p in d.problems]
+    problems += [f"CLI N={s.bad}: {p}" for s in sweeps for p in s.problems]
+    correct = not problems
+    met = correct and all(extra[n] <= GOAL_EXTRA_S for n in counts)
+    table, figures = _table(drains, sweeps, good, counts, load_s)
+    figures["problems"] = problems
+
+    top = max(counts)
+    headline = (
+        f"{top} rejected jobs at the head of {good:,} due add {ms(extra[top])} to a "
+        f"{ms(median[0])} drain (median of {settings['rounds']}); at most "
+        f"{ms(max(extra.values()))} over N in {list(counts)}; every good job recorded and "
+        f"exactly N set aside: {'yes' if correct else 'NO'}"
+    )
+    notes = _notes(settings, good, counts, load_s, sweep_s, problems, extra)
+    return Result(
+        met=met,
+        headline=headline,
+        table=table,
+        figures=figures,
+        settings=settings,
+        conditions=cond,
+        notes=notes,
+    )
+
+
+def _table(
+    drains: list[Drain], sweeps: list[Sweep], good: int, counts: Sequence[int], load_s: float
+) -> tuple[Table, dict[str, Any]]:
+    """The drains and the sweeps by N, as a table and as figures."""
+    by_n = {n: [d for d in drains if d.bad == n] for n in counts}
+    median = {n: statistics.median(d.seconds for d in ds) for n, ds in by_n.items()}
     worst = {n: max(d.seconds for d in ds) for n, ds in by_n.items()}
     extra = {n: median[n] - median[0] for n in counts}
     sweep_s = {
@@ -263,11 +301,6 @@ def _result(
         if any(s.bad == n for s in sweeps)
     }
     sweep_max = {n: max(s.seconds for s in sweeps if s.bad == n) for n in sweep_s}
-    problems = [f"N={d.bad}: {p}" for d in drains for p in d.problems]
-    problems += [f"CLI N={s.bad}: {p}" for s in sweeps for p in s.problems]
-    correct = not problems
-    met = correct and all(extra[n] <= GOAL_EXTRA_S for n in counts)
-
     table = Table(
         [
             "rejected jobs at the head (N)",
@@ -315,15 +348,19 @@ def _result(
             "cli_extra_s": sweep_s[n] - sweep_s[0] if n in sweep_s and 0 in sweep_s else None,
             "correct": ok,
         }
-    figures["problems"] = problems
+    return table, figures
 
-    top = max(counts)
-    headline = (
-        f"{top} rejected jobs at the head of {good:,} due add {ms(extra[top])} to a "
-        f"{ms(median[0])} drain (median of {settings['rounds']}); at most "
-        f"{ms(max(extra.values()))} over N in {list(counts)}; every good job recorded and "
-        f"exactly N set aside: {'yes' if correct else 'NO'}"
-    )
+
+def _notes(
+    settings: dict[str, Any],
+    good: int,
+    counts: Sequence[int],
+    load_s: float,
+    sweep_s: dict[int, float],
+    problems: list[str],
+    extra: dict[int, float],
+) -> list[str]:
+    """How the backlog and the drains were made and checked, and what the problems were."""
     notes = [
         f"Backlog: {good:,} due jobs with {DOC_BYTES // 1024} KB HTML-like documents, all past "
         f"the {GRACE:g} s grace, behind N jobs whose results the app's CHECK rejects (inserted "
@@ -361,12 +398,4 @@ def _result(
             "Over 1 s: each failed scan statement wastes the writes it made before the row that "
             "failed; fewer, smaller failing parts (or a cheaper pre-check) would close the gap."
         )
-    return Result(
-        met=met,
-        headline=headline,
-        table=table,
-        figures=figures,
-        settings=settings,
-        conditions=cond,
-        notes=notes,
-    )
+    return notes
