@@ -134,102 +134,75 @@ async def run(ctx: Context) -> Result:
             "notify": await _reactor_run(server, "lateness_reactor", jobs, spec, notify=True),
             "quiet": await _reactor_run(server, "lateness_quiet", jobs, spec, notify=False),
         }
+        baseline_run = await _baseline_run(server, jobs, spec, tick)
+    return _result(ctx, settings, cond, runs, baseline_run, spec, tick=tick, jobs=jobs)
 
-        # The baseline: the article's sweep in two containers with independent tick phases.
-        dsn = await server.app_database("lateness_baseline")
-        async with await connect(dsn, "check") as conn:
-            ids = await insert_jobs(conn, jobs, doc_bytes=doc_bytes)
-            sweeps = [
-                baseline.Sweep(dsn, grace=grace, tick=tick, phase=phase)
-                for phase in baseline.phases(2, tick, seed=11)
-            ]
-            async with anyio.create_task_group() as tg:
-                for sweep in sweeps:
-                    await tg.start(sweep.run)
-                b_play = await play_elsewhere(
-                    dsn, ids, rate=rate, save_ratio=save_ratio, tab_delay=tab_delay
-                )
-                b_missing = await wait_until_recorded(conn, within=2 * tick + grace + 60)
-                tg.cancel_scope.cancel()
-            b_late = await _lateness(conn, grace)
-            b_verdict = await audit.verdict(conn, REFERENCE_INSTALL.mapping, grace)
 
+@dataclass
+class BaselineRun:
+    """The article's sweep under the same load: its lateness, the audit's verdict, what it left
+    unrecorded, the load played and the sweeps."""
+
+    late: list[float]
+    verdict: audit.Verdict
+    missing: int
+    play: Play
+    sweeps: list[baseline.Sweep]
+
+
+async def _baseline_run(
+    server: Server, jobs: int, spec: dict[str, Any], tick: float
+) -> BaselineRun:
+    """The baseline: the article's sweep in two containers with independent tick phases."""
+    grace, rate, doc_bytes = spec["grace"], spec["rate"], spec["doc_bytes"]
+    save_ratio, tab_delay = spec["save_ratio"], spec["tab_delay"]
+    dsn = await server.app_database("lateness_baseline")
+    async with await connect(dsn, "check") as conn:
+        ids = await insert_jobs(conn, jobs, doc_bytes=doc_bytes)
+        sweeps = [
+            baseline.Sweep(dsn, grace=grace, tick=tick, phase=phase)
+            for phase in baseline.phases(2, tick, seed=11)
+        ]
+        async with anyio.create_task_group() as tg:
+            for sweep in sweeps:
+                await tg.start(sweep.run)
+            b_play = await play_elsewhere(
+                dsn, ids, rate=rate, save_ratio=save_ratio, tab_delay=tab_delay
+            )
+            b_missing = await wait_until_recorded(conn, within=2 * tick + grace + 60)
+            tg.cancel_scope.cancel()
+        b_late = await _lateness(conn, grace)
+        b_verdict = await audit.verdict(conn, REFERENCE_INSTALL.mapping, grace)
+    return BaselineRun(b_late, b_verdict, b_missing, b_play, sweeps)
+
+
+def _result(
+    ctx: Context,
+    settings: dict[str, Any],
+    cond: dict[str, Any],
+    runs: dict[str, ReactorRun],
+    baseline_run: BaselineRun,
+    spec: dict[str, Any],
+    *,
+    tick: float,
+    jobs: int,
+) -> Result:
+    """The reactor in both modes against the sweep."""
+    b_late, b_verdict, b_missing, b_play, sweeps = (
+        baseline_run.late,
+        baseline_run.verdict,
+        baseline_run.missing,
+        baseline_run.play,
+        baseline_run.sweeps,
+    )
     main = runs["notify"]
     r, q, b = summarize(main.late), summarize(runs["quiet"].late), summarize(b_late)
-    # Where the reactor's lateness goes, for the jobs it recorded: the worker's finish round trip
-    # (updated_at is its transaction's start), then commit to claim on the reactor's own clock
-    # past the grace, then the rest (the claim statement up to the audit row, plus scheduling
-    # noise). The timer aims at updated_at + grace, so the first two overlap: the second is
-    # negative by about the first when the aim is right.
-    trip = [main.play.round_trip[j] for j in main.by_job if j in main.play.round_trip]
-    timer = [
-        main.stamps[j] - main.play.committed_at[j] - grace
-        for j in main.by_job
-        if j in main.stamps and j in main.play.committed_at
-    ]
-    claimed_at = {
-        j: main.stamps[j] - (main.play.committed_at[j] - main.play.round_trip[j]) - grace
-        for j in main.by_job
-        if j in main.stamps and j in main.play.round_trip
-    }
-    rest = [late - claimed_at[j] for j, late in main.by_job.items() if j in claimed_at]
-    parts = {
-        "finish_round_trip": summarize(trip),
-        "commit_to_claim_past_grace": summarize(timer),
-        "updated_at_to_claim_past_grace": summarize(list(claimed_at.values())),
-        "claim_statement_and_rest": summarize(rest),
-    }
+    parts = _lateness_parts(main, spec["grace"])
     improvement = safe_div(b["mean"], r["mean"])
     met = r["p99"] <= P99_GOAL_S and improvement >= SWEEP_GOAL
-    table = Table(["design", "runs recorded", "p50", "p99", "max", "mean", "baseline mean / this"])
-    for label, summary in (
-        ("reactor (2 replicas), trigger notifying", r),
-        (f"reactor (2 replicas), no NOTIFY, polling every {settings['poll_interval_s']:g} s", q),
-        (f"article sweep ({tick:g} s tick, 2 containers)", b),
-    ):
-        table.add(
-            label,
-            summary["n"],
-            ms(summary["p50"]),
-            ms(summary["p99"]),
-            ms(summary["max"]),
-            ms(summary["mean"]),
-            ratio(safe_div(b["mean"], summary["mean"])),
-        )
+    table = _table(r, q, b, settings, tick)
     plot = _plot(ctx.results_dir, main.late, runs["quiet"].late, b_late, tick)
-    notes = [
-        f"Offered load: {jobs} jobs at {rate:g}/s; tabs saved "
-        + ", ".join(f"{run.play.saved_by_tabs} ({mode})" for mode, run in runs.items())
-        + f" and {b_play.saved_by_tabs} (sweep); the worker fell behind its schedule by at most "
-        + ms(max([b_play.behind_s, *(run.play.behind_s for run in runs.values())]))
-        + ".",
-        "Invariants from the audit trigger (lost/dup/clobbered/early/wrong): "
-        + ", ".join(f"{mode} {_invariants(run.verdict)}" for mode, run in runs.items())
-        + f", sweep {_invariants(b_verdict)}; still unrecorded at the end: "
-        + ", ".join(f"{mode} {run.missing}" for mode, run in runs.items())
-        + f", sweep {b_missing}.",
-        "Record statements the two replicas sent for the "
-        f"{jobs:,} finished jobs (tab-saved ones included: a timer settles each job): "
-        + ", ".join(
-            f"{run.statements:,} ({safe_div(run.statements, jobs):.2f} per job) {mode}"
-            for mode, run in runs.items()
-        )
-        + "; only a job's owner claims it.",
-        "Where the reactor's lateness goes (p50 / p99, notifying): the worker's finish "
-        "statement, from its transaction's start (= updated_at) to its commit returning, "
-        f"{_pair(parts['finish_round_trip'])}; the claim's start past updated_at + grace "
-        f"(timer aim, wake-up, task start; the replica's own clock) "
-        f"{_pair(parts['updated_at_to_claim_past_grace'])}, which is "
-        f"{_pair(parts['commit_to_claim_past_grace'])} past commit + grace; the claim "
-        f"statement up to the audit row, and the rest, {_pair(parts['claim_statement_and_rest'])}"
-        ". The sweep's is up to one tick plus its batch.",
-    ]
-    if r["p99"] > P99_GOAL_S:
-        notes.append(
-            f"p99 above {ms(P99_GOAL_S)}. On this shared 2-core box the worker, the tabs, both "
-            "replicas (one event loop, in the benchmark's process) and PostgreSQL compete for "
-            "the same CPUs; what would shorten it is a core of the reactor's own."
-        )
+    notes = _notes(runs, baseline_run, parts, jobs=jobs, rate=spec["rate"])
     headline = (
         f"reactor p99 {ms(r['p99'])} (goal <= {ms(P99_GOAL_S)}), mean {ms(r['mean'])} vs the "
         f"sweep's {ms(b['mean'])}: {ratio(improvement)} lower (goal >= {SWEEP_GOAL:,}x); "
@@ -263,6 +236,106 @@ async def run(ctx: Context) -> Result:
         notes=notes,
         plots=[plot],
     )
+
+
+def _lateness_parts(main: ReactorRun, grace: int) -> dict[str, dict[str, float]]:
+    """The reactor's lateness in its parts, notifying."""
+    # Where the reactor's lateness goes, for the jobs it recorded: the worker's finish round trip
+    # (updated_at is its transaction's start), then commit to claim on the reactor's own clock
+    # past the grace, then the rest (the claim statement up to the audit row, plus scheduling
+    # noise). The timer aims at updated_at + grace, so the first two overlap: the second is
+    # negative by about the first when the aim is right.
+    trip = [main.play.round_trip[j] for j in main.by_job if j in main.play.round_trip]
+    timer = [
+        main.stamps[j] - main.play.committed_at[j] - grace
+        for j in main.by_job
+        if j in main.stamps and j in main.play.committed_at
+    ]
+    claimed_at = {
+        j: main.stamps[j] - (main.play.committed_at[j] - main.play.round_trip[j]) - grace
+        for j in main.by_job
+        if j in main.stamps and j in main.play.round_trip
+    }
+    rest = [late - claimed_at[j] for j, late in main.by_job.items() if j in claimed_at]
+    return {
+        "finish_round_trip": summarize(trip),
+        "commit_to_claim_past_grace": summarize(timer),
+        "updated_at_to_claim_past_grace": summarize(list(claimed_at.values())),
+        "claim_statement_and_rest": summarize(rest),
+    }
+
+
+def _table(
+    r: dict[str, float],
+    q: dict[str, float],
+    b: dict[str, float],
+    settings: dict[str, Any],
+    tick: float,
+) -> Table:
+    """Each design's lateness, and the sweep's mean over it."""
+    table = Table(["design", "runs recorded", "p50", "p99", "max", "mean", "baseline mean / this"])
+    for label, summary in (
+        ("reactor (2 replicas), trigger notifying", r),
+        (f"reactor (2 replicas), no NOTIFY, polling every {settings['poll_interval_s']:g} s", q),
+        (f"article sweep ({tick:g} s tick, 2 containers)", b),
+    ):
+        table.add(
+            label,
+            summary["n"],
+            ms(summary["p50"]),
+            ms(summary["p99"]),
+            ms(summary["max"]),
+            ms(summary["mean"]),
+            ratio(safe_div(b["mean"], summary["mean"])),
+        )
+    return table
+
+
+def _notes(
+    runs: dict[str, ReactorRun],
+    baseline_run: BaselineRun,
+    parts: dict[str, dict[str, float]],
+    *,
+    jobs: int,
+    rate: float,
+) -> list[str]:
+    """The load, the invariants, the statements and where the reactor's lateness goes."""
+    b_play, b_verdict, b_missing = baseline_run.play, baseline_run.verdict, baseline_run.missing
+    r = summarize(runs["notify"].late)
+    notes = [
+        f"Offered load: {jobs} jobs at {rate:g}/s; tabs saved "
+        + ", ".join(f"{run.play.saved_by_tabs} ({mode})" for mode, run in runs.items())
+        + f" and {b_play.saved_by_tabs} (sweep); the worker fell behind its schedule by at most "
+        + ms(max([b_play.behind_s, *(run.play.behind_s for run in runs.values())]))
+        + ".",
+        "Invariants from the audit trigger (lost/dup/clobbered/early/wrong): "
+        + ", ".join(f"{mode} {_invariants(run.verdict)}" for mode, run in runs.items())
+        + f", sweep {_invariants(b_verdict)}; still unrecorded at the end: "
+        + ", ".join(f"{mode} {run.missing}" for mode, run in runs.items())
+        + f", sweep {b_missing}.",
+        "Record statements the two replicas sent for the "
+        f"{jobs:,} finished jobs (tab-saved ones included: a timer settles each job): "
+        + ", ".join(
+            f"{run.statements:,} ({safe_div(run.statements, jobs):.2f} per job) {mode}"
+            for mode, run in runs.items()
+        )
+        + "; only a job's owner claims it.",
+        "Where the reactor's lateness goes (p50 / p99, notifying): the worker's finish "
+        "statement, from its transaction's start (= updated_at) to its commit returning, "
+        f"{_pair(parts['finish_round_trip'])}; the claim's start past updated_at + grace "
+        f"(timer aim, wake-up, task start; the replica's own clock) "
+        f"{_pair(parts['updated_at_to_claim_past_grace'])}, which is "
+        f"{_pair(parts['commit_to_claim_past_grace'])} past commit + grace; the claim "
+        f"statement up to the audit row, and the rest, {_pair(parts['claim_statement_and_rest'])}"
+        ". The sweep's is up to one tick plus its batch.",
+    ]
+    if r["p99"] > P99_GOAL_S:
+        notes.append(
+            f"p99 above {ms(P99_GOAL_S)}. On this shared 2-core box the worker, the tabs, both "
+            "replicas (one event loop, in the benchmark's process) and PostgreSQL compete for "
+            "the same CPUs; what would shorten it is a core of the reactor's own."
+        )
+    return notes
 
 
 async def _lateness_by_job(conn: Conn, grace: int) -> dict[str, float]:
