@@ -21,6 +21,7 @@ import time
 from collections import Counter
 from collections.abc import AsyncIterator, Iterator
 from contextlib import AsyncExitStack, asynccontextmanager, contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +34,7 @@ from bench import baseline
 from bench.conn import Conn, connect, dbname
 from bench.processes import cpu_by_process
 from bench.result import Context, Result, Table, conditions
-from bench.server import open_server, stat_statements_problem
+from bench.server import Server, open_server, stat_statements_problem
 from bench.stats import ratio, safe_div
 from bench.workload import bench_settings, replicas, wait_for_first_scan
 from reactor.testing import Settings
@@ -110,43 +111,74 @@ async def run(ctx: Context) -> Result:
             "sweep": await server.app_database("idle_sweep", with_audit=False),
             "process": await server.app_database("idle_process", with_audit=False),
         }
-        names = {who: dbname(dsn) for who, dsn in databases.items()}
-        sweep = baseline.Sweep(databases["sweep"], grace=120, tick=interval, phase=0.0)
-        with counting_pool_checks() as checks:
-            async with AsyncExitStack() as stack:
-                running = {
-                    mode: (
-                        await stack.enter_async_context(
-                            replicas(bench_settings(databases[mode], scan_interval=interval), 1)
-                        )
-                    )[0]
-                    for mode in MODES
-                }
-                tg = await stack.enter_async_context(anyio.create_task_group())
-                await tg.start(sweep.run)
-                process = await stack.enter_async_context(_reactor_process(databases["process"]))
-                await wait_for_first_scan(list(running.values()))
-                # Past the start-up statements (a quick run only checks the plumbing).
-                await anyio.sleep(1.0 if quick else 2 * defaults.probe_interval)
-                async with await connect(server.admin_dsn, "count") as admin:
-                    await admin.execute("SELECT pg_stat_statements_reset()")
-                    checks.clear()
-                    scans_before = {mode: r.reactor.scans for mode, r in running.items()}
-                    sweeps_before = sweep.sweeps
-                    started = time.monotonic()
-                    cpu_before = cpu_by_process([process.pid])[process.pid]
-                    await anyio.sleep(window)
-                    cpu_after = cpu_by_process([process.pid]).get(process.pid, cpu_before)
-                    elapsed = time.monotonic() - started
-                    counts = {who: await _by_query(admin, name) for who, name in names.items()}
-                pool_checks = {mode: checks[id(r.pool)] for mode, r in running.items()}
-                scans = {mode: r.reactor.scans - scans_before[mode] for mode, r in running.items()}
-                polls = {mode: r.reactor.polls for mode, r in running.items()}
-                sweeps = sweep.sweeps - sweeps_before
-                tg.cancel_scope.cancel()
+        window_found = await _measure(server, databases, interval, window, quick=quick)
+    return _result(settings, cond, window_found)
 
+
+@dataclass(frozen=True)
+class Window:
+    """What reached the server over the window: statements by sender and query, pool checks,
+    scans, polls and sweeps, and the `reactor run` process's CPU seconds before and after."""
+
+    elapsed: float
+    cpu_before: float
+    cpu_after: float
+    counts: dict[str, dict[str, int]]
+    pool_checks: dict[str, int]
+    scans: dict[str, int]
+    polls: dict[str, int]
+    sweeps: int
+
+
+async def _measure(
+    server: Server, databases: dict[str, str], interval: float, window: float, *, quick: bool
+) -> Window:
+    """One replica per mode, the sweep and a `reactor run` process, each on its database; what
+    reached the server over ``window`` seconds once they are past their start."""
+    defaults = Settings()
+    names = {who: dbname(dsn) for who, dsn in databases.items()}
+    sweep = baseline.Sweep(databases["sweep"], grace=120, tick=interval, phase=0.0)
+    with counting_pool_checks() as checks:
+        async with AsyncExitStack() as stack:
+            running = {
+                mode: (
+                    await stack.enter_async_context(
+                        replicas(bench_settings(databases[mode], scan_interval=interval), 1)
+                    )
+                )[0]
+                for mode in MODES
+            }
+            tg = await stack.enter_async_context(anyio.create_task_group())
+            await tg.start(sweep.run)
+            process = await stack.enter_async_context(_reactor_process(databases["process"]))
+            await wait_for_first_scan(list(running.values()))
+            # Past the start-up statements (a quick run only checks the plumbing).
+            await anyio.sleep(1.0 if quick else 2 * defaults.probe_interval)
+            async with await connect(server.admin_dsn, "count") as admin:
+                await admin.execute("SELECT pg_stat_statements_reset()")
+                checks.clear()
+                scans_before = {mode: r.reactor.scans for mode, r in running.items()}
+                sweeps_before = sweep.sweeps
+                started = time.monotonic()
+                cpu_before = cpu_by_process([process.pid])[process.pid]
+                await anyio.sleep(window)
+                cpu_after = cpu_by_process([process.pid]).get(process.pid, cpu_before)
+                elapsed = time.monotonic() - started
+                counts = {who: await _by_query(admin, name) for who, name in names.items()}
+            pool_checks = {mode: checks[id(r.pool)] for mode, r in running.items()}
+            scans = {mode: r.reactor.scans - scans_before[mode] for mode, r in running.items()}
+            polls = {mode: r.reactor.polls for mode, r in running.items()}
+            sweeps = sweep.sweeps - sweeps_before
+            tg.cancel_scope.cancel()
+    return Window(elapsed, cpu_before, cpu_after, counts, pool_checks, scans, polls, sweeps)
+
+
+def _result(settings: dict[str, Any], cond: dict[str, Any], seen: Window) -> Result:
+    """The replica's statements and CPU against the budgets and the sweep."""
+    defaults = Settings()
+    elapsed, counts, pool_checks = seen.elapsed, seen.counts, seen.pool_checks
     minutes = elapsed / 60
-    cpu_ms_per_s = (cpu_after - cpu_before) * 1000 / elapsed
+    cpu_ms_per_s = (seen.cpu_after - seen.cpu_before) * 1000 / elapsed
     per_min = {who: sum(found.values()) / minutes for who, found in counts.items()}
     total = {mode: per_min[mode] + pool_checks[mode] / minutes for mode in MODES}
     sweep_total = per_min["sweep"]
@@ -157,6 +189,47 @@ async def run(ctx: Context) -> Result:
         / minutes
     )
     rest_per_min = total["notify"] - checks_per_min
+    table = _table(seen, per_min, total, sweep_total)
+    notes = _notes(seen, cpu_ms_per_s, checks_per_min, rest_per_min, met=met)
+    headline = (
+        f"`reactor run` {cpu_ms_per_s:.2f} ms CPU/s (goal <= {CPU_BUDGET_MS:g}); "
+        f"reactor {total['notify']:.2f} statements/min in all, pool checks included (goal <= "
+        f"{BUDGET:g}), {checks_per_min:.2f} of them its health check; the sweep "
+        f"{sweep_total:.2f}; without NOTIFY, polling every {defaults.poll_interval:g} s: "
+        f"{total['quiet']:.0f}/min"
+    )
+    return Result(
+        met=met,
+        headline=headline,
+        table=table,
+        figures={
+            "minutes": minutes,
+            "per_min": per_min,
+            "pool_checks_per_min": {mode: c / minutes for mode, c in pool_checks.items()},
+            "total_per_min": total,
+            "health_checks_per_min": checks_per_min,
+            "process_cpu_ms_per_s": cpu_ms_per_s,
+            "sweep_per_min": sweep_total,
+            "by_query": {
+                who: {q: c / minutes for q, c in found.items()} for who, found in counts.items()
+            },
+        },
+        settings=settings,
+        conditions=cond,
+        notes=notes,
+    )
+
+
+def _table(
+    seen: Window, per_min: dict[str, float], total: dict[str, float], sweep_total: float
+) -> Table:
+    """Each sender's statements per minute, against the sweep's."""
+    minutes, pool_checks, scans, sweeps = (
+        seen.elapsed / 60,
+        seen.pool_checks,
+        seen.scans,
+        seen.sweeps,
+    )
     table = Table(
         [
             "sender",
@@ -185,6 +258,15 @@ async def run(ctx: Context) -> Result:
         "article sweep", f"{sweep_total:.2f}", "-", f"{sweep_total:.2f}",
         f"{sweeps / minutes:.2f}", ratio(1.0),
     )  # fmt: skip
+    return table
+
+
+def _notes(
+    seen: Window, cpu_ms_per_s: float, checks_per_min: float, rest_per_min: float, *, met: bool
+) -> list[str]:
+    """What each sender sent, the process's CPU, the polls, and what a missed budget is made of."""
+    defaults = Settings()
+    counts, minutes, elapsed, polls = seen.counts, seen.elapsed / 60, seen.elapsed, seen.polls
     notes = [
         f"What each sender's statements were, per minute: {_statements(counts, minutes)}.",
         "The default replica's one periodic statement is its health check, run on its LISTEN "
@@ -215,33 +297,7 @@ async def run(ctx: Context) -> Result:
             "arrive); reading the socket with one wait until the next duty would leave the "
             "health check's few."
         )
-    headline = (
-        f"`reactor run` {cpu_ms_per_s:.2f} ms CPU/s (goal <= {CPU_BUDGET_MS:g}); "
-        f"reactor {total['notify']:.2f} statements/min in all, pool checks included (goal <= "
-        f"{BUDGET:g}), {checks_per_min:.2f} of them its health check; the sweep "
-        f"{sweep_total:.2f}; without NOTIFY, polling every {defaults.poll_interval:g} s: "
-        f"{total['quiet']:.0f}/min"
-    )
-    return Result(
-        met=met,
-        headline=headline,
-        table=table,
-        figures={
-            "minutes": minutes,
-            "per_min": per_min,
-            "pool_checks_per_min": {mode: c / minutes for mode, c in pool_checks.items()},
-            "total_per_min": total,
-            "health_checks_per_min": checks_per_min,
-            "process_cpu_ms_per_s": cpu_ms_per_s,
-            "sweep_per_min": sweep_total,
-            "by_query": {
-                who: {q: c / minutes for q, c in found.items()} for who, found in counts.items()
-            },
-        },
-        settings=settings,
-        conditions=cond,
-        notes=notes,
-    )
+    return notes
 
 
 @asynccontextmanager
