@@ -25,6 +25,7 @@ import statistics
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -77,7 +78,6 @@ async def run(ctx: Context) -> Result:
     round_s = QUICK_ROUND_S if quick else ROUND_S
     sets = 1 if quick else SETS
     clients = QUICK_CLIENTS if quick else CLIENTS
-    rounds: list[dict[str, Any]] = []
     async with open_server(SERVER) as server:
         cond = await conditions(server, quick=quick)
         dsn = await server.app_database("doorbell", with_audit=False)
@@ -91,54 +91,101 @@ async def run(ctx: Context) -> Result:
         unbelled, reads = BELL_READ.subn("IF true THEN", installed)
         if reads != 1:
             raise RuntimeError(f"{function} no longer reads its doorbell so: update this bench")
-        configs = {
-            FLOOR: Config("the notify-only trigger", "notify_only", False, FLOOR),
-            NOISE: Config("the notify-only trigger again: the noise", "notify_only", False, FLOOR),
-            # The function is put back as installed: the unbelled round replaced it.
-            "default": Config(
-                "as `reactor migrate` installs it, the replica ringing its doorbell",
-                "with",
-                True,
-                FLOOR,
-                (installed,),
-            ),
-            "unbelled": Config(
-                "the default with the bell's read taken out: every finish notifies",
-                "with",
-                True,
-                FLOOR,
-                (unbelled,),
-            ),
-        }
+        configs = _configs(installed, unbelled)
         orders = set_orders(list(configs), sets)
-        with tempfile.TemporaryDirectory(prefix="bench-pgbench-") as tmp:
-            script = Path(tmp) / "job_life.sql"
-            script.write_text(JOB_LIFE.format(documents=DOCUMENTS))
-            settings = bench_settings(dsn, grace=3600.0, scan_interval=3600.0)
-            async with replicas(settings, 1) as running:
-                await wait_for_first_scan(running)
-                # Uncounted: the fresh cluster's first round creates the WAL segments.
-                await _round(server, dsn, script, reactor, configs["default"], 2, round_s)
-                for count in clients:
-                    for number, order in enumerate(orders, 1):
-                        for name in order:
-                            tps, waits = await _round(
-                                server, dsn, script, reactor, configs[name], count, round_s
-                            )
-                            rounds.append(
-                                {
-                                    "clients": count,
-                                    "set": number,
-                                    "config": name,
-                                    "tps": tps,
-                                    "seconds": round_s,
-                                    **waits,
-                                }
-                            )
-
+        rounds = await _rounds(server, dsn, reactor, configs, orders, clients, round_s)
     summary = {
         count: {name: _summary(rounds, count, name) for name in configs} for count in clients
     }
+    table = _table(summary, configs, clients)
+    pays = {count: summary[count]["default"]["median"] >= 1.0 for count in clients if count >= 2}
+    # One set is no median: a quick run never says it is met.
+    met = sets > 1 and bool(pays) and all(pays.values())
+    notes = _notes(rounds, pays, clients, round_s, sets)
+    headline = "; ".join(
+        f"{count} clients: default {_spread(summary[count]['default'])}, unbelled "
+        f"{_spread(summary[count]['unbelled'])}, noise {_spread(summary[count][NOISE])}"
+        for count in clients
+    )
+    return Result(
+        met=met,
+        headline=headline,
+        table=table,
+        figures={"rounds": rounds, "summary": {str(k): v for k, v in summary.items()}},
+        settings={"clients": list(clients), "round_s": round_s, "sets": sets, **SERVER},
+        conditions=cond,
+        notes=notes,
+    )
+
+
+def _configs(installed: str, unbelled: str) -> dict[str, Config]:
+    """The installs compared: the notify-only floor twice, the default, and the default with the
+    bell's read taken out (``unbelled``, the job function as ``installed`` without it)."""
+    return {
+        FLOOR: Config("the notify-only trigger", "notify_only", False, FLOOR),
+        NOISE: Config("the notify-only trigger again: the noise", "notify_only", False, FLOOR),
+        # The function is put back as installed: the unbelled round replaced it.
+        "default": Config(
+            "as `reactor migrate` installs it, the replica ringing its doorbell",
+            "with",
+            True,
+            FLOOR,
+            (installed,),
+        ),
+        "unbelled": Config(
+            "the default with the bell's read taken out: every finish notifies",
+            "with",
+            True,
+            FLOOR,
+            (unbelled,),
+        ),
+    }
+
+
+async def _rounds(
+    server: Server,
+    dsn: str,
+    reactor: Installed,
+    configs: dict[str, Config],
+    orders: list[list[str]],
+    clients: Sequence[int],
+    round_s: int,
+) -> list[dict[str, Any]]:
+    """Every client count in turn, its sets of rounds in their orders, a replica listening."""
+    rounds: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="bench-pgbench-") as tmp:
+        script = Path(tmp) / "job_life.sql"
+        script.write_text(JOB_LIFE.format(documents=DOCUMENTS))
+        settings = bench_settings(dsn, grace=3600.0, scan_interval=3600.0)
+        async with replicas(settings, 1) as running:
+            await wait_for_first_scan(running)
+            # Uncounted: the fresh cluster's first round creates the WAL segments.
+            await _round(server, dsn, script, reactor, configs["default"], 2, round_s)
+            for count in clients:
+                for number, order in enumerate(orders, 1):
+                    for name in order:
+                        tps, waits = await _round(
+                            server, dsn, script, reactor, configs[name], count, round_s
+                        )
+                        rounds.append(
+                            {
+                                "clients": count,
+                                "set": number,
+                                "config": name,
+                                "tps": tps,
+                                "seconds": round_s,
+                                **waits,
+                            }
+                        )
+    return rounds
+
+
+def _table(
+    summary: dict[int, dict[str, dict[str, Any]]],
+    configs: dict[str, Config],
+    clients: Sequence[int],
+) -> Table:
+    """Each install at each client count, against the notify-only floor."""
     table = Table(
         [
             "clients",
@@ -162,10 +209,18 @@ async def run(ctx: Context) -> Result:
                 f"{s['wal_share']:.1%}",
                 f"{s['cpu_share']:.1%}",
             )
-    pays = {count: summary[count]["default"]["median"] >= 1.0 for count in clients if count >= 2}
-    # One set is no median: a quick run never says it is met.
-    met = sets > 1 and bool(pays) and all(pays.values())
-    notes = [
+    return table
+
+
+def _notes(
+    rounds: list[dict[str, Any]],
+    pays: dict[int, bool],
+    clients: Sequence[int],
+    round_s: int,
+    sets: int,
+) -> list[str]:
+    """How the rounds ran, what the waits are, and where the default paid its way."""
+    return [
         f"pgbench -M prepared, {', '.join(map(str, clients))} client(s), {round_s} s per round, "
         f"{sets} set(s) per client count in rotating order; app_cost's job life (five commits, "
         "a 32 KiB document), fsync, full_page_writes and synchronous_commit on, one reactor "
@@ -192,20 +247,6 @@ async def run(ctx: Context) -> Result:
         + "; ".join(f"{r['clients']}c set {r['set']} {r['config']} {r['tps']:,.0f}" for r in rounds)
         + ".",
     ]
-    headline = "; ".join(
-        f"{count} clients: default {_spread(summary[count]['default'])}, unbelled "
-        f"{_spread(summary[count]['unbelled'])}, noise {_spread(summary[count][NOISE])}"
-        for count in clients
-    )
-    return Result(
-        met=met,
-        headline=headline,
-        table=table,
-        figures={"rounds": rounds, "summary": {str(k): v for k, v in summary.items()}},
-        settings={"clients": list(clients), "round_s": round_s, "sets": sets, **SERVER},
-        conditions=cond,
-        notes=notes,
-    )
 
 
 def _summary(rounds: list[dict[str, Any]], clients: int, name: str) -> dict[str, Any]:
