@@ -104,7 +104,49 @@ async def run(ctx: Context) -> Result:
             empty, full = await _measure(empty_conn, conn, reps)
             before = await _before_0009(empty_conn, conn, reps)
             purge = await _purge(conn, expired)
+    table = _table(empty, full, before, count)
 
+    def flat(label: str) -> bool:
+        before, after = empty[label]["median_s"], full[label]["median_s"]
+        return bool(after <= max(2 * before, before + 0.001))
+
+    health, claim = QUERIES[0][0], QUERIES[1][0]
+    met = flat(health) and flat(claim)
+    headline = (
+        f"with {count:,} done rows the health query takes {ms(full[health]['median_s'])} "
+        f"against {ms(empty[health]['median_s'])} empty "
+        f"({ratio(safe_div(full[health]['median_s'], empty[health]['median_s']))}), the claim "
+        f"{ms(full[claim]['median_s'])} against {ms(empty[claim]['median_s'])} "
+        f"({ratio(safe_div(full[claim]['median_s'], empty[claim]['median_s']))})"
+    )
+    notes = _notes(count, load_s, vacuum_s, sizes, reps, full, expired, purge)
+    return Result(
+        met=met,
+        headline=headline,
+        table=table,
+        figures={
+            "empty": empty,
+            "full": full,
+            "rows": count,
+            "load_s": load_s,
+            "vacuum_s": vacuum_s,
+            "sizes_bytes": sizes,
+            "purge": purge,
+            "health_before_0009": before,
+        },
+        settings=settings,
+        conditions=cond,
+        notes=notes,
+    )
+
+
+def _table(
+    empty: dict[str, dict[str, Any]],
+    full: dict[str, dict[str, Any]],
+    before: dict[str, float],
+    count: int,
+) -> Table:
+    """Each query on the empty outbox and on the loaded one."""
     table = Table(
         [
             "query",
@@ -133,21 +175,21 @@ async def run(ctx: Context) -> Result:
         "",
         "",
     )
+    return table
 
-    def flat(label: str) -> bool:
-        before, after = empty[label]["median_s"], full[label]["median_s"]
-        return bool(after <= max(2 * before, before + 0.001))
 
-    health, claim = QUERIES[0][0], QUERIES[1][0]
-    met = flat(health) and flat(claim)
-    headline = (
-        f"with {count:,} done rows the health query takes {ms(full[health]['median_s'])} "
-        f"against {ms(empty[health]['median_s'])} empty "
-        f"({ratio(safe_div(full[health]['median_s'], empty[health]['median_s']))}), the claim "
-        f"{ms(full[claim]['median_s'])} against {ms(empty[claim]['median_s'])} "
-        f"({ratio(safe_div(full[claim]['median_s'], empty[claim]['median_s']))})"
-    )
-    notes = [
+def _notes(
+    count: int,
+    load_s: float,
+    vacuum_s: float,
+    sizes: dict[str, int],
+    reps: int,
+    full: dict[str, dict[str, Any]],
+    expired: int,
+    purge: dict[str, float],
+) -> list[str]:
+    """How the outbox was loaded and the queries timed, their plans, and the purge."""
+    return [
         f"{count:,} done rows loaded by one INSERT ... SELECT generate_series in {load_s:.0f} s, "
         f"then VACUUM (FREEZE, ANALYZE) in {vacuum_s:.0f} s. Sizes: "
         + ", ".join(f"{k} {_size(v)}" for k, v in sizes.items())
@@ -164,24 +206,6 @@ async def run(ctx: Context) -> Result:
         f"{BATCH:,} (one statement each, locking its rows SKIP LOCKED): median "
         f"{ms(purge['median_batch_s'])} per batch, {ms(purge['total_s'])} in all.",
     ]
-    return Result(
-        met=met,
-        headline=headline,
-        table=table,
-        figures={
-            "empty": empty,
-            "full": full,
-            "rows": count,
-            "load_s": load_s,
-            "vacuum_s": vacuum_s,
-            "sizes_bytes": sizes,
-            "purge": purge,
-            "health_before_0009": before,
-        },
-        settings=settings,
-        conditions=cond,
-        notes=notes,
-    )
 
 
 async def _measure(
