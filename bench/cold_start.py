@@ -144,6 +144,42 @@ async def run(ctx: Context) -> Result:
                         ready[mode].append(outcome[0])
                         written[mode].append(outcome[1])
                         cpu[mode].append(outcome[2])
+    table = _table(ready, written, cpu, floors)
+    median_ready = _median(ready[COMPILED])
+    met = bool(ready[COMPILED]) and median_ready <= READY_GOAL and not problems
+    notes = _notes(rounds, problems)
+    headline = (
+        f"exec -> /readyz 200 median {median_ready:.2f} s (goal <= {READY_GOAL:g} s), "
+        f"exec -> first write median {_median(written[COMPILED]):.2f} s, CPU until ready "
+        f"median {_median(cpu[COMPILED]):.2f} s, with bytecode compiled as the image has it; "
+        "compiling the reactor and its dependencies at start "
+        f"{_median(ready[SOURCE]):.2f} s to ready, CPU {_median(cpu[SOURCE]):.2f} s; "
+        "importing reactor.cli "
+        f"{_median(floors[COMPILED, 'import reactor.cli']):.2f} s "
+        f"({_median(floors[SOURCE, 'import reactor.cli']):.2f} s uncompiled), everything run "
+        f"imports {_median(floors[COMPILED, 'import run']):.2f} s "
+        f"({_median(floors[SOURCE, 'import run']):.2f} s), a bare "
+        f"interpreter {_median(floors[COMPILED, 'interpreter']):.2f} s"
+    )
+    figures = _figures(ready, written, cpu, floors)
+    return Result(
+        met=met,
+        headline=headline,
+        table=table,
+        figures=figures,
+        settings=settings,
+        conditions=cond,
+        notes=notes,
+    )
+
+
+def _table(
+    ready: dict[str, list[float]],
+    written: dict[str, list[float]],
+    cpu: dict[str, list[float]],
+    floors: dict[tuple[str, str], list[float]],
+) -> Table:
+    """Each mode's floors and starts: min, median and max."""
     table = Table(["bytecode", "from exec to", "min", "median", "max", "runs"])
     for mode in MODES:
         for label, values in (
@@ -155,9 +191,12 @@ async def run(ctx: Context) -> Result:
             ("CPU `reactor run` used until /readyz 200 (user + system)", cpu[mode]),
         ):
             table.add(MODE_LABEL[mode], label, *_spread(values), len(values))
-    median_ready = _median(ready[COMPILED])
-    met = bool(ready[COMPILED]) and median_ready <= READY_GOAL and not problems
-    notes = [
+    return table
+
+
+def _notes(rounds: int, problems: list[str]) -> list[str]:
+    """How the starts were timed, what the modes and the floors are, and any problem."""
+    return [
         f"{rounds} rounds, one after the other, each a fresh process on the same migrated "
         "database with one finished job already past its grace; /readyz polled every "
         f"{POLL * 1000:g} ms from this process (the figure is at most that much late). Each "
@@ -181,19 +220,15 @@ async def run(ctx: Context) -> Result:
         BEFORE,
         *problems,
     ]
-    headline = (
-        f"exec -> /readyz 200 median {median_ready:.2f} s (goal <= {READY_GOAL:g} s), "
-        f"exec -> first write median {_median(written[COMPILED]):.2f} s, CPU until ready "
-        f"median {_median(cpu[COMPILED]):.2f} s, with bytecode compiled as the image has it; "
-        "compiling the reactor and its dependencies at start "
-        f"{_median(ready[SOURCE]):.2f} s to ready, CPU {_median(cpu[SOURCE]):.2f} s; "
-        "importing reactor.cli "
-        f"{_median(floors[COMPILED, 'import reactor.cli']):.2f} s "
-        f"({_median(floors[SOURCE, 'import reactor.cli']):.2f} s uncompiled), everything run "
-        f"imports {_median(floors[COMPILED, 'import run']):.2f} s "
-        f"({_median(floors[SOURCE, 'import run']):.2f} s), a bare "
-        f"interpreter {_median(floors[COMPILED, 'interpreter']):.2f} s"
-    )
+
+
+def _figures(
+    ready: dict[str, list[float]],
+    written: dict[str, list[float]],
+    cpu: dict[str, list[float]],
+    floors: dict[tuple[str, str], list[float]],
+) -> dict[str, Any]:
+    """Every timing, by mode."""
     figures: dict[str, Any] = {}
     for mode in MODES:
         suffix = "" if mode == COMPILED else "_source"
@@ -205,15 +240,7 @@ async def run(ctx: Context) -> Result:
             f"import_cli_s{suffix}": floors[mode, "import reactor.cli"],
             f"import_run_s{suffix}": floors[mode, "import run"],
         }
-    return Result(
-        met=met,
-        headline=headline,
-        table=table,
-        figures=figures,
-        settings=settings,
-        conditions=cond,
-        notes=notes,
-    )
+    return figures
 
 
 async def _one_start(
