@@ -111,6 +111,34 @@ async def run(ctx: Context) -> Result:
     no_dups = common_r.dup == 0 and bare_r.dup == 0
     met = exactly_one and wal_common <= 0.52 and no_dups
 
+    table = _table(phases, control, common_e, bare_e)
+    notes = _notes(jobs, control, common_e, wal_common)
+    headline = (
+        f"reactor {common_r.writes_per_job:.2f} write/job (common) and "
+        f"{bare_r.writes_per_job:.2f} (browserless); common-path WAL {ratio(wal_common)} eager "
+        f"(browserless {ratio(wal_bare)}); duplicates with {REPLICAS} replicas: "
+        f"{common_r.dup + bare_r.dup}"
+    )
+    return Result(
+        met=met,
+        headline=headline,
+        table=table,
+        figures={
+            "phases": [
+                {**p.__dict__, "wal_per_job": p.wal_per_job, "writes_per_job": p.writes_per_job}
+                for p in phases
+            ],
+            "wal_common_vs_eager": wal_common,
+            "wal_browserless_vs_eager": wal_bare,
+        },
+        settings=settings,
+        conditions=cond,
+        notes=notes,
+    )
+
+
+def _table(phases: list[Phase], control: Phase, common_e: Phase, bare_e: Phase) -> Table:
+    """Each phase's writes and WAL per job, against eager's on the same path."""
     table = Table(
         [
             "path",
@@ -134,6 +162,11 @@ async def run(ctx: Context) -> Result:
             f"{p.worker_writes} / {p.client_writes}",
             p.dup,
         )
+    return table
+
+
+def _notes(jobs: int, control: Phase, common_e: Phase, wal_common: float) -> list[str]:
+    """The phases, and what one run write of this document costs in WAL."""
     run_wal = safe_div(common_e.wal_per_job - control.wal_per_job, 2)
     notes = [
         f"{jobs} jobs per phase with 96 KB HTML-like documents (TOASTed, compressed); a tab saves "
@@ -151,28 +184,7 @@ async def run(ctx: Context) -> Result:
             "the goal assumed relative to this document size; with larger documents the ratio "
             "approaches 0.50."
         )
-    headline = (
-        f"reactor {common_r.writes_per_job:.2f} write/job (common) and "
-        f"{bare_r.writes_per_job:.2f} (browserless); common-path WAL {ratio(wal_common)} eager "
-        f"(browserless {ratio(wal_bare)}); duplicates with {REPLICAS} replicas: "
-        f"{common_r.dup + bare_r.dup}"
-    )
-    return Result(
-        met=met,
-        headline=headline,
-        table=table,
-        figures={
-            "phases": [
-                {**p.__dict__, "wal_per_job": p.wal_per_job, "writes_per_job": p.writes_per_job}
-                for p in phases
-            ],
-            "wal_common_vs_eager": wal_common,
-            "wal_browserless_vs_eager": wal_bare,
-        },
-        settings=settings,
-        conditions=cond,
-        notes=notes,
-    )
+    return notes
 
 
 async def _phase(
