@@ -90,6 +90,35 @@ async def run(ctx: Context) -> Result:
     stats = [[summarize(s[point]) for _, _, s in systems] for point in (0, 1)]
     (r, p, q), (r_end, p_end, q_end) = stats
     met = r["p50"] < min(p["p50"], q["p50"]) and r["p99"] < min(p["p99"], q["p99"])
+    table = _table(systems, stats)
+    notes = _notes(stats, met=met)
+    headline = (
+        f"to the claim's start: reactor p50 {ms(r['p50'])} / p99 {ms(r['p99'])}, "
+        f"procrastinate {ms(p['p50'])} / {ms(p['p99'])}, pgqueuer {ms(q['p50'])} / "
+        f"{ms(q['p99'])}; to its return (the reactor's writes the run): reactor "
+        f"{ms(r_end['p50'])} / {ms(r_end['p99'])}, procrastinate {ms(p_end['p50'])} / "
+        f"{ms(p_end['p99'])}, pgqueuer {ms(q_end['p50'])} / {ms(q_end['p99'])}"
+    )
+    return Result(
+        met=met,
+        headline=headline,
+        table=table,
+        figures={
+            "claim_start": {"reactor": r, "procrastinate": p, "pgqueuer": q},
+            "claim_returned": {"reactor": r_end, "procrastinate": p_end, "pgqueuer": q_end},
+        },
+        settings=settings,
+        conditions=cond,
+        notes=notes,
+    )
+
+
+def _table(
+    systems: tuple[tuple[str, tuple[str, str], Samples], ...],
+    stats: list[list[dict[str, float]]],
+) -> Table:
+    """Each system at both points, against the reactor."""
+    (r, _, _), (r_end, _, _) = stats
     table = Table(
         ["system", "measured to", "n", "p50", "p99", "max", "p50 / reactor", "p99 / reactor"]
     )
@@ -105,6 +134,12 @@ async def run(ctx: Context) -> Result:
                 ratio(safe_div(s["p50"], ref["p50"])),
                 ratio(safe_div(s["p99"], ref["p99"])),
             )
+    return table
+
+
+def _notes(stats: list[list[dict[str, float]]], *, met: bool) -> list[str]:
+    """Where each point is measured, and what would close a gap."""
+    (r, p, q), (r_end, p_end, q_end) = stats
     notes = [
         "All three are woken by LISTEN/NOTIFY on the same server and measured from the moment "
         "the committing call returned to the client. A negative or near-zero figure means the "
@@ -132,25 +167,7 @@ async def run(ctx: Context) -> Result:
             "fetch; one round trip of it is the pooled connection's check, the rest the "
             "statement that writes the run, which is worth profiling on its own."
         )
-    headline = (
-        f"to the claim's start: reactor p50 {ms(r['p50'])} / p99 {ms(r['p99'])}, "
-        f"procrastinate {ms(p['p50'])} / {ms(p['p99'])}, pgqueuer {ms(q['p50'])} / "
-        f"{ms(q['p99'])}; to its return (the reactor's writes the run): reactor "
-        f"{ms(r_end['p50'])} / {ms(r_end['p99'])}, procrastinate {ms(p_end['p50'])} / "
-        f"{ms(p_end['p99'])}, pgqueuer {ms(q_end['p50'])} / {ms(q_end['p99'])}"
-    )
-    return Result(
-        met=met,
-        headline=headline,
-        table=table,
-        figures={
-            "claim_start": {"reactor": r, "procrastinate": p, "pgqueuer": q},
-            "claim_returned": {"reactor": r_end, "procrastinate": p_end, "pgqueuer": q_end},
-        },
-        settings=settings,
-        conditions=cond,
-        notes=notes,
-    )
+    return notes
 
 
 async def _reactor(dsn: str, samples: int, rate: float) -> Samples:
