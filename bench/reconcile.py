@@ -75,6 +75,44 @@ async def run(ctx: Context) -> Result:
     )
     table.add("share of one core", f"{core_share:.3%}", f"{sweep_per_hour / 3600:.1%}")
     table.add("jobs found missing from the queue", walk["found"], "-")
+    notes = _notes(total, window, load_s, walk, again, (sweep, sweep_low, sweep_high), advantage)
+    headline = (
+        f"a full pass over {window:,} jobs takes {ms(again['db_s'])} of database time, longest "
+        f"statement {ms(longest)}: {per_hour:.1f} s per hour at the default interval against "
+        f"{sweep_per_hour:.0f} s for the sweep ({ratio(advantage)} less)"
+    )
+    return Result(
+        met=met,
+        headline=headline,
+        table=table,
+        figures={
+            "first_pass": walk,
+            "steady_pass": again,
+            "sweep_tick_s": sweep,
+            "sweep_tick_range_s": [sweep_low, sweep_high],
+            "db_s_per_hour": per_hour,
+            "sweep_db_s_per_hour": sweep_per_hour,
+            "advantage": advantage,
+            "core_share": core_share,
+            "load_s": load_s,
+        },
+        settings=settings,
+        conditions=cond,
+        notes=notes,
+    )
+
+
+def _notes(
+    total: int,
+    window: int,
+    load_s: float,
+    walk: dict[str, Any],
+    again: dict[str, Any],
+    sweeps: tuple[float, float, float],
+    advantage: float,
+) -> list[str]:
+    """What was loaded, how a pass walks it, and the sweep it is compared with."""
+    sweep, sweep_low, sweep_high = sweeps
     notes = [
         f"{total:,} finished jobs, {window:,} of them still with doc_html; all have a run but "
         f"{DRIFT} finished with the triggers bypassed (not queued). Loading took {load_s:.0f} s.",
@@ -106,30 +144,7 @@ async def run(ctx: Context) -> Result:
             "spread over some 5,000 jobs. A covering index on the run table (key, job, saved_by) "
             "would spare the heap page, at the cost of an index write in every save of the app's."
         )
-    headline = (
-        f"a full pass over {window:,} jobs takes {ms(again['db_s'])} of database time, longest "
-        f"statement {ms(longest)}: {per_hour:.1f} s per hour at the default interval against "
-        f"{sweep_per_hour:.0f} s for the sweep ({ratio(advantage)} less)"
-    )
-    return Result(
-        met=met,
-        headline=headline,
-        table=table,
-        figures={
-            "first_pass": walk,
-            "steady_pass": again,
-            "sweep_tick_s": sweep,
-            "sweep_tick_range_s": [sweep_low, sweep_high],
-            "db_s_per_hour": per_hour,
-            "sweep_db_s_per_hour": sweep_per_hour,
-            "advantage": advantage,
-            "core_share": core_share,
-            "load_s": load_s,
-        },
-        settings=settings,
-        conditions=cond,
-        notes=notes,
-    )
+    return notes
 
 
 async def _load(conn: Conn, total: int, window: int) -> float:
