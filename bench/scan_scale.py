@@ -82,45 +82,9 @@ async def run(ctx: Context) -> Result:
     reactor_times = [m["record_oldest"] for m in measured]
     flat = reactor_times[-1] <= max(2 * reactor_times[0], reactor_times[0] + 0.001)
     met = max(reactor_times) <= 0.005 and flat
-    table = Table(
-        [
-            "window (jobs with doc_html)",
-            "reactor scan",
-            "reactor health query",
-            "article, PK only",
-            "article, on the earlier design's partial index",
-            "article PK only / reactor",
-        ]
-    )
-    for m in measured:
-        table.add(
-            f"{m['window']:,}",
-            ms(m["record_oldest"]),
-            ms(m["health"]),
-            ms(m["article_pk_only"]),
-            ms(m["article_partial_index"]),
-            ratio(safe_div(m["article_pk_only"], m["record_oldest"])),
-        )
+    table = _table(measured)
     growth = safe_div(reactor_times[-1], reactor_times[0])
-    health = [m["health"] for m in measured]
-    notes = [
-        f"{total:,} finished jobs (every tenth failed), all with a run except {PENDING} inside "
-        f"their grace; loading took {load_s:.0f} s. Sizes at the largest window: "
-        + ", ".join(f"{k} {size_text(v)}" for k, v in sizes.items())
-        + ".",
-        f"Medians of {reps} runs after a warm-up; a query slower than {SLOW:g} s is run at least 3 "
-        "times, as long as 3 s allows. Times are client-side wall clock for the whole "
-        "statement, so they include one round trip and planning.",
-        "The reactor scans its pending queue (reactor.pending: jobs that became eligible and "
-        "have no run yet, fed by the trigger in the finishing transaction), not the window: "
-        f"{ms(min(reactor_times))} to {ms(max(reactor_times))} across the windows "
-        f"({ratio(growth)} from the smallest to the largest); its health query "
-        f"{ms(min(health))} to {ms(max(health))}.",
-        "The article's query must look at every finished job that still has its document: on "
-        "primary keys only that is a sequential scan of analysis_jobs and an anti-join with "
-        "analysis_runs; on the earlier design's partial index it walks the whole window, with "
-        "nothing due, before it can say so.",
-    ]
+    notes = _notes(total, load_s, sizes, reps, reactor_times, growth, measured)
     headline = (
         f"reactor scan {ms(reactor_times[0])} at {measured[0]['window']:,} to "
         f"{ms(reactor_times[-1])} at {measured[-1]['window']:,} jobs in the window; the "
@@ -141,6 +105,61 @@ async def run(ctx: Context) -> Result:
         conditions=cond,
         notes=notes,
     )
+
+
+def _table(measured: list[dict[str, Any]]) -> Table:
+    """The reactor's queries and the article's at each window."""
+    table = Table(
+        [
+            "window (jobs with doc_html)",
+            "reactor scan",
+            "reactor health query",
+            "article, PK only",
+            "article, on the earlier design's partial index",
+            "article PK only / reactor",
+        ]
+    )
+    for m in measured:
+        table.add(
+            f"{m['window']:,}",
+            ms(m["record_oldest"]),
+            ms(m["health"]),
+            ms(m["article_pk_only"]),
+            ms(m["article_partial_index"]),
+            ratio(safe_div(m["article_pk_only"], m["record_oldest"])),
+        )
+    return table
+
+
+def _notes(
+    total: int,
+    load_s: float,
+    sizes: dict[str, int],
+    reps: int,
+    reactor_times: list[float],
+    growth: float,
+    measured: list[dict[str, Any]],
+) -> list[str]:
+    """What was loaded, how the queries were timed, and what each one reads."""
+    health = [m["health"] for m in measured]
+    return [
+        f"{total:,} finished jobs (every tenth failed), all with a run except {PENDING} inside "
+        f"their grace; loading took {load_s:.0f} s. Sizes at the largest window: "
+        + ", ".join(f"{k} {size_text(v)}" for k, v in sizes.items())
+        + ".",
+        f"Medians of {reps} runs after a warm-up; a query slower than {SLOW:g} s is run at least 3 "
+        "times, as long as 3 s allows. Times are client-side wall clock for the whole "
+        "statement, so they include one round trip and planning.",
+        "The reactor scans its pending queue (reactor.pending: jobs that became eligible and "
+        "have no run yet, fed by the trigger in the finishing transaction), not the window: "
+        f"{ms(min(reactor_times))} to {ms(max(reactor_times))} across the windows "
+        f"({ratio(growth)} from the smallest to the largest); its health query "
+        f"{ms(min(health))} to {ms(max(health))}.",
+        "The article's query must look at every finished job that still has its document: on "
+        "primary keys only that is a sequential scan of analysis_jobs and an anti-join with "
+        "analysis_runs; on the earlier design's partial index it walks the whole window, with "
+        "nothing due, before it can say so.",
+    ]
 
 
 async def _finish_pending(conn: Conn) -> None:
