@@ -141,6 +141,31 @@ async def run(ctx: Context) -> Result:
     rows = await anyio.to_thread.run_sync(measure_all)
     current, text, before, alternative = rows
     met = current.bytes_per_entry <= 150 and current.schedule_ops >= 1e6 and current.pop_ops >= 1e6
+    table = _table(rows, alternative)
+    notes = _notes(n, reps, text)
+    headline = (
+        f"Deadlines with int keys: {current.bytes_per_entry:.0f} B/entry, "
+        f"{_rate(current.schedule_ops)} schedule/s, {_rate(current.pop_ops)} pop/s; "
+        f"job ids as text: {text.bytes_per_entry:.0f} B, {_rate(text.schedule_ops)} / "
+        f"{_rate(text.pop_ops)}; keyed heap before: {before.bytes_per_entry:.0f} B, "
+        f"{_rate(before.schedule_ops)} / {_rate(before.pop_ops)}; call_later "
+        f"{alternative.bytes_per_entry:.0f} B, {_rate(alternative.schedule_ops)} schedule/s"
+    )
+    return Result(
+        met=met,
+        headline=headline,
+        table=table,
+        figures={"entries": n, "structures": [f.__dict__ for f in rows]},
+        settings={"entries": n, "repetitions": reps, "pop_batch": BATCH},
+        conditions=await conditions(
+            None, quick=ctx.quick, note="pure Python, no PostgreSQL involved"
+        ),
+        notes=notes,
+    )
+
+
+def _table(rows: list[Figures], alternative: Figures) -> Table:
+    """Each structure's memory and rates, against call_later's."""
     table = Table(
         [
             "structure",
@@ -166,7 +191,12 @@ async def run(ctx: Context) -> Result:
             ratio(safe_div(f.bytes_per_entry, alternative.bytes_per_entry)),
             ratio(safe_div(f.schedule_ops, alternative.schedule_ops)),
         )
-    notes = [
+    return table
+
+
+def _notes(n: int, reps: int, text: Figures) -> list[str]:
+    """How memory and rates are measured, what Deadlines is, and what text keys cost."""
+    return [
         f"{n:,} pending entries. Memory: what the structure holds once filled, by tracemalloc, "
         "with each key and each deadline made fresh as the service makes them (the text of a "
         "notification, clock() + grace), so a held key or float counts and one dropped "
@@ -188,25 +218,6 @@ async def run(ctx: Context) -> Result:
         "own work. A listener that hands over ints (it validates the UUID already) and a "
         "recorder that turns them back into text take that cost out of the timer path.",
     ]
-    headline = (
-        f"Deadlines with int keys: {current.bytes_per_entry:.0f} B/entry, "
-        f"{_rate(current.schedule_ops)} schedule/s, {_rate(current.pop_ops)} pop/s; "
-        f"job ids as text: {text.bytes_per_entry:.0f} B, {_rate(text.schedule_ops)} / "
-        f"{_rate(text.pop_ops)}; keyed heap before: {before.bytes_per_entry:.0f} B, "
-        f"{_rate(before.schedule_ops)} / {_rate(before.pop_ops)}; call_later "
-        f"{alternative.bytes_per_entry:.0f} B, {_rate(alternative.schedule_ops)} schedule/s"
-    )
-    return Result(
-        met=met,
-        headline=headline,
-        table=table,
-        figures={"entries": n, "structures": [f.__dict__ for f in rows]},
-        settings={"entries": n, "repetitions": reps, "pop_batch": BATCH},
-        conditions=await conditions(
-            None, quick=ctx.quick, note="pure Python, no PostgreSQL involved"
-        ),
-        notes=notes,
-    )
 
 
 def _rate(ops: float) -> str:
