@@ -119,7 +119,20 @@ async def run(ctx: Context) -> Result:
         f"record_jobs {ms(record[VARIANTS[0]]['p50'])} before, "
         f"{ms(record[VARIANTS[1]]['p50'])} direct, {ms(record[VARIANTS[3]]['p50'])} pooled"
     )
-    notes = [
+    return Result(
+        met=met,
+        headline=headline,
+        table=table,
+        figures=figures,
+        settings=settings,
+        conditions=cond,
+        notes=_notes(),
+    )
+
+
+def _notes() -> list[str]:
+    """What a cell is, what a pooler adds, and what would shorten the pooled path."""
+    return [
         "Cells are p50 / p99 per call, client-side, over a loopback TCP connection to the "
         "embedded server, from sending the statement to having its rows.",
         "Behind a pooler, round trips do not change: the four messages go out in one pipeline "
@@ -137,15 +150,6 @@ async def run(ctx: Context) -> Result:
         "would win back the planning share; the reactor cannot tell that setting from the "
         "client side, so it does not prepare behind any pooler.",
     ]
-    return Result(
-        met=met,
-        headline=headline,
-        table=table,
-        figures=figures,
-        settings=settings,
-        conditions=cond,
-        notes=notes,
-    )
 
 
 async def _connect(dsn: str, *, prepared: bool, session: bool) -> Conn:
