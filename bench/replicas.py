@@ -118,22 +118,7 @@ async def run(ctx: Context) -> Result:
             ratio(safe_div(m["db_ms_per_1000_jobs"], db_ms[counts[0]])),
             m["left_to_owner"],
         )
-    notes = [
-        f"{jobs:,} jobs per replica count, finished at {RATE:.0f}/s, tabs saving "
-        f"{SAVE_RATIO:.0%} inside the {GRACE:g} s grace; replicas in this process with the "
-        "default probe interval, started and seeing each other before the worker begins.",
-        "Record statements are the claim-and-write statements (timer and scan) as "
-        "pg_stat_statements counts them; database time is the total execution time of every "
-        "statement the replicas sent (health checks, hooks, reconcile steps included), "
-        "measured by the server.",
-        f"Kill -9: 3 `reactor run` processes, the worker at {RATE:.0f}/s for "
-        f"{kill['seconds']:g} s, one process killed a third of the way in. "
-        f"{kill['victim_jobs']} jobs fell due while it was dead and before the others saw it "
-        f"gone; the latest was recorded {kill['victims_max_lateness_s']:.2f} s after its "
-        f"deadline, against a takeover delay of {takeover:g} s (a heartbeat "
-        f"{LIVENESS_PROBES} probe intervals old, seen at the next check). Verdict: "
-        f"{kill['verdict']}.",
-    ]
+    notes = _notes(jobs, kill, takeover)
     headline = (
         "record statements per job "
         + ", ".join(f"{per_job[n]:.3f} at {n}" for n in counts)
@@ -149,6 +134,26 @@ async def run(ctx: Context) -> Result:
         conditions=cond,
         notes=notes,
     )
+
+
+def _notes(jobs: int, kill: dict[str, Any], takeover: float) -> list[str]:
+    """The load, what is counted, and the kill."""
+    return [
+        f"{jobs:,} jobs per replica count, finished at {RATE:.0f}/s, tabs saving "
+        f"{SAVE_RATIO:.0%} inside the {GRACE:g} s grace; replicas in this process with the "
+        "default probe interval, started and seeing each other before the worker begins.",
+        "Record statements are the claim-and-write statements (timer and scan) as "
+        "pg_stat_statements counts them; database time is the total execution time of every "
+        "statement the replicas sent (health checks, hooks, reconcile steps included), "
+        "measured by the server.",
+        f"Kill -9: 3 `reactor run` processes, the worker at {RATE:.0f}/s for "
+        f"{kill['seconds']:g} s, one process killed a third of the way in. "
+        f"{kill['victim_jobs']} jobs fell due while it was dead and before the others saw it "
+        f"gone; the latest was recorded {kill['victims_max_lateness_s']:.2f} s after its "
+        f"deadline, against a takeover delay of {takeover:g} s (a heartbeat "
+        f"{LIVENESS_PROBES} probe intervals old, seen at the next check). Verdict: "
+        f"{kill['verdict']}.",
+    ]
 
 
 async def _measure(admin_dsn: str, dsn: str, count: int, jobs: int, probe: float) -> dict[str, Any]:
