@@ -90,59 +90,71 @@ def main() -> None:
             try:
                 time.sleep(5)  # started, LISTEN proven, first heartbeat
                 print(f"real job before: {real_job_lateness(conn):+.3f} s after its deadline")
-
-                def log_bytes() -> int:
-                    return os.path.getsize(log.name)
-
-                with psycopg.connect(stranger, autocommit=True) as s:
-                    start = log_bytes()
-                    s.execute(
-                        "SELECT count(pg_notify(%s, 'garbage-' || g)) "
-                        "FROM generate_series(1, 20000) g",
-                        (CHANNEL,),
-                    )
-                    lateness = real_job_lateness(conn)
-                    time.sleep(11)  # the count's line comes at the next interval
-                    rejected = metric(19387, 'reactor_notifications_total{result="rejected"}')
-                    print(
-                        f"20,000 garbage payloads: {log_bytes() - start} bytes of log; "
-                        f"rejected={rejected:.0f}; real job {lateness:+.3f} s"
-                    )
-
-                    start, sent, until = log_bytes(), 0, time.monotonic() + args.joined_seconds
-                    while time.monotonic() < until:
-                        s.execute("SELECT pg_notify(%s, %s)", (CHANNEL, f"joined:fake-{sent}"))
-                        sent += 1
-                    lateness = real_job_lateness(conn)
-                    print(
-                        f"{args.joined_seconds:.0f} s of forged joined: ({sent} sent): "
-                        f"{log_bytes() - start} bytes of log; real job {lateness:+.3f} s"
-                    )
-
-                    before = rss_kb(proc.pid)
-                    s.execute(
-                        "SELECT count(pg_notify(%s, gen_random_uuid()::text || '@' || "
-                        "extract(epoch FROM now())::text)) FROM generate_series(1, 200000)",
-                        (CHANNEL,),
-                    )
-                    lateness = real_job_lateness(conn)
-                    name = "reactor_notifications_total"
-                    while (
-                        metric(19387, name + '{result="unverified"}')
-                        + metric(19387, name + '{result="dropped"}')
-                        < 200_000
-                    ):
-                        time.sleep(0.2)
-                    after = rss_kb(proc.pid)
-                    pending = metric(19387, "reactor_deadlines_pending")
-                    print(
-                        f"200,000 made-up hints: RSS {before / 1024:.1f} -> {after / 1024:.1f} MB "
-                        f"({(after - before) / 1024:+.1f}); deadlines pending {pending:.0f}; "
-                        f"real job {lateness:+.3f} s"
-                    )
+                _abuse(stranger, conn, log.name, proc.pid, args.joined_seconds)
             finally:
                 proc.terminate()
                 proc.wait(30)
+
+
+def _abuse(
+    stranger: str,
+    conn: psycopg.Connection[tuple[object, ...]],
+    log_name: str,
+    pid: int,
+    joined_seconds: float,
+) -> None:
+    """As another role (``stranger``): garbage payloads, forged joined: messages, then made-up
+    hints; how much the reactor (process ``pid``) logged and held, and the real job's
+    lateness, after each."""
+
+    def log_bytes() -> int:
+        return os.path.getsize(log_name)
+
+    with psycopg.connect(stranger, autocommit=True) as s:
+        start = log_bytes()
+        s.execute(
+            "SELECT count(pg_notify(%s, 'garbage-' || g)) FROM generate_series(1, 20000) g",
+            (CHANNEL,),
+        )
+        lateness = real_job_lateness(conn)
+        time.sleep(11)  # the count's line comes at the next interval
+        rejected = metric(19387, 'reactor_notifications_total{result="rejected"}')
+        print(
+            f"20,000 garbage payloads: {log_bytes() - start} bytes of log; "
+            f"rejected={rejected:.0f}; real job {lateness:+.3f} s"
+        )
+
+        start, sent, until = log_bytes(), 0, time.monotonic() + joined_seconds
+        while time.monotonic() < until:
+            s.execute("SELECT pg_notify(%s, %s)", (CHANNEL, f"joined:fake-{sent}"))
+            sent += 1
+        lateness = real_job_lateness(conn)
+        print(
+            f"{joined_seconds:.0f} s of forged joined: ({sent} sent): "
+            f"{log_bytes() - start} bytes of log; real job {lateness:+.3f} s"
+        )
+
+        before = rss_kb(pid)
+        s.execute(
+            "SELECT count(pg_notify(%s, gen_random_uuid()::text || '@' || "
+            "extract(epoch FROM now())::text)) FROM generate_series(1, 200000)",
+            (CHANNEL,),
+        )
+        lateness = real_job_lateness(conn)
+        name = "reactor_notifications_total"
+        while (
+            metric(19387, name + '{result="unverified"}')
+            + metric(19387, name + '{result="dropped"}')
+            < 200_000
+        ):
+            time.sleep(0.2)
+        after = rss_kb(pid)
+        pending = metric(19387, "reactor_deadlines_pending")
+        print(
+            f"200,000 made-up hints: RSS {before / 1024:.1f} -> {after / 1024:.1f} MB "
+            f"({(after - before) / 1024:+.1f}); deadlines pending {pending:.0f}; "
+            f"real job {lateness:+.3f} s"
+        )
 
 
 if __name__ == "__main__":
