@@ -23,7 +23,7 @@ from bench.workload import APP
 from reactor.demo import EmbeddedPostgres
 
 CHANNEL = "analysis_jobs_terminal"
-GRACE = 1.0
+GRACE_S = 1.0
 
 
 def rss_kb(pid: int) -> int:
@@ -53,7 +53,7 @@ def real_job_lateness(conn: psycopg.Connection[tuple[object, ...]]) -> float:
         row = conn.execute(
             "SELECT extract(epoch FROM r.created_at - j.updated_at)::float8 - %s "
             "FROM analysis_runs r JOIN analysis_jobs j ON j.run_id = r.id WHERE j.id = %s",
-            (GRACE, job),
+            (GRACE_S, job),
         ).fetchone()
         if row is not None:
             return float(row[0])  # type: ignore[arg-type]
@@ -73,7 +73,7 @@ def main() -> None:
         env = {
             **os.environ,
             "DATABASE_URL": admin,
-            "REACTOR_GRACE_SECONDS": str(GRACE),
+            "REACTOR_GRACE_SECONDS": str(GRACE_S),
             "REACTOR_HTTP_ADDR": "127.0.0.1:19387",
             "REACTOR_DASHBOARD_ADDR": "",
         }

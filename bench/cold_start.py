@@ -45,7 +45,7 @@ GOAL = (
     "exec -> /readyz 200 <= 1 s (median of the rounds, bytecode compiled ahead as the image "
     "installs it)"
 )
-READY_GOAL = 1.0
+READY_GOAL_S = 1.0
 
 # The same benchmark on the commit before the start was cut (5306aae: jinja2 and rich loaded
 # at start, the expression check's patterns compiled at import), in two runs alternating with
@@ -60,8 +60,8 @@ BEFORE = (
 )
 
 ROOT = Path(__file__).resolve().parent.parent
-TIMEOUT = 30.0
-POLL = 0.005
+TIMEOUT_S = 30.0
+POLL_S = 0.005
 
 FINISHED = """
 INSERT INTO analysis_jobs (id, run_id, status, doc_html, results, created_at, updated_at)
@@ -110,7 +110,7 @@ async def run(ctx: Context) -> Result:
     rounds = 2 if ctx.quick else 7
     settings: dict[str, Any] = {
         "rounds": rounds,
-        "poll_s": POLL,
+        "poll_s": POLL_S,
         "grace_s": 120.0,
         "modes": list(MODES),
     }
@@ -146,10 +146,10 @@ async def run(ctx: Context) -> Result:
                         cpu[mode].append(outcome[2])
     table = _table(ready, written, cpu, floors)
     median_ready = _median(ready[COMPILED])
-    met = bool(ready[COMPILED]) and median_ready <= READY_GOAL and not problems
+    met = bool(ready[COMPILED]) and median_ready <= READY_GOAL_S and not problems
     notes = _notes(rounds, problems)
     headline = (
-        f"exec -> /readyz 200 median {median_ready:.2f} s (goal <= {READY_GOAL:g} s), "
+        f"exec -> /readyz 200 median {median_ready:.2f} s (goal <= {READY_GOAL_S:g} s), "
         f"exec -> first write median {_median(written[COMPILED]):.2f} s, CPU until ready "
         f"median {_median(cpu[COMPILED]):.2f} s, with bytecode compiled as the image has it; "
         "compiling the reactor and its dependencies at start "
@@ -199,7 +199,7 @@ def _notes(rounds: int, problems: list[str]) -> list[str]:
     return [
         f"{rounds} rounds, one after the other, each a fresh process on the same migrated "
         "database with one finished job already past its grace; /readyz polled every "
-        f"{POLL * 1000:g} ms from this process (the figure is at most that much late). Each "
+        f"{POLL_S * 1000:g} ms from this process (the figure is at most that much late). Each "
         "round starts one process of each bytecode mode, back to back, so both see the same "
         "load; the goal is judged on the compiled one, which is how the image runs.",
         "Bytecode: compiled ahead, every module's cached bytecode read at start, as in the "
@@ -270,7 +270,7 @@ async def _one_start(
     ready_cpu: float | None = None
     written_at: float | None = None
     try:
-        with anyio.move_on_after(TIMEOUT):
+        with anyio.move_on_after(TIMEOUT_S):
             while process.returncode is None and (ready_at is None or written_at is None):
                 if ready_at is None:
                     try:
@@ -284,7 +284,7 @@ async def _one_start(
                     cur = await app.execute(WRITTEN, (job_id,))
                     row = await cur.fetchone()
                     written_at = None if row is None else float(row[0])
-                await anyio.sleep(POLL)
+                await anyio.sleep(POLL_S)
     finally:
         if process.returncode is None:
             process.terminate()

@@ -43,7 +43,7 @@ GOAL_SECONDS = 2.0
 
 BACKLOG = 40
 HELD = 3
-GRACE = 1.0
+GRACE_S = 1.0
 
 FINISH = """
 INSERT INTO analysis_jobs (id, run_id, status, doc_html, results)
@@ -128,7 +128,7 @@ async def run(ctx: Context) -> Result:
     settings: dict[str, Any] = {
         "backlog": BACKLOG,
         "held": HELD,
-        "grace_s": GRACE,
+        "grace_s": GRACE_S,
         "downtime_s": downtime,
         "rounds": rounds,
         "replicas": counts,
@@ -148,7 +148,7 @@ async def run(ctx: Context) -> Result:
                 async with gate_to.serving() as gate:
                     reactor_settings = bench_settings(
                         _through(dsn, gate.local_port),
-                        grace=GRACE,
+                        grace=GRACE_S,
                         probe_interval=1.0,
                         probe_timeout=1.0,
                         scan_interval=30.0,
@@ -174,7 +174,7 @@ async def run(ctx: Context) -> Result:
         settings=settings,
         conditions=cond,
         notes=[
-            f"Each round: {BACKLOG} jobs finish at once (grace {GRACE:g} s), the server stops "
+            f"Each round: {BACKLOG} jobs finish at once (grace {GRACE_S:g} s), the server stops "
             f"at once and stays down {downtime:g} s; as it is back, {HELD} tabs each insert "
             "the run of one of those jobs in a transaction they keep open, and then the "
             "replicas may reach it. The time runs from the start's return to the last of the "

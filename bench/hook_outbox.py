@@ -32,7 +32,7 @@ GOAL = (
     "empty outbox"
 )
 
-RETENTION = 7 * 86400.0
+RETENTION_S = 7 * 86400.0
 BATCH = 1000
 
 # One INSERT ... SELECT: two hooks per run, updated_at spread over the retention window so that
@@ -60,7 +60,7 @@ QUERIES: tuple[tuple[str, str, str], ...] = (
 )
 
 PARAMS: dict[str, Any] = {
-    **db.health_params(REFERENCE_INSTALL, 120.0, db.HealthCheck("bench", 15.0, RETENTION)),
+    **db.health_params(REFERENCE_INSTALL, 120.0, db.HealthCheck("bench", 15.0, RETENTION_S)),
     "hooks": ["judge", "ops"],
     "limit": 4,
     "lease": 150.0,
@@ -79,7 +79,7 @@ async def run(ctx: Context) -> Result:
     settings: dict[str, Any] = {
         "done_rows": rows,
         "hooks": PARAMS["hooks"],
-        "retention_s": RETENTION,
+        "retention_s": RETENTION_S,
         "purge_batch": BATCH,
         "repetitions": reps,
         "expired_rows_purged": expired,
@@ -94,7 +94,7 @@ async def run(ctx: Context) -> Result:
         ):
             await empty_conn.execute("VACUUM ANALYZE reactor.hook_outbox")
             started = time.monotonic()
-            await conn.execute(LOAD, {"rows": rows, "spread": RETENTION * 0.95 / rows})
+            await conn.execute(LOAD, {"rows": rows, "spread": RETENTION_S * 0.95 / rows})
             load_s = time.monotonic() - started
             started = time.monotonic()
             await conn.execute("VACUUM (FREEZE, ANALYZE) reactor.hook_outbox")

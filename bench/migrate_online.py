@@ -35,7 +35,7 @@ GOAL = (
 
 RATE = 100.0  # jobs finished per second
 SAVE_RATIO = 0.7
-AROUND = 3.0  # seconds of traffic before and after the migration
+AROUND_S = 3.0  # seconds of traffic before and after the migration
 PARTITIONS = 12
 
 UNQUEUED = """
@@ -94,12 +94,12 @@ async def run(ctx: Context) -> Result:
         "window": window,
         "worker_jobs_per_s": RATE,
         "tab_save_ratio": SAVE_RATIO,
-        "traffic_before_and_after_s": 1.0 if ctx.quick else AROUND,
+        "traffic_before_and_after_s": 1.0 if ctx.quick else AROUND_S,
         "partitions": PARTITIONS,
     }
     async with open_server() as server:
         cond = await conditions(server, quick=ctx.quick)
-        around = 1.0 if ctx.quick else AROUND
+        around = 1.0 if ctx.quick else AROUND_S
         found = {case: await _case(server, case, total, window, around) for case in CASES}
 
     met = all(f["longest_stall_s"] <= 1.0 and f["unqueued"] == 0 for f in found.values())

@@ -180,14 +180,14 @@ def _now(conn: Conn) -> Call:
 
 Statement = Callable[[int, int], tuple[str, dict[str, Any]]]
 
-GRACE = 120.0
+GRACE_S = 120.0
 
 
 def _cheap() -> dict[str, Statement]:
     return {
         "health": lambda i, v: (
             REFERENCE_INSTALL.query("health"),
-            db.health_params(REFERENCE_INSTALL, GRACE, db.HealthCheck("bench", 15.0, 86400.0)),
+            db.health_params(REFERENCE_INSTALL, GRACE_S, db.HealthCheck("bench", 15.0, 86400.0)),
         ),
         "upcoming": lambda i, v: (
             REFERENCE_INSTALL.query("upcoming"),
@@ -206,7 +206,7 @@ def _recording(due: list[str], variants: int) -> dict[str, Statement]:
     return {
         "record_jobs (1 due job)": lambda i, v: (
             REFERENCE_INSTALL.query("record_jobs"),
-            {"grace": GRACE, "hooks": [], "ids": [due[i * variants + v] if i >= 0 else NONE]},
+            {"grace": GRACE_S, "hooks": [], "ids": [due[i * variants + v] if i >= 0 else NONE]},
         ),
     }
 

@@ -29,8 +29,8 @@ GOAL = (
     "least 25x less database time per hour than the article's sweep on its 30 s tick"
 )
 
-INTERVAL = Settings.reconcile_interval
-SWEEP_TICK = 30.0
+INTERVAL_S = Settings.reconcile_interval
+SWEEP_TICK_S = 30.0
 DRIFT = 300  # finished with the triggers bypassed: the pass must find exactly these
 
 
@@ -45,8 +45,8 @@ async def run(ctx: Context) -> Result:
         "unqueued_jobs_needing_a_run": DRIFT,
         "first_chunk": db.RECONCILE_CHUNK,
         "step_target_s": reconcile.STEP_TARGET,
-        "interval_s": INTERVAL,
-        "sweep_tick_s": SWEEP_TICK,
+        "interval_s": INTERVAL_S,
+        "sweep_tick_s": SWEEP_TICK_S,
     }
     async with open_server() as server:
         cond = await conditions(server, quick=quick)
@@ -57,8 +57,8 @@ async def run(ctx: Context) -> Result:
             again = await _walk(conn)  # nothing left to find: the steady state
             sweep, sweep_low, sweep_high = await _sweep(conn)
 
-    per_hour = again["db_s"] * 3600 / INTERVAL
-    sweep_per_hour = sweep * 3600 / SWEEP_TICK
+    per_hour = again["db_s"] * 3600 / INTERVAL_S
+    sweep_per_hour = sweep * 3600 / SWEEP_TICK_S
     longest = max(walk["longest_s"], again["longest_s"])
     core_share = per_hour / 3600
     advantage = safe_div(sweep_per_hour, per_hour)
@@ -69,7 +69,7 @@ async def run(ctx: Context) -> Result:
     table.add("longest single statement", ms(longest), ms(sweep))
     table.add("statements per pass / per tick", again["steps"], 1)
     table.add(
-        f"database time per hour (every {INTERVAL:.0f} s / every {SWEEP_TICK:.0f} s)",
+        f"database time per hour (every {INTERVAL_S:.0f} s / every {SWEEP_TICK_S:.0f} s)",
         f"{per_hour:.1f} s",
         f"{sweep_per_hour:.0f} s",
     )
@@ -179,7 +179,7 @@ async def _walk(conn: Conn) -> dict[str, Any]:
     while True:
         started = time.perf_counter()
         step = await db.Database.dedicated(REFERENCE_INSTALL, conn).reconcile_step(
-            owner="bench", interval=INTERVAL, force=force, limit=chunk
+            owner="bench", interval=INTERVAL_S, force=force, limit=chunk
         )
         times.append(time.perf_counter() - started)
         chunks.append(chunk)

@@ -49,7 +49,7 @@ GOAL = (
 
 RATE = 100.0
 SAVE_RATIO = 0.7
-GRACE = 2.0
+GRACE_S = 2.0
 COUNTS = (1, 2, 3, 5)
 
 # Statements of the app (worker and tabs) and of this harness, left out of the replicas' time.
@@ -76,7 +76,7 @@ async def run(ctx: Context) -> Result:
         "jobs_per_count": jobs,
         "worker_jobs_per_s": RATE,
         "tab_save_ratio": SAVE_RATIO,
-        "grace_s": GRACE,
+        "grace_s": GRACE_S,
         "probe_interval_s": probe,
     }
     measured: list[dict[str, Any]] = []
@@ -140,7 +140,7 @@ def _notes(jobs: int, kill: dict[str, Any], takeover: float) -> list[str]:
     """The load, what is counted, and the kill."""
     return [
         f"{jobs:,} jobs per replica count, finished at {RATE:.0f}/s, tabs saving "
-        f"{SAVE_RATIO:.0%} inside the {GRACE:g} s grace; replicas in this process with the "
+        f"{SAVE_RATIO:.0%} inside the {GRACE_S:g} s grace; replicas in this process with the "
         "default probe interval, started and seeing each other before the worker begins.",
         "Record statements are the claim-and-write statements (timer and scan) as "
         "pg_stat_statements counts them; database time is the total execution time of every "
@@ -159,7 +159,7 @@ def _notes(jobs: int, kill: dict[str, Any], takeover: float) -> list[str]:
 async def _measure(admin_dsn: str, dsn: str, count: int, jobs: int, probe: float) -> dict[str, Any]:
     async with await connect(dsn, "setup") as conn:
         ids = await insert_jobs(conn, jobs, doc_bytes=2000)
-    settings = bench_settings(dsn, grace=GRACE, probe_interval=probe, probe_timeout=probe)
+    settings = bench_settings(dsn, grace=GRACE_S, probe_interval=probe, probe_timeout=probe)
     async with replicas(settings, count) as running:
         await wait_for_first_scan(running)
         with anyio.fail_after(30):
@@ -168,7 +168,7 @@ async def _measure(admin_dsn: str, dsn: str, count: int, jobs: int, probe: float
         scans_before = sum(r.reactor.scans for r in running)
         async with await connect(admin_dsn, "count") as admin:
             await admin.execute("SELECT pg_stat_statements_reset()")
-            await play(dsn, ids, rate=RATE, save_ratio=SAVE_RATIO, tab_delay=(0.1, GRACE * 0.8))
+            await play(dsn, ids, rate=RATE, save_ratio=SAVE_RATIO, tab_delay=(0.1, GRACE_S * 0.8))
             async with await connect(dsn, "check") as conn:
                 missing = await wait_until_recorded(conn, within=60)
             rows = await (await admin.execute(BY_QUERY, (dbname(dsn),))).fetchall()
@@ -198,7 +198,7 @@ async def _kill(dsn: str, seconds: float, probe: float) -> dict[str, Any]:
     env.update(
         {
             "DATABASE_URL": dsn,
-            "REACTOR_GRACE_SECONDS": str(GRACE),
+            "REACTOR_GRACE_SECONDS": str(GRACE_S),
             "REACTOR_HTTP_ADDR": "",
             "REACTOR_DASHBOARD_ADDR": "",
             "REACTOR_LOG_FORMAT": "json",
@@ -233,7 +233,7 @@ async def _kill(dsn: str, seconds: float, probe: float) -> dict[str, Any]:
             procs[0].send_signal(signal.SIGKILL)
         async with await connect(dsn, "check") as conn:
             missing = await wait_until_recorded(conn, within=60)
-            verdict = await audit.verdict(conn, REFERENCE_INSTALL.mapping, GRACE)
+            verdict = await audit.verdict(conn, REFERENCE_INSTALL.mapping, GRACE_S)
             # The jobs that fell due after the kill and were recorded late: the victim's share.
             late = await (
                 await conn.execute(
@@ -241,7 +241,7 @@ async def _kill(dsn: str, seconds: float, probe: float) -> dict[str, Any]:
                     "FROM run_audit a JOIN analysis_jobs j ON j.id = a.job_id "
                     "WHERE a.saved_by = 'worker' AND j.updated_at + make_interval(secs => %s) "
                     "> to_timestamp(%s)",
-                    (GRACE, GRACE, killed_at),
+                    (GRACE_S, GRACE_S, killed_at),
                 )
             ).fetchall()
     finally:

@@ -22,7 +22,7 @@ from bench.history import load_history
 from bench.plans import explain, plan_nodes
 from bench.result import Context, Result, Table, conditions
 from bench.server import open_server
-from bench.stats import SLOW, ms, ratio, safe_div, size_text, slow_enough
+from bench.stats import SLOW_S, ms, ratio, safe_div, size_text, slow_enough
 from bench.workload import APP
 from reactor import db
 from reactor.install import REFERENCE_INSTALL
@@ -42,7 +42,7 @@ CREATE INDEX analysis_jobs_reactor_due_idx ON analysis_jobs (updated_at, id)
    AND results IS NOT NULL AND results <> '{}'::jsonb
 """
 
-GRACE = 3600.0  # the 100 pending jobs stay inside it for the whole measurement
+GRACE_S = 3600.0  # the 100 pending jobs stay inside it for the whole measurement
 PENDING = 100
 
 
@@ -56,7 +56,7 @@ async def run(ctx: Context) -> Result:
         "finished_jobs": total,
         "windows": windows,
         "needing_a_run": PENDING,
-        "grace_s": GRACE,
+        "grace_s": GRACE_S,
         "batch_size": 500,
         "repetitions": reps,
         "doc_html": "small (~40 bytes) inside the window, NULL outside",
@@ -147,8 +147,8 @@ def _notes(
         f"their grace; loading took {load_s:.0f} s. Sizes at the largest window: "
         + ", ".join(f"{k} {size_text(v)}" for k, v in sizes.items())
         + ".",
-        f"Medians of {reps} runs after a warm-up; a query slower than {SLOW:g} s is run at least 3 "
-        "times, as long as 3 s allows. Times are client-side wall clock for the whole "
+        f"Medians of {reps} runs after a warm-up; a query slower than {SLOW_S:g} s is run at "
+        "least 3 times, as long as 3 s allows. Times are client-side wall clock for the whole "
         "statement, so they include one round trip and planning.",
         "The reactor scans its pending queue (reactor.pending: jobs that became eligible and "
         "have no run yet, fed by the trigger in the finishing transaction), not the window: "
@@ -184,7 +184,7 @@ async def _trim(conn: Conn, total: int, window: int) -> None:
 
 async def _measure(conn: Conn, window: int, reps: int) -> dict[str, Any]:
     params: dict[str, Any] = {
-        **db.health_params(REFERENCE_INSTALL, GRACE, db.HealthCheck("bench", 15.0, 86400.0)),
+        **db.health_params(REFERENCE_INSTALL, GRACE_S, db.HealthCheck("bench", 15.0, 86400.0)),
         "limit": 500,
         "hooks": [],
         "ids": [],
@@ -201,7 +201,7 @@ async def _measure(conn: Conn, window: int, reps: int) -> dict[str, Any]:
     result["explain_record_oldest"] = await _explain(
         conn, REFERENCE_INSTALL.query("record_oldest"), params
     )
-    article = {"grace": int(GRACE), "limit": 500}
+    article = {"grace": int(GRACE_S), "limit": 500}
     result["article_pk_only"] = await _median(conn, baseline.ARTICLE_QUERY, article, reps)
     await conn.execute(DUE_INDEX)
     await conn.execute("ANALYZE analysis_jobs")
@@ -224,7 +224,7 @@ async def _median(conn: Conn, query: str, params: dict[str, Any], reps: int) -> 
         if i == 0:
             # The health query always answers one row; a scan must find nothing due.
             assert query == REFERENCE_INSTALL.query("health") or not rows, "due rows"
-            if times[0] < SLOW:
+            if times[0] < SLOW_S:
                 times.clear()  # a warm-up, not a sample
         if slow_enough(times):
             break

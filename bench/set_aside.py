@@ -40,7 +40,7 @@ TITLE = "Jobs the app's constraint rejects at the head of a backlog: drain time 
 GOAL = "a drain with N rejected jobs at the head takes at most 1 s more than with none, each N"
 
 GOAL_EXTRA_S = 1.0
-GRACE = 120.0
+GRACE_S = 120.0
 DOC_BYTES = 4096
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -109,7 +109,7 @@ async def run(ctx: Context) -> Result:
         "rejected_jobs": list(counts),
         "rounds": rounds,
         "batch_size": batch,
-        "grace_s": GRACE,
+        "grace_s": GRACE_S,
         "doc_bytes": DOC_BYTES,
         "split": SPLIT,
         "cli_sweep": with_cli,
@@ -175,7 +175,7 @@ async def _drain(dsn: str, n: int, bad_ids: list[str], good: int, batch: int) ->
     """The scan's drain, as `reactor sweep --once` runs it: one connection, oldest first."""
     async with db.make_pool(dsn, max_size=1) as pool:
         await pool.wait()  # the connection is open and configured before the clock starts
-        database = CountingDatabase(REFERENCE_INSTALL, db.Pooled(pool), grace=GRACE)
+        database = CountingDatabase(REFERENCE_INSTALL, db.Pooled(pool), grace=GRACE_S)
         metrics = Metrics()
         recorder = Recorder(database, metrics)
         started = time.monotonic()
@@ -199,7 +199,7 @@ async def _sweep(dsn: str, n: int, bad_ids: list[str], good: int, batch: int) ->
     env.update(
         {
             "DATABASE_URL": dsn,
-            "REACTOR_GRACE_SECONDS": str(GRACE),
+            "REACTOR_GRACE_SECONDS": str(GRACE_S),
             "REACTOR_BATCH_SIZE": str(batch),
             "REACTOR_HTTP_ADDR": "",
             "REACTOR_LOG_FORMAT": "json",
@@ -363,7 +363,7 @@ def _notes(
     """How the backlog and the drains were made and checked, and what the problems were."""
     notes = [
         f"Backlog: {good:,} due jobs with {DOC_BYTES // 1024} KB HTML-like documents, all past "
-        f"the {GRACE:g} s grace, behind N jobs whose results the app's CHECK rejects (inserted "
+        f"the {GRACE_S:g} s grace, behind N jobs whose results the app's CHECK rejects (inserted "
         f"first: the oldest queue rows). Loading the {len(counts)} templates took {load_s:.1f} s.",
         "Drain: Recorder.drain(500) on a pool of one connection (opened before the clock "
         "starts), on a fresh copy of the template each time; seconds are wall time of the "

@@ -6,7 +6,7 @@ import math
 import statistics
 from collections.abc import Sequence
 
-SLOW = 1.0  # seconds: past this, a query is timed fewer times
+SLOW_S = 1.0  # seconds: past this, a query is timed fewer times
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -63,6 +63,6 @@ def size_text(n: int) -> str:
 
 
 def slow_enough(times: Sequence[float]) -> bool:
-    """True once a query timed ``times`` has run at least 3 times and over ``3 * SLOW`` seconds
+    """True once a query timed ``times`` has run at least 3 times and over ``3 * SLOW_S`` seconds
     in all: a slow query gets fewer runs, its median still from 3."""
-    return len(times) >= 3 and sum(times) > SLOW * 3
+    return len(times) >= 3 and sum(times) > SLOW_S * 3

@@ -45,12 +45,12 @@ from bench.handoffs.scale import (
     EAGER_MAX_S,
     FLEET_GOAL_S,
     FULL,
-    GRACE,
+    GRACE_S,
     QUICK,
     RATE,
     SAVE_RATIO,
-    TAB_DELAY,
-    WINDOW,
+    TAB_DELAY_S,
+    WINDOW_S,
 )
 from bench.handoffs.scenarios import run_scenarios
 from bench.result import Context, Result, Table, conditions
@@ -71,10 +71,10 @@ async def run(ctx: Context) -> Result:
     """The three scenarios, each on a fresh database of one server."""
     scale = QUICK if ctx.quick else FULL
     settings: dict[str, Any] = {
-        "grace_s": GRACE,
+        "grace_s": GRACE_S,
         "tab_save_ratio": SAVE_RATIO,
-        "tab_delay_s": list(TAB_DELAY),
-        "window_s": WINDOW,
+        "tab_delay_s": list(TAB_DELAY_S),
+        "window_s": WINDOW_S,
         **asdict(scale),
         "jobs_per_s": RATE,
     }
@@ -121,7 +121,7 @@ def _table(found: Findings) -> Table:
 
     row("rolling deploys: whole run", deploy["all"], p99_mark(deploy["all"]["p99"], DEPLOY_GOAL_S))
     row(
-        f"rolling deploys: due within {WINDOW:g} s of a SIGTERM",
+        f"rolling deploys: due within {WINDOW_S:g} s of a SIGTERM",
         deploy["around_sigterm"],
         p99_mark(deploy["around_sigterm"]["p99"], DEPLOY_GOAL_S),
     )

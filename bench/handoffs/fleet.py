@@ -21,7 +21,7 @@ import aiohttp
 import anyio
 import anyio.abc
 
-from bench.handoffs.scale import EXIT_TIMEOUT, GRACE, READY_TIMEOUT, ROOT
+from bench.handoffs.scale import EXIT_TIMEOUT_S, GRACE_S, READY_TIMEOUT_S, ROOT
 
 
 @dataclass
@@ -62,7 +62,7 @@ class Fleet:
         env.update(
             {
                 "DATABASE_URL": self.dsn,
-                "REACTOR_GRACE_SECONDS": str(GRACE),
+                "REACTOR_GRACE_SECONDS": str(GRACE_S),
                 "REACTOR_HTTP_ADDR": f"127.0.0.1:{port}",
                 "REACTOR_DASHBOARD_ADDR": "",
                 "REACTOR_LOG_FORMAT": "json",
@@ -93,7 +93,7 @@ class Fleet:
     async def ready(self, replica: Replica, session: aiohttp.ClientSession) -> bool:
         """Wait until ``replica``'s /readyz answers 200; False (and a problem) if it never does."""
         url = f"http://127.0.0.1:{replica.port}/readyz"
-        with anyio.move_on_after(READY_TIMEOUT):
+        with anyio.move_on_after(READY_TIMEOUT_S):
             while replica.running:
                 with contextlib.suppress(aiohttp.ClientError, OSError):
                     async with session.get(url) as response:
@@ -101,7 +101,7 @@ class Fleet:
                             replica.ready_s = time.time() - replica.started_at
                             return True
                 await anyio.sleep(0.05)
-        state = "exited" if not replica.running else f"not ready after {READY_TIMEOUT:g} s"
+        state = "exited" if not replica.running else f"not ready after {READY_TIMEOUT_S:g} s"
         self.problems.append(f"{replica.name} {state} (log {replica.log.name})")
         return False
 
@@ -115,7 +115,7 @@ class Fleet:
         async with anyio.create_task_group() as tg:
             for replica in started:
                 tg.start_soon(self.ready, replica, session)
-        with anyio.move_on_after(READY_TIMEOUT) as scope:
+        with anyio.move_on_after(READY_TIMEOUT_S) as scope:
             # The gauge is only scraped, never announced: polling keeps the reactor untouched.
             while [await _live(session, r) for r in started] != [count] * count:  # noqa: ASYNC110
                 await anyio.sleep(0.1)
@@ -127,10 +127,10 @@ class Fleet:
         sent = time.time()
         replica.signalled = "SIGTERM"
         replica.process.send_signal(signal.SIGTERM)
-        with anyio.move_on_after(EXIT_TIMEOUT):
+        with anyio.move_on_after(EXIT_TIMEOUT_S):
             await replica.process.wait()
         if replica.running:
-            self.problems.append(f"{replica.name} still running {EXIT_TIMEOUT:g} s after SIGTERM")
+            self.problems.append(f"{replica.name} still running {EXIT_TIMEOUT_S:g} s after SIGTERM")
             return
         replica.stop_s = time.time() - sent
         if replica.process.returncode != 0:

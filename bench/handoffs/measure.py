@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 from bench.conn import Conn, connect, dbname, scalar
 from bench.handoffs.fleet import Fleet, log_lines
-from bench.handoffs.scale import ANOMALY_S, GRACE
+from bench.handoffs.scale import ANOMALY_S, GRACE_S
 from bench.processes import cpu_by_process
 from bench.server import Server
 from bench.stats import safe_div
@@ -118,12 +118,12 @@ async def read_outcome(
     """Wait for the last runs, stop ``usage`` and the replicas, and read and check what the
     database holds."""
     async with await connect(dsn, "check") as conn:
-        missing = await wait_until_recorded(conn, within=GRACE + 30)
+        missing = await wait_until_recorded(conn, within=GRACE_S + 30)
         if usage is not None:
             usage.stop()
         await fleet.close()
-        verdict = await audit.verdict(conn, REFERENCE_INSTALL.mapping, GRACE)
-        rows = await (await conn.execute(LATENESS, {"grace": GRACE})).fetchall()
+        verdict = await audit.verdict(conn, REFERENCE_INSTALL.mapping, GRACE_S)
+        rows = await (await conn.execute(LATENESS, {"grace": GRACE_S})).fetchall()
         # The extension's view lives where it was created: the admin database.
         async with await connect(server.admin_dsn, "count") as admin:
             record_calls = int(await scalar(admin, RECORD_CALLS, (dbname(dsn),)))
@@ -145,7 +145,7 @@ async def _invariants(
     if played.finished != len(ids):
         problems.append(f"the worker finished {played.finished} of {len(ids)} jobs")
     if missing:
-        problems.append(f"{missing} job(s) still without a run {GRACE + 30:g} s after the load")
+        problems.append(f"{missing} job(s) still without a run {GRACE_S + 30:g} s after the load")
     runs = int(await scalar(conn, "SELECT count(*) FROM analysis_runs"))
     # Every job has a run id of its own: one run per finished job, no more, no fewer.
     if runs != played.finished:

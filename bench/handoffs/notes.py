@@ -7,14 +7,14 @@ import os
 from bench.handoffs.findings import Findings, n_replicas, n_times
 from bench.handoffs.scale import (
     CPU_GROWTH,
-    EAGER_SIGTERM_AFTER,
-    GRACE,
+    EAGER_SIGTERM_AFTER_S,
+    GRACE_S,
     RATE,
     SAVE_RATIO,
-    TAB_DELAY,
+    TAB_DELAY_S,
     TOUCH_AT,
     TOUCH_RATIO,
-    WINDOW,
+    WINDOW_S,
 )
 from bench.stats import ratio, safe_div
 from reactor.testing import Settings
@@ -38,22 +38,22 @@ def _deploy_notes(found: Findings) -> list[str]:
     ready_s = ", ".join(f"{s['new_ready_s']:.2f} s" for s in steps if s["new_ready_s"])
     stop_s = ", ".join(f"{s['stop_s']:.2f} s" for s in steps if s["stop_s"])
     return [
-        f"Every replica is a `reactor run` process with a {GRACE:g} s grace; the worker runs in "
+        f"Every replica is a `reactor run` process with a {GRACE_S:g} s grace; the worker runs in "
         f"a process of its own, and tabs save {SAVE_RATIO:.0%} of the jobs "
-        f"{TAB_DELAY[0]:g}-{TAB_DELAY[1]:g} s after they finish (inside the grace), so the "
+        f"{TAB_DELAY_S[0]:g}-{TAB_DELAY_S[1]:g} s after they finish (inside the grace), so the "
         "reactor writes the other 30% and lateness is measured on those: the audit row of the "
         "reactor's write minus updated_at + grace, by the database clock.",
         f"Rolling deploys: {scale.deploy_replicas} replicas at {RATE:g} jobs/s for "
         f"{scale.deploy_seconds:g} s; {n_times(scale.deploys)}, a new process started, waited "
         f"for until its /readyz answered 200 ({ready_s} after its start), then the oldest got "
         f"SIGTERM and was waited for (exited after {stop_s}). A job counts as around a SIGTERM "
-        f"when its deadline is within {WINDOW:g} s of it; the SIGTERM follows the new "
+        f"when its deadline is within {WINDOW_S:g} s of it; the SIGTERM follows the new "
         "replica's readiness within a millisecond, so the window covers its joining too. "
         "Replicas log at info.",
         f"Eager deploys: {', '.join(n_replicas(e['replicas']) for e in eagers)} at {RATE:g} "
         f"jobs/s for {scale.eager_seconds:g} s, each on a fresh database; "
         f"{n_times(scale.deploys)}, a new process started and the oldest got SIGTERM "
-        + ", ".join(f"{d:g}" for d in EAGER_SIGTERM_AFTER[: scale.deploys])
+        + ", ".join(f"{d:g}" for d in EAGER_SIGTERM_AFTER_S[: scale.deploys])
         + " s later, ready or not (new replicas were ready after "
         + "; ".join(
             ", ".join(f"{s['new_ready_s']:.2f} s" for s in e["steps"] if s["new_ready_s"])

@@ -8,27 +8,27 @@ from pathlib import Path
 
 from reactor.testing import Settings
 
-GRACE = 2.0
+GRACE_S = 2.0
 RATE = 50.0
 FLEET_RATE = 333.0
 SAVE_RATIO = 0.7
 # Inside the grace, as in bench/replicas.py: a tab's save lands before the reactor's deadline.
-TAB_DELAY = (0.1, 1.6)
-WINDOW = 2.0  # a job "fell due around" an event when its deadline is within this of it
+TAB_DELAY_S = (0.1, 1.6)
+WINDOW_S = 2.0  # a job "fell due around" an event when its deadline is within this of it
 DEPLOY_GOAL_S = 0.020
 FLEET_GOAL_S = 0.010
 CPU_GROWTH = 1.2
 EAGER_MAX_S = 1.0
 # Eager deploys: the SIGTERM this long after the new process's start, whether it is ready or not;
 # one deploy each, cycled. A replica takes about a second to be ready on a 2-core box.
-EAGER_SIGTERM_AFTER = (0.5, 1.0, 1.5)
+EAGER_SIGTERM_AFTER_S = (0.5, 1.0, 1.5)
 # The app moves the deadline of this share of the finished jobs, this share of a grace after
 # their finish: the old deadline has not passed, and no notification tells anyone.
 TOUCH_RATIO = 0.3
 TOUCH_AT = 0.6
-READY_TIMEOUT = 30.0
+READY_TIMEOUT_S = 30.0
 # A stopped replica drains for up to REACTOR_DRAIN_SECONDS (20 s by default), then exits.
-EXIT_TIMEOUT = Settings.drain + 10.0
+EXIT_TIMEOUT_S = Settings.drain + 10.0
 # A job late by more than this in a deploy or the fleet is an anomaly: its log lines are kept.
 ANOMALY_S = 1.0
 

@@ -19,14 +19,14 @@ from bench.handoffs.fleet import Fleet, Replica
 from bench.handoffs.measure import Outcome, Usage, anomalies_of, read_outcome, setup
 from bench.handoffs.scale import (
     ANOMALY_S,
-    EAGER_SIGTERM_AFTER,
-    GRACE,
+    EAGER_SIGTERM_AFTER_S,
+    GRACE_S,
     RATE,
     SAVE_RATIO,
-    TAB_DELAY,
+    TAB_DELAY_S,
     TOUCH_AT,
     TOUCH_RATIO,
-    WINDOW,
+    WINDOW_S,
     Scale,
 )
 from bench.loadgen import play_elsewhere
@@ -38,10 +38,10 @@ from bench.workload import Play
 async def _load(
     dsn: str, ids: Sequence[str], rate: float, played: list[Play], *, touch: bool = False
 ) -> None:
-    touches = {"touch_ratio": TOUCH_RATIO, "touch_delay": TOUCH_AT * GRACE} if touch else {}
+    touches = {"touch_ratio": TOUCH_RATIO, "touch_delay": TOUCH_AT * GRACE_S} if touch else {}
     played.append(
         await play_elsewhere(
-            dsn, list(ids), rate=rate, save_ratio=SAVE_RATIO, tab_delay=TAB_DELAY, **touches
+            dsn, list(ids), rate=rate, save_ratio=SAVE_RATIO, tab_delay=TAB_DELAY_S, **touches
         )
     )
 
@@ -50,9 +50,9 @@ async def _deploys(
     server: Server, logs: Path, scale: Scale, replicas: int, *, eager: bool = False
 ) -> dict[str, Any]:
     """Start a replica, SIGTERM the oldest; ``scale.deploys`` times. The SIGTERM waits for the
-    new replica's readiness, or, ``eager``, comes EAGER_SIGTERM_AFTER its start while the app
+    new replica's readiness, or, ``eager``, comes EAGER_SIGTERM_AFTER_S its start while the app
     touches jobs."""
-    delays = itertools.cycle(EAGER_SIGTERM_AFTER)
+    delays = itertools.cycle(EAGER_SIGTERM_AFTER_S)
     label = f"eager{replicas}" if eager else "deploy"
     seconds = scale.eager_seconds if eager else scale.deploy_seconds
     dsn, ids = await setup(server, f"handoffs_{label}", int(seconds * RATE))
@@ -107,11 +107,11 @@ async def _deploys(
 
 
 def _around(outcome: Outcome, moments: Sequence[float]) -> list[float]:
-    """Lateness of the jobs due within WINDOW of any of ``moments`` (each job once)."""
+    """Lateness of the jobs due within WINDOW_S of any of ``moments`` (each job once)."""
     return [
         late
         for due, late in outcome.late.values()
-        if any(abs(due - moment) <= WINDOW for moment in moments)
+        if any(abs(due - moment) <= WINDOW_S for moment in moments)
     ]
 
 

@@ -11,10 +11,10 @@ from bench.pairs.plan import (
     BROKEN,
     FIRST_S,
     IDLE_BUDGET,
-    LATENESS_BUDGET,
+    LATENESS_BUDGET_S,
     PAIRS,
-    SATURATED,
-    SLACK,
+    SATURATED_S,
+    SLACK_S,
     UNCHANGED,
 )
 from bench.result import Result, Table
@@ -78,7 +78,7 @@ class Findings:
         late, late_broken, broken = self.late, self.late_broken, self.broken
         return {
             p: broken.missing[p] == 0
-            and late_broken[p]["p99"] <= max(UNCHANGED * late[p]["p99"], late[p]["p99"] + SLACK)
+            and late_broken[p]["p99"] <= max(UNCHANGED * late[p]["p99"], late[p]["p99"] + SLACK_S)
             for p in late_broken
         }
 
@@ -91,7 +91,7 @@ class Findings:
             "connections": one.connection_count <= connection_goal,
             "idle": one.statements_per_min <= IDLE_BUDGET,
             "lateness": all(
-                healthy.missing[p] == 0 and late[p]["p99"] <= LATENESS_BUDGET for p in late
+                healthy.missing[p] == 0 and late[p]["p99"] <= LATENESS_BUDGET_S for p in late
             ),
             "broken": all(unchanged.values()),
         }
@@ -176,8 +176,8 @@ def _table(found: Findings) -> Table:
             "-",
             "-",
             f"{ms(s['p50'])} / {ms(s['p99'])} / {ms(s['max'])}",
-            f"p99 <= {ms(LATENESS_BUDGET)}",
-            _yes(healthy.missing[p] == 0 and s["p99"] <= LATENESS_BUDGET),
+            f"p99 <= {ms(LATENESS_BUDGET_S)}",
+            _yes(healthy.missing[p] == 0 and s["p99"] <= LATENESS_BUDGET_S),
         )
     first = found.first
     for p in PAIRS:
@@ -344,9 +344,9 @@ def _notes(
         f"(broken). CPU while the load ran, in cores: healthy {_cores(healthy.cpu)}; broken "
         f"{_cores(broken.cpu)}.",
     ]
-    if max(healthy.behind, broken.behind) > SATURATED:
+    if max(healthy.behind, broken.behind) > SATURATED_S:
         notes.append(
-            f"The load generator fell more than {SATURATED * 1000:g} ms behind its own "
+            f"The load generator fell more than {SATURATED_S * 1000:g} ms behind its own "
             "schedule: the machine was saturated (the server, the reactors' process and the "
             "generator share its cores), so the lateness tails measure the machine as much as "
             "the reactor, and can move from one run to the next by more than a broken pair "
@@ -359,7 +359,7 @@ def _notes(
         f"statements during the phase, {broken_queued} of its jobs still queued at the end), "
         "while pairs a and b shared its process and pool. 'Unchanged' means every job "
         f"recorded and a p99 within {UNCHANGED:g}x of the healthy phase's, or within "
-        f"{SLACK * 1000:g} ms of it.",
+        f"{SLACK_S * 1000:g} ms of it.",
         "The fleet per pair is three reactors in this process, each with its own pool and "
         "LISTEN connection: the same connections and statements three processes would make.",
     ]
