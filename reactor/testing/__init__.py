@@ -7,7 +7,9 @@ of the package would (:mod:`reactor.cli`, :mod:`reactor.db`, :mod:`reactor.insta
 what is named here, nothing else; tests/unit/test_bench_shape.py holds it to that. The names
 below are the internals a benchmark drives or reads a limit of, re-exported as they are (same
 name, same object), so a module moving inside the reactor changes one import here rather than
-the benchmarks. They are test support, not an API: they change when the reactor does.
+the benchmarks. They are test support, not an API: they change when the reactor does. (The
+embedded PostgreSQL the benchmarks start is :class:`reactor.demo.EmbeddedPostgres`: the demo
+imports this package, so this one cannot name it.)
 
 - Running a replica in process: :class:`Settings` and :class:`Pair` (what it is told),
   :func:`open_replica` and :class:`Replica` (the process-level replica), :class:`Reactor` (one
