@@ -35,13 +35,15 @@ from reactor.ops.dashboard import Dashboard
 from reactor.runtime.replica import Replica, open_replica
 from reactor.settings.config import Settings
 from reactor.settings.pairs import Pair
+from reactor.settings.parsers import address
+from reactor.settings.table import DASHBOARD_ADDR
 from reactor.telemetry.metrics import Metrics
 from reactor.testing import audit
 from reactor.testing.app import App
 
 # Where the page is served while the demo runs: the reactor's own default for the page
 # (REACTOR_DASHBOARD_ADDR). The demo serves no probes: its replicas come and go.
-DEMO_HTTP_ADDR = ("127.0.0.1", 9188)
+DEMO_HTTP_ADDR = address(DASHBOARD_ADDR)("REACTOR_DASHBOARD_ADDR", DASHBOARD_ADDR)
 
 # What the worker's jobs carry: a page of a document, and the verdicts they end with.
 _PAGE = "<p>citation</p>" * 200
