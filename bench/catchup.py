@@ -22,7 +22,7 @@ from bench.server import DOC_FUNCTION, Server, open_server
 from bench.stats import ratio, safe_div
 from reactor import db
 from reactor.install import REFERENCE_INSTALL
-from reactor.testing import REFERENCE, Metrics, Recorder
+from reactor.testing import REFERENCE, Metrics, Recorder, Settings
 
 TITLE = "Catch-up after downtime: backlog drain vs one bare INSERT ... SELECT"
 GOAL = "rows/s >= 0.8x the floor"
@@ -291,7 +291,9 @@ def _notes(
 async def _drain(dsn: str, batch: int) -> float:
     """The scan's drain, as `reactor sweep --once` runs it: one connection, oldest first."""
     async with db.make_pool(dsn, max_size=1) as pool:
-        recorder = Recorder(db.Database.pooled(REFERENCE_INSTALL, pool, grace=120.0), Metrics())
+        recorder = Recorder(
+            db.Database.pooled(REFERENCE_INSTALL, pool, settings=Settings(grace=120.0)), Metrics()
+        )
         started = time.monotonic()
         await recorder.drain(batch)
         return time.monotonic() - started

@@ -34,7 +34,7 @@ from bench.stats import ms
 from bench.workload import insert_jobs
 from reactor import db
 from reactor.install import REFERENCE_INSTALL
-from reactor.testing import SPLIT, Metrics, Recorder
+from reactor.testing import SPLIT, Metrics, Recorder, Settings
 
 TITLE = "Jobs the app's constraint rejects at the head of a backlog: drain time against none"
 GOAL = "a drain with N rejected jobs at the head takes at most 1 s more than with none, each N"
@@ -175,7 +175,9 @@ async def _drain(dsn: str, n: int, bad_ids: list[str], good: int, batch: int) ->
     """The scan's drain, as `reactor sweep --once` runs it: one connection, oldest first."""
     async with db.make_pool(dsn, max_size=1) as pool:
         await pool.wait()  # the connection is open and configured before the clock starts
-        database = CountingDatabase(REFERENCE_INSTALL, db.Pooled(pool), grace=GRACE_S)
+        database = CountingDatabase(
+            REFERENCE_INSTALL, db.Pooled(pool), settings=Settings(grace=GRACE_S)
+        )
         metrics = Metrics()
         recorder = Recorder(database, metrics)
         started = time.monotonic()

@@ -145,7 +145,7 @@ async def _sweep(pair: Pair, which: str) -> tuple[int, bool]:
     pool = db.make_pool(settings.require_database(), max_size=1)
     # The runs a sweep writes get their hook rows like any other (a running replica runs them).
     async with open_hooks(settings, pool) as hooks, pool:
-        database = db.Database.pooled(install, pool, grace=settings.grace, hooks=list(hooks))
+        database = db.Database.pooled(install, pool, settings=settings, hooks=list(hooks))
         with progress.counting("sweep: reconcile pass", "jobs") as update:
             found = await database.reconcile_pass("sweep", on_progress=update)
         # A sweep is the operator's "everything, now": jobs set aside are tried again too.

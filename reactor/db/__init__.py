@@ -7,9 +7,12 @@ by concern, and every public name is re-exported here, so callers write ``db.X``
 - :mod:`.calls`: how each statement runs on one, and the connectors the queries run on;
 - :mod:`.rows`: the rows the queries return, decoded by column name;
 - :mod:`.queries`: :class:`Database`, the named queries of ``triggers/*.sql`` as its methods,
-  each written once, bound to an install and to where they run;
-- :mod:`.health`: what the replica's health check sends, and the checks of several pairs in one
-  statement;
+  each written once, bound to an install, to where they run and to its pair's settings
+  (:mod:`.named`); the queue's and the installation's are there, and each other concern's in
+  a module of its own:
+- :mod:`.health`: the replica's health check and heartbeat, and the checks of several pairs in
+  one statement; :mod:`.reconcile`, the shared pass over the job table; :mod:`.outbox`, the hook
+  outbox's rows;
 - :mod:`.migrations`: the migration engine behind `reactor migrate`; :mod:`.online_ddl`, how it
   changes the app's tables while the app writes; :mod:`.indexes`, the indexes it builds there,
   as data; and :mod:`.script`, the script `reactor migrate --print` prints instead;
@@ -37,8 +40,10 @@ from reactor.db.drift import REINSTALLED, mapping_changed, require_current_mappi
 from reactor.db.fit import fit
 from reactor.db.health import HealthCheck, health_of_pairs, health_params
 from reactor.db.migrations import Migrated, migrate, require_schema, schema_version
+from reactor.db.named import BATCH_BYTES
 from reactor.db.pool import make_pool, own_check
-from reactor.db.queries import BATCH_BYTES, RECONCILE_CHUNK, RECONCILE_LEASE, Database
+from reactor.db.queries import Database
+from reactor.db.reconcile import RECONCILE_CHUNK, RECONCILE_LEASE_S
 from reactor.db.rows import (
     Health,
     HookChange,
@@ -82,7 +87,7 @@ __all__ = [
     "OUTSIDE_TRANSACTION",
     "PREPARE_THRESHOLD",
     "RECONCILE_CHUNK",
-    "RECONCILE_LEASE",
+    "RECONCILE_LEASE_S",
     "REINSTALLED",
     "AnyConnection",
     "Connector",

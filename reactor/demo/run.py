@@ -127,7 +127,7 @@ async def main(
             # replica runs.
             page = Dashboard(
                 settings,
-                db.Database.pooled(pairs[0].install, pool, grace=grace),
+                db.Database.pooled(pairs[0].install, pool, settings=settings),
                 lambda: board.replicas[0] if board.replicas else None,
             )
             shown = _free(http_addr) if len(pairs) == 1 else None

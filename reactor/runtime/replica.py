@@ -84,7 +84,7 @@ async def open_replica(
             database = db.Database.pooled(
                 pair.install,
                 pool,
-                grace=pair.settings.grace,
+                settings=pair.settings,
                 hooks=list(hooks),
                 share=anyio.CapacityLimiter(POOL_SIZE) if several else None,
             )

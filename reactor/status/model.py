@@ -191,7 +191,7 @@ async def collect(conn: db.AnyConnection, install: Install, settings: Settings) 
     there is nothing to read."""
     try:
         with db_errors.translated(db_errors.PrivilegeDenied):
-            queries = db.Database.dedicated(install, conn, grace=settings.grace)
+            queries = db.Database.dedicated(install, conn, settings=settings)
             return await _collect(conn, queries, settings)
     except db_errors.PrivilegeDenied as error:
         raise PrivilegeMissing(

@@ -85,7 +85,7 @@ def title_of(url: str, key: str, *, report: str = "Report") -> Any:
 
 async def drain(install: Install, url: str, hooks: tuple[str, ...] = ()) -> Recorder:
     async with db.make_pool(url, max_size=2) as pool:
-        database = db.Database.pooled(install, pool, grace=GRACE, hooks=hooks)
+        database = db.Database.pooled(install, pool, settings=Settings(grace=GRACE), hooks=hooks)
         recorder = Recorder(database, Metrics())
         await recorder.drain(100)
     return recorder

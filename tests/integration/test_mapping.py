@@ -101,7 +101,7 @@ def report(conn: Conn, key: str) -> tuple[Any, ...] | None:
 
 async def drain(install: Install, url: str) -> int:
     async with db.make_pool(url, max_size=2) as pool:
-        database = db.Database.pooled(install, pool, grace=GRACE)
+        database = db.Database.pooled(install, pool, settings=Settings(grace=GRACE))
         return (await Recorder(database, Metrics()).drain(100)).recorded
 
 
@@ -221,7 +221,9 @@ async def test_the_reconcile_finds_a_job_that_went_around_the_trigger(
         conn.execute("SET session_replication_role = origin")
         assert conn.execute("SELECT count(*) FROM reactor.pending").fetchone() == (0,)
     async with await db.connect(second_url, "test") as conn:
-        found = await db.Database.dedicated(second, conn, grace=GRACE).reconcile_pass("test")
+        found = await db.Database.dedicated(
+            second, conn, settings=Settings(grace=GRACE)
+        ).reconcile_pass("test")
     assert found.found == 1
     assert found.example == str(restored)
     assert await drain(second, second_url) == 1
@@ -358,6 +360,8 @@ async def test_two_installs_live_side_by_side_in_one_process(second_url: str) ->
             assert report(conn, "theirs") is not None
     assert first_process.reactors[reference.schema].database.install is reference
     assert second_process.reactors[second.schema].database.install is second
+    # Each pair's queries read its settings, not a copy of its grace.
+    assert first_process.reactors[reference.schema].database.settings is settings
 
 
 async def test_the_apps_progress_updates_stay_hot_on_the_mapped_table(

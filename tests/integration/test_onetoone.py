@@ -21,6 +21,7 @@ from reactor.errors import ConfigError
 from reactor.install import Install, mapping_file
 from reactor.install.mapping import Mapping
 from reactor.record.recorder import Recorder
+from reactor.settings.config import Settings
 from reactor.telemetry.metrics import Metrics
 from tests.helpers import Conn
 
@@ -46,7 +47,7 @@ async def migrate(url: str, shape: Mapping) -> db.Migrated:
 
 async def drain(install: Install, url: str) -> int:
     async with db.make_pool(url, max_size=2) as pool:
-        database = db.Database.pooled(install, pool, grace=GRACE)
+        database = db.Database.pooled(install, pool, settings=Settings(grace=GRACE))
         return (await Recorder(database, Metrics()).drain(100)).recorded
 
 

@@ -16,6 +16,7 @@ import pytest
 
 from reactor import db
 from reactor.install import REFERENCE_INSTALL
+from reactor.settings.config import Settings
 from tests import hookmods
 from tests.faults.support import judge
 from tests.helpers import (
@@ -54,7 +55,7 @@ def _connect(database_url: str) -> Conn:
 async def database(database_url: str) -> AsyncIterator[db.Database]:
     """The reactor's statements on their own, with no timers or listener around them."""
     async with db.make_pool(database_url, max_size=2) as pool:
-        yield db.Database.pooled(REFERENCE_INSTALL, pool, grace=GRACE)
+        yield db.Database.pooled(REFERENCE_INSTALL, pool, settings=Settings(grace=GRACE))
 
 
 def _ordered_ids() -> tuple[uuid.UUID, uuid.UUID]:

@@ -18,6 +18,7 @@ import pytest
 from reactor import db
 from reactor.core.ownership import share_of
 from reactor.install import REFERENCE_INSTALL
+from reactor.settings.config import Settings
 from tests.helpers import Conn
 from tests.integration.support import add_job
 
@@ -36,7 +37,9 @@ async def connectors(database_url: str) -> AsyncIterator[Connectors]:
         db.make_pool(database_url, max_size=1) as pool,
         await db.connect(database_url, "test") as conn,
     ):
-        pooled = db.Database.pooled(REFERENCE_INSTALL, pool, grace=GRACE, hooks=[HOOK])
+        pooled = db.Database.pooled(
+            REFERENCE_INSTALL, pool, settings=Settings(grace=GRACE), hooks=[HOOK]
+        )
         yield pooled, pooled.using(conn)
 
 

@@ -16,6 +16,7 @@ import pytest
 from reactor import db
 from reactor.install import REFERENCE_INSTALL
 from reactor.record.recorder import Recorder
+from reactor.settings.config import Settings
 from reactor.telemetry.metrics import Metrics
 from tests.helpers import (
     Conn,
@@ -481,7 +482,9 @@ async def test_a_drain_remembers_its_last_settled_jobs_newest_last(database_url:
     with _connect(database_url) as app:
         jobs = [add_job(app, status="complete", results={"v": i}, age=60 - i)[0] for i in range(30)]
         async with db.make_pool(database_url, max_size=2) as pool:
-            recorder = Recorder(db.Database.pooled(REFERENCE_INSTALL, pool, grace=1.0), Metrics())
+            recorder = Recorder(
+                db.Database.pooled(REFERENCE_INSTALL, pool, settings=Settings(grace=1.0)), Metrics()
+            )
             drained = await recorder.drain(batch_size=500)
     assert drained.recorded == 30
     kept = list(recorder.recent)

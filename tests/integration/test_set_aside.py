@@ -38,7 +38,7 @@ REJECT_FLAGGED = (
 @pytest.fixture
 async def database(database_url: str) -> AsyncIterator[db.Database]:
     async with db.make_pool(database_url, max_size=2) as pool:
-        yield db.Database.pooled(REFERENCE_INSTALL, pool, grace=GRACE)
+        yield db.Database.pooled(REFERENCE_INSTALL, pool, settings=Settings(grace=GRACE))
 
 
 def _backlog(conn: Conn, good: int, bad: int) -> list[uuid.UUID]:

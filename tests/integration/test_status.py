@@ -124,7 +124,7 @@ async def test_a_retried_job_counts_until_its_last_finish_is_written(
     retried, _ = add_job(conn, status="failed", results=RESULTS, age=120)
     add_job(conn, status="complete", results=RESULTS, age=120)
     async with db.make_pool(database_url, max_size=2) as pool:
-        database = db.Database.pooled(REFERENCE_INSTALL, pool, grace=5.0)
+        database = db.Database.pooled(REFERENCE_INSTALL, pool, settings=Settings(grace=5.0))
         assert len(await database.record_oldest(10)) == 2
         _, report = status_json(database_url, REACTOR_MODE="poll")
         assert (report["jobs"]["due"], report["jobs"]["in_grace"]) == (0, 0)
