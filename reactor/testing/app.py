@@ -7,9 +7,9 @@ A worker creates jobs, adds verdicts as they run, finishes, reopens, touches and
 browser tab saves a run with the upsert that always wins.
 
 An :class:`App` is pure: each method returns a :class:`Statement`, which any psycopg connection,
-sync or async, executes as ``conn.execute(*statement)``. :meth:`App.fit` reads what the mapping
-does not say from the catalog (the job table's own NOT NULL columns, a status that is not
-terminal), for an app whose tables the demo has never seen.
+sync or async, executes as ``conn.execute(*statement)``. :meth:`App.fit` makes one of what the
+catalog says beside the mapping (the job table's own NOT NULL columns, a status that is not
+terminal: :mod:`.catalog` reads them), for an app whose tables the demo has never seen.
 """
 
 from __future__ import annotations
@@ -23,39 +23,17 @@ from typing import Any, NamedTuple
 
 import psycopg
 
-from reactor.errors import ConfigError
 from reactor.install import sql
 from reactor.install.mapping import Mapping, Terminal
 from reactor.install.quote import identifier, literal
+from reactor.testing.catalog import JSON_TYPES, read_fit
 
 # What a job's documents hold by default: a document it starts with, and the verdicts it gets.
 DOCUMENT = "<p>doc</p>"
 VERDICTS = '{"verdicts": [1]}'
 
-_JSON_TYPES = ("json", "jsonb")
-_TEXT_TYPES = ("text", "character varying", "character")
 # The app's own slots (see triggers/app.sql); the mapping fills every other.
 _APP_SLOT = re.compile(r"@(now|new_columns|new_values|verdicts|documents|running|doc|results)@")
-
-# The value the demo gives a NOT NULL column of the job table that nothing else fills, by type.
-_FILLERS = {
-    "uuid": "gen_random_uuid()",
-    "text": "'demo'",
-    "character varying": "'demo'",
-    "character": "'d'",
-    "boolean": "false",
-    "smallint": "0",
-    "integer": "0",
-    "bigint": "0",
-    "numeric": "0",
-    "real": "0",
-    "double precision": "0",
-    "json": "'{}'",
-    "jsonb": "'{}'",
-    "timestamp with time zone": "now()",
-    "timestamp without time zone": "localtimestamp",
-    "date": "current_date",
-}
 
 
 class Statement(NamedTuple):
@@ -88,51 +66,10 @@ class App:
 
     @classmethod
     async def fit(cls, conn: psycopg.AsyncConnection[Any], mapping: Mapping) -> App:
-        """The app of the tables ``mapping`` names, with what the catalog says of them."""
-        from reactor.db.catalog import describe, enum_labels
-
-        jobs = mapping.jobs
-        table = await describe(conn, jobs.table)
-        if table is None:
-            raise ConfigError(f"table {mapping.jobs_shown} not found")
-        labels = await enum_labels(conn, table.oid, jobs.status)
-        # An integer status (Rails' enum) runs as the first small number that is not terminal.
-        candidates: tuple[Terminal, ...] = (
-            tuple(labels or ("running", "queued"))
-            if isinstance(jobs.terminal[0], str)
-            else (1, 0, 2, 3)
-        )
-        running = next((v for v in candidates if v not in jobs.terminal), "")
-        if not running:
-            raise ConfigError(
-                f"{mapping.jobs_shown}.{jobs.status} has no value but the terminal ones; the "
-                "app needs one for a running job"
-            )
-        for name in jobs.not_null:
-            if jobs.type_of(name) not in (*_TEXT_TYPES, *_JSON_TYPES):
-                raise ConfigError(
-                    f"{mapping.jobs_shown}.{name} is {jobs.type_of(name)}; the app writes "
-                    "documents of text or json types only"
-                )
-        mapped = {jobs.id, jobs.run, jobs.status, jobs.updated_at, *jobs.not_null}
-        mapped |= {jobs.created_at} if jobs.created_at else set()
-        own = []
-        for column in table.columns.values():
-            if column.name in mapped or not column.not_null or column.filled:
-                continue
-            if column.enum:
-                own.append((column.name, f"(enum_range(NULL::{column.type}))[1]"))
-            elif column.type.endswith("[]"):
-                own.append((column.name, "'{}'"))
-            elif column.type in _FILLERS:
-                own.append((column.name, _FILLERS[column.type]))
-            else:
-                raise ConfigError(
-                    f"the app cannot fill {mapping.jobs_shown}.{column.name} ({column.type}, NOT "
-                    "NULL without a default); give it a default in the --schema file"
-                )
-        assigns = table.columns[jobs.id].filled
-        return cls(mapping, tuple(own), assigns_ids=assigns, running=running)
+        """The app of the tables ``mapping`` names, with what the catalog says of them
+        (:func:`.catalog.read_fit`)."""
+        fit = await read_fit(conn, mapping)
+        return cls(mapping, fit.own_columns, assigns_ids=fit.assigns_ids, running=fit.running)
 
     # -- values as the app makes them ----------------------------------------------------------
 
@@ -180,7 +117,7 @@ class App:
 
     def empty(self, column: str) -> str:
         """What an empty verdict of ``column`` holds: nothing to show, so no run is needed."""
-        return "{}" if self.mapping.jobs.type_of(column) in _JSON_TYPES else ""
+        return "{}" if self.mapping.jobs.type_of(column) in JSON_TYPES else ""
 
     # -- the worker ----------------------------------------------------------------------------
 
