@@ -12,7 +12,7 @@ from collections import defaultdict
 from typing import Any
 
 from reactor.db.session import AnyConnection
-from reactor.draft.facts import INTEGER_TYPES, Column, ForeignKey, Table
+from reactor.draft.facts import INTEGER_TYPES, ColumnFacts, ForeignKey, TableFacts
 from reactor.draft.links import parse_name
 
 _TYPMOD = re.compile(r"\(\d+(?:,\d+)?\)")
@@ -74,7 +74,7 @@ SELECT c.conrelid, c.contype, a.attname, tn.nspname, tc.relname, ta.attname,
 """
 
 
-async def read_tables(conn: AnyConnection) -> list[Table]:
+async def read_tables(conn: AnyConnection) -> list[TableFacts]:
     """Every table of the database outside the system's and the reactor's schemas."""
     cur = await conn.execute(_TABLES)
     tables = await cur.fetchall()
@@ -104,7 +104,7 @@ async def read_tables(conn: AnyConnection) -> list[Table]:
         for column, type_name, not_null, filled, enum, labels in columns[oid]:
             plain = _TYPMOD.sub("", type_name)
             described.append(
-                Column(
+                ColumnFacts(
                     name=column,
                     type=plain,
                     not_null=not_null,
@@ -115,7 +115,7 @@ async def read_tables(conn: AnyConnection) -> list[Table]:
                 )
             )
         found.append(
-            Table(
+            TableFacts(
                 schema=schema,
                 name=name,
                 columns=tuple(described),
@@ -147,7 +147,7 @@ def checked_values(definitions: list[str], type_name: str) -> tuple[str | int, .
     return ()
 
 
-def find(tables: list[Table], name: str) -> Table | None:
+def find(tables: list[TableFacts], name: str) -> TableFacts | None:
     """The table ``name`` names, as a mapping file does: ``schema.table``, or ``table`` in
     public; case matters; a part may be double-quoted as in SQL (``public."Render"``)."""
     qualified = parse_name(name)

@@ -14,7 +14,7 @@ import tomllib
 
 from reactor import db
 from reactor.draft import catalog, saves
-from reactor.draft.facts import Table
+from reactor.draft.facts import TableFacts
 from reactor.draft.links import candidates, status_column
 from reactor.draft.propose import Draft, draft
 from reactor.draft.role import create_role
@@ -131,7 +131,7 @@ def _terminal(flag: str | None) -> tuple[str, ...] | None:
     return values
 
 
-def _table(tables: list[Table], name: str, flag: str) -> Table:
+def _table(tables: list[TableFacts], name: str, flag: str) -> TableFacts:
     found = catalog.find(tables, name)
     if found is None:
         shown = name if "." in name else f"public.{name}"
@@ -143,7 +143,7 @@ def _table(tables: list[Table], name: str, flag: str) -> Table:
     return found
 
 
-def _list(tables: list[Table], jobs: str | None, runs: str | None) -> int:
+def _list(tables: list[TableFacts], jobs: str | None, runs: str | None) -> int:
     """Lists the candidate pairs on stderr; the choice is the user's, as flags."""
     found = candidates(tables)
     if jobs is not None:

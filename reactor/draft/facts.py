@@ -16,7 +16,7 @@ NAIVE = "timestamp without time zone"
 
 
 @dataclass(frozen=True)
-class Column:
+class ColumnFacts:
     """One column of a table."""
 
     name: str
@@ -49,12 +49,12 @@ class ForeignKey:
 
 
 @dataclass(frozen=True)
-class Table:
+class TableFacts:
     """One table (plain or partitioned) with what the drafting reads of it."""
 
     schema: str
     name: str
-    columns: tuple[Column, ...]
+    columns: tuple[ColumnFacts, ...]
     primary_key: tuple[str, ...] = ()
     # The columns that are unique alone: a one-column primary key or unique index (valid,
     # without a predicate or an expression), which ON CONFLICT can name.
@@ -71,9 +71,9 @@ class Table:
         """As messages and the mapping file name it: unqualified in public."""
         return self.name if self.schema == "public" else f"{self.schema}.{self.name}"
 
-    def column(self, name: str) -> Column | None:
+    def column(self, name: str) -> ColumnFacts | None:
         return next((c for c in self.columns if c.name == name), None)
 
-    def references(self, target: Table) -> list[ForeignKey]:
+    def references(self, target: TableFacts) -> list[ForeignKey]:
         """This table's foreign keys to ``target``."""
         return [fk for fk in self.foreign_keys if fk.target == target.key]

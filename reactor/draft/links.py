@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from reactor.draft.facts import INTEGER_TYPES, TEXT_TYPES, Column, Table
+from reactor.draft.facts import INTEGER_TYPES, TEXT_TYPES, ColumnFacts, TableFacts
 from reactor.install.quote import readable
 from reactor.shown import has_hidden, printable, shell_word
 
@@ -33,7 +33,7 @@ class Link:
     one_to_one: bool
     why: dict[str, str]
 
-    def describe(self, jobs: Table, runs: Table) -> str:
+    def describe(self, jobs: TableFacts, runs: TableFacts) -> str:
         """One line for the list of candidates."""
         if self.one_to_one:
             return f"one-to-one: {runs.shown}.{self.key} is unique and {self.why['job']}"
@@ -57,14 +57,14 @@ def singular(name: str) -> str:
     return name
 
 
-def reference_names(table: Table, generic: str) -> set[str]:
+def reference_names(table: TableFacts, generic: str) -> set[str]:
     """The normal names of a column that refers to ``table``: job_id, app_export_id, export_id."""
     one = singular(table.name)
     last = one.replace("-", "_").split("_")[-1]
     return {normal(one) + "id", normal(last) + "id", generic + "id"}
 
 
-def status_column(table: Table) -> Column | None:
+def status_column(table: TableFacts) -> ColumnFacts | None:
     """The status-like column: by name (status, state, …_status) and by a type a status can
     have (text, varchar, an enum or an integer), an exact name first."""
     fitting = [
@@ -79,14 +79,14 @@ def status_column(table: Table) -> Column | None:
     return None
 
 
-def id_column(table: Table) -> Column | None:
+def id_column(table: TableFacts) -> ColumnFacts | None:
     """The job's id: its one-column primary key."""
     if len(table.primary_key) == 1:
         return table.column(table.primary_key[0])
     return None
 
 
-def link(jobs: Table, runs: Table) -> Link | None:
+def link(jobs: TableFacts, runs: TableFacts) -> Link | None:
     """How ``runs`` belongs to ``jobs``, or None when nothing ties the two together."""
     job_id = id_column(jobs)
     if job_id is None:
@@ -115,7 +115,9 @@ def link(jobs: Table, runs: Table) -> Link | None:
     return Link(job_id.name, run, key, job, False, why)
 
 
-def _job_column(jobs: Table, runs: Table, job_id: Column, why: dict[str, str]) -> str | None:
+def _job_column(
+    jobs: TableFacts, runs: TableFacts, job_id: ColumnFacts, why: dict[str, str]
+) -> str | None:
     # A foreign key to the job's id first; else a column named after the job table.
     for fk in runs.references(jobs):
         if fk.target_column == job_id.name:
@@ -131,7 +133,9 @@ def _job_column(jobs: Table, runs: Table, job_id: Column, why: dict[str, str]) -
     return None
 
 
-def _run_by_foreign_key(jobs: Table, runs: Table, why: dict[str, str]) -> tuple[str, str] | None:
+def _run_by_foreign_key(
+    jobs: TableFacts, runs: TableFacts, why: dict[str, str]
+) -> tuple[str, str] | None:
     for fk in jobs.references(runs):
         if fk.target_column in runs.unique:
             why["run"] = f"references {runs.shown}.{fk.target_column} (a foreign key)"
@@ -140,7 +144,7 @@ def _run_by_foreign_key(jobs: Table, runs: Table, why: dict[str, str]) -> tuple[
     return None
 
 
-def _run_by_name(jobs: Table, runs: Table, why: dict[str, str]) -> tuple[str, str] | None:
+def _run_by_name(jobs: TableFacts, runs: TableFacts, why: dict[str, str]) -> tuple[str, str] | None:
     keys = [runs.column(name) for name in _unique_first_primary(runs)]
     names = reference_names(runs, "run")
     for key in keys:
@@ -156,7 +160,7 @@ def _run_by_name(jobs: Table, runs: Table, why: dict[str, str]) -> tuple[str, st
     return None
 
 
-def _unique_first_primary(table: Table) -> list[str]:
+def _unique_first_primary(table: TableFacts) -> list[str]:
     primary = [table.primary_key[0]] if len(table.primary_key) == 1 else []
     return primary + sorted(table.unique - set(primary))
 
@@ -165,9 +169,9 @@ def _unique_first_primary(table: Table) -> list[str]:
 class Candidate:
     """A job table and an artifact table that belong together."""
 
-    jobs: Table
-    runs: Table
-    status: Column
+    jobs: TableFacts
+    runs: TableFacts
+    status: ColumnFacts
     link: Link
 
     def line(self) -> str:
@@ -192,7 +196,7 @@ class Candidate:
         )
 
 
-def flag(table: Table) -> str:
+def flag(table: TableFacts) -> str:
     """The name ``--jobs``/``--runs`` take for ``table`` (:func:`reactor.draft.catalog.find`
     reads it back): as the mapping file shows it when that reads back to this table, else
     quoted as SQL quotes names (``public."a.b"``)."""
@@ -253,7 +257,7 @@ def _quoted(text: str, start: int) -> tuple[str | None, int]:
     return None, i
 
 
-def candidates(tables: Iterable[Table]) -> list[Candidate]:
+def candidates(tables: Iterable[TableFacts]) -> list[Candidate]:
     """Every pair of ``tables`` that could be a job table and its artifact table."""
     listed = list(tables)
     found = []

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from reactor.draft.facts import INTEGER_TYPES, TEXT_TYPES, TIME_TYPES, Column, Table
+from reactor.draft.facts import INTEGER_TYPES, TEXT_TYPES, TIME_TYPES, ColumnFacts, TableFacts
 from reactor.draft.links import Link, link, normal, status_column
 from reactor.draft.toml import Writer, key_text
 from reactor.install.quote import readable
@@ -51,7 +51,7 @@ class Draft:
     complete: bool = True
 
 
-def draft(jobs: Table, runs: Table, terminal: tuple[str, ...] | None = None) -> Draft:
+def draft(jobs: TableFacts, runs: TableFacts, terminal: tuple[str, ...] | None = None) -> Draft:
     """The mapping file for ``jobs`` and ``runs``; ``terminal``: the values ``--terminal``
     gave, as typed."""
     out = Writer()
@@ -107,7 +107,7 @@ def draft(jobs: Table, runs: Table, terminal: tuple[str, ...] | None = None) -> 
     return Draft(out.text(), tuple(out.todos), tied.one_to_one, complete)
 
 
-def _ids(out: Writer, jobs: Table, runs: Table, tied: Link) -> None:
+def _ids(out: Writer, jobs: TableFacts, runs: TableFacts, tied: Link) -> None:
     why = tied.why
     if tied.id is None:
         out.todo(f"{jobs.shown} has no one-column primary key: set id to its job id column")
@@ -123,7 +123,7 @@ def _ids(out: Writer, jobs: Table, runs: Table, tied: Link) -> None:
 
 
 def _status(
-    out: Writer, jobs: Table, status: Column | None, terminal: tuple[str, ...] | None
+    out: Writer, jobs: TableFacts, status: ColumnFacts | None, terminal: tuple[str, ...] | None
 ) -> bool:
     if status is None:
         out.todo(
@@ -185,7 +185,7 @@ def _status(
     return False
 
 
-def _find_time(table: Table, names: tuple[str, ...]) -> Column | None:
+def _find_time(table: TableFacts, names: tuple[str, ...]) -> ColumnFacts | None:
     for name in names:
         for column in table.columns:
             if normal(column.name) == name and column.type in TIME_TYPES:
@@ -193,7 +193,9 @@ def _find_time(table: Table, names: tuple[str, ...]) -> Column | None:
     return None
 
 
-def _time(out: Writer, jobs: Table, key: str, names: tuple[str, ...], why: str) -> Column | None:
+def _time(
+    out: Writer, jobs: TableFacts, key: str, names: tuple[str, ...], why: str
+) -> ColumnFacts | None:
     """The column of ``jobs`` that ``key`` maps to, written as that key (its type, then ``why``);
     None, and nothing written, when no column fits."""
     column = _find_time(jobs, names)
@@ -202,7 +204,7 @@ def _time(out: Writer, jobs: Table, key: str, names: tuple[str, ...], why: str) 
     return column
 
 
-def _times(out: Writer, jobs: Table, one_to_one: bool) -> list[Column]:
+def _times(out: Writer, jobs: TableFacts, one_to_one: bool) -> list[ColumnFacts]:
     updated = _time(out, jobs, "updated_at", _UPDATED, "")
     if updated is None:
         out.todo(
@@ -225,7 +227,7 @@ def _times(out: Writer, jobs: Table, one_to_one: bool) -> list[Column]:
     return [column for column in (updated, created, deleted) if column is not None]
 
 
-def _saved_by(runs: Table, tied: Link) -> tuple[Column | None, str]:
+def _saved_by(runs: TableFacts, tied: Link) -> tuple[ColumnFacts | None, str]:
     taken = {tied.key, tied.job}
     for column in runs.columns:
         fits = column.type in TEXT_TYPES and (not column.not_null or column.filled)
@@ -237,7 +239,9 @@ def _saved_by(runs: Table, tied: Link) -> tuple[Column | None, str]:
     )
 
 
-def _columns(out: Writer, jobs: Table, runs: Table, tied: Link) -> list[tuple[str, str | None]]:
+def _columns(
+    out: Writer, jobs: TableFacts, runs: TableFacts, tied: Link
+) -> list[tuple[str, str | None]]:
     """Writes [runs] and [runs.columns]; (artifact column, the job column it is filled from)."""
     out.section("runs")
     out.key("table", runs.shown, "the artifact table (--runs)")

@@ -8,20 +8,20 @@ from dataclasses import replace
 
 from reactor.db.saves import Reference, references
 from reactor.db.session import AnyConnection
-from reactor.draft.facts import Table
+from reactor.draft.facts import TableFacts
 from reactor.draft.propose import Draft
 
 _WIDTH = 99
 _SECTION_AFTER = "\n\n[runs.columns]"
 
 
-async def noted(conn: AnyConnection, drafted: Draft, runs: Table) -> Draft:
+async def noted(conn: AnyConnection, drafted: Draft, runs: TableFacts) -> Draft:
     """``drafted`` with the note on app_saves for ``runs`` at the end of its [runs] section."""
     found = await references(conn, runs.key)
     return replace(drafted, text=with_note(drafted.text, note(runs, found)))
 
 
-def note(runs: Table, found: list[Reference]) -> list[str]:
+def note(runs: TableFacts, found: list[Reference]) -> list[str]:
     """The comment lines: "plain" left for the reader to choose, or why it cannot be."""
     if found:
         text = (

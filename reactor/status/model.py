@@ -25,7 +25,7 @@ REPLICA_SESSIONS_VERSION = 14
 
 
 @dataclass(frozen=True)
-class Listener:
+class ListenerStatus:
     """One LISTEN session of a reactor replica, as pg_stat_activity shows it."""
 
     pid: int
@@ -34,7 +34,7 @@ class Listener:
 
 
 @dataclass(frozen=True)
-class Replica:
+class ReplicaStatus:
     """One replica's heartbeat row, as reactor.replicas holds it."""
 
     id: str
@@ -110,7 +110,7 @@ class Status:
     oldest_job_id: str | None  # the oldest due job, or None when none is due
     oldest_age: float | None  # seconds since that job's updated_at
     hooks: Hooks
-    listeners: tuple[Listener, ...]
+    listeners: tuple[ListenerStatus, ...]
     schema_version: int
     required_version: int
     queue_usage: float
@@ -123,7 +123,7 @@ class Status:
     set_aside_count: int | None = None  # None before the set-aside migration
     set_aside: tuple[SetAsideJob, ...] = ()  # the oldest few
     in_recovery: bool = False  # a read-only hot standby: no reactor can write here
-    replicas: tuple[Replica, ...] = ()  # the heartbeat rows, oldest first
+    replicas: tuple[ReplicaStatus, ...] = ()  # the heartbeat rows, oldest first
     # The job table as messages name it, and the statement that re-enables its trigger, as a
     # person must type it: names quoted as needed, the trigger named after the reactor's schema.
     jobs_table: str = "analysis_jobs"
@@ -145,7 +145,7 @@ class Status:
     doorbell_awake_for: float | None = None
 
     @property
-    def unwritable(self) -> tuple[Replica, ...]:
+    def unwritable(self) -> tuple[ReplicaStatus, ...]:
         """The live replicas whose record statements fail on the pair's own objects."""
         return tuple(r for r in self.replicas if r.live and r.write_error)
 
@@ -219,7 +219,7 @@ async def _collect(conn: db.AnyConnection, queries: db.Database, settings: Setti
             {"liveness": LIVENESS_PROBES * settings.probe_interval},
             filename="dashboard.sql",
         )
-        replicas = [Replica(**row) for row in rows]
+        replicas = [ReplicaStatus(**row) for row in rows]
     grace = running_grace(replicas, settings.grace)
     jobs_query = "status_jobs" if server["pending_queue"] else "status_jobs_unqueued"
     jobs = await _one(queries, jobs_query, {"grace": grace})
@@ -270,7 +270,7 @@ async def _collect(conn: db.AnyConnection, queries: db.Database, settings: Setti
         oldest_job_id=jobs["oldest_job_id"],
         oldest_age=jobs["oldest_age"],
         hooks=hooks,
-        listeners=tuple(Listener(**row) for row in listeners),
+        listeners=tuple(ListenerStatus(**row) for row in listeners),
         schema_version=version,
         required_version=sql.latest_version(),
         queue_usage=server["queue_usage"],
@@ -306,7 +306,7 @@ async def _collect(conn: db.AnyConnection, queries: db.Database, settings: Setti
     )
 
 
-def running_grace(replicas: list[Replica], own: float) -> float:
+def running_grace(replicas: list[ReplicaStatus], own: float) -> float:
     """The grace the live replicas run with (the longest, should they differ: no job is due to
     all of them before it); ``own``, this command's setting, when none publishes one."""
     published = [r.grace for r in replicas if r.live and r.grace is not None]

@@ -11,7 +11,7 @@ import pytest
 from reactor.db import drift, indexes
 from reactor.db.indexes import Index
 from reactor.db.saves import Reference
-from reactor.draft.facts import Column, Table
+from reactor.draft.facts import ColumnFacts, TableFacts
 from reactor.draft.saves import note, with_note
 from reactor.errors import ConfigError
 from reactor.install import Install, sql
@@ -69,7 +69,9 @@ def test_the_digest_changes_with_plain_and_stays_for_the_default() -> None:
     assert drift.mapping_digest(_plain()) != before
 
 
-RUNS = Table("public", "app_exportreport", (Column("export_id", "bigint", not_null=True),))
+RUNS = TableFacts(
+    "public", "app_exportreport", (ColumnFacts("export_id", "bigint", not_null=True),)
+)
 DRAFT = """[jobs]
 id = "id"
 

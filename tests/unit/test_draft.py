@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from reactor.draft.catalog import checked_values, find
-from reactor.draft.facts import Column, ForeignKey, Table
+from reactor.draft.facts import ColumnFacts, ForeignKey, TableFacts
 from reactor.draft.links import candidates, link, parse_name
 from reactor.draft.propose import draft
 from reactor.draft.role import create_role
@@ -21,16 +21,19 @@ from reactor.install.quote import readable
 TZ = "timestamp with time zone"
 
 
-def _jobs(*extra: Column, status: Column | None = None, name: str = "exports") -> Table:
-    return Table(
+def _jobs(
+    *extra: ColumnFacts, status: ColumnFacts | None = None, name: str = "exports"
+) -> TableFacts:
+    return TableFacts(
         "public",
         name,
         (
-            Column("id", "bigint", not_null=True, filled=True),
-            status or Column("status", "text", not_null=True, checked=("queued", "done", "error")),
-            Column("result", "text"),
-            Column("created_at", TZ, not_null=True, filled=True),
-            Column("updated_at", TZ, not_null=True, filled=True),
+            ColumnFacts("id", "bigint", not_null=True, filled=True),
+            status
+            or ColumnFacts("status", "text", not_null=True, checked=("queued", "done", "error")),
+            ColumnFacts("result", "text"),
+            ColumnFacts("created_at", TZ, not_null=True, filled=True),
+            ColumnFacts("updated_at", TZ, not_null=True, filled=True),
             *extra,
         ),
         primary_key=("id",),
@@ -38,13 +41,13 @@ def _jobs(*extra: Column, status: Column | None = None, name: str = "exports") -
     )
 
 
-def _one_to_one(*extra: Column, foreign_key: bool = True) -> Table:
-    return Table(
+def _one_to_one(*extra: ColumnFacts, foreign_key: bool = True) -> TableFacts:
+    return TableFacts(
         "public",
         "export_reports",
         (
-            Column("export_id", "bigint", not_null=True),
-            Column("result", "text", not_null=True),
+            ColumnFacts("export_id", "bigint", not_null=True),
+            ColumnFacts("result", "text", not_null=True),
             *extra,
         ),
         primary_key=("export_id",),
@@ -53,7 +56,9 @@ def _one_to_one(*extra: Column, foreign_key: bool = True) -> Table:
     )
 
 
-def _parsed(jobs: Table, runs: Table, terminal: tuple[str, ...] | None = None) -> dict[str, Any]:
+def _parsed(
+    jobs: TableFacts, runs: TableFacts, terminal: tuple[str, ...] | None = None
+) -> dict[str, Any]:
     return tomllib.loads(draft(jobs, runs, terminal).text)
 
 
@@ -74,23 +79,23 @@ def test_an_artifact_keyed_by_the_job_id_is_one_to_one() -> None:
 
 
 def test_a_run_indirection_is_found_by_name_as_in_the_reference() -> None:
-    jobs = Table(
+    jobs = TableFacts(
         "public",
         "analysis_jobs",
         (
-            Column("id", "uuid", not_null=True),
-            Column("run_id", "uuid", not_null=True),
-            Column("status", "text", not_null=True),
-            Column("created_at", TZ, not_null=True, filled=True),
-            Column("updated_at", TZ, not_null=True, filled=True),
+            ColumnFacts("id", "uuid", not_null=True),
+            ColumnFacts("run_id", "uuid", not_null=True),
+            ColumnFacts("status", "text", not_null=True),
+            ColumnFacts("created_at", TZ, not_null=True, filled=True),
+            ColumnFacts("updated_at", TZ, not_null=True, filled=True),
         ),
         primary_key=("id",),
         unique=frozenset({"id"}),
     )
-    runs = Table(
+    runs = TableFacts(
         "public",
         "analysis_runs",
-        (Column("id", "uuid", not_null=True), Column("job_id", "uuid", not_null=True)),
+        (ColumnFacts("id", "uuid", not_null=True), ColumnFacts("job_id", "uuid", not_null=True)),
         primary_key=("id",),
         unique=frozenset({"id"}),
     )
@@ -102,8 +107,8 @@ def test_a_run_indirection_is_found_by_name_as_in_the_reference() -> None:
 
 
 def test_a_foreign_key_from_the_job_to_the_artifact_names_the_run() -> None:
-    jobs = _jobs(Column("batch", "uuid", not_null=True))
-    jobs = Table(
+    jobs = _jobs(ColumnFacts("batch", "uuid", not_null=True))
+    jobs = TableFacts(
         jobs.schema,
         jobs.name,
         jobs.columns,
@@ -111,10 +116,13 @@ def test_a_foreign_key_from_the_job_to_the_artifact_names_the_run() -> None:
         jobs.unique,
         (ForeignKey("batch", ("public", "summaries"), "uid"),),
     )
-    runs = Table(
+    runs = TableFacts(
         "public",
         "summaries",
-        (Column("uid", "uuid", not_null=True), Column("export_id", "bigint", not_null=True)),
+        (
+            ColumnFacts("uid", "uuid", not_null=True),
+            ColumnFacts("export_id", "bigint", not_null=True),
+        ),
         unique=frozenset({"uid"}),
     )
     tied = link(jobs, runs)
@@ -123,13 +131,13 @@ def test_a_foreign_key_from_the_job_to_the_artifact_names_the_run() -> None:
 
 
 def test_unrelated_tables_are_no_candidates_and_two_pairs_are_two() -> None:
-    unrelated = Table("public", "users", (Column("id", "bigint"),), primary_key=("id",))
+    unrelated = TableFacts("public", "users", (ColumnFacts("id", "bigint"),), primary_key=("id",))
     assert candidates([_jobs(), unrelated]) == []
     other_jobs = _jobs(name="imports")
-    other_runs = Table(
+    other_runs = TableFacts(
         "public",
         "import_logs",
-        (Column("import_id", "bigint", not_null=True),),
+        (ColumnFacts("import_id", "bigint", not_null=True),),
         unique=frozenset({"import_id"}),
     )
     found = candidates([_jobs(), _one_to_one(), other_jobs, other_runs, unrelated])
@@ -150,7 +158,7 @@ def test_terminal_values_are_guessed_from_the_check_and_left_to_confirm() -> Non
 
 
 def test_an_integer_status_takes_integers_and_asks_for_them() -> None:
-    status = Column("status", "integer", not_null=True, filled=True)
+    status = ColumnFacts("status", "integer", not_null=True, filled=True)
     confirmed = draft(_jobs(status=status), _one_to_one(), ("2", "3"))
     assert tomllib.loads(confirmed.text)["jobs"]["terminal"] == [2, 3]
     assert confirmed.complete
@@ -163,7 +171,7 @@ def test_an_integer_status_takes_integers_and_asks_for_them() -> None:
 
 
 def test_a_terminal_value_outside_the_enum_is_a_todo() -> None:
-    status = Column("status", "job_state", enum=True, labels=("queued", "complete", "failed"))
+    status = ColumnFacts("status", "job_state", enum=True, labels=("queued", "complete", "failed"))
     result = draft(_jobs(status=status), _one_to_one(), ("complete", "done"))
     assert result.todos == (
         "--terminal 'done' is none of the enum's labels: queued, complete, failed",
@@ -172,12 +180,12 @@ def test_a_terminal_value_outside_the_enum_is_a_todo() -> None:
 
 def test_not_null_artifact_columns_are_filled_by_name_or_left_as_todo() -> None:
     runs = _one_to_one(
-        Column("owner", "uuid", not_null=True),
-        Column("title", "text", not_null=True),
-        Column("created_at", TZ, not_null=True),
-        Column("notes", "text"),
+        ColumnFacts("owner", "uuid", not_null=True),
+        ColumnFacts("title", "text", not_null=True),
+        ColumnFacts("created_at", TZ, not_null=True),
+        ColumnFacts("notes", "text"),
     )
-    jobs = _jobs(Column("owner", "uuid", not_null=True))
+    jobs = _jobs(ColumnFacts("owner", "uuid", not_null=True))
     result = draft(jobs, runs, ("done",))
     parsed = tomllib.loads(result.text)
     assert parsed["runs"]["columns"] == {
@@ -194,24 +202,24 @@ def test_not_null_artifact_columns_are_filled_by_name_or_left_as_todo() -> None:
 
 def test_naive_timestamps_take_a_time_zone() -> None:
     naive = "timestamp without time zone"
-    jobs = Table(
+    jobs = TableFacts(
         "app",
         "Job",
         (
-            Column("id", "text", not_null=True),
-            Column("state", "text", checked=("done",)),
-            Column("updatedAt", naive, not_null=True),
+            ColumnFacts("id", "text", not_null=True),
+            ColumnFacts("state", "text", checked=("done",)),
+            ColumnFacts("updatedAt", naive, not_null=True),
         ),
         primary_key=("id",),
         unique=frozenset({"id"}),
     )
-    runs = Table(
+    runs = TableFacts(
         "app",
         "Report",
         (
-            Column("id", "text", not_null=True),
-            Column("jobId", "text", not_null=True),
-            Column("updatedAt", naive, not_null=True),
+            ColumnFacts("id", "text", not_null=True),
+            ColumnFacts("jobId", "text", not_null=True),
+            ColumnFacts("updatedAt", naive, not_null=True),
         ),
         primary_key=("id",),
         unique=frozenset({"id", "jobId"}),
@@ -228,7 +236,7 @@ def test_naive_timestamps_take_a_time_zone() -> None:
 
 
 def test_saved_by_takes_the_values_its_check_allows() -> None:
-    runs = _one_to_one(Column("origin", "text", checked=("user", "system")))
+    runs = _one_to_one(ColumnFacts("origin", "text", checked=("user", "system")))
     parsed = _parsed(_jobs(), runs, ("done",))
     assert parsed["runs"]["saved_by"] == "origin"
     assert (parsed["runs"]["client"], parsed["runs"]["worker"]) == (["user"], "system")
@@ -304,26 +312,26 @@ def test_a_draft_from_hostile_names_holds_only_the_keys_it_wrote(
 ) -> None:
     # Distinct tags keep the names apart and clear of the names the drafting looks for.
     job_column, copied, unfilled = "k1" + job_column, "c2" + copied, "u3" + unfilled
-    jobs = Table(
+    jobs = TableFacts(
         schema,
         jobs_name,
         (
-            Column("id", "bigint", not_null=True, filled=True),
-            Column("status", "text", not_null=True, checked=(*labels, "done")),
-            Column(copied, "text"),
-            Column("updated_at", TZ, not_null=True, filled=True),
+            ColumnFacts("id", "bigint", not_null=True, filled=True),
+            ColumnFacts("status", "text", not_null=True, checked=(*labels, "done")),
+            ColumnFacts(copied, "text"),
+            ColumnFacts("updated_at", TZ, not_null=True, filled=True),
         ),
         primary_key=("id",),
         unique=frozenset({"id"}),
     )
-    runs = Table(
+    runs = TableFacts(
         schema,
         "r" + runs_name,
         (
-            Column(job_column, "bigint", not_null=True),
-            Column(copied, "text", not_null=True),
-            Column(unfilled, "integer", not_null=True),
-            Column("saved_by", "text", checked=tuple(origins)),
+            ColumnFacts(job_column, "bigint", not_null=True),
+            ColumnFacts(copied, "text", not_null=True),
+            ColumnFacts(unfilled, "integer", not_null=True),
+            ColumnFacts("saved_by", "text", checked=tuple(origins)),
         ),
         primary_key=(job_column,),
         unique=frozenset({job_column}),
@@ -362,10 +370,10 @@ def test_a_candidate_line_is_a_command_that_names_its_tables() -> None:
     quote_break = "x'$(touch marker)'y"
     dotted = 'a.b"c'
     jobs = _jobs(name=quote_break)
-    runs = Table(
+    runs = TableFacts(
         "public",
         dotted,
-        (Column("export_id", "bigint", not_null=True),),
+        (ColumnFacts("export_id", "bigint", not_null=True),),
         unique=frozenset({"export_id"}),
         foreign_keys=(ForeignKey("export_id", jobs.key, "id"),),
     )
@@ -380,10 +388,10 @@ def test_a_candidate_line_is_a_command_that_names_its_tables() -> None:
 
 def test_a_name_with_a_control_character_gets_no_command() -> None:
     jobs = _jobs(name="ex\nports\x1b[31m")
-    runs = Table(
+    runs = TableFacts(
         "public",
         "reports",
-        (Column("export_id", "bigint", not_null=True),),
+        (ColumnFacts("export_id", "bigint", not_null=True),),
         unique=frozenset({"export_id"}),
         foreign_keys=(ForeignKey("export_id", jobs.key, "id"),),
     )
@@ -406,12 +414,12 @@ def test_names_are_found_as_the_catalog_spells_them_or_quoted_as_in_sql() -> Non
 
 def test_the_artifacts_own_times_are_the_writes_and_its_soft_delete_is_its_own() -> None:
     runs = _one_to_one(
-        Column("inserted_at", TZ, not_null=True, filled=True),
-        Column("updated_at", TZ, not_null=True, filled=True),
-        Column("deleted_at", TZ),
-        Column("discarded_at", TZ, not_null=True, filled=True),
+        ColumnFacts("inserted_at", TZ, not_null=True, filled=True),
+        ColumnFacts("updated_at", TZ, not_null=True, filled=True),
+        ColumnFacts("deleted_at", TZ),
+        ColumnFacts("discarded_at", TZ, not_null=True, filled=True),
     )
-    jobs = _jobs(Column("deleted_at", TZ), Column("discarded_at", TZ, not_null=True))
+    jobs = _jobs(ColumnFacts("deleted_at", TZ), ColumnFacts("discarded_at", TZ, not_null=True))
     result = draft(jobs, runs, ("done",))
     columns = tomllib.loads(result.text)["runs"]["columns"]
     assert columns == {"result": "j.result", "inserted_at": "now()", "updated_at": "now()"}
