@@ -20,7 +20,7 @@ from bench.pairs.plan import (
 from bench.result import Result, Table
 from bench.stats import ms, ratio, safe_div, summarize
 from reactor.testing import (
-    POOL_MAX_IDLE,
+    POOL_MAX_IDLE_S,
 )
 
 
@@ -299,7 +299,7 @@ def _missed_notes(found: Findings) -> list[str]:
             f"The connection goal was missed by the pool's idle connections ({pooled} at the "
             "window's end). Start-up runs every pair's first duties at once, so the shared "
             "pool grows further than one pair's, and psycopg_pool closes one unused connection "
-            f"per max_idle ({POOL_MAX_IDLE:g} s): where it ends up at the window's end depends "
+            f"per max_idle ({POOL_MAX_IDLE_S:g} s): where it ends up at the window's end depends "
             "on how far start-up grew it. Nothing used it while idle: every statement counted "
             "above is a health check on the LISTEN connection."
         )
@@ -326,7 +326,7 @@ def _notes(
         f"{_listed(one.connections)}; a fleet per pair {_listed(fleet.connections)}. The one "
         "process holds one LISTEN connection for its three pairs; each pool grows at start "
         "(every pair's first duties run at once) and closes one idle connection beyond its "
-        f"first every {POOL_MAX_IDLE:g} s (max_idle), so how far it has shrunk by the "
+        f"first every {POOL_MAX_IDLE_S:g} s (max_idle), so how far it has shrunk by the "
         "window's end depends on how far it grew.",
         f"What the one process sent while idle, per minute: {_top(one)}.",
         f"Idle figures come from one window of {window:g} s, one run, on a machine shared "

@@ -23,7 +23,7 @@ by concern, and every public name is re-exported here, so callers write ``db.X``
 from __future__ import annotations
 
 from reactor.db.calls import (
-    CALL_TIMEOUT,
+    CALL_TIMEOUT_S,
     Connector,
     Dedicated,
     Pooled,
@@ -80,7 +80,7 @@ from reactor.db.session import (
 
 __all__ = [
     "BATCH_BYTES",
-    "CALL_TIMEOUT",
+    "CALL_TIMEOUT_S",
     "DATABASE_ERRORS",
     "LISTENER_APPLICATION_NAME",
     "LISTENER_ROLE",

@@ -19,7 +19,7 @@ from psycopg.rows import AsyncRowFactory, TupleRow, tuple_row
 from psycopg_pool import AsyncConnectionPool
 
 from reactor.db.session import (
-    CHECK_TIMEOUT,
+    CHECK_TIMEOUT_S,
     NAME_PATH,
     STATEMENT_BOUNDS,
     AnyConnection,
@@ -33,7 +33,7 @@ R = TypeVar("R")
 
 # Every pooled call gives up client-side after this long. TCP settings cannot see a peer that
 # keeps the connection open and never answers (a frozen backend, a stuck proxy); this can.
-CALL_TIMEOUT = 35.0  # statement_timeout above, plus room to hear about it
+CALL_TIMEOUT_S = 35.0  # statement_timeout above, plus room to hear about it
 
 _BEGIN = b"BEGIN ISOLATION LEVEL READ COMMITTED READ WRITE"
 
@@ -194,7 +194,7 @@ async def _roll_back(conn: AnyConnection) -> None:
     status = conn.info.transaction_status
     if conn.closed or status not in (TransactionStatus.INTRANS, TransactionStatus.INERROR):
         return
-    with anyio.move_on_after(CHECK_TIMEOUT, shield=True):
+    with anyio.move_on_after(CHECK_TIMEOUT_S, shield=True):
         try:
             await conn.rollback()
         except psycopg.Error as error:
@@ -229,7 +229,7 @@ class Pooled:
     statements of one that hang (its tables locked) leave the others their connections."""
 
     pool: AsyncConnectionPool[AnyConnection]
-    timeout: float | None = CALL_TIMEOUT
+    timeout: float | None = CALL_TIMEOUT_S
     share: anyio.CapacityLimiter | None = None
 
     async def fetch(

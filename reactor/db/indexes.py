@@ -16,8 +16,9 @@ from dataclasses import dataclass, replace
 from reactor.install import Install
 from reactor.install.quote import identifier
 
-# The longest identifier PostgreSQL keeps (NAMEDATALEN - 1).
-MAX_NAME = 63
+# The longest identifier PostgreSQL keeps (NAMEDATALEN - 1), in bytes; the names cut to it here
+# are measured in characters, which agree for ASCII names.
+MAX_NAME_BYTES = 63
 
 
 @dataclass(frozen=True)
@@ -50,9 +51,9 @@ class Index:
         """The same index on ``partition``, named after it where this one names its table."""
         suffix = self.name.removeprefix(f"{self.table[1]}_")
         name = f"{partition[1]}_{suffix}"
-        if len(name) > MAX_NAME:
+        if len(name) > MAX_NAME_BYTES:
             digest = hashlib.sha1(name.encode()).hexdigest()[:8]
-            name = f"{name[: MAX_NAME - 9]}_{digest}"
+            name = f"{name[: MAX_NAME_BYTES - 9]}_{digest}"
         return replace(self, name=name, table=partition)
 
 
@@ -87,7 +88,7 @@ def walk_index(install: Install) -> Index:
     # index, and without a predicate it is the primary key (migrate skips what is there).
     columns = (jobs.id,) if install.mapping.one_to_one else (jobs.run, jobs.id)
     return Index(
-        f"{table}_reactor_run_idx"[:MAX_NAME],
+        f"{table}_reactor_run_idx"[:MAX_NAME_BYTES],
         (schema, table),
         columns,
         None if walked == "true" else walked,
@@ -105,9 +106,12 @@ def of_migration(version: int, install: Install) -> tuple[Step, ...]:
     schema, table = install.mapping.jobs.table[0], install.mapping.jobs.table[-1]
     if version == 15:
         # The walk index without results in its predicate replaced one that named it.
-        return (walk_index(install), DropIndex(schema, f"{table}_reactor_walk_idx"[:MAX_NAME]))
+        return (
+            walk_index(install),
+            DropIndex(schema, f"{table}_reactor_walk_idx"[:MAX_NAME_BYTES]),
+        )
     if version == 16:
         # ... and then one without the status in it, so that a job's finish is HOT too.
-        old = f"{table}_reactor_finished_idx"[:MAX_NAME]
+        old = f"{table}_reactor_finished_idx"[:MAX_NAME_BYTES]
         return (walk_index(install), DropIndex(schema, old))
     return ()

@@ -36,11 +36,11 @@ MIGRATE_LOCK = 0x7265_6163  # "reac"
 # How long a first install waits for the advisory lock, in seconds, before it gives up naming
 # the session that holds it. Another `reactor migrate` holds it for its first transaction only
 # (then it holds the row), which takes well under a second unless the app's locks hold it back.
-FIRST_INSTALL_WAIT = 60.0
+FIRST_INSTALL_WAIT_S = 60.0
 # The migration that made the install_lock table.
 INSTALL_LOCK_SINCE = 21
 # How often a waiting migrate asks for its turn again, in seconds.
-_LOCK_POLL = 0.2
+_LOCK_POLL_S = 0.2
 
 
 # The first schema version a mapping other than the reference could install (the baseline of
@@ -238,7 +238,7 @@ class InstallLock:
     row: only the schema's owner may change it, so no other role can hold what a migrate waits
     for, and a holder that died frees it (the lease names its session). Before then (a first
     install, an upgrade from before migration 0021) it is :data:`MIGRATE_LOCK`, which any role
-    may take: a first install waits for it at most :data:`FIRST_INSTALL_WAIT` seconds, then
+    may take: a first install waits for it at most :data:`FIRST_INSTALL_WAIT_S` seconds, then
     raises InstallLocked naming the session that holds it. The transaction that creates the
     table gives its row to this session (:meth:`settle` then lets the advisory lock go), so a
     migrate waiting on the advisory lock meanwhile finds the row and waits on it instead.
@@ -317,10 +317,10 @@ class InstallLock:
                     extra={"pid": pid, "user": user, "application_name": application},
                 )
                 told = True
-            await anyio.sleep(_LOCK_POLL)
+            await anyio.sleep(_LOCK_POLL_S)
 
     async def _take_advisory(self) -> None:
-        deadline = anyio.current_time() + FIRST_INSTALL_WAIT
+        deadline = anyio.current_time() + FIRST_INSTALL_WAIT_S
         told = False
         while True:
             cur = await self.conn.execute("SELECT pg_try_advisory_lock(%s)", (MIGRATE_LOCK,))
@@ -333,7 +333,7 @@ class InstallLock:
             if not told:
                 log.info("another `reactor migrate` is running; waiting for it to finish")
                 told = True
-            await anyio.sleep(_LOCK_POLL)
+            await anyio.sleep(_LOCK_POLL_S)
 
     async def _refusal(self) -> str:
         cur = await self.conn.execute(
@@ -349,7 +349,7 @@ class InstallLock:
         end = f"SELECT pg_terminate_backend({pid})" if pid is not None else "it"
         return (
             f"the install lock (advisory lock {MIGRATE_LOCK}) has been held for "
-            f"{FIRST_INSTALL_WAIT:g}s by {holder}; nothing was changed: if that is not a "
+            f"{FIRST_INSTALL_WAIT_S:g}s by {holder}; nothing was changed: if that is not a "
             f"`reactor migrate`, end it ({end}) and run `reactor migrate` again"
         )
 

@@ -6,7 +6,7 @@ stalling a claim for the whole call timeout. It is a round trip per checkout, wh
 replica would pay beside each health check, and a busy one beside each verification of the
 notifications it heard. So a statement that is its own check (:func:`own_check`: those two,
 which have short bounds of their own and are safe to run twice) skips it on a connection given
-back in good order within :data:`FRESH` seconds, and is run again, checked, when it fails on
+back in good order within :data:`FRESH_S` seconds, and is run again, checked, when it fails on
 the connection itself.
 """
 
@@ -25,7 +25,7 @@ import psycopg
 from psycopg.pq import TransactionStatus
 from psycopg_pool import AsyncConnectionPool
 
-from reactor.db.session import CHECK_TIMEOUT, AnyConnection, configure_pooled, conninfo
+from reactor.db.session import CHECK_TIMEOUT_S, AnyConnection, configure_pooled, conninfo
 
 R = TypeVar("R")
 
@@ -34,12 +34,12 @@ R = TypeVar("R")
 # and opens several; idle, it needs one: closed after half a minute rather than psycopg_pool's
 # ten, the connections a burst opened do not outstay it. Reopening one costs a connect, at most
 # once a period.
-POOL_MAX_IDLE = 30.0
+POOL_MAX_IDLE_S = 30.0
 
 # Seconds after a connection came back in good order within which a statement that is its own
 # check trusts it unchecked: an idle replica's health checks, 10 s apart at the defaults, use it
 # well inside this, and the client's TCP keepalives (about 25 s) close one whose peer vanished.
-FRESH = POOL_MAX_IDLE
+FRESH_S = POOL_MAX_IDLE_S
 
 
 def make_pool(dsn: str, *, max_size: int) -> AsyncConnectionPool[AnyConnection]:
@@ -49,7 +49,7 @@ def make_pool(dsn: str, *, max_size: int) -> AsyncConnectionPool[AnyConnection]:
         conninfo(dsn, "pool"),
         min_size=1,
         max_size=max_size,
-        max_idle=POOL_MAX_IDLE,
+        max_idle=POOL_MAX_IDLE_S,
         kwargs={"autocommit": True},
         configure=configure_pooled,
         check=_check_connection,
@@ -57,7 +57,7 @@ def make_pool(dsn: str, *, max_size: int) -> AsyncConnectionPool[AnyConnection]:
         open=False,
         name="reactor",
         timeout=15.0,
-        reconnect_timeout=_RECONNECT_WINDOW,
+        reconnect_timeout=_RECONNECT_WINDOW_S,
         reconnect_failed=_reconnect_again,
     )
 
@@ -109,10 +109,10 @@ async def _check_connection(conn: AnyConnection) -> None:
     # The checkout runs in the caller's task: its own_check() is seen here.
     attempt = _OWN_CHECK.get()
     given_back = _GIVEN_BACK.pop(conn, None)
-    if attempt is not None and given_back is not None and time.monotonic() - given_back < FRESH:
+    if attempt is not None and given_back is not None and time.monotonic() - given_back < FRESH_S:
         attempt.skipped = True
         return
-    with anyio.fail_after(CHECK_TIMEOUT):
+    with anyio.fail_after(CHECK_TIMEOUT_S):
         await AsyncConnectionPool.check_connection(conn)
 
 
@@ -129,7 +129,7 @@ async def _given_back(conn: AnyConnection) -> None:
 # are a window apart while calls wait, and stop while none does (the next checkout starts them
 # again). The database coming back is the normal case, and an attempt at a server that is not
 # there yet is refused at once: half a second apart, a backlog waits at most that long for it.
-_RECONNECT_WINDOW = 0.5
+_RECONNECT_WINDOW_S = 0.5
 
 
 async def _reconnect_again(pool: AsyncConnectionPool[AnyConnection]) -> None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from reactor.db import drift, indexes
 from reactor.db.indexes import Index, Step
 from reactor.db.migrations import (
-    FIRST_INSTALL_WAIT,
+    FIRST_INSTALL_WAIT_S,
     INSTALL_LOCK_SINCE,
     MIGRATE_LOCK,
     record_all_statement,
@@ -50,11 +50,11 @@ def migration_script(
     ends by saying to run `reactor sweep --once`, or to let a running reactor's reconcile do it.
     """
     # The turn `reactor migrate` takes, taken the same way: before the install_lock table
-    # exists, the advisory lock, waited for at most FIRST_INSTALL_WAIT (lock_timeout bounds an
+    # exists, the advisory lock, waited for at most FIRST_INSTALL_WAIT_S (lock_timeout bounds an
     # advisory lock's wait too); once it does, the lease on its row, after the trust guard (the
     # lease is an UPDATE), failing the transaction while a live session holds it.
     advisory = (
-        f"SET LOCAL lock_timeout = '{FIRST_INSTALL_WAIT:g}s';\n"
+        f"SET LOCAL lock_timeout = '{FIRST_INSTALL_WAIT_S:g}s';\n"
         f"SELECT pg_advisory_xact_lock({MIGRATE_LOCK});"
     )
     lease = install.query("script_install_lock", "install_lock.sql") + ";"

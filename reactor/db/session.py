@@ -101,7 +101,7 @@ _SESSION_DEFAULTS = {
 
 # How long the pool's check of a connection (an empty query) may take: a dead one must fail fast
 # (see .pool), and so must the last-chance rollback of a call cut short (.calls).
-CHECK_TIMEOUT = 5.0
+CHECK_TIMEOUT_S = 5.0
 
 # psycopg's own default: a statement is prepared on its fifth run. Only for a session of our
 # own: behind a transaction pooler the next statement may run on a session that never saw it.

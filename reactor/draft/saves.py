@@ -11,7 +11,7 @@ from reactor.db.session import AnyConnection
 from reactor.draft.facts import TableFacts
 from reactor.draft.propose import Draft
 
-_WIDTH = 99
+_WIDTH_CHARS = 99
 _SECTION_AFTER = "\n\n[runs.columns]"
 
 
@@ -50,5 +50,9 @@ def with_note(text: str, lines: list[str]) -> str:
 
 def _comment(text: str) -> list[str]:
     return textwrap.wrap(
-        text, width=_WIDTH, initial_indent="# ", subsequent_indent="# ", break_on_hyphens=False
+        text,
+        width=_WIDTH_CHARS,
+        initial_indent="# ",
+        subsequent_indent="# ",
+        break_on_hyphens=False,
     )

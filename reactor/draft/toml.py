@@ -12,7 +12,7 @@ import textwrap
 from reactor.shown import printable
 
 _BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
-_WIDTH = 99
+_WIDTH_CHARS = 99
 
 
 def key_text(name: str) -> str:
@@ -80,7 +80,7 @@ class Writer:
 def _wrapped(first: str, text: str, rest: str = "# ") -> list[str]:
     return textwrap.wrap(
         printable(text),
-        width=_WIDTH,
+        width=_WIDTH_CHARS,
         initial_indent=first,
         subsequent_indent=rest,
         break_long_words=False,

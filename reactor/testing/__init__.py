@@ -22,7 +22,7 @@ imports this package, so this one cannot name it.)
 - The reference tables' mapping, :data:`REFERENCE`, that a benchmark installs elsewhere (other
   schemas, other names) than :data:`reactor.install.REFERENCE_INSTALL` does.
 - Limits a benchmark reports against: :data:`LIVENESS_PROBES` (the probes before a replica is
-  taken over), :data:`POOL_MAX_IDLE` (how long an idle pool connection lives),
+  taken over), :data:`POOL_MAX_IDLE_S` (how long an idle pool connection lives),
   :data:`RECENT_OUTCOMES` (the outcomes the page shows), :data:`SPLIT` (how many ways a
   rejected batch is split).
 """
@@ -32,7 +32,7 @@ from __future__ import annotations
 from reactor.core.deadlines import Deadlines
 from reactor.core.ownership import LIVENESS_PROBES
 from reactor.db import indexes
-from reactor.db.pool import POOL_MAX_IDLE
+from reactor.db.pool import POOL_MAX_IDLE_S
 from reactor.install import mapping_file
 from reactor.install.mapping import REFERENCE
 from reactor.insurance import reconcile
@@ -48,7 +48,7 @@ from reactor.testing.app import App
 
 __all__ = [
     "LIVENESS_PROBES",
-    "POOL_MAX_IDLE",
+    "POOL_MAX_IDLE_S",
     "RECENT_OUTCOMES",
     "REFERENCE",
     "SPLIT",

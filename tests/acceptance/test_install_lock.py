@@ -53,7 +53,7 @@ def test_a_stranger_holding_the_old_keys_keeps_no_migrate_waiting_on_an_install(
 BOUND = 3.0
 _PATCHED = (
     "import sys; import reactor.db.migrations as m; "
-    f"m.FIRST_INSTALL_WAIT = {BOUND}; "
+    f"m.FIRST_INSTALL_WAIT_S = {BOUND}; "
     "from reactor.cli import main; sys.argv[0] = 'reactor'; main()"
 )
 
