@@ -75,7 +75,7 @@ class NamedQueries:
         hooks: Sequence[str] = (),
         share: anyio.CapacityLimiter | None = None,
     ) -> Self:
-        """The queries through ``pool``, each as :func:`~.session.call` runs it; ``share``
+        """The queries through ``pool``, each as :func:`~.calls.call` runs it; ``share``
         caps the connections they hold at once (see :class:`~.calls.Pooled`)."""
         return cls(install, Pooled(pool, share=share), settings, tuple(hooks))
 
