@@ -100,24 +100,22 @@ class FaultProxy:
     def partition(self, *, new: bool = True) -> None:
         """Freeze every open link; with ``new``, links opened from now on too."""
         self.on_partition()
-
-        def apply() -> None:
-            self._frozen_new = new
-            for link in self._links:
-                link.flowing.clear()
-
-        self._run(apply)
+        self._run(lambda: self._set_flowing(False, frozen_new=new))
 
     def heal(self) -> None:
         """Let every link, old and new, move its held bytes and carry on."""
         self.on_heal()
+        self._run(lambda: self._set_flowing(True, frozen_new=False))
 
-        def apply() -> None:
-            self._frozen_new = False
-            for link in self._links:
+    def _set_flowing(self, flowing: bool, *, frozen_new: bool) -> None:
+        """In the proxy's loop: every open link moves its bytes or holds them, and links
+        opened from now on start frozen or not."""
+        self._frozen_new = frozen_new
+        for link in self._links:
+            if flowing:
                 link.flowing.set()
-
-        self._run(apply)
+            else:
+                link.flowing.clear()
 
     def reset_all(self) -> None:
         """Abort every open link with an RST."""

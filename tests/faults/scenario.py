@@ -48,6 +48,14 @@ def short_and_long(
     )
 
 
+def settled(dsn: str, tables: Tables, *, within: float = 30.0) -> tuple[Judgement, float]:
+    """:func:`settle` at GRACE on ``tables``' mapping, from a test that runs no event loop of its
+    own (its replicas are processes)."""
+    return anyio.run(
+        lambda: settle(dsn, GRACE, within=within, mapping=tables.mapping), backend="asyncio"
+    )
+
+
 @dataclass(frozen=True)
 class Fleet:
     """The replicas of one scenario, all started and running."""

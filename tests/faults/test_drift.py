@@ -6,14 +6,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-import anyio
 import psycopg
 import pytest
 
 from reactor.demo.embedded import EmbeddedPostgres
 from tests.faults.conftest import Report
-from tests.faults.scenario import GRACE
-from tests.faults.support import Replicas, Workload, connect, listeners, replica_env, scalar, settle
+from tests.faults.scenario import GRACE, settled
+from tests.faults.support import Replicas, Workload, connect, listeners, replica_env, scalar
 from tests.faults.tables import RESULTS, JobId, Tables
 from tests.polling import wait_for
 
@@ -79,9 +78,7 @@ def test_drift_with_kill_nine_and_a_postgres_restart(
     # The last drifted jobs may be younger than the app's last finish: wait for the reconcile
     # to have recorded every one of them, then judge everything.
     wait_for(lambda: _recorded_at(tables, database_url, drifted), 30, "every drifted job recorded")
-    judgement, took = anyio.run(
-        lambda: settle(database_url, GRACE, within=30, mapping=tables.mapping), backend="asyncio"
-    )
+    judgement, took = settled(database_url, tables)
     report(
         "drift + kill -9 + pg restart",
         1,

@@ -27,7 +27,7 @@ from tests.acceptance.conftest import reactor_env, run_reactor
 from tests.conftest import Server
 from tests.faults.conftest import Report
 from tests.faults.proxy import FaultProxy
-from tests.faults.scenario import GRACE, Scenario
+from tests.faults.scenario import GRACE, Scenario, settled
 from tests.faults.support import (
     Replicas,
     Workload,
@@ -36,7 +36,6 @@ from tests.faults.support import (
     reactor_pids,
     replica_env,
     scalar,
-    settle,
     with_port,
 )
 from tests.faults.tables import Tables
@@ -167,10 +166,7 @@ def test_a_promoted_standby_takes_over_under_load_and_loses_nothing(
                 app.drive(3.0, RATE)
                 after = len(app.finished) - before
                 app.quiesce()
-                judgement, took = anyio.run(
-                    lambda: settle(both, GRACE, within=30, mapping=tables.mapping),
-                    backend="asyncio",
-                )
+                judgement, took = settled(both, tables)
             finally:
                 app.close()
             assert reactor.alive(), reactor.messages()

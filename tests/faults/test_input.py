@@ -16,7 +16,7 @@ import pytest
 
 from reactor.runtime.service import Reactor
 from tests.faults.conftest import Report, StartReactor
-from tests.faults.scenario import GRACE
+from tests.faults.scenario import GRACE, settled
 from tests.faults.support import (
     Conn,
     Replicas,
@@ -226,9 +226,7 @@ def test_a_50_mb_document_never_travels_to_python(
         length = scalar(
             conn, tables.render("SELECT length(@doc@) FROM @runs@ WHERE @key@ = %s"), (run,)
         )
-    judgement, took = anyio.run(
-        lambda: settle(database_url, GRACE, within=10, mapping=tables.mapping), backend="asyncio"
-    )
+    judgement, took = settled(database_url, tables, within=10)
     report(
         "input: 50 MB document",
         1,

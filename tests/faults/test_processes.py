@@ -13,14 +13,11 @@ from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 
-import anyio
-
 from tests.faults import support
 from tests.faults.conftest import Report
-from tests.faults.scenario import GRACE, short_and_long
+from tests.faults.scenario import GRACE, settled, short_and_long
 from tests.faults.support import (
     Conn,
-    Judgement,
     Replica,
     Replicas,
     Workload,
@@ -28,17 +25,9 @@ from tests.faults.support import (
     listeners,
     replica_env,
     scalar,
-    settle,
 )
 from tests.faults.tables import Tables
 from tests.polling import wait_for
-
-
-def settled(database_url: str, tables: Tables, within: float = 30.0) -> tuple[Judgement, float]:
-    return anyio.run(
-        lambda: settle(database_url, GRACE, within=within, mapping=tables.mapping),
-        backend="asyncio",
-    )
 
 
 def start_listening(replicas: Replicas, conn: Conn, env: dict[str, str], name: str) -> Replica:
