@@ -23,7 +23,7 @@ import pytest
 from reactor.demo.embedded import EmbeddedPostgres
 from reactor.install import sql
 from tests import pgbouncer as bouncer
-from tests.helpers import AUDIT_SQL
+from tests.helpers import AUDIT_SQL, drop_role
 
 # One per pytest-xdist worker: workers may share a server (REACTOR_TEST_DATABASE_URL).
 TEMPLATE = "reactor_test_template_" + os.environ.get("PYTEST_XDIST_WORKER", "main")
@@ -200,12 +200,7 @@ def new_login_role(server: Server, database_url: str) -> Iterator[NewRole]:
     yield make
     with psycopg.connect(database_url, autocommit=True) as admin:
         for name in made:
-            admin.execute(
-                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = %s",
-                (name,),
-            )
-            admin.execute(f'DROP OWNED BY "{name}"')  # revokes its privileges here too
-            admin.execute(f'DROP ROLE "{name}"')
+            drop_role(admin, name)
 
 
 @pytest.fixture

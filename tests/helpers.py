@@ -9,11 +9,13 @@ import os
 import subprocess
 import sys
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import psycopg
+from psycopg.sql import SQL, Identifier
 
 from reactor.install import mapping
 from reactor.testing import audit
@@ -45,6 +47,42 @@ def python_without_otel(
     )
 
 
+# The Settings an in-process reactor of a test starts from (its database, grace and the test's
+# own fields go over them): no HTTP server, a LISTEN session proven every second, and a scan
+# far enough away that what recovers within seconds did so by the listener, not by the scan.
+IN_PROCESS_SETTINGS: dict[str, Any] = {
+    "scan_interval": 30.0,
+    "http_addr": None,
+    "probe_interval": 1.0,
+    "probe_timeout": 1.0,
+}
+
+
+@contextmanager
+def python_child(code: str, ready: str) -> Iterator[subprocess.Popen[str]]:
+    """``python -c CODE`` from the repository, its stdin and stdout piped to the test, while the
+    block runs, from when it prints the line ``ready``; killed if it still runs after."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdin is not None
+    assert proc.stdout is not None
+    try:
+        assert proc.stdout.readline() == f"{ready}\n"
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        proc.stdout.close()
+        if not proc.stdin.closed:
+            proc.stdin.close()
+
+
 # public.stamp(text), immutable by its word only: it calls public.touch(), which takes the next
 # value of public.ticks and writes a row to public.touched. The planner folds an immutable call
 # with constant arguments, so planning an expression that calls it runs it; nextval is never
@@ -59,11 +97,50 @@ IMMUTABLE_BY_ITS_WORD = (
 )
 
 
+def reference_toml(jobs: str, runs: str, *, reactor_schema: str | None = None) -> str:
+    """The reference tables' mapping file, with their tables named ``jobs`` and ``runs`` as a
+    file may name them (qualified or not), and the reactor's schema if given."""
+    head = "" if reactor_schema is None else f'reactor_schema = "{reactor_schema}"\n\n'
+    return (
+        f'{head}[jobs]\ntable = "{jobs}"\ndeleted_at = "deleted_at"\n'
+        'not_null = ["doc_html", "results"]\nnot_empty = ["results"]\n\n'
+        f'[runs]\ntable = "{runs}"\n'
+    )
+
+
 def scalar(conn: Conn, query: str, params: Any = None) -> Any:
     """The first column of the first row of ``query``."""
     row = conn.execute(query, params).fetchone()
     assert row is not None
     return row[0]
+
+
+def scalar_from(url: str, query: str, params: Any = None) -> Any:
+    """:func:`scalar` on a connection of its own to ``url``, in autocommit: what the query
+    writes is committed when it returns."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        return scalar(conn, query, params)
+
+
+def no_function_body_checks(url: str) -> None:
+    """The database's owner turns the compile of function bodies off for every later session
+    (ALTER DATABASE ... SET check_function_bodies = off), as a restore tool may."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(
+            SQL("ALTER DATABASE {} SET check_function_bodies = off").format(
+                Identifier(conn.info.dbname)
+            )
+        )
+
+
+def drop_role(admin: Conn, name: str) -> None:
+    """End the sessions of the role ``name``, then drop it with what it owns and was granted in
+    ``admin``'s database (DROP OWNED revokes its privileges there too)."""
+    admin.execute(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = %s", (name,)
+    )
+    admin.execute(f'DROP OWNED BY "{name}"')
+    admin.execute(f'DROP ROLE "{name}"')
 
 
 def grant_audit(conn: Conn, role: str) -> None:

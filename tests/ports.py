@@ -35,6 +35,15 @@ def http_status(url: str) -> int | None:
         return None
 
 
+def http_get(port: int, path: str, timeout: float = 10) -> tuple[int, str]:
+    """(status, body) of GET ``path`` on 127.0.0.1:``port``, whatever its status."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=timeout) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read().decode()
+
+
 def metrics_text(port: int) -> str:
     """What /metrics on ``port`` says."""
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:

@@ -37,3 +37,34 @@ def run_reactor(
         timeout=timeout,
         check=False,
     )
+
+
+# `python -c` this, a package's name, then the reactor's arguments: an installed reactor whose
+# extra that package comes with was left out, so Python finds none of its modules.
+_WITHOUT_PACKAGE = """
+import importlib.abc, sys
+
+class NotInstalled(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name.partition(".")[0] == sys.argv[1]:
+            raise ModuleNotFoundError(name)
+        return None
+
+sys.meta_path.insert(0, NotInstalled())
+from reactor.cli import main
+main(sys.argv[2:])
+"""
+
+
+def run_reactor_without(
+    package: str, *args: str, env: dict[str, str]
+) -> subprocess.CompletedProcess[str]:
+    """Run ``reactor ARGS`` to completion as if ``package`` were not installed."""
+    return subprocess.run(
+        [sys.executable, "-c", _WITHOUT_PACKAGE, package, *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )

@@ -5,13 +5,18 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from collections.abc import Callable
 
 from tests.acceptance.conftest import reactor_env, run_reactor
+
+Spawn = Callable[..., subprocess.Popen[str]]
 
 PIPE_CLOSED = 141
 
 
-def test_a_closed_pipe_ends_a_command_without_a_traceback(empty_database_url: str) -> None:
+def test_a_closed_pipe_ends_a_command_without_a_traceback(
+    empty_database_url: str, spawn: Spawn
+) -> None:
     env = reactor_env(empty_database_url)
     assert run_reactor("migrate", "--reference-schema", env=env).returncode == 0
     # The reader gone before the first write: every write to stdout fails, deterministically.
@@ -21,13 +26,7 @@ def test_a_closed_pipe_ends_a_command_without_a_traceback(empty_database_url: st
         (("migrate", "--print"), PIPE_CLOSED),
         (("--help",), 0),
     ):
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "reactor", *args],
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
+        proc = spawn(*args, env=env)
         assert proc.stdout is not None
         proc.stdout.close()
         _, stderr = proc.communicate(timeout=60)

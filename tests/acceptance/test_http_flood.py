@@ -32,7 +32,7 @@ from reactor.ops import accept
 from reactor.ops.admission import Door
 from tests.acceptance.conftest import reactor_env
 from tests.acceptance.test_cli import listening
-from tests.helpers import finish, new_job, run_row
+from tests.helpers import finish, new_job, python_child, run_row
 from tests.polling import wait_for
 from tests.ports import free_port, http_status, metrics_text, serving
 
@@ -303,28 +303,13 @@ def greedy_peer(port: int) -> Iterator[dict[str, Any]]:
     what that process counted, on exit."""
     counted: dict[str, Any] = {}
     code = f"from tests.acceptance.test_http_flood import hold_greedily; hold_greedily({port})"
-    proc = subprocess.Popen(
-        [sys.executable, "-c", code],
-        cwd=Path(__file__).parents[2],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    assert proc.stdin is not None
-    assert proc.stdout is not None
-    try:
-        assert proc.stdout.readline() == "flooding\n"
+    with python_child(code, "flooding") as proc:
         yield counted
+        assert proc.stdin is not None
+        assert proc.stdout is not None
         proc.stdin.close()
         counted.update(json.loads(proc.stdout.readline()))
         assert proc.wait(timeout=15) == 0
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        proc.stdout.close()
-        if not proc.stdin.closed:
-            proc.stdin.close()
 
 
 def probe(url: str) -> int | None:
@@ -350,32 +335,44 @@ def probe(url: str) -> int | None:
         return None
 
 
-@pytest.mark.parametrize(
+# The calls a probing test makes, and the seconds between them: 25 over 5 s in every run, and
+# under --long 25 over 25 s, the figure in docs/security.md.
+PROBE_CADENCES = pytest.mark.parametrize(
     ("calls", "every"),
-    [
-        pytest.param(25, 0.2, id="5s"),
-        # The figure in docs/security.md: 25 calls over 25 s.
-        pytest.param(25, 1.0, id="25s", marks=pytest.mark.slow),
-    ],
+    [pytest.param(25, 0.2, id="5s"), pytest.param(25, 1.0, id="25s", marks=pytest.mark.slow)],
 )
+
+
+def probe_steadily(url: str, calls: int, every: float) -> tuple[list[int | None], float]:
+    """``calls`` calls of :func:`probe` on ``url``, one every ``every`` seconds from now: what
+    each got, and the seconds they took in all."""
+    answers = []
+    started = time.monotonic()
+    for n in range(calls):
+        time.sleep(max(0.0, started + n * every - time.monotonic()))
+        answers.append(probe(url))
+    return answers, time.monotonic() - started
+
+
+@contextmanager
+def serving_probes(database_url: str, log_path: Path) -> Iterator[int]:
+    """``reactor run`` serving its probes on a free port, which it yields, while the block runs,
+    from when /readyz answers 200; its output in ``log_path``."""
+    port = free_port()
+    env = reactor_env(database_url, REACTOR_HTTP_ADDR=f"127.0.0.1:{port}")
+    command = [sys.executable, "-m", "reactor", "run"]
+    with serving(command, env, log_path, f"http://127.0.0.1:{port}/readyz"):
+        yield port
+
+
+@PROBE_CADENCES
 def test_probes_are_answered_while_one_peer_holds_all_it_may(
     database_url: str, tmp_path: Path, calls: int, every: float
 ) -> None:
-    probes = free_port()
-    env = reactor_env(database_url, REACTOR_HTTP_ADDR=f"127.0.0.1:{probes}")
-    log_path = tmp_path / "reactor.log"
-    command = [sys.executable, "-m", "reactor", "run"]
-    ready = f"http://127.0.0.1:{probes}/readyz"
-    with serving(command, env, log_path, ready):
-        healthz = f"http://127.0.0.1:{probes}/healthz"
+    with serving_probes(database_url, tmp_path / "reactor.log") as probes:
         # Once it says so, the flood is on: the server has closed as many as it holds.
         with greedy_peer(probes) as greedy:
-            answers = []
-            started = time.monotonic()
-            for n in range(calls):
-                time.sleep(max(0.0, started + n * every - time.monotonic()))
-                answers.append(probe(healthz))
-            spent = time.monotonic() - started
+            answers, spent = probe_steadily(f"http://127.0.0.1:{probes}/healthz", calls, every)
         assert greedy["problem"] is None, greedy["problem"]
         metrics = metrics_text(probes)
     answered = answers.count(200)

@@ -23,13 +23,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-import pytest
-
 from reactor.ops import accept
 from reactor.ops.admission import KEPT_FOR_NEW_PEERS, MAX_CONNECTIONS, MAX_PER_PEER
-from tests.acceptance.conftest import reactor_env
-from tests.acceptance.test_http_flood import PROBE_PEER, PROBE_TIMEOUT, probe
-from tests.ports import free_port, metrics_text, serving
+from tests.acceptance.test_http_flood import (
+    PROBE_CADENCES,
+    PROBE_PEER,
+    PROBE_TIMEOUT,
+    probe_steadily,
+    serving_probes,
+)
+from tests.helpers import python_child
+from tests.ports import metrics_text
 
 Kind = Literal["stalled", "trickled"]
 
@@ -202,25 +206,8 @@ def holding(port: int) -> Iterator[subprocess.Popen[str]]:
         "from tests.acceptance.test_http_hold import hold; "
         f"hold({port}, {RELEASE_BOUND + accept.HEAD_SECONDS})"
     )
-    proc = subprocess.Popen(
-        [sys.executable, "-c", code],
-        cwd=Path(__file__).parents[2],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    assert proc.stdin is not None
-    assert proc.stdout is not None
-    try:
-        assert proc.stdout.readline() == "holding\n"
+    with python_child(code, "holding") as proc:
         yield proc
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        proc.stdout.close()
-        if not proc.stdin.closed:
-            proc.stdin.close()
 
 
 def counted(metrics: str, reason: str) -> float:
@@ -232,30 +219,15 @@ def counted(metrics: str, reason: str) -> float:
     return value
 
 
-@pytest.mark.parametrize(
-    ("calls", "every"),
-    [
-        pytest.param(25, 0.2, id="5s"),
-        # The figure in docs/security.md: 25 calls over 25 s, across the deadlines.
-        pytest.param(25, 1.0, id="25s", marks=pytest.mark.slow),
-    ],
-)
+# The long run's 25 calls over 25 s are across the deadlines.
+@PROBE_CADENCES
 def test_probes_are_answered_while_18_peers_hold_every_place(
     database_url: str, tmp_path: Path, calls: int, every: float
 ) -> None:
-    port = free_port()
-    env = reactor_env(database_url, REACTOR_HTTP_ADDR=f"127.0.0.1:{port}")
-    command = [sys.executable, "-m", "reactor", "run"]
-    ready = f"http://127.0.0.1:{port}/readyz"
-    with serving(command, env, tmp_path / "reactor.log", ready), holding(port) as holders:
+    with serving_probes(database_url, tmp_path / "reactor.log") as port, holding(port) as holders:
         assert holders.stdin is not None
         assert holders.stdout is not None
-        answers = []
-        started = time.monotonic()
-        for n in range(calls):
-            time.sleep(max(0.0, started + n * every - time.monotonic()))
-            answers.append(probe(f"http://127.0.0.1:{port}/healthz"))
-        spent = time.monotonic() - started
+        answers, spent = probe_steadily(f"http://127.0.0.1:{port}/healthz", calls, every)
         released_line = holders.stdout.readline()
         holders.stdin.close()
         tally: dict[str, Any] = json.loads(holders.stdout.readline())

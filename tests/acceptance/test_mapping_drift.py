@@ -20,6 +20,7 @@ from reactor import db
 from reactor.install import sql
 from tests.acceptance.conftest import reactor_env, run_reactor
 from tests.acceptance.test_cli import assert_one_clean_line
+from tests.helpers import scalar_from
 from tests.integration.test_schema import execute
 from tests.polling import wait_for
 
@@ -50,29 +51,23 @@ def _migrated(env: dict[str, str]) -> str:
 
 
 def _finished_export(url: str) -> int:
-    with psycopg.connect(url, autocommit=True) as conn:
-        row = conn.execute(
-            "INSERT INTO app.exports (state, body, summary, owner_id, updated_at)"
-            " VALUES ('done', 'b', '{\"a\": 1}', 7, now() - interval '1 hour') RETURNING id"
-        ).fetchone()
-    assert row is not None
-    return int(row[0])
+    insert = (
+        "INSERT INTO app.exports (state, body, summary, owner_id, updated_at)"
+        " VALUES ('done', 'b', '{\"a\": 1}', 7, now() - interval '1 hour') RETURNING id"
+    )
+    return int(scalar_from(url, insert))
 
 
 def _reports(url: str) -> int:
-    with psycopg.connect(url) as conn:
-        row = conn.execute("SELECT count(*) FROM app.export_reports").fetchone()
-    assert row is not None
-    return int(row[0])
+    return int(scalar_from(url, "SELECT count(*) FROM app.export_reports"))
 
 
 def _listening(url: str) -> bool:
-    with psycopg.connect(url) as conn:
-        row = conn.execute(
-            "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'reactor-listener'"
-            " AND datname = current_database()"
-        ).fetchone()
-    return row is not None and row[0] >= 1
+    listeners = (
+        "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'reactor-listener'"
+        " AND datname = current_database()"
+    )
+    return int(scalar_from(url, listeners)) >= 1
 
 
 def test_a_changed_mapping_is_refused_until_migrate_reinstalls_it(

@@ -20,22 +20,13 @@ from reactor.install import sql
 from tests.acceptance.conftest import reactor_env, run_reactor
 from tests.acceptance.test_trust import as_role, is_superuser, may_create, neighbour, one_line
 from tests.conftest import NewRole
-from tests.helpers import finish, grant_audit, new_job, run_row
+from tests.helpers import finish, grant_audit, new_job, reference_toml, run_row
 from tests.integration.test_privileges import dsn_as, grant_all
 
 __all__ = ["neighbour"]  # the fixture, used here by name
 
 # The reference mapping, with the tables named as an app's file may name them: unqualified.
-UNQUALIFIED = """
-[jobs]
-table = "analysis_jobs"
-deleted_at = "deleted_at"
-not_null = ["doc_html", "results"]
-not_empty = ["results"]
-
-[runs]
-table = "analysis_runs"
-"""
+UNQUALIFIED = reference_toml("analysis_jobs", "analysis_runs")
 
 
 @pytest.fixture
@@ -66,6 +57,13 @@ def runtime_beside_a_neighbour(url: str, runtime: str, neighbour: str) -> None:
     may_create(url, neighbour)
     with psycopg.connect(url, autocommit=True) as admin:
         grant_audit(admin, runtime)
+
+
+@pytest.fixture
+def runtime(database_url: str, login_role: str, neighbour: str) -> str:
+    """The runtime role, beside a neighbour free to create a schema named after it."""
+    runtime_beside_a_neighbour(database_url, login_role, neighbour)
+    return login_role
 
 
 def sweep_records_the_one_due_job_as(url: str, role: str) -> None:
@@ -171,10 +169,8 @@ GRANT SELECT ON "{runtime}".analysis_jobs TO PUBLIC;
 
 
 def test_runtime_commands_read_public_not_a_view_named_after_their_role(
-    database_url: str, neighbour: str, login_role: str
+    database_url: str, neighbour: str, runtime: str
 ) -> None:
-    runtime = login_role
-    runtime_beside_a_neighbour(database_url, runtime, neighbour)
     with psycopg.connect(database_url, autocommit=True) as admin:
         # The view reads the app's jobs with its owner's rights.
         admin.execute(f'GRANT SELECT ON analysis_jobs TO "{neighbour}"')
@@ -219,13 +215,11 @@ def test_a_name_that_finds_another_table_than_migrate_recorded_stops_run_and_swe
 
 
 def test_an_app_trigger_calling_an_unqualified_public_function_works_under_the_reactor(
-    database_url: str, neighbour: str, login_role: str
+    database_url: str, neighbour: str, runtime: str
 ) -> None:
     # The app's trigger on its runs table calls note_run() unqualified, as the app's sessions
     # find it: in public. A look-alike in the schema named after the runtime role is never
     # called, because the reactor's sessions search public alone.
-    runtime = login_role
-    runtime_beside_a_neighbour(database_url, runtime, neighbour)
     with psycopg.connect(database_url, autocommit=True) as admin:
         admin.execute(
             """

@@ -7,11 +7,8 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
-import urllib.error
-import urllib.request
 import uuid
 from collections.abc import Callable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +19,7 @@ from tests.acceptance.conftest import reactor_env, run_reactor
 from tests.acceptance.test_cli import listening
 from tests.helpers import finish, new_job, worker_writes
 from tests.polling import wait_for
+from tests.ports import free_port, http_get
 
 Spawn = Callable[..., subprocess.Popen[str]]
 MAPPINGS = Path(__file__).parent.parent / "mappings"
@@ -47,19 +45,6 @@ def two_pairs(database_url: str, tmp_path: Path) -> str:
     assert f"{REPORTS}: applied migrations" in migrated.stdout
     assert "reactor: schema is up to date" in migrated.stdout
     return config
-
-
-def free_port() -> int:
-    with ThreadingHTTPServer(("127.0.0.1", 0), BaseHTTPRequestHandler) as probe:
-        return probe.server_address[1]
-
-
-def get(port: int, path: str) -> tuple[int, str]:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as response:
-            return response.status, response.read().decode()
-    except urllib.error.HTTPError as error:
-        return error.code, error.read().decode()
 
 
 def add_report_job(conn: psycopg.Connection[Any], key: str) -> None:
@@ -132,11 +117,11 @@ def test_one_process_serves_two_pairs(database_url: str, two_pairs: str, spawn: 
         wait_for(lambda: worker_writes(conn) and reports(conn) == 1, what="both pairs record")
         assert len(worker_writes(conn)) == 1
 
-        assert wait_for(lambda: get(port, "/readyz")[0] == 200, what="ready")
+        assert wait_for(lambda: http_get(port, "/readyz")[0] == 200, what="ready")
         # One LISTEN session serves both pairs, and one check on it beats for both.
         assert listener_sessions(conn) == heartbeat_sessions(conn, "reactor", REPORTS)
         assert len(listener_sessions(conn)) == 1
-        _, metrics = get(port, "/metrics")
+        _, metrics = http_get(port, "/metrics")
         assert 'reactor_runs_recorded_total{pair="reactor",source="timer"} 1.0' in metrics
         assert f'reactor_runs_recorded_total{{pair="{REPORTS}",source="timer"}} 1.0' in metrics
 
@@ -147,17 +132,17 @@ def test_one_process_serves_two_pairs(database_url: str, two_pairs: str, spawn: 
         assert document["pairs"][REPORTS]["jobs"]["grace_seconds"] == 0.4
 
         # The page shows one pair at a time, the first by default, and links to the other.
-        status, first = get(page, "/")
+        status, first = http_get(page, "/")
         assert status == 200
         assert f'href="/?pair={REPORTS}"' in first
         assert '<b aria-current="page">reactor</b>' in first
-        status, body = get(page, f"/api/status?pair={REPORTS}")
+        status, body = http_get(page, f"/api/status?pair={REPORTS}")
         assert status == 200
         shown = json.loads(body)
         assert (shown["pair"], shown["pairs"]) == (REPORTS, ["reactor", REPORTS])
         assert shown["trigger"]["channel"] == f"{REPORTS}_jobs_terminal"
         assert shown["replica"]["ready"]
-        assert get(page, "/api/status?pair=nope")[0] == 404
+        assert http_get(page, "/api/status?pair=nope")[0] == 404
 
         unnamed = run_reactor("hooks", "list", env=env)
         assert unnamed.returncode == 2
@@ -214,7 +199,7 @@ def test_a_broken_pair_costs_only_itself(
         assert proc.poll() is None
         session = listener_sessions(conn)
         # Left out at start, and said so where an orchestrator looks.
-        status, body = get(port, "/readyz")
+        status, body = http_get(port, "/readyz")
         assert status == 503
         assert "pair reactor_gone: not served" in json.loads(body)["reason"]
 

@@ -8,10 +8,7 @@ from __future__ import annotations
 
 import json
 import signal
-import socket
 import subprocess
-import urllib.error
-import urllib.request
 from collections.abc import Callable
 from functools import partial
 from typing import Any
@@ -28,6 +25,7 @@ from tests.acceptance.test_cli import kill_9_and_restart
 from tests.helpers import client_save, finish, new_job, run_row, worker_writes
 from tests.integration.test_pgbouncer import server_sessions
 from tests.polling import wait_for
+from tests.ports import free_port, http_get
 
 Spawn = Callable[..., subprocess.Popen[str]]
 
@@ -60,7 +58,7 @@ def test_two_poll_mode_replicas_through_pgbouncer(
     # REACTOR_MODE=poll, two replicas, tabs saving some runs, the app on the same pooler.
     pooled = pgbouncer.dsn_for(database_url)
     grace = 0.3
-    ports = [_free_port(), _free_port()]
+    ports = [free_port(), free_port()]
     replicas = [
         spawn(
             "run",
@@ -131,18 +129,9 @@ def test_sweep_and_status_through_pgbouncer(
         assert session["settings"] == [], session
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def _get(port: int, path: str) -> tuple[int, str]:
     try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as response:
-            return response.status, response.read().decode()
-    except urllib.error.HTTPError as error:
-        return error.code, error.read().decode()
+        return http_get(port, path, timeout=5)
     except OSError:
         return 0, ""  # not serving yet
 
@@ -163,7 +152,7 @@ def test_a_listen_dsn_that_is_refused_costs_lateness_not_work(
     database_url: str, spawn: Spawn
 ) -> None:
     refused = psycopg.conninfo.make_conninfo(database_url, user="reactor_no_such_role")
-    port = _free_port()
+    port = free_port()
     env = reactor_env(
         database_url,
         REACTOR_LISTEN_DATABASE_URL=refused,

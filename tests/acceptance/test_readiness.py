@@ -16,10 +16,10 @@ import pytest
 from reactor.record.recorder import MAX_BROKEN_RETRY
 from tests.acceptance.conftest import reactor_env, run_reactor
 from tests.acceptance.test_cli import listening
-from tests.acceptance.test_pairs import free_port, get
 from tests.conftest import NewRole
 from tests.helpers import finish, grant_audit, new_job, worker_writes
 from tests.polling import wait_for
+from tests.ports import free_port, http_get
 
 Spawn = Callable[..., subprocess.Popen[str]]
 
@@ -51,7 +51,7 @@ def test_a_pair_that_cannot_write_is_not_ready_and_status_names_why(
     proc = spawn("run", env=env)
     with psycopg.connect(database_url, autocommit=True) as conn:
         wait_for(lambda: listening(conn) or proc.poll() is not None, what="a listener")
-        wait_for(lambda: get(port, "/readyz")[0] == 200, what="ready")
+        wait_for(lambda: http_get(port, "/readyz")[0] == 200, what="ready")
 
         # The grant to write the artifact table is gone: every record statement fails (42501),
         # while the LISTEN session, the health checks and the trigger are as well as before,
@@ -61,15 +61,15 @@ def test_a_pair_that_cannot_write_is_not_ready_and_status_names_why(
         finish(conn, job_id)
         failed_from = time.monotonic()
         wait_for(
-            lambda: get(port, "/readyz")[0] == 503,
+            lambda: http_get(port, "/readyz")[0] == 503,
             timeout=NOT_READY_WITHIN + 5,
             what="not ready",
         )
         assert time.monotonic() - failed_from < NOT_READY_WITHIN
-        code, body = get(port, "/readyz")
+        code, body = http_get(port, "/readyz")
         assert code == 503
         assert "permission denied for table analysis_runs" in json.loads(body)["reason"]
-        _, metrics = get(port, "/metrics")
+        _, metrics = http_get(port, "/metrics")
         assert "reactor_writes_failing 1.0" in metrics
 
         # status, as another process with its default grace, reads the replica's heartbeat.
@@ -93,7 +93,7 @@ def test_a_pair_that_cannot_write_is_not_ready_and_status_names_why(
             timeout=MAX_BROKEN_RETRY + 10,
             what="the job recorded once repaired",
         )
-        wait_for(lambda: get(port, "/readyz")[0] == 200, what="ready again")
-        _, metrics = get(port, "/metrics")
+        wait_for(lambda: http_get(port, "/readyz")[0] == 200, what="ready again")
+        _, metrics = http_get(port, "/metrics")
         assert "reactor_writes_failing 0.0" in metrics
     assert proc.poll() is None

@@ -13,11 +13,11 @@ import psycopg
 import psycopg.conninfo
 
 from tests.acceptance.conftest import reactor_env
-from tests.acceptance.test_pairs import free_port, get
 from tests.conftest import NewRole
 from tests.helpers import finish, new_job, run_row
 from tests.integration.support import worker_lateness
 from tests.polling import wait_for
+from tests.ports import free_port, http_get
 
 CHANNEL = "analysis_jobs_terminal"
 GRACE = 1.0
@@ -33,13 +33,13 @@ ON_TIME = 1.0
 
 def ready(port: int) -> bool:
     try:
-        return get(port, "/readyz")[0] == 200
+        return http_get(port, "/readyz")[0] == 200
     except OSError:  # not serving yet
         return False
 
 
 def counted(port: int, result: str) -> float:
-    _, body = get(port, "/metrics")
+    _, body = http_get(port, "/metrics")
     prefix = f'reactor_notifications_total{{result="{result}"}} '
     return sum(float(line[len(prefix) :]) for line in body.splitlines() if line.startswith(prefix))
 
@@ -93,7 +93,7 @@ def test_a_stranger_on_the_channel_costs_a_few_lines_and_no_lateness(
             [lateness] = worker_lateness(conn, GRACE)
             assert lateness < ON_TIME
             # Nothing was armed by the made-up hints: the heap holds no deadline.
-            _, metrics = get(port, "/metrics")
+            _, metrics = http_get(port, "/metrics")
             assert "reactor_deadlines_pending 0.0" in metrics
         said = log_path.read_text(encoding="utf-8")[before:]
         assert len(said.encode()) < LOG_BOUND, said[-2000:]

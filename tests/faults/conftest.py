@@ -41,6 +41,7 @@ from tests.faults.support import (
     report_cells,
 )
 from tests.faults.tables import Tables
+from tests.helpers import IN_PROCESS_SETTINGS
 
 StartReactor = Callable[..., AbstractAsyncContextManager[Reactor]]
 
@@ -250,10 +251,7 @@ def reactor_at(tables: Tables) -> StartReactor:
         fields: dict[str, Any] = {
             "database_url": dsn,
             "grace": 1.0,
-            "scan_interval": 30.0,
-            "http_addr": None,
-            "probe_interval": 1.0,
-            "probe_timeout": 1.0,
+            **IN_PROCESS_SETTINGS,
             "drain": 2.0,
             **overrides,
         }

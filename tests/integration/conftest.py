@@ -14,6 +14,7 @@ from reactor.runtime.replica import open_replica
 from reactor.runtime.service import Reactor
 from reactor.settings.config import Settings
 from reactor.settings.pairs import Pair
+from tests.helpers import IN_PROCESS_SETTINGS
 
 StartReactor = Callable[..., AbstractAsyncContextManager[Reactor]]
 
@@ -35,10 +36,7 @@ def start_reactor(database_url: str) -> StartReactor:
         fields: dict[str, Any] = {
             "database_url": database_url,
             "grace": 0.5,
-            "scan_interval": 30.0,
-            "http_addr": None,
-            "probe_interval": 1.0,
-            "probe_timeout": 1.0,
+            **IN_PROCESS_SETTINGS,
             **overrides,
         }
         settings = Settings(**fields)

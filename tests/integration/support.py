@@ -45,6 +45,23 @@ def touch(conn: Conn, job_id: uuid.UUID, *, age: float = 0.0, **columns: Any) ->
     )
 
 
+def column(conn: Conn, query: str, params: Any = None) -> list[Any]:
+    """The first column of every row of ``query``, in order."""
+    return [row[0] for row in conn.execute(query, params).fetchall()]
+
+
+def update_counts(conn: Conn, table: str) -> tuple[int, int]:
+    """(n_tup_upd, n_tup_hot_upd) of ``table`` (a regclass, e.g. ``'app."Job"'``), with this
+    session's updates flushed."""
+    conn.execute("SELECT pg_stat_force_next_flush()")
+    row = conn.execute(
+        "SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables WHERE relid = %s::regclass",
+        (table,),
+    ).fetchone()
+    assert row is not None
+    return int(row[0]), int(row[1])
+
+
 def audit(conn: Conn) -> list[tuple[Any, ...]]:
     """Every write to analysis_runs as (op, run_id, job_id, saved_by), in order."""
     return conn.execute(
@@ -64,6 +81,20 @@ def worker_lateness(conn: Conn, grace: float) -> list[float]:
         (grace,),
     ).fetchall()
     return [float(r[0]) for r in rows]
+
+
+def worker_delay(conn: Conn, job_ids: Sequence[uuid.UUID]) -> float:
+    """The most seconds between one of ``job_ids``' updated_at and the worker's write of its run
+    (its grace included)."""
+    delay = scalar(
+        conn,
+        "SELECT max(extract(epoch FROM a.at - j.updated_at))::float8"
+        "  FROM run_audit a JOIN analysis_jobs j ON j.id = a.job_id"
+        " WHERE a.job_id = ANY(%s) AND a.saved_by = 'worker'",
+        (list(job_ids),),
+    )
+    assert delay is not None, "no worker wrote a run of these jobs"
+    return float(delay)
 
 
 def recorded(reactor: Reactor, source: str) -> float:

@@ -22,6 +22,7 @@ import pytest
 from reactor.errors import ConfigError
 from reactor.install.mapping import REFERENCE, Mapping
 from tests.helpers import Conn, finish, new_job
+from tests.integration.support import column
 from tests.integration.test_onetoone import ONETOONE, ONETOONE_SQL, add, drain, migrate
 from tests.polling import wait_for
 
@@ -260,11 +261,11 @@ async def test_the_apps_triggers_see_the_delete_as_the_apps(onetoone_url: str) -
 
 
 def triggers(conn: Conn) -> list[str]:
-    rows = conn.execute(
+    return column(
+        conn,
         "SELECT tgname FROM pg_trigger WHERE tgrelid = 'app.export_reports'::regclass "
-        "AND tgname LIKE 'reactor%%' ORDER BY tgname"
-    ).fetchall()
-    return [row[0] for row in rows]
+        "AND tgname LIKE 'reactor%%' ORDER BY tgname",
+    )
 
 
 async def test_migrate_installs_the_triggers_only_while_the_mapping_asks(

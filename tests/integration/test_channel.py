@@ -6,7 +6,6 @@ and a line per interval; a made-up job hint costs no memory past the real backlo
 from __future__ import annotations
 
 import logging
-import uuid
 
 import anyio
 import psycopg
@@ -15,8 +14,9 @@ import pytest
 
 from reactor.runtime.service import Reactor
 from tests.conftest import NewRole
-from tests.helpers import Conn, finish, new_job, worker_writes
+from tests.helpers import finish, new_job, worker_writes
 from tests.integration.conftest import StartReactor
+from tests.integration.support import worker_delay
 from tests.polling import eventually
 
 pytestmark = pytest.mark.anyio
@@ -43,16 +43,6 @@ def notified(reactor: Reactor, result: str) -> float:
     return float(reactor.metrics.notified[result]._value.get())
 
 
-def lateness(conn: Conn, job_id: uuid.UUID) -> float:
-    row = conn.execute(
-        "SELECT extract(epoch FROM a.at - j.updated_at)::float8 FROM run_audit a "
-        "JOIN analysis_jobs j ON j.id = a.job_id WHERE a.job_id = %s AND a.saved_by = 'worker'",
-        (job_id,),
-    ).fetchone()
-    assert row is not None
-    return float(row[0])
-
-
 async def proven(reactor: Reactor) -> None:
     await eventually(lambda: reactor.listener is not None and reactor.listener.proven)
     await eventually(lambda: reactor.holding)
@@ -74,7 +64,7 @@ async def test_garbage_from_a_stranger_is_counted_and_logged_once_per_interval(
             finish(conn, job_id)
             await eventually(lambda: notified(reactor, "rejected") == 20_000, timeout=20.0)
             await eventually(lambda: len(worker_writes(conn)) == 1, timeout=5.0)
-            assert lateness(conn, job_id) < grace + 0.5
+            assert worker_delay(conn, [job_id]) < grace + 0.5
     lines = [r for r in caplog.records if "name no job" in r.getMessage()]
     assert 1 <= len(lines) <= 2, [r.getMessage() for r in lines]
 
@@ -154,7 +144,7 @@ async def test_a_flood_of_made_up_hints_arms_nothing_and_the_real_job_is_on_time
             assert reactor.queue.waiting == 0
             # The verify buffer's bound, never the flood's size; the heap held the real job.
             assert most <= 20_000
-            assert lateness(conn, job_id) < grace + 0.5
+            assert worker_delay(conn, [job_id]) < grace + 0.5
 
 
 async def test_at_grace_0_the_claim_is_the_check_and_a_made_up_hint_costs_only_it(

@@ -24,7 +24,7 @@ import pytest
 from reactor.install import grants
 from reactor.install.mapping import REFERENCE
 from tests.conftest import Server
-from tests.helpers import finish, new_job
+from tests.helpers import drop_role, finish, new_job
 
 # The app's role, and USAGE on the reactor's schema as well (say, to read `reactor status`): the
 # functions' own privileges must hold without the schema's standing in front of them.
@@ -90,12 +90,7 @@ def roles(server: Server, database_url: str) -> Iterator[dict[str, str]]:
     yield made
     with psycopg.connect(database_url, autocommit=True) as admin:
         for name in made.values():
-            admin.execute(
-                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = %s",
-                (name,),
-            )
-            admin.execute(f'DROP OWNED BY "{name}"')
-            admin.execute(f'DROP ROLE "{name}"')
+            drop_role(admin, name)
 
 
 def _attack(dsn: str, trap: str) -> psycopg.Error | None:

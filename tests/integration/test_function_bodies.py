@@ -7,10 +7,10 @@ from __future__ import annotations
 import psycopg
 import psycopg.errors
 import pytest
-from psycopg.sql import SQL, Identifier
 
 from reactor import db
 from reactor.db.online_ddl import migration_transaction
+from tests.helpers import no_function_body_checks
 
 pytestmark = pytest.mark.anyio
 
@@ -26,12 +26,7 @@ async def test_a_migration_transaction_compiles_function_bodies_when_the_databas
     empty_database_url: str,
 ) -> None:
     url = empty_database_url
-    with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute(
-            SQL("ALTER DATABASE {} SET check_function_bodies = off").format(
-                Identifier(conn.info.dbname)
-            )
-        )
+    no_function_body_checks(url)
     async with await db.connect(url, "test") as conn:
         cur = await conn.execute("SHOW check_function_bodies")
         assert await cur.fetchone() == ("off",)

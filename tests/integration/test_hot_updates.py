@@ -32,7 +32,7 @@ from reactor import db
 from reactor.install import REFERENCE_INSTALL
 from reactor.install.mapping import REFERENCE
 from tests.helpers import Conn
-from tests.integration.support import scalar
+from tests.integration.support import scalar, update_counts
 
 JOBS = 12
 PROGRESS_UPDATES = 3  # per job
@@ -62,13 +62,7 @@ def conn(database_url: str) -> Iterator[Conn]:
 
 def _update_counts(conn: Conn) -> tuple[int, int]:
     """(n_tup_upd, n_tup_hot_upd) of analysis_jobs, with this session's updates flushed."""
-    conn.execute("SELECT pg_stat_force_next_flush()")
-    row = conn.execute(
-        "SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables "
-        "WHERE relid = 'analysis_jobs'::regclass"
-    ).fetchone()
-    assert row is not None
-    return int(row[0]), int(row[1])
+    return update_counts(conn, "analysis_jobs")
 
 
 def _start_jobs(conn: Conn) -> list[uuid.UUID]:

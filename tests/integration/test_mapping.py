@@ -31,6 +31,7 @@ from reactor.settings.pairs import Pair
 from reactor.telemetry.metrics import Metrics
 from tests.acceptance.conftest import reactor_env, run_reactor
 from tests.helpers import Conn
+from tests.integration.support import update_counts
 from tests.polling import eventually
 
 pytestmark = pytest.mark.anyio
@@ -367,24 +368,15 @@ async def test_two_installs_live_side_by_side_in_one_process(second_url: str) ->
 async def test_the_apps_progress_updates_stay_hot_on_the_mapped_table(
     second: Install, second_url: str
 ) -> None:
-    def counts(conn: Conn) -> tuple[int, int]:
-        conn.execute("SELECT pg_stat_force_next_flush()")
-        row = conn.execute(
-            "SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables"
-            " WHERE relid = 'app.\"Job\"'::regclass"
-        ).fetchone()
-        assert row is not None
-        return int(row[0]), int(row[1])
-
     with app(second_url) as conn:
         jobs = [add(conn, f"running-{i}", state="running", verdicts=None) for i in range(5)]
-        before = counts(conn)
+        before = update_counts(conn, 'app."Job"')
         for step in range(3):
             conn.execute(
                 "UPDATE app.\"Job\" SET verdicts = coalesce(verdicts, '[]'::jsonb) || %s::jsonb,"
                 ' "updatedAt" = now() AT TIME ZONE \'UTC\' WHERE "jobId" = ANY(%s)',
                 (json.dumps([step]), jobs),
             )
-        after = counts(conn)
+        after = update_counts(conn, 'app."Job"')
     assert after[0] - before[0] == 15
     assert after[1] - before[1] == 15

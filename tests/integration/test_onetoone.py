@@ -24,6 +24,7 @@ from reactor.record.recorder import Recorder
 from reactor.settings.config import Settings
 from reactor.telemetry.metrics import Metrics
 from tests.helpers import Conn
+from tests.integration.support import column
 
 pytestmark = pytest.mark.anyio
 
@@ -91,11 +92,12 @@ def reports(conn: Conn) -> list[tuple[Any, ...]]:
 
 
 def walk_indexes(conn: Conn) -> list[str]:
-    rows = conn.execute(
-        "SELECT indexname FROM pg_indexes WHERE schemaname = 'app' AND tablename = 'exports'"
-        " ORDER BY indexname"
-    ).fetchall()
-    return [row[0] for row in rows]
+    """The indexes of app.exports, by name."""
+    return column(
+        conn,
+        "SELECT indexname FROM pg_indexes WHERE schemaname = %s AND tablename = %s ORDER BY 1",
+        ("app", "exports"),
+    )
 
 
 async def test_each_export_gets_its_report_once_written_by_one_column(onetoone_url: str) -> None:

@@ -26,6 +26,7 @@ from reactor.install.mapping import REFERENCE
 from tests.acceptance.conftest import reactor_env, run_reactor
 from tests.helpers import AUDIT_SQL, Conn
 from tests.integration.support import scalar
+from tests.integration.test_schema import JOB_COLUMNS
 
 pytestmark = pytest.mark.anyio
 
@@ -34,16 +35,9 @@ INDEX = "analysis_jobs_reactor_run_idx"
 
 # reference.sql's analysis_jobs, partitioned by quarter; the last quarter is itself partitioned
 # (by hash of id), and a default partition takes the rest.
-PARTITIONED_JOBS = """
+PARTITIONED_JOBS = f"""
 CREATE TABLE analysis_jobs (
-    id          uuid NOT NULL,
-    run_id      uuid NOT NULL,
-    status      text NOT NULL,
-    doc_html    text,
-    results     jsonb,
-    deleted_at  timestamptz,
-    created_at  timestamptz NOT NULL DEFAULT now(),
-    updated_at  timestamptz NOT NULL DEFAULT now(),
+    id          uuid NOT NULL,{JOB_COLUMNS},
     PRIMARY KEY (id, created_at)
 ) PARTITION BY RANGE (created_at);
 CREATE TABLE analysis_jobs_2026q1 PARTITION OF analysis_jobs

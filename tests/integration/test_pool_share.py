@@ -5,11 +5,11 @@ from __future__ import annotations
 import time
 
 import anyio
-import psycopg
 import pytest
 from psycopg.rows import tuple_row
 
 from reactor import db
+from tests.helpers import scalar_from
 from tests.polling import eventually
 
 pytestmark = pytest.mark.anyio
@@ -17,12 +17,11 @@ pytestmark = pytest.mark.anyio
 
 def running(database_url: str) -> int:
     """The pg_sleep statements running now."""
-    with psycopg.connect(database_url, autocommit=True) as conn:
-        row = conn.execute(
-            "SELECT count(*) FROM pg_stat_activity WHERE query = 'SELECT pg_sleep(3)'"
-            " AND state = 'active'"
-        ).fetchone()
-    return 0 if row is None else int(row[0])
+    sleeping = (
+        "SELECT count(*) FROM pg_stat_activity WHERE query = 'SELECT pg_sleep(3)'"
+        " AND state = 'active'"
+    )
+    return int(scalar_from(database_url, sleeping))
 
 
 async def test_a_pair_whose_statements_hang_leaves_the_others_their_connections(

@@ -10,6 +10,7 @@ import io
 import json
 import re
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import psycopg
@@ -25,21 +26,11 @@ from reactor.record.recorder import Recorder
 from reactor.settings.config import Settings
 from reactor.telemetry.metrics import Metrics
 from tests.conftest import Server
+from tests.helpers import drop_role, reference_toml
 
 pytestmark = pytest.mark.anyio
 
-TOML = """\
-reactor_schema = "my_reactor"
-
-[jobs]
-table = "MyApp.Jobs"
-deleted_at = "deleted_at"
-not_null = ["doc_html", "results"]
-not_empty = ["results"]
-
-[runs]
-table = "MyApp.Runs"
-"""
+TOML = reference_toml("MyApp.Jobs", "MyApp.Runs", reactor_schema="my_reactor")
 
 
 @pytest.fixture
@@ -114,64 +105,55 @@ def test_quote_ident_quotes_as_the_server_does_every_keyword_and_odd_name(
     assert differ == {}
 
 
-async def test_the_printed_grants_name_a_mixed_case_schema_as_it_is(
-    server: Server, my_app: tuple[str, mapping.Mapping]
-) -> None:
+@pytest.fixture
+def my_role(server: Server, my_app: tuple[str, mapping.Mapping]) -> Iterator[str]:
+    """A fresh LOGIN role, granted nothing yet in my_app's database; dropped afterwards with
+    what it owns and was granted there."""
     if server.embedded is None:
         pytest.skip("needs a server whose authentication we control (trust for a new role)")
-    url, shape = my_app
-    installed = await install(url, shape)
+    url, _ = my_app
     role = f"reactor_rt_{uuid.uuid4().hex[:10]}"
     with psycopg.connect(url, autocommit=True) as admin:
         admin.execute(f'CREATE ROLE "{role}" LOGIN')
-        try:
-            # Typed from the catalog, as --print-grants does.
-            script = grants.grant_script(role, installed.mapping)
-            assert 'GRANT USAGE ON SCHEMA "MyApp" TO' in script
-            assert "ON FUNCTION my_reactor.outranks_v2(uuid, uuid, text) TO" in script
-            admin.execute(script.encode())
-            add_finished_job(url)
-            as_role = psycopg.conninfo.make_conninfo(url, user=role)
-            async with await db.connect(as_role, "test", configure_session=False) as conn:
-                await db.Database.dedicated(installed, conn).require_privileges()
-            async with db.make_pool(as_role, max_size=2) as pool:
-                database = db.Database.pooled(installed, pool)
-                drained = await Recorder(database, Metrics()).drain(10)
-            assert drained.recorded == 1
-        finally:
-            admin.execute(
-                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = %s",
-                (role,),
-            )
-            admin.execute(f'DROP OWNED BY "{role}"')
-            admin.execute(f'DROP ROLE "{role}"')
+    yield role
+    with psycopg.connect(url, autocommit=True) as admin:
+        drop_role(admin, role)
+
+
+async def test_the_printed_grants_name_a_mixed_case_schema_as_it_is(
+    my_app: tuple[str, mapping.Mapping], my_role: str
+) -> None:
+    url, shape = my_app
+    installed = await install(url, shape)
+    # Typed from the catalog, as --print-grants does.
+    script = grants.grant_script(my_role, installed.mapping)
+    assert 'GRANT USAGE ON SCHEMA "MyApp" TO' in script
+    assert "ON FUNCTION my_reactor.outranks_v2(uuid, uuid, text) TO" in script
+    with psycopg.connect(url, autocommit=True) as admin:
+        admin.execute(script.encode())
+    add_finished_job(url)
+    as_role = psycopg.conninfo.make_conninfo(url, user=my_role)
+    async with await db.connect(as_role, "test", configure_session=False) as conn:
+        await db.Database.dedicated(installed, conn).require_privileges()
+    async with db.make_pool(as_role, max_size=2) as pool:
+        database = db.Database.pooled(installed, pool)
+        drained = await Recorder(database, Metrics()).drain(10)
+    assert drained.recorded == 1
 
 
 async def test_the_startup_check_finds_a_grant_missing_in_a_mixed_case_schema(
-    server: Server, my_app: tuple[str, mapping.Mapping]
+    my_app: tuple[str, mapping.Mapping], my_role: str
 ) -> None:
-    if server.embedded is None:
-        pytest.skip("needs a server whose authentication we control (trust for a new role)")
     url, shape = my_app
     installed = await install(url, shape)
-    role = f"reactor_rt_{uuid.uuid4().hex[:10]}"
     with psycopg.connect(url, autocommit=True) as admin:
-        admin.execute(f'CREATE ROLE "{role}" LOGIN')
-        try:
-            admin.execute(grants.grant_script(role, installed.mapping).encode())
-            admin.execute(f'REVOKE SELECT ON "MyApp"."Jobs" FROM "{role}"')
-            grant = 'GRANT SELECT ON "MyApp"."Jobs"'
-            as_role = psycopg.conninfo.make_conninfo(url, user=role)
-            async with await db.connect(as_role, "test", configure_session=False) as conn:
-                with pytest.raises(PrivilegeMissing, match=re.escape(grant)):
-                    await db.Database.dedicated(installed, conn).require_privileges()
-        finally:
-            admin.execute(
-                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = %s",
-                (role,),
-            )
-            admin.execute(f'DROP OWNED BY "{role}"')
-            admin.execute(f'DROP ROLE "{role}"')
+        admin.execute(grants.grant_script(my_role, installed.mapping).encode())
+        admin.execute(f'REVOKE SELECT ON "MyApp"."Jobs" FROM "{my_role}"')
+    grant = 'GRANT SELECT ON "MyApp"."Jobs"'
+    as_role = psycopg.conninfo.make_conninfo(url, user=my_role)
+    async with await db.connect(as_role, "test", configure_session=False) as conn:
+        with pytest.raises(PrivilegeMissing, match=re.escape(grant)):
+            await db.Database.dedicated(installed, conn).require_privileges()
 
 
 async def test_status_names_the_statement_that_enables_the_trigger_again(

@@ -27,17 +27,20 @@ CHANNEL = "analysis_jobs_terminal"
 SCHEMAS = ["public", "reactor"]
 ALL_VERSIONS = [m.version for m in sql.migrations()]
 
-# What an app looked like before the reactor: analysis_runs has no saved_by.
-LEGACY_SQL = """
-CREATE TABLE analysis_jobs (
-    id          uuid PRIMARY KEY,
+# reference.sql's analysis_jobs after its key (which a partitioned table widens).
+JOB_COLUMNS = """
     run_id      uuid NOT NULL,
     status      text NOT NULL,
     doc_html    text,
     results     jsonb,
     deleted_at  timestamptz,
     created_at  timestamptz NOT NULL DEFAULT now(),
-    updated_at  timestamptz NOT NULL DEFAULT now()
+    updated_at  timestamptz NOT NULL DEFAULT now()"""
+
+# What an app looked like before the reactor: analysis_runs has no saved_by.
+LEGACY_SQL = f"""
+CREATE TABLE analysis_jobs (
+    id          uuid PRIMARY KEY,{JOB_COLUMNS}
 );
 CREATE TABLE analysis_runs (
     id          uuid PRIMARY KEY,

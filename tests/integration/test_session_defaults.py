@@ -21,7 +21,7 @@ from reactor.install import REFERENCE_INSTALL
 from tests import pgbouncer as bouncer
 from tests.acceptance.conftest import reactor_env, run_reactor
 from tests.conftest import Server
-from tests.helpers import Conn, finish, grant_audit, new_job, run_row, worker_writes
+from tests.helpers import Conn, drop_role, finish, grant_audit, new_job, run_row, worker_writes
 from tests.integration.support import app_and_a_tab
 from tests.integration.test_privileges import dsn_as, grant_all
 from tests.integration.test_stuck import lock_waiter
@@ -55,11 +55,7 @@ def hostile_role(server: Server, database_url: str) -> Iterator[str]:
     grant_all(database_url, name)
     yield name
     with psycopg.connect(database_url, autocommit=True) as admin:
-        admin.execute(
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = %s", (name,)
-        )
-        admin.execute(f'DROP OWNED BY "{name}"')
-        admin.execute(f'DROP ROLE "{name}"')
+        drop_role(admin, name)
 
 
 @pytest.fixture(params=["direct", "pgbouncer"])

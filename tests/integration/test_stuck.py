@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 
 import anyio
@@ -55,6 +56,18 @@ def hold_run_row(tab: Conn, job_id: str) -> None:
     TABLES.client_save(tab, job_id)
 
 
+@contextmanager
+def one_run_row_held(
+    database_url: str, count: int, held: int
+) -> Iterator[tuple[Conn, Conn, list[tuple[str, str]], tuple[str, str]]]:
+    """``count`` due jobs (:func:`add_due_jobs`) on the app's connection, and the run row of
+    the ``held``-th held by a tab's transaction: (app, tab, the jobs, the held one)."""
+    with app_and_a_tab(database_url) as (app, tab):
+        jobs = add_due_jobs(app, count)
+        hold_run_row(tab, jobs[held][0])
+        yield app, tab, jobs, jobs[held]
+
+
 def written(conn: Conn) -> set[str]:
     return {str(job) for _, job, _ in worker_writes(conn)}
 
@@ -63,10 +76,8 @@ async def test_one_locked_run_row_among_a_thousand_due_jobs(
     database_url: str, start_reactor: StartReactor
 ) -> None:
     scan_interval = 10.0
-    with app_and_a_tab(database_url) as (app, tab):
-        jobs = add_due_jobs(app, 1000)
-        stuck_job, stuck_run = jobs[0]  # the oldest: in the scan's first batch
-        hold_run_row(tab, stuck_job)
+    # The oldest held: in the scan's first batch.
+    with one_run_row_held(database_url, 1000, 0) as (app, tab, _, (stuck_job, stuck_run)):
         started = time.monotonic()
         async with start_reactor(grace=1.0, scan_interval=scan_interval) as reactor:
             await eventually(lambda: len(written(app)) >= 999, timeout=scan_interval)
@@ -105,10 +116,7 @@ async def test_a_timer_batch_splits_around_a_locked_run_row(
 ) -> None:
     # Long enough that the waits, not the statements, make the time.
     recorder.batch_lock_timeout = 1.0
-    with app_and_a_tab(database_url) as (app, tab):
-        jobs = add_due_jobs(app, 40)
-        stuck_job = jobs[17][0]
-        hold_run_row(tab, stuck_job)
+    with one_run_row_held(database_url, 40, 17) as (app, tab, jobs, (stuck_job, _)):
         started = time.monotonic()
         answer = await recorder.record([job for job, _ in jobs])
         # Found behind the lock after the batch's wait and two short ones (its part of five,
@@ -128,10 +136,7 @@ async def test_a_cancelled_batch_is_split_like_a_lock_timeout(
     # A statement timeout surfaces as QueryCanceled, as this cancel does: the batch is split
     # and only the job behind the lock is left for later.
     recorder.batch_lock_timeout = 30.0
-    with app_and_a_tab(database_url) as (app, tab):
-        jobs = add_due_jobs(app, 10)
-        stuck_job = jobs[3][0]
-        hold_run_row(tab, stuck_job)
+    with one_run_row_held(database_url, 10, 3) as (app, tab, jobs, (stuck_job, _)):
 
         async def cancel_waits() -> None:
             # The batch of ten, then its part of two, then the stuck job alone: each waits on

@@ -229,6 +229,18 @@ def health_command(dockerfile: list[str]) -> list[str]:
     return ["CMD", *found]
 
 
+def run_health_check(args: list[str], port: int) -> subprocess.CompletedProcess[bytes]:
+    """The HEALTHCHECK's ``args`` run by the python of this venv, with REACTOR_HTTP_ADDR on
+    0.0.0.0:``port``."""
+    return subprocess.run(
+        [sys.executable, *args],
+        env={"REACTOR_HTTP_ADDR": f"0.0.0.0:{port}"},
+        capture_output=True,
+        timeout=30,
+        check=False,
+    )
+
+
 class _Probe(BaseHTTPRequestHandler):
     """Answers /healthz with the status the server was given."""
 
@@ -260,14 +272,7 @@ def test_the_health_check_asks_the_port_of_reactor_http_addr(
     probed.status = status  # type: ignore[attr-defined]
     _, python, *args = health_command(dockerfile)
     assert python == "python"
-    port = probed.server_address[1]
-    result = subprocess.run(
-        [sys.executable, *args],
-        env={"REACTOR_HTTP_ADDR": f"0.0.0.0:{port}"},
-        capture_output=True,
-        timeout=30,
-        check=False,
-    )
+    result = run_health_check(args, probed.server_address[1])
     assert result.returncode == code, result.stderr
 
 
@@ -276,11 +281,5 @@ def test_the_health_check_fails_when_nothing_answers(dockerfile: list[str]) -> N
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]  # bound, not listening: the connection is refused
         _, _, *args = health_command(dockerfile)
-        result = subprocess.run(
-            [sys.executable, *args],
-            env={"REACTOR_HTTP_ADDR": f"0.0.0.0:{port}"},
-            capture_output=True,
-            timeout=30,
-            check=False,
-        )
+        result = run_health_check(args, port)
     assert result.returncode == 1

@@ -4,37 +4,17 @@ so in one line and exit 2, before they connect; their --json needs nothing more.
 from __future__ import annotations
 
 import subprocess
-import sys
 
 import pytest
 
-from tests.acceptance.conftest import reactor_env
-
-# An installed reactor without the cli extra: Python finds no rich.
-_WITHOUT_RICH = """
-import importlib.abc, sys
-
-class NotInstalled(importlib.abc.MetaPathFinder):
-    def find_spec(self, name, path, target=None):
-        if name.partition(".")[0] == "rich":
-            raise ModuleNotFoundError(name)
-        return None
-
-sys.meta_path.insert(0, NotInstalled())
-from reactor.cli import main
-main(sys.argv[1:])
-"""
+from tests.acceptance.conftest import reactor_env, run_reactor_without
 
 
 def without_rich(*args: str) -> subprocess.CompletedProcess[str]:
+    """``reactor ARGS`` installed without the cli extra: Python finds no rich."""
     # A DSN nothing answers on: a command that got as far as connecting would say so instead.
-    return subprocess.run(
-        [sys.executable, "-c", _WITHOUT_RICH, *args],
-        env=reactor_env("postgresql://nobody@127.0.0.1:1/none?connect_timeout=1"),
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
+    return run_reactor_without(
+        "rich", *args, env=reactor_env("postgresql://nobody@127.0.0.1:1/none?connect_timeout=1")
     )
 
 
