@@ -154,20 +154,19 @@ def test_the_image_is_small_labelled_and_runs_as_a_number(image: Built) -> None:
     assert labels["org.opencontainers.image.licenses"] == "MIT"
     assert found["Healthcheck"]["Test"][0] == "CMD"  # podman shows it beside Config
     # What only the builder needs stays there: uv, and the terminal's tables (the cli extra).
-    listed = image.engine.run(
-        "run",
-        "--rm",
-        "--network",
-        "none",
-        *RUN_LIMITS,
-        "--entrypoint",
-        "python",
-        IMAGE,
-        "-c",
+    listed = python_in_image(
+        image.engine,
         "import importlib.util as u, shutil;"
         "print(shutil.which('uv'), *(u.find_spec(m) for m in ('rich', 'pygments')))",
     )
-    assert listed.stdout.split() == ["None", "None", "None"]
+    assert listed.split() == ["None", "None", "None"]
+
+
+def python_in_image(engine: Podman, code: str) -> str:
+    """What ``python -c CODE`` prints in a throwaway container of the image, with no network."""
+    return engine.run(
+        "run", "--rm", "--network", "none", *RUN_LIMITS, "--entrypoint", "python", IMAGE, "-c", code
+    ).stdout
 
 
 def _project_version() -> str:
@@ -209,19 +208,7 @@ def test_the_image_carries_the_wheels_code(image: Built, tmp_path: Path) -> None
             for name in archive.namelist()
             if name.split("/")[0] in ("reactor", "triggers")
         }
-    shown = image.engine.run(
-        "run",
-        "--rm",
-        "--network",
-        "none",
-        *RUN_LIMITS,
-        "--entrypoint",
-        "python",
-        IMAGE,
-        "-c",
-        _INSTALLED,
-    )
-    assert json.loads(shown.stdout) == in_wheel
+    assert json.loads(python_in_image(image.engine, _INSTALLED)) == in_wheel
 
 
 @dataclass(frozen=True)
