@@ -40,8 +40,9 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import anyio
 import anyio.abc
@@ -52,7 +53,7 @@ from reactor.core.deadlines import Deadlines
 from reactor.core.ownership import Membership
 from reactor.telemetry.metrics import Metrics
 
-__all__ = ["Answer", "Claim", "Dispatcher", "WorkQueue"]
+__all__ = ["Answer", "Claimer", "Dispatcher", "Intake", "WorkQueue"]
 
 log = logging.getLogger(__name__)
 
@@ -209,8 +210,31 @@ class WorkQueue:
                 self.left_to_owner += 1
 
 
-# Claims the jobs (the recorder); ``alone``: one stuck job, whose statement waits for its lock.
-Claim = Callable[[list[str], bool], Awaitable[Answer]]
+class Claimer(Protocol):
+    """What claims the due jobs (:class:`reactor.record.recorder.Recorder`)."""
+
+    async def record(self, job_ids: Sequence[str], alone: bool = False) -> Answer:
+        """Claim ``job_ids`` and say which to try again; ``alone``: one stuck job, whose
+        statement waits for its lock."""
+        ...
+
+
+class Intake(Protocol):
+    """The one door into a work queue, as the roads that offer jobs see it
+    (:class:`Dispatcher`)."""
+
+    def intake(self, hints: Iterable[Hint]) -> None:
+        """Offer ``hints``, read now."""
+        ...
+
+    def wants(self, job: str) -> bool:
+        """True when ``job`` is held here or owned by this replica."""
+        ...
+
+    @property
+    def live(self) -> int:
+        """The replicas live, as the queue sees them."""
+        ...
 
 
 class Dispatcher:
@@ -219,7 +243,7 @@ class Dispatcher:
     def __init__(
         self,
         queue: WorkQueue,
-        claim: Claim,
+        claimer: Claimer,
         clock: Clock,
         metrics: Metrics,
         *,
@@ -228,7 +252,7 @@ class Dispatcher:
         error_retry: float = 1.0,
     ) -> None:
         self.queue = queue
-        self.claim = claim
+        self.claimer = claimer
         self.clock = clock
         self.metrics = metrics
         # Read when scraped, not set at every offer: the hot path only counts.
@@ -261,6 +285,17 @@ class Dispatcher:
             # here may have left more due jobs than one batch).
             self._wake.set()
         self._count()
+
+    def wants(self, job: str) -> bool:
+        """True when ``job`` is held here or owned by this replica: a notification of it is
+        verified before it is armed; another live replica's is left to that one."""
+        queue = self.queue
+        return job in queue or queue.membership.owns(job)
+
+    @property
+    def live(self) -> int:
+        """The replicas live, as the queue sees them."""
+        return len(self.queue.membership.live)
 
     def _claim_now(self, now: float) -> bool:
         """Start a claim of the due jobs at once, if a slot is free; True when one started."""
@@ -311,7 +346,7 @@ class Dispatcher:
         groups += [([job], True) for job in jobs if self.queue.is_stuck(job)]
         try:
             for group, alone in groups:
-                answer = await self.claim(group, alone)
+                answer = await self.claimer.record(group, alone)
                 now = self.clock.now()
                 for job in group:
                     del retry[job]

@@ -78,14 +78,14 @@ _REPLICA_MAX = 64
 
 
 @dataclass(frozen=True, slots=True)
-class Probed:
+class ProbeHeard:
     """A probe notification, with its token."""
 
     token: str
 
 
 @dataclass(frozen=True, slots=True)
-class Membership:
+class ReplicaSaid:
     """A replica said it ``left`` (or joined); only its heartbeat row can confirm it."""
 
     replica: str
@@ -101,29 +101,31 @@ class Rang:
 
 
 @dataclass(frozen=True, slots=True)
-class Hint:
-    """A job hint: the job's canonical id and, when sent, its updated_at in unix seconds."""
+class JobNotified:
+    """A notification named a job: its canonical id and, when sent, its updated_at in unix
+    seconds (the sender's word). Not yet a :class:`reactor.claim.sources.Hint`: that is what a
+    source knows of a job once it is read (a notification's, once verified)."""
 
     job: str
     updated_at: float | None
 
 
-Said = Probed | Membership | Rang | Hint
+Said = ProbeHeard | ReplicaSaid | Rang | JobNotified
 
 
 def read(payload: str, id_type: str, *, membership: bool = True) -> Said | None:
     """What ``payload`` says: a probe, a replica joining or leaving or a doorbell rung (only
     where ``membership`` is heard), a job hint; None when it names nothing."""
     if payload.startswith(PROBE):
-        return Probed(payload[len(PROBE) :])
+        return ProbeHeard(payload[len(PROBE) :])
     if membership:
         for prefix, left in ((LEFT, True), (JOINED, False)):
             if payload.startswith(prefix):
-                return Membership(payload[len(prefix) : len(prefix) + _REPLICA_MAX], left)
+                return ReplicaSaid(payload[len(prefix) : len(prefix) + _REPLICA_MAX], left)
         if payload.startswith(RANG):
             return Rang(payload[len(RANG) : len(RANG) + CHANNEL_MAX])
     hint = parse_hint(payload, id_type)
-    return None if hint is None else Hint(*hint)
+    return None if hint is None else JobNotified(*hint)
 
 
 def listen_statement(channel: str) -> psycopg.sql.Composed:

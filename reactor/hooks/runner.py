@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import random
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 import anyio
 import anyio.abc
@@ -52,6 +52,18 @@ def retry_span(*, attempts: int, base: float, cap: float) -> float:
     return sum(retry_delay(n, base=base, cap=cap, jitter=0.0) for n in range(1, attempts))
 
 
+# The runner's duty in its pair's cadence.
+HOOKS = "hooks"
+
+
+class Schedule(Protocol):
+    """What brings the runner's duty forward (:class:`reactor.insurance.cadence.Scheduler`)."""
+
+    def hasten(self, name: str) -> None:
+        """Run the duty ``name`` now (or right after the run in progress)."""
+        ...
+
+
 class HookRunner:
     """Claims, runs and settles hook rows for one replica."""
 
@@ -63,7 +75,7 @@ class HookRunner:
         metrics: Metrics,
         *,
         replica: str,
-        wake: Callable[[], None],
+        schedule: Schedule,
         jitter: Callable[[], float] = random.random,
         tracer: tracing.Tracing = tracing.PROCESS,
     ) -> None:
@@ -73,9 +85,8 @@ class HookRunner:
         self.database = database
         self.hooks = hooks
         self.metrics = metrics
-        # Brings the runner's duty forward (the cadence's hasten): a slot came free, runs were
-        # recorded, an operator re-queued a row.
-        self.wake = wake
+        # Brings the runner's duty forward (see wake).
+        self.schedule = schedule
         self.jitter = jitter
         # Where each attempt's span goes.
         self.tracer = tracer
@@ -203,6 +214,10 @@ class HookRunner:
         finally:
             self.in_flight -= 1
             self.wake()
+
+    def wake(self) -> None:
+        """Claim rows now: a slot came free, runs were recorded, an operator re-queued a row."""
+        self.schedule.hasten(HOOKS)
 
     async def _fail(
         self, claim: db.HookClaim, error: str, fields: dict[str, Any], *, permanent: bool

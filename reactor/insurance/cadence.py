@@ -51,6 +51,17 @@ def backoff(first: float, cap: float) -> RetryPolicy:
     return lambda failures: exponential(failures, first=first, cap=cap)
 
 
+@dataclass(frozen=True, slots=True)
+class Every:
+    """A duty's entry in the cadence, declared by the pass that runs it: its name, its interval,
+    how soon a failure is tried again, and when it first runs (at once)."""
+
+    name: str
+    interval: float
+    retry: RetryPolicy
+    first_at: float = -math.inf
+
+
 @dataclass(slots=True)
 class Duty:
     """One periodic duty's schedule."""
@@ -86,6 +97,10 @@ class Cadence:
     ) -> None:
         """Schedule ``name`` every ``interval`` seconds, first at ``first_at`` (at once)."""
         self.duties[name] = Duty(name, interval, retry, next_at=first_at)
+
+    def enter(self, every: Every) -> None:
+        """Schedule the duty ``every`` declares."""
+        self.add(every.name, every.interval, retry=every.retry, first_at=every.first_at)
 
     def due(self, now: float) -> list[str]:
         """The duties to begin now."""
@@ -182,6 +197,11 @@ class Scheduler:
     def closed(self) -> bool:
         """True once :meth:`close` was called."""
         return self._closed
+
+    def add(self, every: Every, action: Action) -> None:
+        """Run ``action`` on the cadence ``every`` declares, from the next :meth:`run`."""
+        self.cadence.enter(every)
+        self.actions[every.name] = action
 
     def hold(self, name: str, wake: Callable[[], None]) -> None:
         """Leave ``name``'s runs to another loop, which ``wake`` wakes whenever its schedule

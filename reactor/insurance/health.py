@@ -1,8 +1,5 @@
-"""The health check and the poll: a pair's own duties, and the health check of all the
-replica's pairs in one statement.
-
-A pair polls its queue on its own (:class:`PairPoll`) while notifications cannot be relied on,
-and sleeps otherwise.
+"""The health check: a pair's own duty, and the health check of all the replica's pairs in one
+statement.
 
 A replica of one pair checks it as the pair's own duty (:func:`check_pair`, begun by the pair's
 :class:`~reactor.insurance.cadence.Scheduler`). A replica of two or more checks them together
@@ -15,7 +12,7 @@ while its checks find nothing to change), its failures and their retries, what h
 when it last began (what ``/healthz`` reads). The replica begins the duties together: once one
 pair's comes due, the others' are brought forward to it, so the one statement runs at the
 shortest interval any pair asks for. Each pair's :class:`~reactor.db.Health` goes to its
-reactor, which judges it as it judges its own check (:meth:`Reactor.saw`); a failure is each
+pair, which judges it as it judges its own check (:meth:`CheckedPair.saw`); a failure is each
 pair's (its ``vitals.failed``). The LISTEN session's probe rides on one part, the first.
 
 A pair whose part fails on its own objects (its schema dropped, a grant revoked, its tables
@@ -30,28 +27,20 @@ import contextlib
 import logging
 import math
 from collections.abc import Iterator, Sequence
-from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import anyio
 
 from reactor import db
-from reactor.claim.sources import POLL
 from reactor.core.clock import Clock
-from reactor.core.ownership import ALL_SHARES
-from reactor.insurance.cadence import fleet_poll_interval
+from reactor.insurance.cadence import Every, Scheduler
 from reactor.listen.listener import Listener
+from reactor.settings.config import Settings
 from reactor.telemetry import logs
-
-if TYPE_CHECKING:
-    from reactor.runtime.service import Reactor
 
 log = logging.getLogger(__name__)
 
 HEALTH = "health"
-
-# Most queued jobs one poll offers; more (a burst) are read by the next poll, from where it ended.
-POLL_LIMIT = 10_000
 
 # The share of the check's bound its combined statement waits (one pair's tables locked cancel it
 # soon enough that each part alone still has time that round), and a part alone waits for a lock.
@@ -61,84 +50,79 @@ LOCK_SHARE = 0.5
 Outcome = db.Health | BaseException
 
 
-async def check_pair(reactor: Reactor) -> None:
-    """One pair's health check through the pool, as its own duty."""
-    listener = reactor.listener
-    probe = None if listener is None else listener.probe_for_check()
-    sent = reactor.clock.now()
-    try:
-        with anyio.fail_after(reactor.settings.probe_timeout):
-            (health,) = await db.health_of_pairs([(reactor.database, reactor.health_ask(probe))])
-    except BaseException:
-        _probe_sent(listener, probe, went=False)
-        raise
-    # At a half-full NOTIFY queue the check skips it: then it is not waited for.
-    _probe_sent(listener, probe, went=health.probes_sent > 0)
-    reactor.saw(health, sent)
+def every(settings: Settings) -> Every:
+    """The health check's cadence, through the pool (the LISTEN session only listens): a failed
+    check is tried again at once (a connection of the pool may have died), then every
+    interval."""
+    interval = settings.probe_interval
+    return Every(HEALTH, interval, retry=lambda failures: 0.0 if failures == 1 else interval)
+
+
+class CheckedPair(Protocol):
+    """A pair as its health check sees it (:class:`reactor.runtime.service.Reactor`): what the
+    check asks of its tables, and who judges what it read."""
+
+    @property
+    def settings(self) -> Settings:
+        """The pair's settings (the check's bound: ``probe_timeout``)."""
+        ...
+
+    @property
+    def database(self) -> db.Database:
+        """The pair's queries."""
+        ...
+
+    @property
+    def schedule(self) -> Scheduler:
+        """The pair's schedule, which holds the health duty's."""
+        ...
+
+    @property
+    def stopping(self) -> bool:
+        """True once the pair stops."""
+        ...
+
+    def health_ask(self, probe: str | None) -> dict[str, Any]:
+        """The parameters of the pair's check now, carrying ``probe``."""
+        ...
+
+    def saw(self, health: db.Health, sent: float) -> None:
+        """What the pair's check read, sent at ``sent``."""
+        ...
+
+    async def leave(self) -> None:
+        """Drop the pair's heartbeat."""
+        ...
+
+
+class PairCheck:
+    """One pair's health check through the pool, as its own duty, carrying the probes of
+    ``listener``."""
+
+    def __init__(self, pair: CheckedPair, listener: Listener | None, clock: Clock) -> None:
+        self.pair = pair
+        self.listener = listener
+        self.clock = clock
+
+    async def run(self) -> None:
+        """Check the pair once; raises when the database failed the check."""
+        pair, listener = self.pair, self.listener
+        probe = None if listener is None else listener.probe_for_check()
+        sent = self.clock.now()
+        try:
+            with anyio.fail_after(pair.settings.probe_timeout):
+                (health,) = await db.health_of_pairs([(pair.database, pair.health_ask(probe))])
+        except BaseException:
+            _probe_sent(listener, probe, went=False)
+            raise
+        # At a half-full NOTIFY queue the check skips it: then it is not waited for.
+        _probe_sent(listener, probe, went=health.probes_sent > 0)
+        pair.saw(health, sent)
 
 
 def _probe_sent(listener: Listener | None, probe: str | None, *, went: bool) -> None:
     if listener is not None and probe is not None:
         listener.probe_sent(probe, went=went)
-
-
-class PairPoll:
-    """``reactor``'s poll of its queue, while notifications cannot be relied on; ``runs``: the
-    polls run so far."""
-
-    def __init__(self, reactor: Reactor) -> None:
-        self.reactor = reactor
-        self.runs = 0
-        # Where the next poll's window begins.
-        self.low: datetime | None = None
-
-    async def run(self) -> None:
-        """One poll: every poll interval, the queued jobs whose deadline comes within two
-        intervals, offered to the pair's work queue; the doorbell rung or renewed when the
-        jobs come fast enough (:mod:`reactor.insurance.doorbell`)."""
-        # Windows overlap by that much, so a job queued by a transaction that was still open at
-        # the last poll is read now (one that committed after its deadline is the scan's).
-        reactor = self.reactor
-        if not reactor.polling:
-            # Asleep until the pair may need it again (Reactor.poll_if_needed wakes it): an idle
-            # replica would otherwise wake four times a second to find nothing to do.
-            self.low = None
-            reactor.schedule.pace("poll", math.inf)
-            return
-        # The view of the live set that intake keeps the jobs by.
-        membership = reactor.queue.membership
-        interval = fleet_poll_interval(
-            reactor.settings.poll_interval, len(membership.live), reactor.database.grace
-        )
-        ahead = 2 * interval
-        bell = reactor.doorbell
-        bell.pace(interval)
-        rings = reactor.rings_doorbell
-        shares = membership.shares
-        try:
-            polled = await reactor.database.poll_queue(
-                self.low,
-                ahead=ahead,
-                limit=POLL_LIMIT,
-                ring=rings and bell.ring(),
-                lease=bell.lease,
-                # The arrivals only judge whether to ring again: none counted where it is not.
-                recent=interval if rings else 0.0,
-                # The others' jobs would be dropped at intake: not read at all.
-                shares=None if shares == ALL_SHARES else shares,
-            )
-        except BaseException:
-            self.low = None
-            raise
-        self.runs += 1
-        bell.polled(reactor.clock.now(), polled.bell_in, polled.arrivals)
-        reactor.metrics.doorbell_awake.set(1 if bell.awake(reactor.clock.now()) else 0)
-        jobs = polled.jobs
-        reactor.dispatcher.intake(POLL.hints((job.job_id, job.due_in) for job in jobs))
-        full = len(jobs) >= POLL_LIMIT
-        self.low = jobs[-1].since if full else polled.high - timedelta(seconds=ahead)
-        if interval > reactor.settings.poll_interval:
-            reactor.schedule.pace("poll", interval)
 
 
 class PairsHealth:
@@ -147,7 +131,7 @@ class PairsHealth:
 
     def __init__(
         self,
-        pairs: Sequence[tuple[str | None, Reactor]],
+        pairs: Sequence[tuple[str | None, CheckedPair]],
         clock: Clock,
         listener: Listener | None,
     ) -> None:
@@ -156,23 +140,23 @@ class PairsHealth:
         self.listener = listener
         # The pairs whose part failed on its own at the last check: they run alone until it
         # answers again.
-        self.apart: set[Reactor] = set()
+        self.apart: set[CheckedPair] = set()
         self.rounds = 0
         self._wake = anyio.Event()
-        for _, reactor in self.pairs:
-            reactor.schedule.hold(HEALTH, self._wake_up)
+        for _, pair in self.pairs:
+            pair.schedule.hold(HEALTH, self._wake_up)
 
     def _wake_up(self) -> None:
         self._wake.set()
 
-    def _serving(self) -> list[tuple[str | None, Reactor]]:
-        return [(name, reactor) for name, reactor in self.pairs if not reactor.schedule.closed]
+    def _serving(self) -> list[tuple[str | None, CheckedPair]]:
+        return [(name, pair) for name, pair in self.pairs if not pair.schedule.closed]
 
     async def run(self) -> None:
         """Check the pairs whenever one's check is due, until every pair has stopped."""
         while serving := self._serving():
             now = self.clock.now()
-            duties = [reactor.cadence.duties[HEALTH] for _, reactor in serving]
+            duties = [pair.schedule.cadence.duties[HEALTH] for _, pair in serving]
             if any(not duty.running and duty.next_at <= now for duty in duties):
                 due = [(name, r) for name, r in serving if self._begin(r, now)]
                 await self._round(due)
@@ -182,41 +166,41 @@ class PairsHealth:
             await self.clock.sleep_until(next_at, self._wake)
 
     @staticmethod
-    def _begin(reactor: Reactor, now: float) -> bool:
+    def _begin(pair: CheckedPair, now: float) -> bool:
         # Brought forward to the round, as a hasten would: its next run is one interval on.
-        reactor.cadence.hasten(HEALTH, now)
-        return reactor.cadence.begin(HEALTH, now)
+        pair.schedule.cadence.hasten(HEALTH, now)
+        return pair.schedule.cadence.begin(HEALTH, now)
 
-    async def _round(self, due: list[tuple[str | None, Reactor]]) -> None:
+    async def _round(self, due: list[tuple[str | None, CheckedPair]]) -> None:
         sent = self.clock.now()
         self.rounds += 1
-        outcomes: dict[Reactor, Outcome] = {}
+        outcomes: dict[CheckedPair, Outcome] = {}
         try:
             await self._check(due, outcomes)
         except BaseException:
             # Cancelled, or a bug: each duty is retried by its policy, and nobody is told.
-            for name, reactor in due:
+            for name, pair in due:
                 with _on_behalf(name):
-                    reactor.schedule.end(HEALTH, ok=False)
+                    pair.schedule.end(HEALTH, ok=False)
             raise
-        for name, reactor in due:
+        for name, pair in due:
             with _on_behalf(name):
-                outcome = outcomes[reactor]
+                outcome = outcomes[pair]
                 if isinstance(outcome, BaseException):
-                    reactor.schedule.end(HEALTH, error=outcome)
+                    pair.schedule.end(HEALTH, error=outcome)
                     continue
-                reactor.saw(outcome, sent)
-                reactor.schedule.end(HEALTH)
-        for _, reactor in due:
-            if reactor.stopping and isinstance(outcomes[reactor], db.Health):
-                # Its heartbeat was written back, perhaps after its reactor left for good.
-                await reactor.leave()
+                pair.saw(outcome, sent)
+                pair.schedule.end(HEALTH)
+        for _, pair in due:
+            if pair.stopping and isinstance(outcomes[pair], db.Health):
+                # Its heartbeat was written back, perhaps after its pair left for good.
+                await pair.leave()
 
     async def _check(
-        self, due: list[tuple[str | None, Reactor]], out: dict[Reactor, Outcome]
+        self, due: list[tuple[str | None, CheckedPair]], out: dict[CheckedPair, Outcome]
     ) -> None:
-        together = [reactor for _, reactor in due if reactor not in self.apart]
-        alone = [reactor for _, reactor in due if reactor in self.apart]
+        together = [pair for _, pair in due if pair not in self.apart]
+        alone = [pair for _, pair in due if pair in self.apart]
         listener = self.listener
         probe = None if listener is None else listener.probe_for_check()
         # The probe rides on the first part that runs.
@@ -224,10 +208,8 @@ class PairsHealth:
         asks = {r: r.health_ask(probe if r is first else None) for r in together + alone}
         try:
             async with anyio.create_task_group() as tg:
-                for reactor in alone:
-                    tg.start_soon(
-                        self._alone, reactor, asks[reactor], out, reactor.settings.probe_timeout
-                    )
+                for pair in alone:
+                    tg.start_soon(self._alone, pair, asks[pair], out, pair.settings.probe_timeout)
                 if together:
                     await self._together(together, asks, out)
         except BaseException:
@@ -238,9 +220,12 @@ class PairsHealth:
         _probe_sent(listener, probe, went=isinstance(health, db.Health) and health.probes_sent > 0)
 
     async def _together(
-        self, pairs: list[Reactor], asks: dict[Reactor, dict[str, Any]], out: dict[Reactor, Outcome]
+        self,
+        pairs: list[CheckedPair],
+        asks: dict[CheckedPair, dict[str, Any]],
+        out: dict[CheckedPair, Outcome],
     ) -> None:
-        bound = max(reactor.settings.probe_timeout for reactor in pairs)
+        bound = max(pair.settings.probe_timeout for pair in pairs)
         several = len(pairs) > 1
         start = self.clock.now()
         try:
@@ -248,9 +233,7 @@ class PairsHealth:
             # transaction of four statements per check): where one pair's locked objects make
             # it wait, the client's share of the bound cancels it in time for each part alone.
             with anyio.fail_after(bound * LOCK_SHARE if several else bound):
-                healths = await db.health_of_pairs(
-                    [(reactor.database, asks[reactor]) for reactor in pairs]
-                )
+                healths = await db.health_of_pairs([(pair.database, asks[pair]) for pair in pairs])
         except db.DATABASE_ERRORS as error:
             if not several or not (isinstance(error, TimeoutError) or db.statement_refused(error)):
                 out.update(dict.fromkeys(pairs, error))
@@ -261,30 +244,30 @@ class PairsHealth:
             )
             within = max(bound - (self.clock.now() - start), 0.0)
             async with anyio.create_task_group() as tg:
-                for reactor in pairs:
-                    tg.start_soon(self._alone, reactor, asks[reactor], out, within)
+                for pair in pairs:
+                    tg.start_soon(self._alone, pair, asks[pair], out, within)
             return
         out.update(zip(pairs, healths, strict=True))
 
     async def _alone(
         self,
-        reactor: Reactor,
+        pair: CheckedPair,
         ask: dict[str, Any],
-        out: dict[Reactor, Outcome],
+        out: dict[CheckedPair, Outcome],
         within: float,
     ) -> None:
         try:
             with anyio.fail_after(within):
                 # Refused for a lock before the bound runs out, the part is checked alone from
                 # then on and the others together; pinned, but only while it is apart.
-                (out[reactor],) = await db.health_of_pairs(
-                    [(reactor.database, ask)], lock_timeout=within * LOCK_SHARE
+                (out[pair],) = await db.health_of_pairs(
+                    [(pair.database, ask)], lock_timeout=within * LOCK_SHARE
                 )
-            self.apart.discard(reactor)
+            self.apart.discard(pair)
         except db.DATABASE_ERRORS as error:
-            out[reactor] = error
+            out[pair] = error
             if db.statement_refused(error):
-                self.apart.add(reactor)
+                self.apart.add(pair)
 
 
 @contextlib.contextmanager

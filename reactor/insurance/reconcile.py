@@ -17,13 +17,16 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Callable
 from dataclasses import KW_ONLY, dataclass, field
 
 import anyio
 
 from reactor import db
+from reactor.claim.dispatch import Intake
+from reactor.claim.sources import RECONCILE
 from reactor.core.clock import Clock
+from reactor.insurance.cadence import Every, backoff
+from reactor.settings.config import Settings
 from reactor.telemetry import tracing
 from reactor.telemetry.metrics import Metrics
 
@@ -31,9 +34,9 @@ log = logging.getLogger(__name__)
 
 # Between two steps, the walk rests as long as the step took: it keeps the database at most
 # half as busy as it could, and yields to the app's queries.
-_MIN_REST = 0.005
+_MIN_REST_S = 0.005
 # After a failed step: retry soon, backing off to this.
-MAX_ERROR_WAIT = 30.0
+MAX_ERROR_WAIT_S = 30.0
 
 # A step's chunk is sized by time, not rows: each statement aims at STEP_TARGET seconds, well
 # inside its 50 ms bound on any table and host, and the fixed cost of a step (its round trip, the
@@ -43,6 +46,12 @@ MAX_ERROR_WAIT = 30.0
 STEP_TARGET = 0.015
 MIN_CHUNK = 250
 MAX_CHUNK = 32_000
+
+
+def every(settings: Settings) -> Every:
+    """The reconcile's cadence: each step asks when the next is due; a failed one is tried
+    again soon, backing off."""
+    return Every("reconcile", settings.reconcile_interval, retry=backoff(0.5, MAX_ERROR_WAIT_S))
 
 
 def next_chunk(chunk: int, seconds: float, examined: int | None) -> int:
@@ -68,7 +77,8 @@ class Reconciler:
     _: KW_ONLY
     owner: str
     interval: float
-    arm: Callable[[str, float], None]
+    # Where the jobs found missing from the queue go: the work queue's door.
+    intake: Intake
     clock: Clock
     steps: int = field(default=0, init=False)
     chunk: int = field(default=db.RECONCILE_CHUNK, init=False)
@@ -93,15 +103,15 @@ class Reconciler:
         self.chunk = next_chunk(self.chunk, self.clock.now() - started, step.examined)
         self._digest(step)
         if step.outcome == "stepped":
-            return max(_MIN_REST, self.clock.now() - started)
+            return max(_MIN_REST_S, self.clock.now() - started)
         if step.outcome == "completed":
             # The next pass is due one interval after this one began, so that it ends one
             # interval after this one did: no step to ask when.
-            return max(_MIN_REST, self.interval - (step.pass_seconds or 0.0))
+            return max(_MIN_REST_S, self.interval - (step.pass_seconds or 0.0))
         # Idle: the next pass is due in next_in. Busy: another replica holds the pass, and it is
         # ours to take over if its lease runs out.
         wait = step.next_in if step.next_in is not None else self.interval
-        return min(max(wait, _MIN_REST), self.interval)
+        return min(max(wait, _MIN_REST_S), self.interval)
 
     def _digest(self, step: db.ReconcileStep) -> None:
         self._holding = step.outcome == "stepped"
@@ -109,7 +119,7 @@ class Reconciler:
             self.metrics.reconcile_found.inc(len(step.found))
             for job_id, due_in in step.found:
                 # A found job still has its whole grace: due ones fire at once.
-                self.arm(job_id, max(0.0, due_in) + 0.001)
+                self.intake.intake(RECONCILE.hints([(job_id, max(0.0, due_in) + 0.001)]))
         # reactor_reconcile_last_pass_timestamp_seconds comes from the health check alone: the
         # state row's end time, by the database clock, whichever replica ended the pass.
         if step.outcome == "completed" and step.pass_found:

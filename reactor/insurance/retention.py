@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+import math
+from typing import Protocol
 
 from reactor import db
+from reactor.insurance.cadence import Every
 from reactor.settings.config import Settings
 
 log = logging.getLogger("reactor.hooks")
@@ -23,6 +25,20 @@ def retention_late(overdue: float, check_interval: float) -> bool:
     return overdue > LATE_CHECKS * check_interval
 
 
+def every(settings: Settings) -> Every:
+    """The purge's cadence: only when the health check sees settled rows past their retention;
+    a failed purge waits for the next check that sees them again."""
+    return Every("retention", math.inf, retry=lambda _: math.inf, first_at=math.inf)
+
+
+class Stopped(Protocol):
+    """Whether the replica is stopping (an :class:`anyio.Event`)."""
+
+    def is_set(self) -> bool:
+        """True once it stops."""
+        ...
+
+
 class HookRetention:
     """Deletes settled hook rows past ``REACTOR_HOOK_RETENTION_SECONDS``, in small batches.
 
@@ -33,12 +49,10 @@ class HookRetention:
     it is. Failed rows are never deleted: they need a person.
     """
 
-    def __init__(
-        self, settings: Settings, database: db.Database, *, is_stopping: Callable[[], bool]
-    ) -> None:
+    def __init__(self, settings: Settings, database: db.Database, *, stopping: Stopped) -> None:
         self.settings = settings
         self.database = database
-        self.is_stopping = is_stopping
+        self.stopping = stopping
         self.late = False
 
     def saw(self, overdue: float, check_interval: float) -> None:
@@ -59,12 +73,16 @@ class HookRetention:
             log.info("hook retention caught up")
         self.late = late
 
+    async def duty(self) -> None:
+        """The purge as the schedule begins it (the count is the log's)."""
+        await self.purge()
+
     async def purge(self, batch: int = _PURGE_BATCH) -> int:
         """Delete batches until none is full or the replica stops; the count. Raises when the
         database failed a batch (the next health check that sees expired rows brings the duty
         forward again)."""
         total = 0
-        while not self.is_stopping():
+        while not self.stopping.is_set():
             deleted = await self.database.purge_hooks(self.settings.hook_retention, batch)
             total += deleted
             if deleted < batch:

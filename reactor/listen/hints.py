@@ -15,17 +15,17 @@ channel. So a notification only names something to look up, never something to a
   statement does both), so a true one is always confirmed.
 
 Hints are verified in batches: the first one to arrive in an empty buffer starts a short wait
-(:data:`LINGER`), so that a burst costs one statement per batch rather than one per job; a full
+(:data:`LINGER_S`), so that a burst costs one statement per batch rather than one per job; a full
 batch goes at once. When the buffer is full (a flood, whether forged or not), further job hints
 are dropped and counted, and the reactor re-reads the queue (its re-arm) every
-:data:`REREAD_EVERY` seconds meanwhile and once it has drained: a real job whose hint was
+:data:`REREAD_EVERY_S` seconds meanwhile and once it has drained: a real job whose hint was
 dropped, or waits behind the flood, is found there, and the scan remains the backstop of both.
 A batch the database could not verify asks for the same re-read, never more often: a stranger
 who could make every statement fail must not make each one cost a read of the whole queue.
 A job id its column's type cannot hold never reaches a batch (reactor/core/payload.py): it is
 garbage, counted as such, and cannot fail the real hints beside it.
 
-:class:`HintBatch` and :class:`Tally` are pure: no I/O, no clock; what needs the time takes
+:class:`HintBatch` and :class:`ThrottledLog` are pure: no I/O, no clock; what needs the time takes
 ``now``. :class:`Verifier` is their async shell.
 """
 
@@ -33,21 +33,24 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from itertools import islice
+from typing import Protocol
 
 import anyio
 
 from reactor import db
+from reactor.claim.dispatch import Intake
+from reactor.claim.sources import LISTEN
 from reactor.core.clock import Clock
+from reactor.telemetry.metrics import Metrics
 
 log = logging.getLogger(__name__)
 
 # How long the first hint of a batch waits for others to join it: a few milliseconds of
 # lateness on a grace of seconds, and one statement for a whole burst. In a fleet, per replica
 # live (see fleet_linger).
-LINGER = 0.005
+LINGER_S = 0.005
 # The most of the grace a fleet's linger may take.
 LINGER_SHARE_OF_GRACE = 0.05
 # Most job ids verified by one statement.
@@ -59,30 +62,30 @@ REPLICA_CAPACITY = 256
 # While job hints are dropped at a full buffer, the queue is read again at most this often (and
 # once the buffer has drained): a real job hinted behind a flood is armed from there, not from
 # its hint, which the flood holds back in the NOTIFY queue.
-REREAD_EVERY = 1.0
+REREAD_EVERY_S = 1.0
 # A batch with this many job hints naming no queued job is a flood too: real hints wait behind it
 # in the NOTIFY queue, so the queue is read again as when hints are dropped.
 FLOOD = 500
 # Lines about what the channel brought that the reactor ignores: at most one per this many
 # seconds for each kind, with the count since the last one.
-LOG_INTERVAL = 10.0
+LOG_INTERVAL_S = 10.0
 
 
 def fleet_linger(live: int, grace: float) -> float:
     """How long the first hint of a batch waits for others, with ``live`` replicas serving.
 
-    :data:`LINGER` per replica: where the trigger spreads the jobs, each of N replicas hears a
+    :data:`LINGER_S` per replica: where the trigger spreads the jobs, each of N replicas hears a
     Nth of them, so a linger N times as long gathers as many hints into a statement as one
     replica's does, and the fleet verifies as often as one replica would rather than N times as
     often. Arming a timer later costs nothing while the grace is longer, so the linger stays
     within :data:`LINGER_SHARE_OF_GRACE` of it: at grace 0 a job is due as it is heard, and
     nothing lingers.
     """
-    return min(LINGER * max(live, 1), grace * LINGER_SHARE_OF_GRACE)
+    return min(LINGER_S * max(live, 1), grace * LINGER_SHARE_OF_GRACE)
 
 
 @dataclass(frozen=True, slots=True)
-class Batch:
+class HintsToVerify:
     """Hints to verify in one statement: job ids, and replicas said to have left (True) or
     joined (False)."""
 
@@ -98,7 +101,7 @@ class HintBatch:
         *,
         capacity: int = CAPACITY,
         batch: int = BATCH,
-        linger: float = LINGER,
+        linger: float = LINGER_S,
         replica_capacity: int = REPLICA_CAPACITY,
     ) -> None:
         self.capacity = capacity
@@ -154,7 +157,7 @@ class HintBatch:
             return -math.inf
         return self._since + self.linger
 
-    def take(self, now: float) -> Batch | None:
+    def take(self, now: float) -> HintsToVerify | None:
         """The next batch, if one is due at ``now``: up to :attr:`batch` job ids, oldest first,
         and every membership claim; None when none is due."""
         due = self.due_at()
@@ -166,7 +169,7 @@ class HintBatch:
         replicas, self._replicas = self._replicas, {}
         # What is left (a flood) goes as the next batch, without another linger.
         self._since = now - self.linger if self._jobs else None
-        return Batch(jobs, replicas)
+        return HintsToVerify(jobs, replicas)
 
     def flooded(self, unverified: int) -> None:
         """A batch held ``unverified`` job hints that named no queued job."""
@@ -180,9 +183,9 @@ class HintBatch:
 
     def missed(self, now: float) -> bool:
         """True when job hints were dropped, or a batch could not be verified, since the last
-        time it said so, and the last re-read is :data:`REREAD_EVERY` old: the queue should be
+        time it said so, and the last re-read is :data:`REREAD_EVERY_S` old: the queue should be
         read again now. At most once a second, full or drained (:meth:`reread_at` says when)."""
-        if not self._missed or now - self._reread_at < REREAD_EVERY:
+        if not self._missed or now - self._reread_at < REREAD_EVERY_S:
             return False
         self._missed = False
         self._reread_at = now
@@ -190,14 +193,14 @@ class HintBatch:
 
     def reread_at(self) -> float | None:
         """When :meth:`missed` says True next, if hints were missed; None when none were."""
-        return self._reread_at + REREAD_EVERY if self._missed else None
+        return self._reread_at + REREAD_EVERY_S if self._missed else None
 
 
-class Tally:
+class ThrottledLog:
     """Counts one kind of event and says when to log it: the first at once, then at most once
     per ``interval`` with the count since the last line."""
 
-    def __init__(self, interval: float = LOG_INTERVAL) -> None:
+    def __init__(self, interval: float = LOG_INTERVAL_S) -> None:
         self.interval = interval
         self.total = 0
         self._unlogged = 0
@@ -218,14 +221,35 @@ class Tally:
         return count
 
 
+class Members(Protocol):
+    """Who is told of the replicas whose heartbeat agrees with what they said
+    (:class:`reactor.runtime.membership.PairMembership`)."""
+
+    def left(self, replica: str) -> None:
+        """``replica`` said it left, and its heartbeat is gone."""
+        ...
+
+    def joined(self, replica: str) -> None:
+        """``replica`` said it joined, and its heartbeat is live."""
+        ...
+
+
+class Rescan(Protocol):
+    """What reads the queue again (:class:`reactor.insurance.scan.PairScan`)."""
+
+    def request(self, *, rearm: bool) -> None:
+        """Scan soon; with ``rearm``, offer the upcoming jobs too."""
+        ...
+
+
 class Verifier:
     """Verifies the hints heard against the database, in batches, and hands on what holds.
 
-    ``arm`` takes a queued job and the seconds until it is due; ``left`` and ``joined`` a
-    replica whose heartbeat agrees; ``reread`` is called when hints were dropped (the queue
-    should be read again). A statement that takes longer than ``timeout`` (a pooled connection
-    whose network froze) is given up, and the queue read again: the batches are verified one
-    after another, and one hung statement must not hold every hint behind it.
+    A queued job goes to ``intake`` with the seconds until it is due; a replica whose heartbeat
+    agrees to ``members``; when hints were dropped, ``rescan`` reads the queue again. A
+    statement that takes longer than ``timeout`` (a pooled connection whose network froze) is
+    given up, and the queue read again: the batches are verified one after another, and one
+    hung statement must not hold every hint behind it.
     """
 
     def __init__(
@@ -235,25 +259,37 @@ class Verifier:
         *,
         liveness: float,
         timeout: float,
-        arm: Callable[[str, float], None],
-        left: Callable[[str], None],
-        joined: Callable[[str], None],
-        reread: Callable[[], None],
-        on_unverified: Callable[[str, int], None] = lambda kind, count: None,
+        intake: Intake,
+        members: Members,
+        rescan: Rescan,
+        metrics: Metrics,
     ) -> None:
         self.database = database
         self.clock = clock
         self.liveness = liveness
         self.timeout = timeout
         self.pending = HintBatch(linger=fleet_linger(1, database.grace))
-        self._arm, self._left, self._joined, self._reread = arm, left, joined, reread
-        self._on_unverified = on_unverified
+        self.intake, self.members, self.rescan = intake, members, rescan
+        self.metrics = metrics
         # What did not hold, for the log: job hints naming no queued job, membership claims
         # the heartbeats contradict, and job hints dropped at a full buffer.
-        self.tallies = {kind: Tally() for kind in ("job", "replica", "dropped")}
+        self.tallies = {kind: ThrottledLog() for kind in ("job", "replica", "dropped")}
         self.statements = 0
         self._wake = anyio.Event()
         self._closed = False
+
+    def heard(self, job: str) -> None:
+        """A notification named ``job``. Verified against the queue before it is armed, at the
+        deadline the job row gives: the hint's own updated_at is the sender's word. A job
+        another live replica owns is left to it unverified, with no deadline: it costs
+        nothing here."""
+        if self.intake.wants(job):
+            self.job(job)
+        else:
+            self.intake.intake(LISTEN.hints([(job, None)]))
+
+    def _arm(self, job: str, due_in: float) -> None:
+        self.intake.intake(LISTEN.hints([(job, due_in)]))
 
     def job(self, job: str) -> None:
         """A notification named ``job``."""
@@ -269,7 +305,7 @@ class Verifier:
     def replica(self, replica: str, *, left: bool) -> None:
         """A notification said ``replica`` left (or joined)."""
         if not self.pending.add_replica(replica, left=left, now=self.clock.now()):
-            self._on_unverified("replica", 1)
+            self._unverified("replica", 1)
         self._wake.set()
 
     def close(self) -> None:
@@ -282,7 +318,7 @@ class Verifier:
         while not self._closed:
             now = self.clock.now()
             if self.pending.missed(now):
-                self._reread()
+                self.rescan.request(rearm=True)
             batch = self.pending.take(now)
             if batch is None:
                 wakes = (self.pending.due_at(), self.pending.reread_at())
@@ -292,7 +328,7 @@ class Verifier:
                 continue
             await self._verify(batch)
 
-    async def _verify(self, batch: Batch) -> None:
+    async def _verify(self, batch: HintsToVerify) -> None:
         if self.database.grace == 0 and batch.jobs:
             # Due as soon as queued: the claim that follows at once reads the queue as this
             # statement would (it claims only a queued job that is due), so it is the check,
@@ -301,7 +337,7 @@ class Verifier:
                 self._arm(job, 0.0)
             if not batch.replicas:
                 return
-            batch = Batch([], batch.replicas)
+            batch = HintsToVerify([], batch.replicas)
         try:
             self.statements += 1
             with anyio.fail_after(self.timeout):
@@ -316,7 +352,7 @@ class Verifier:
             return
         self.apply(batch, found)
 
-    def apply(self, batch: Batch, found: db.Verified) -> None:
+    def apply(self, batch: HintsToVerify, found: db.Verified) -> None:
         """Hand on what ``found`` confirms of ``batch``; count the rest."""
         now = self.clock.now()
         for job, due_in in found.jobs:
@@ -328,15 +364,20 @@ class Verifier:
             if left == (replica in found.live):
                 forged += 1
             elif left:
-                self._left(replica)
+                self.members.left(replica)
             else:
-                self._joined(replica)
+                self.members.joined(replica)
         self._count("replica", forged, now)
+        if len(batch.replicas) > forged:
+            self.serving(self.intake.live)
 
     def _count(self, kind: str, count: int, now: float) -> None:
         if count:
-            self._on_unverified(kind, count)
+            self._unverified(kind, count)
             self._log(kind, self.tallies[kind].note(now, count))
+
+    def _unverified(self, kind: str, count: int) -> None:
+        self.metrics.notified["dropped" if kind == "dropped" else "unverified"].inc(count)
 
     def report(self) -> None:
         """Log the counts a flood left behind, once their interval has passed (the health
@@ -359,4 +400,4 @@ class Verifier:
             "queue is read again",
         }[kind]
         level = logging.INFO if kind == "job" else logging.WARNING
-        log.log(level, message, extra={"count": count, "interval_s": LOG_INTERVAL})
+        log.log(level, message, extra={"count": count, "interval_s": LOG_INTERVAL_S})

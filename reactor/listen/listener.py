@@ -39,16 +39,7 @@ import psycopg
 
 from reactor import db
 from reactor.core.clock import Clock
-from reactor.core.payload import (
-    PROBE,
-    Hint,
-    Membership,
-    Probed,
-    Rang,
-    Said,
-    change_statement,
-    read,
-)
+from reactor.core.payload import PROBE, ProbeHeard, change_statement, read
 from reactor.errors import ConfigError, ReactorError
 from reactor.listen.session import (
     Action,
@@ -62,7 +53,7 @@ from reactor.listen.session import (
     Report,
     Session,
 )
-from reactor.listen.subscriber import Routes, Subscriber, on_behalf
+from reactor.listen.subscriber import Routes, Subscriber, hand_on, on_behalf
 from reactor.settings.config import ProcessSettings
 from reactor.telemetry.metrics import Metrics
 
@@ -193,6 +184,12 @@ class Listener:
         self._want()
         return self.proven and bool(subscriber.owned() - subscriber.listening)
 
+    def refresh_pair(self, channel: str) -> bool:
+        """:meth:`refresh` for the pair whose main channel is ``channel`` (False: none is
+        subscribed)."""
+        subscriber, _ = self.routes.of(channel)
+        return subscriber is not None and self.refresh(subscriber)
+
     def probe_for_check(self) -> str | None:
         """The probe payload the replica's health check should send now (None: none needed);
         tell :meth:`probe_sent` whether it went."""
@@ -316,7 +313,7 @@ class Listener:
             mine = {subscriber.channel, subscriber.replicas_channel, *subscriber.share_channels}
             if channels & mine:
                 with on_behalf(subscriber):
-                    subscriber.on_listening()
+                    subscriber.pair.listening()
 
     async def _send_probe(self, token: str) -> bool:
         if not self.subscribers:
@@ -348,7 +345,7 @@ class Listener:
         self._previous = self._identity
         for subscriber in list(self.subscribers):
             with on_behalf(subscriber):
-                subscriber.on_proven()
+                subscriber.pair.proven()
 
     async def _close(self) -> None:
         conn, self._conn = self._conn, None
@@ -367,7 +364,7 @@ class Listener:
         # have changed with it.
         for subscriber in self.subscribers:
             with on_behalf(subscriber):
-                subscriber.on_changed()
+                subscriber.pair.changed()
         if report.problem is None:
             level = logging.ERROR if report.alarm else logging.INFO
             log.log(level, report.message, extra={"channel": self.channel})
@@ -436,39 +433,13 @@ class Listener:
     def _receive(self, payload: str, channel: str | None = None) -> None:
         subscriber, members = self.routes.of(channel)
         said = read(payload, "text" if subscriber is None else subscriber.id_type)
-        if isinstance(said, Probed):
+        if isinstance(said, ProbeHeard):
             for one in members or ([subscriber] if subscriber is not None else []):
                 one.metrics.notified["probe"].inc()
             self._actions += self.session.probe_heard(said.token)
             return
         self.session.heard()
-        if members:
-            # The membership channel carries nothing else: anything else there is a stranger's.
-            for one in members:
-                with on_behalf(one):
-                    self._tell_membership(one, said, payload)
-            return
-        if subscriber is None:
-            return  # a channel of a pair that has stopped
-        with on_behalf(subscriber):
-            if isinstance(said, Hint):
-                subscriber.metrics.notified["accepted"].inc()
-                subscriber.on_job(said.job, said.updated_at)
-            else:
-                # A replica of an earlier release says it joined or left on the main channel.
-                self._tell_membership(subscriber, said, payload)
-
-    def _tell_membership(self, subscriber: Subscriber, said: Said | None, payload: str) -> None:
-        if isinstance(said, Membership):
-            subscriber.metrics.notified["left" if said.left else "joined"].inc()
-            subscriber.on_replica(said.replica, said.left)
-        elif isinstance(said, Rang):
-            # The pairs of one reactor schema share the membership channel: the bell is the
-            # one of the pair whose channel it names.
-            if said.channel == subscriber.channel:
-                subscriber.on_rang()
-        else:
-            subscriber.rejected(payload, self.clock.now())
+        hand_on(subscriber, members, said, payload, self.clock)
 
     def _each_metrics(self, update: Callable[[Metrics], object]) -> None:
         # The session is every pair's: each pair's metrics show it.

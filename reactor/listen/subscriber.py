@@ -5,49 +5,70 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from reactor import db
+from reactor.core.clock import Clock
 from reactor.core.ownership import replicas_channel, share_channels
+from reactor.core.payload import JobNotified, Rang, ReplicaSaid, Said
 from reactor.errors import ConfigError
-from reactor.listen.hints import LOG_INTERVAL, Tally
+from reactor.listen.hints import LOG_INTERVAL_S, ThrottledLog, Verifier
 from reactor.telemetry import logs
 from reactor.telemetry.metrics import Metrics
 
 log = logging.getLogger(__name__)
 
 
+class Hearing(Protocol):
+    """What a pair does with what its LISTEN session tells it, beyond the jobs and the replicas
+    named (those go to its :class:`~reactor.listen.hints.Verifier`):
+    :class:`reactor.runtime.service.Reactor`."""
+
+    def listening(self) -> None:
+        """The pair's channels (or some of its shares') are LISTENed on now: re-read what was
+        notified before."""
+        ...
+
+    def proven(self) -> None:
+        """A probe proved a new session: the heartbeat should name it."""
+        ...
+
+    def changed(self) -> None:
+        """The session changed state (lost, degraded, proven)."""
+        ...
+
+    def rang(self) -> None:
+        """A replica says it rang the pair's doorbell awake."""
+        ...
+
+    def notified(self) -> None:
+        """A job was notified (the doorbell counts them)."""
+        ...
+
+    def shares(self) -> frozenset[int]:
+        """The shares whose channels to LISTEN on: those this replica owns, when the trigger
+        was installed with --spread and notifies each share on a channel of its own."""
+        ...
+
+
 @dataclass(eq=False)
 class Subscriber:
-    """One pair's side of the LISTEN session: its channels, and what it is told on them.
-
-    ``on_job`` takes a job hint (its id, its updated_at when sent); ``on_listening`` is called
-    once the pair's channels (or some of its shares') are LISTENed on, to re-read what was
-    notified before; ``on_replica`` takes a replica said to have left (True) or joined;
-    ``on_rang`` when a replica says it rang the pair's doorbell awake; ``on_proven`` is called
-    once a probe proved a new session (the heartbeat should name it);
-    ``on_changed`` whenever the session changes state (lost, degraded, proven).
-    """
+    """One pair's side of the LISTEN session: its channels, and what it is told on them. The
+    jobs and the replicas named go to ``verifier``; the rest to ``pair``."""
 
     database: db.Database
     metrics: Metrics
-    on_job: Callable[[str, float | None], None]
-    on_listening: Callable[[], None]
-    on_replica: Callable[[str, bool], None] = lambda replica, left: None
-    on_rang: Callable[[], None] = lambda: None
-    on_proven: Callable[[], None] = lambda: None
-    on_changed: Callable[[], None] = lambda: None
-    # The shares of the jobs whose channels to LISTEN on: those this replica owns, when the
-    # trigger was installed with --spread and notifies each share on a channel of its own.
-    shares: Callable[[], frozenset[int]] = frozenset
+    verifier: Verifier
+    pair: Hearing
     # The shares LISTENed on now.
     listening: frozenset[int] = frozenset()
     # The pair's name, for the lines logged on its behalf; None in a replica of one pair.
     name: str | None = None
     # The payloads that named nothing, logged at most once per interval with their count: any
     # role that can connect can send them, as many as it likes.
-    garbage: Tally = field(default_factory=Tally)
+    garbage: ThrottledLog = field(default_factory=ThrottledLog)
 
     def __post_init__(self) -> None:
         # Read once: every notification is parsed by them. A channel too long to take a
@@ -64,7 +85,27 @@ class Subscriber:
 
     def owned(self) -> frozenset[int]:
         """The shares to LISTEN on now (none when the channel cannot take a share's suffix)."""
-        return self.shares() if self.share_channels else frozenset()
+        return self.pair.shares() if self.share_channels else frozenset()
+
+    def job(self, said: JobNotified) -> None:
+        """A notification on the pair's channel named a job."""
+        self.metrics.notified["accepted"].inc()
+        self.verifier.heard(said.job)
+        self.pair.notified()
+
+    def told(self, said: Said | None, payload: str, now: float) -> None:
+        """What ``payload`` said on the membership channel (or, from a replica of an earlier
+        release, on the main one), at ``now``."""
+        if isinstance(said, ReplicaSaid):
+            self.metrics.notified["left" if said.left else "joined"].inc()
+            self.verifier.replica(said.replica, left=said.left)
+        elif isinstance(said, Rang):
+            # The pairs of one reactor schema share the membership channel: the bell is the
+            # one of the pair whose channel it names.
+            if said.channel == self.channel:
+                self.pair.rang()
+        else:
+            self.rejected(payload, now)
 
     def rejected(self, payload: str, now: float) -> None:
         """``payload`` came on this pair's channel at ``now`` and names nothing."""
@@ -82,7 +123,7 @@ class Subscriber:
                 extra={
                     "channel": self.channel,
                     "count": count,
-                    "interval_s": LOG_INTERVAL,
+                    "interval_s": LOG_INTERVAL_S,
                     # The one that made the line, cut short: the sender chose it.
                     "payload": None if payload is None else payload[:80],
                 },
@@ -136,6 +177,31 @@ class Routes:
         if channel is None:
             return next(iter(self.subscribers), None), []
         return self._jobs.get(channel), self._members.get(channel, [])
+
+
+def hand_on(
+    subscriber: Subscriber | None,
+    members: list[Subscriber],
+    said: Said | None,
+    payload: str,
+    clock: Clock,
+) -> None:
+    """Hand what a notification said (not a probe) to the pairs its channel is for (see
+    :meth:`Routes.of`)."""
+    if members:
+        # The membership channel carries nothing else: anything else there is a stranger's.
+        for one in members:
+            with on_behalf(one):
+                one.told(said, payload, clock.now())
+        return
+    if subscriber is None:
+        return  # a channel of a pair that has stopped
+    with on_behalf(subscriber):
+        if isinstance(said, JobNotified):
+            subscriber.job(said)
+        else:
+            # A replica of an earlier release says it joined or left on the main channel.
+            subscriber.told(said, payload, clock.now())
 
 
 @contextlib.contextmanager

@@ -29,10 +29,10 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from reactor.claim.sources import Answer
 from reactor.core.backoff import exponential
@@ -114,6 +114,14 @@ def _recorded(outcomes: list[JobOutcome]) -> int:
     return sum(o.outcome == "recorded" for o in outcomes)
 
 
+class Wakes(Protocol):
+    """What is told that runs were recorded (the hook runner: their hooks are queued)."""
+
+    def wake(self) -> None:
+        """Look for work now."""
+        ...
+
+
 class Recorder:
     """Writes runs for due jobs through :class:`Database`."""
 
@@ -124,7 +132,7 @@ class Recorder:
         *,
         busy_retry: float = 1.0,
         error_retry: float = 1.0,
-        on_recorded: Callable[[], None] | None = None,
+        hooks: Wakes | None = None,
         clock: Clock | None = None,
         writes: WriteHealth | None = None,
     ) -> None:
@@ -133,8 +141,8 @@ class Recorder:
         self.clock = clock or SystemClock()
         # Whether the record statements, the timers' and the scan's, can write at all.
         self.writes = writes or WriteHealth()
-        # Called after a statement that wrote runs: their hooks are queued, wake the runner.
-        self.on_recorded = on_recorded
+        # Woken after a statement that wrote runs: their hooks are queued.
+        self.hooks = hooks
         self.batch_lock_timeout = BATCH_LOCK_TIMEOUT
         # Jobs this recorder set aside (job id: the error's first line), for `sweep --once`.
         self.set_aside: dict[str, str] = {}
@@ -398,8 +406,8 @@ class Recorder:
                 rearm.append((o.job_id, self.busy_retry))
         if recorded:
             self.metrics.recorded_by[source].inc(recorded)
-            if self.on_recorded:
-                self.on_recorded()
+            if self.hooks is not None:
+                self.hooks.wake()
         self._remember(outcomes, source)
         return rearm
 

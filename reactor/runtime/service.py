@@ -1,15 +1,17 @@
-"""One pair's runnable under its replica (reactor.runtime.replica): its parts wired together.
+"""One pair's runnable under its replica (:mod:`reactor.runtime.replica`): its parts, each
+built with the parts it uses.
 
-- :mod:`reactor.claim.dispatch` owns every claim: the listener, the poll, the scan's re-arm, the
-  reconcile and the recorder's retries offer jobs to one work queue, which hands out the due
-  ones this replica owns, one claim per job at a time.
-- :mod:`reactor.insurance.cadence` owns every periodic duty, all through the pool: the health check
-  (which carries the LISTEN session's probe; in a replica of several pairs the replica begins
-  it, for all of them in one statement: :mod:`reactor.insurance.health`), the poll, the scan and the
-  reconcile step.
-- :mod:`reactor.runtime.vitals` keeps what the checks saw, for the loops and for /readyz.
-- :mod:`reactor.core.ownership` keeps who is live, from the heartbeats and from what replicas say
-  when they join and leave.
+- :mod:`reactor.claim.dispatch` owns every claim: the LISTEN session, the poll, the scan's
+  re-arm, the reconcile and the recorder's retries offer jobs to one work queue, which hands
+  out the due ones this replica owns, one claim per job at a time, to the recorder.
+- Each insurance pass (:mod:`~reactor.insurance.health`, :mod:`~reactor.insurance.poll`,
+  :mod:`~reactor.insurance.scan`, :mod:`~reactor.insurance.reconcile`,
+  :mod:`~reactor.insurance.retention`) declares its own cadence; the pair runs those it has on
+  one :class:`~reactor.insurance.cadence.Scheduler`, all through the pool.
+- What the LISTEN session names goes from the pair's subscriber to its verifier and work
+  queue, never through here; the session's state goes to :mod:`reactor.runtime.hearing`.
+- :mod:`reactor.runtime.vitals` keeps what the checks saw; :mod:`reactor.core.ownership` who
+  is live.
 
 Startup never waits for LISTEN: the scan, the timers and the hooks start at once, and the
 reactor polls until LISTEN is up; a bad or unreachable listen DSN costs lateness, never work.
@@ -24,7 +26,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -33,15 +34,17 @@ import anyio.abc
 
 from reactor import db
 from reactor.claim.dispatch import Dispatcher, WorkQueue
-from reactor.claim.sources import LISTEN, RECONCILE
 from reactor.core.clock import Clock, SystemClock
 from reactor.core.dbclock import DatabaseClock
 from reactor.core.ownership import LIVENESS_PROBES, Membership, Roster
 from reactor.hooks import Hook, HookRunner
-from reactor.insurance.cadence import Action, Cadence, Scheduler, backoff
-from reactor.insurance.doorbell import Doorbell
-from reactor.insurance.health import PairPoll, check_pair
-from reactor.insurance.reconcile import MAX_ERROR_WAIT, Reconciler
+from reactor.hooks.runner import HOOKS
+from reactor.insurance import health as pair_health
+from reactor.insurance import poll, reconcile, retention, scan
+from reactor.insurance.cadence import Cadence, Every, Scheduler
+from reactor.insurance.health import PairCheck
+from reactor.insurance.poll import PairPoll
+from reactor.insurance.reconcile import Reconciler
 from reactor.insurance.retention import HookRetention
 from reactor.insurance.scan import PairScan
 from reactor.listen.hints import Verifier
@@ -49,13 +52,15 @@ from reactor.listen.listener import Listener
 from reactor.listen.subscriber import Subscriber
 from reactor.record.recorder import Recorder
 from reactor.record.writes import WriteHealth
+from reactor.runtime.hearing import PairHearing
 from reactor.runtime.membership import PairMembership
+from reactor.runtime.view import ListenerView, PairView, lateness_buckets
 from reactor.runtime.vitals import Vitals
 from reactor.settings.config import Settings
 from reactor.telemetry.metrics import Metrics
 
 # The least time a batch of hints is given to be verified (see Verifier).
-VERIFY_TIMEOUT_FLOOR = 1.0
+VERIFY_TIMEOUT_FLOOR_S = 1.0
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +72,9 @@ POOL_SIZE = RECORD_CONCURRENCY + 3
 
 class Reactor:
     """One pair's reactor, a runnable of its :class:`~reactor.runtime.replica.Replica`, running
-    against ``database`` under the replica's identity (``roster``) and LISTEN session."""
+    against ``database`` under the replica's identity (``roster``) and LISTEN session. It builds
+    each part with the parts it uses and composes the duties' cadence; what its LISTEN session
+    hears goes to its verifier and work queue without coming back here."""
 
     def __init__(
         self,
@@ -82,166 +89,140 @@ class Reactor:
     ) -> None:
         self.settings = settings
         self.database = database
-        self.metrics = metrics or Metrics()
-        self.metrics.trim_horizon.set(settings.trim_horizon)
+        self.metrics = metrics = metrics or Metrics()
+        metrics.trim_horizon.set(settings.trim_horizon)
         for mode in ("listen", "poll"):
-            self.metrics.mode.labels(mode).set(1 if settings.mode == mode else 0)
-        self.clock: Clock = clock or SystemClock()
+            metrics.mode.labels(mode).set(1 if settings.mode == mode else 0)
+        self.clock = clock = clock or SystemClock()
         # Who this replica is and who it sees live: the replica's, this pair's view of it.
         self.roster = roster
         self.replica_id = roster.membership.me
         self.db_clock = DatabaseClock()
+        # The replica's LISTEN session (None: polling), which the replica runs.
+        self.listener = listener
         # Whether the record statements can write: the recorder judges it, /readyz reports it.
         self.writes = WriteHealth()
-        self.vitals = Vitals(settings, database.install, self.metrics, self.clock, self.writes)
-        # Rung while the notifications come fast (listen mode only: in poll mode nobody hears
-        # them, and the trigger is best installed with --no-notify).
-        self.doorbell = Doorbell(
-            settings.doorbell_rate if settings.mode == "listen" else 0,
-            settings.poll_interval,
-            database.grace,
+        self.vitals = Vitals(settings, database.install, metrics, clock, self.writes)
+        self._stopping = anyio.Event()
+        self.schedule = Scheduler(
+            Cadence(), clock, {}, on_failure=self._duty_failed, failures=db.DATABASE_ERRORS
         )
+        self.cadence = self.schedule.cadence
         self.hook_runner: HookRunner | None = None
         if hooks:
             self.hook_runner = HookRunner(
                 settings,
                 database,
                 dict(hooks),
-                self.metrics,
+                metrics,
                 replica=self.replica_id,
-                wake=lambda: self.schedule.hasten("hooks"),
+                schedule=self.schedule,
             )
         # Runs even without hooks configured: rows queued under an earlier configuration age too.
-        self.hook_retention = HookRetention(settings, database, is_stopping=lambda: self.stopping)
+        self.hook_retention = HookRetention(settings, database, stopping=self._stopping)
         self.recorder = Recorder(
-            database,
-            self.metrics,
-            on_recorded=self.hook_runner.wake if self.hook_runner else None,
-            clock=self.clock,
-            writes=self.writes,
+            database, metrics, hooks=self.hook_runner, clock=clock, writes=self.writes
         )
         self.queue = WorkQueue(self.replica_id, capacity=settings.max_pending)
         self.dispatcher = Dispatcher(
             self.queue,
-            lambda jobs, alone: self.recorder.record(jobs, alone),
-            self.clock,
-            self.metrics,
+            self.recorder,
+            clock,
+            metrics,
             concurrency=RECORD_CONCURRENCY,
             batch_size=settings.batch_size,
         )
-        self.members = PairMembership(self)
+        self.scanner = PairScan(
+            settings,
+            database,
+            queue=self.queue,
+            intake=self.dispatcher,
+            recorder=self.recorder,
+            backlog=self.vitals,
+            schedule=self.schedule,
+            metrics=metrics,
+            clock=clock,
+        )
+        self.poll = PairPoll(
+            settings,
+            database,
+            queue=self.queue,
+            intake=self.dispatcher,
+            seen=self.vitals,
+            listener=listener,
+            schedule=self.schedule,
+            metrics=metrics,
+            clock=clock,
+        )
+        self.doorbell = self.poll.doorbell
+        self.members = PairMembership(
+            roster,
+            self.queue,
+            metrics,
+            listener=listener,
+            channel=database.install.channel,
+            rescan=self.scanner,
+            spread=self.vitals,
+        )
         # Nothing the channel says is acted on before the tables confirm it: any role that
         # can connect can NOTIFY (see reactor.listen.hints).
         self.verifier = Verifier(
             database,
-            self.clock,
+            clock,
             liveness=LIVENESS_PROBES * settings.probe_interval,
             # A lookup by primary key answers in milliseconds; a second, at least, keeps a
             # loaded machine or a pooler's hop from giving up a healthy one.
-            timeout=max(settings.probe_timeout, VERIFY_TIMEOUT_FLOOR),
-            arm=lambda job_id, due_in: self.dispatcher.intake(LISTEN.hints([(job_id, due_in)])),
-            left=self.members.left,
-            joined=self.members.joined,
-            reread=lambda: self.request_scan(rearm=True),
-            on_unverified=self._count_unverified,
+            timeout=max(settings.probe_timeout, VERIFY_TIMEOUT_FLOOR_S),
+            intake=self.dispatcher,
+            members=self.members,
+            rescan=self.scanner,
+            metrics=metrics,
         )
         self.reconciler: Reconciler | None = None
         if settings.reconcile_interval > 0:
             self.reconciler = Reconciler(
                 database,
-                self.metrics,
+                metrics,
                 owner=self.replica_id,
                 interval=settings.reconcile_interval,
-                arm=lambda job_id, delay: self.dispatcher.intake(
-                    RECONCILE.hints([(job_id, delay)])
-                ),
-                clock=self.clock,
+                intake=self.dispatcher,
+                clock=clock,
             )
-        self.poll = PairPoll(self)
-        self.scanner = PairScan(self)
-        self.cadence = self._cadence()
-        self.schedule = Scheduler(
-            self.cadence,
-            self.clock,
-            self._duties(),
-            on_failure=self._duty_failed,
-            failures=db.DATABASE_ERRORS,
-        )
-        # The replica's LISTEN session (None: polling), which the replica runs.
-        self.listener = listener
-        # The pair's side of that session.
-        self.subscriber = Subscriber(
-            database,
-            self.metrics,
-            on_job=self._on_notified,
-            on_listening=lambda: self.request_scan(rearm=True),
-            on_replica=lambda replica, left: self.verifier.replica(replica, left=left),
-            on_rang=self._on_rang,
-            # At once, not at the next check: its heartbeat names the session, which tells the
-            # others at once if this process is killed.
-            on_proven=lambda: self.schedule.hasten("health"),
-            on_changed=self.poll_if_needed,
-            shares=self.members.heard_shares,
-        )
-        if self.listener is not None:
-            self.listener.subscribe(self.subscriber)
+        self._compose()
+        # The pair's side of the LISTEN session: the jobs and the replicas it names go to the
+        # verifier, the rest to the parts that act on it.
+        hearing = PairHearing(self.scanner, self.poll, self.schedule, self.members)
+        self.subscriber = Subscriber(database, metrics, self.verifier, hearing)
+        if listener is not None:
+            listener.subscribe(self.subscriber)
         self._health_check = db.HealthCheck(
             replica=self.replica_id,
             liveness=LIVENESS_PROBES * settings.probe_interval,
             retention=settings.hook_retention,
         )
-        self._stopping = anyio.Event()
         self._work = anyio.CancelScope()
         self._work_group: anyio.abc.TaskGroup | None = None
 
-    def _cadence(self) -> Cadence:
-        settings = self.settings
-        cadence = Cadence()
-        # Both through the pool: the LISTEN session only listens. A failed check is tried again at
-        # once (a connection of the pool may have died), then every interval.
-        cadence.add(
-            "health",
-            settings.probe_interval,
-            retry=lambda failures: 0.0 if failures == 1 else settings.probe_interval,
-        )
-        cadence.add("poll", settings.poll_interval, retry=lambda failures: settings.poll_interval)
-        # After a failed scan, try again soon (the database is likely back within seconds and
-        # the jobs it missed are waiting), backing off up to the normal interval.
-        cadence.add("scan", settings.scan_interval, retry=backoff(0.5, settings.scan_interval))
+    def _compose(self) -> None:
+        # Each pass declares its own cadence; the pair runs the ones it has.
+        settings, schedule = self.settings, self.schedule
+        schedule.add(pair_health.every(settings), PairCheck(self, self.listener, self.clock).run)
+        schedule.add(poll.every(settings), self.poll.run)
+        schedule.add(scan.every(settings), self.scanner.duty)
         if self.reconciler is not None:
-            cadence.add(
-                "reconcile", settings.reconcile_interval, retry=backoff(0.5, MAX_ERROR_WAIT)
-            )
+            schedule.add(reconcile.every(settings), self.reconciler.step)
         if self.hook_runner is not None:
             # Brought forward whenever runs are recorded or a slot comes free; the scan interval
             # is its ceiling, so rows other replicas queued are found too.
-            cadence.add("hooks", settings.scan_interval, retry=lambda _: settings.probe_interval)
-        # Only when the health check sees settled rows past their retention; a failed purge
-        # waits for the next check that sees them again.
-        cadence.add("retention", math.inf, retry=lambda _: math.inf, first_at=math.inf)
-        return cadence
+            every = Every(HOOKS, settings.scan_interval, retry=lambda _: settings.probe_interval)
+            schedule.add(every, self._claim_hooks)
+        schedule.add(retention.every(settings), self.hook_retention.duty)
 
-    def _duties(self) -> dict[str, Action]:
-        duties: dict[str, Action] = {
-            "health": lambda: check_pair(self),
-            "poll": self.poll.run,
-            "scan": self.scanner.duty,
-        }
-        if self.reconciler is not None:
-            duties["reconcile"] = self.reconciler.step
-        if self.hook_runner is not None:
-            runner = self.hook_runner
-            duties["hooks"] = lambda: runner.claim(self._working())
-        duties["retention"] = self._purge
-        return duties
-
-    def _working(self) -> anyio.abc.TaskGroup:
-        # The group the duties run in, where a claimed hook's attempt runs on after its claim.
-        assert self._work_group is not None, "duties run only while the reactor runs"
-        return self._work_group
-
-    async def _purge(self) -> None:
-        await self.hook_retention.purge()
+    async def _claim_hooks(self) -> float | None:
+        # In the group the duties run in, where a claimed hook's attempt runs on after its claim.
+        assert self.hook_runner is not None
+        assert self._work_group is not None
+        return await self.hook_runner.claim(self._work_group)
 
     @property
     def membership(self) -> Membership:
@@ -255,15 +236,13 @@ class Reactor:
 
     @property
     def polling(self) -> bool:
-        """True when timers come from polling the queue rather than from notifications: they
-        cannot be relied on, or the doorbell is (or was, within a grace) awake."""
-        return self.vitals.polling(self.listener) or self.doorbell.covers(self.clock.now())
+        """True when timers come from polling the queue (see :attr:`PairPoll.polling`)."""
+        return self.poll.polling
 
     @property
     def rings_doorbell(self) -> bool:
-        """Whether this pair rings its doorbell under a stream: only a trigger that notifies its
-        channel reads it, spread over a channel per share or not."""
-        return self.vitals.trigger == "notifies"
+        """Whether this pair rings its doorbell (see :attr:`PairPoll.rings_doorbell`)."""
+        return self.poll.rings_doorbell
 
     @property
     def polls(self) -> int:
@@ -373,7 +352,7 @@ class Reactor:
 
     def health_ask(self, probe: str | None) -> dict[str, Any]:
         """The parameters of this pair's health check now, carrying ``probe`` (see
-        :func:`reactor.insurance.health.check_pair`). Once a probe proved the LISTEN session ours,
+        :class:`reactor.insurance.health.PairCheck`). Once a probe proved the LISTEN session ours,
         its heartbeat names that session."""
         listener = self.listener
         return db.health_params(
@@ -404,18 +383,15 @@ class Reactor:
             # A dead replica's running hook calls are due now: run them again at once.
             self.hook_runner.wake()
         self.members.see_lost(self.roster.heartbeats(frozenset(health.live_replicas)))
+        self.verifier.serving(self.dispatcher.live)
         self.subscriber.report(self.clock.now())
         self.verifier.report()
         self.poll_if_needed()
 
     def poll_if_needed(self) -> None:
-        """Wake the poll, which sleeps while notifications are relied on (see
-        :class:`~reactor.insurance.health.PairPoll`), when they may no longer be: called as the
-        LISTEN session changes state and after each check (the trigger's state, the NOTIFY
-        queue's usage). A poll already on its cadence is left to it: brought forward at every
-        check, a fleet's replica would poll more often than its share of the fleet's polls."""
-        if self.polling and self.cadence.duties["poll"].next_at == math.inf:
-            self.schedule.hasten("poll")
+        """Wake the poll if notifications may no longer be relied on (see
+        :meth:`PairPoll.wake_if_needed`)."""
+        self.poll.wake_if_needed()
 
     def _duty_failed(self, name: str, error: BaseException) -> None:
         if name == "health":
@@ -436,28 +412,28 @@ class Reactor:
                 # paces it while the database stays away), which runs as the database answers.
                 self.request_scan(rearm=True)
 
-    # What the listener hears.
+    def view(self) -> PairView:
+        """What the operator's page shows of this pair, read now."""
+        listener = self.listener
+        _, ready, reason = self.health()
+        return PairView(
+            replica_id=self.replica_id,
+            mode=self.settings.mode,
+            ready=ready,
+            reason=reason,
+            listener=None if listener is None else ListenerView.of(listener),
+            polling=self.polling,
+            trigger=self.vitals.trigger,
+            live=frozenset(self.membership.live),
+            deadlines=len(self.queue),
+            lateness=tuple(lateness_buckets(self.metrics)),
+            recent=tuple(self.recorder.recent),
+        )
 
-    def _on_notified(self, job_id: str, updated_at: float | None) -> None:
-        # Verified against the queue before it is armed, at the deadline the job row gives:
-        # the hint's own updated_at is the sender's word. A job another live replica owns is
-        # left to it unverified, with no deadline: it costs nothing here.
-        if job_id in self.queue or self.queue.membership.owns(job_id):
-            self.verifier.job(job_id)
-        else:
-            self.dispatcher.intake(LISTEN.hints([(job_id, None)]))
-        if self.rings_doorbell and self.doorbell.heard(self.clock.now()):
-            # The next poll rings it; from then on the app's commits stop notifying.
-            self.schedule.hasten("poll")
-
-    def _on_rang(self) -> None:
-        # The app's commits may have stopped notifying: poll from now on, before any job they
-        # queued comes due.
-        self.doorbell.told()
-        self.schedule.hasten("poll")
-
-    def _count_unverified(self, kind: str, count: int) -> None:
-        self.metrics.notified["dropped" if kind == "dropped" else "unverified"].inc(count)
+    def wake_hooks(self) -> None:
+        """Claim hook rows now (an operator re-queued some), if this pair runs hooks."""
+        if self.hook_runner is not None:
+            self.hook_runner.wake()
 
     async def _first_listen_attempt(self, listener: Listener) -> None:
         # Whichever comes first: the listener's first attempt ends, or stop() is called.

@@ -9,6 +9,7 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
+import anyio
 import psycopg
 import psycopg.conninfo
 import pytest
@@ -367,7 +368,7 @@ async def test_retention_runs_whatever_advisory_key_a_stranger_holds(
     new_login_role: NewRole,
 ) -> None:
     add_rows(conn, 30, "done", 100)
-    retention = HookRetention(Settings(hook_retention=10), database, is_stopping=lambda: False)
+    retention = HookRetention(Settings(hook_retention=10), database, stopping=anyio.Event())
     stranger = new_login_role("stranger")
     dsn = psycopg.conninfo.make_conninfo(database_url, user=stranger)
     with psycopg.connect(dsn, autocommit=True) as other:

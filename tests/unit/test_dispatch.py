@@ -3,7 +3,7 @@ across retries, takeover, drain. The claim is a function of the test's; no datab
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import anyio
@@ -263,14 +263,14 @@ class Claims:
         self.alone: list[bool] = []
         self.stuck: set[str] = set()
 
-    async def __call__(self, jobs: list[str], alone: bool) -> Answer:
+    async def record(self, jobs: Sequence[str], alone: bool = False) -> Answer:
         self.batches.append(list(jobs))
         self.alone.append(alone)
         self.running += 1
         try:
             if self.hold is not None:
                 await self.hold.wait()
-            return Answer(self.answer(jobs), frozenset(self.stuck) & set(jobs))
+            return Answer(self.answer(list(jobs)), frozenset(self.stuck) & set(jobs))
         finally:
             self.running -= 1
 

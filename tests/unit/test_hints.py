@@ -6,14 +6,24 @@ from __future__ import annotations
 import logging
 import math
 import uuid
+from collections.abc import Iterable
 from typing import Any, cast
 from unittest.mock import MagicMock
 
 import pytest
 
 from reactor import db
+from reactor.claim.sources import Hint, aim
 from reactor.core.clock import FakeClock
-from reactor.listen.hints import LINGER, LOG_INTERVAL, HintBatch, Tally, Verifier, fleet_linger
+from reactor.listen.hints import (
+    LINGER_S,
+    LOG_INTERVAL_S,
+    HintBatch,
+    ThrottledLog,
+    Verifier,
+    fleet_linger,
+)
+from reactor.telemetry.metrics import Metrics
 
 
 def ids(count: int) -> list[str]:
@@ -26,9 +36,9 @@ def ids(count: int) -> list[str]:
 @pytest.mark.parametrize(
     ("live", "grace", "linger"),
     [
-        (1, 120.0, LINGER),  # one replica: as always
-        (0, 120.0, LINGER),  # before the first check has read the heartbeats
-        (5, 120.0, 5 * LINGER),  # each hears a fifth of the jobs: five times as long
+        (1, 120.0, LINGER_S),  # one replica: as always
+        (0, 120.0, LINGER_S),  # before the first check has read the heartbeats
+        (5, 120.0, 5 * LINGER_S),  # each hears a fifth of the jobs: five times as long
         (5, 0.2, 0.01),  # never past a twentieth of the grace...
         (1, 0.05, 0.0025),
         (1, 0.0, 0.0),  # ...and none at grace 0, where a job is due as it is heard
@@ -134,11 +144,11 @@ def test_the_last_word_of_a_replica_wins_and_the_claims_are_bounded() -> None:
     assert taken.replicas == {"r1": True, "r2": False}
 
 
-# -- Tally ---------------------------------------------------------------------------------------
+# -- ThrottledLog --------------------------------------------------------------------------------
 
 
 def test_a_tally_logs_the_first_at_once_then_once_per_interval_with_the_count() -> None:
-    tally = Tally(interval=10.0)
+    tally = ThrottledLog(interval=10.0)
     assert tally.note(0.0) == 1
     lines = [tally.note(n * 0.0001) for n in range(1, 20_000)]
     assert not any(lines)
@@ -150,7 +160,7 @@ def test_a_tally_logs_the_first_at_once_then_once_per_interval_with_the_count() 
 
 
 def test_a_steady_stream_gives_one_line_per_interval() -> None:
-    tally = Tally(interval=10.0)
+    tally = ThrottledLog(interval=10.0)
     # 45 s of forged messages, one every 10 ms.
     lines = [count for n in range(4_500) if (count := tally.note(n * 0.01))]
     assert len(lines) == 5
@@ -161,26 +171,49 @@ def test_a_steady_stream_gives_one_line_per_interval() -> None:
 
 
 class Heard:
+    """The verifier's work queue, members and scan: what reached each."""
+
     def __init__(self) -> None:
-        self.armed: list[tuple[str, float]] = []
-        self.left: list[str] = []
-        self.joined: list[str] = []
-        self.unverified: dict[str, int] = {}
+        self.armed: list[tuple[str, float | None]] = []
+        self.gone: list[str] = []
+        self.new: list[str] = []
+        self.rereads = 0
+        self.metrics = Metrics()
+
+    def intake(self, hints: Iterable[Hint]) -> None:
+        self.armed.extend((hint.job_id, hint.due_in) for hint in hints)
+
+    def wants(self, job: str) -> bool:
+        return True
+
+    @property
+    def live(self) -> int:
+        return 1
+
+    def request(self, *, rearm: bool) -> None:
+        self.rereads += 1
+
+    def left(self, replica: str) -> None:
+        self.gone.append(replica)
+
+    def joined(self, replica: str) -> None:
+        self.new.append(replica)
+
+    @property
+    def unverified(self) -> float:
+        value: float = cast(Any, self.metrics.notified["unverified"])._value.get()
+        return value
 
     def verifier(self, clock: FakeClock) -> Verifier:
-        def count(kind: str, n: int) -> None:
-            self.unverified[kind] = self.unverified.get(kind, 0) + n
-
         return Verifier(
             cast(Any, MagicMock(spec=db.Database, grace=120.0)),
             clock,
             liveness=15.0,
             timeout=1.0,
-            arm=lambda job, due_in: self.armed.append((job, due_in)),
-            left=self.left.append,
-            joined=self.joined.append,
-            reread=lambda: None,
-            on_unverified=count,
+            intake=self,
+            members=self,
+            rescan=self,
+            metrics=self.metrics,
         )
 
 
@@ -193,8 +226,8 @@ def test_only_queued_jobs_are_armed_at_the_due_time_the_tables_give() -> None:
     batch = verifier.pending.take(1.0)
     assert batch is not None
     verifier.apply(batch, db.Verified([(real, 119.5)], frozenset()))
-    assert heard.armed == [(real, 119.5)]
-    assert heard.unverified == {"job": 1}
+    assert heard.armed == [(real, aim(119.5))]
+    assert heard.unverified == 1
 
 
 def test_membership_claims_count_only_when_the_heartbeats_agree() -> None:
@@ -207,9 +240,9 @@ def test_membership_claims_count_only_when_the_heartbeats_agree() -> None:
     batch = verifier.pending.take(1.0)
     assert batch is not None
     verifier.apply(batch, db.Verified([], frozenset({"alive", "new"})))
-    assert heard.left == ["gone"]
-    assert heard.joined == ["new"]
-    assert heard.unverified == {"replica": 2}
+    assert heard.gone == ["gone"]
+    assert heard.new == ["new"]
+    assert heard.unverified == 2
 
 
 @pytest.mark.anyio
@@ -229,12 +262,12 @@ async def test_forged_claims_are_logged_at_most_once_per_interval(
         await clock.advance(0.01)
     verifier.report()
     assert sum(cast(Any, r).count for r in caplog.records) < 4_500, "the rest waits its turn"
-    await clock.advance(LOG_INTERVAL)
+    await clock.advance(LOG_INTERVAL_S)
     verifier.report()
     lines = [r for r in caplog.records if r.name == "reactor.listen.hints"]
-    assert 1 <= len(lines) <= 45 / LOG_INTERVAL + 2
+    assert 1 <= len(lines) <= 45 / LOG_INTERVAL_S + 2
     assert sum(cast(Any, r).count for r in lines) == 4_500
-    assert heard.joined == []
+    assert heard.new == []
 
 
 def test_a_batch_of_made_up_hints_asks_for_a_reread_too() -> None:

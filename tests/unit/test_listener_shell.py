@@ -22,6 +22,7 @@ from reactor.listen.listener import Listener
 from reactor.listen.subscriber import Subscriber
 from reactor.settings.config import Settings
 from reactor.telemetry.metrics import Metrics
+from tests.hearing import Heard
 
 pytestmark = pytest.mark.anyio
 
@@ -94,22 +95,20 @@ class Server:
 
 class Pair:
     def __init__(self, channel: str, server: Server) -> None:
-        self.jobs: list[str] = []
-        self.replicas: list[tuple[str, bool]] = []
-        self.rearms = 0
         database = cast(Any, type("FakeDatabase", (), {}))()
         database.install = Install.of(mapping.REFERENCE, channel)
         database.notify = server.notify
-        self.subscriber = Subscriber(
-            database,
-            Metrics(),
-            on_job=lambda job, at: self.jobs.append(job),
-            on_listening=self._rearmed,
-            on_replica=lambda replica, left: self.replicas.append((replica, left)),
-        )
+        database.grace = 120.0
+        self.heard = Heard(database)
+        self.subscriber = Subscriber(database, Metrics(), self.heard.verifier, self.heard)
 
-    def _rearmed(self) -> None:
-        self.rearms += 1
+    @property
+    def jobs(self) -> list[str]:
+        return self.heard.jobs
+
+    @property
+    def rearms(self) -> int:
+        return self.heard.rearms
 
 
 @pytest.fixture
@@ -237,6 +236,6 @@ async def test_notifications_are_routed_by_channel_and_read_in_batches(
         session.deliver("first_done", "garbage")
         await clock.advance(0)
         assert pair.jobs == [JOB]
-        assert pair.replicas == [("reactor-abc", False), ("reactor-old", True)]
+        assert pair.heard.said() == [("reactor-abc", False), ("reactor-old", True)]
         assert pair.subscriber.metrics.notified["rejected"]._value.get() == 2
         assert listener.reads == reads + 1, "five notifications, one wake-up"

@@ -25,6 +25,7 @@ from reactor.listen.session import Probe
 from reactor.listen.subscriber import Subscriber
 from reactor.settings.config import Settings
 from reactor.telemetry.metrics import Metrics
+from tests.hearing import Heard
 
 JOB = "5f0c6a2e-1b7d-4c3e-9a8f-0123456789ab"
 CANONICAL = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
@@ -162,12 +163,11 @@ def test_garbage_is_no_hint() -> None:
 
 def make_subscriber(channel: str, jobs: list[str]) -> Subscriber:
     install = Install.of(mapping.REFERENCE, channel)
-    return Subscriber(
-        db.Database(install, cast(Any, MagicMock())),
-        Metrics(),
-        on_job=lambda job_id, updated_at: jobs.append(job_id),
-        on_listening=lambda: None,
-    )
+    database = db.Database(install, cast(Any, MagicMock()))
+    heard = Heard(database)
+    # The jobs the pair is handed are the test's.
+    heard.jobs = jobs
+    return Subscriber(database, Metrics(), heard.verifier, heard)
 
 
 def probing(listener: Listener) -> str:
@@ -216,7 +216,7 @@ def test_two_pairs_on_one_channel_are_refused() -> None:
         listener.subscribe(make_subscriber("same", []))
 
 
-def test_receive_hands_canonical_ids_to_on_job() -> None:
+def test_receive_hands_canonical_ids_to_the_pair() -> None:
     listener, jobs = make_listener()
     listener._receive(f" {JOB.upper()} ")
     listener._receive("garbage")
@@ -224,7 +224,7 @@ def test_receive_hands_canonical_ids_to_on_job() -> None:
     assert jobs == [JOB]
 
 
-def test_receive_never_hands_a_probe_to_on_job() -> None:
+def test_receive_never_hands_a_probe_to_the_pair() -> None:
     listener, jobs = make_listener()
     token = probing(listener)
     listener._receive("probe:other")
