@@ -56,11 +56,16 @@ class Exposed(Protocol):
     def http_dropped(self) -> Counter: ...
 
 
-class Probed(Protocol):
-    """What the probes read: a pair's reactor, or a replica of several pairs."""
+class Counted(Protocol):
+    """Whose metrics count a server's dropped connections."""
 
     @property
     def metrics(self) -> Exposed: ...
+
+
+class Probed(Counted, Protocol):
+    """What the probes read: a pair's reactor, or a replica of several pairs."""
+
     def health(self) -> tuple[bool, bool, str]: ...
 
 
@@ -134,7 +139,7 @@ def page_app(page: Dashboard, hosts: HostAllowlist) -> web.Application:
 # -- serving ---------------------------------------------------------------------------------
 
 
-def _door(server: str, replica: Callable[[], Probed | None]) -> Door[Any]:
+def _door(server: str, replica: Callable[[], Counted | None]) -> Door[Any]:
     """A door whose drops are counted in the metrics of the replica shown, and a flood of
     connections over the cap logged once in a while."""
 
@@ -196,7 +201,7 @@ async def serving_page(
     addr: tuple[str, int] | None,
     *,
     variable: str = "REACTOR_DASHBOARD_ADDR",
-    counted: Callable[[], Probed | None] | None = None,
+    counted: Callable[[], Counted | None] | None = None,
     optional: bool = False,
 ) -> AsyncIterator[tuple[str, int] | None]:
     """Serve the operator's page on ``addr`` (None: disabled) while the block runs; yields the

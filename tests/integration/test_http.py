@@ -29,6 +29,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from reactor.errors import ConfigError
 from reactor.ops import accept, http
 from reactor.ops.admission import KEPT_FOR_NEW_PEERS
+from reactor.ops.dashboard.routes import Served
 from reactor.runtime.service import Reactor
 from tests.acceptance.conftest import reactor_env, run_reactor
 from tests.acceptance.test_cli import assert_one_clean_line
@@ -85,7 +86,7 @@ def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     }
 
 
-def dropped(reactor: Reactor, server: str, reason: str) -> float:
+def dropped(reactor: Served, server: str, reason: str) -> float:
     value: float = reactor.metrics.http_dropped.labels(server, reason)._value.get()
     return value
 

@@ -10,7 +10,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal, Protocol
 from urllib.parse import urlencode
 
 from aiohttp import hdrs, web
@@ -22,16 +22,47 @@ from reactor.ops.dashboard.guard import COOKIE, HEADERS, HostAllowlist, Who
 from reactor.ops.dashboard.signin import SignIn
 from reactor.ops.dashboard.source import Snapshot, StatusSource
 from reactor.ops.dashboard.view import render_page, replica_view
+from reactor.runtime.view import PairView
 from reactor.settings.config import Settings
 from reactor.telemetry import redact
-
-if TYPE_CHECKING:
-    from reactor.runtime.service import Reactor
+from reactor.telemetry.metrics import Metrics
 
 log = logging.getLogger("reactor.dashboard")
 
 # Outcomes of actions, shown once on the page the browser is sent back to.
 _NOTES = 64
+
+
+class Served(Protocol):
+    """A running pair as the page reaches it (:class:`reactor.runtime.service.Reactor`): the
+    view it publishes, its queries, and the two things an action asks of it."""
+
+    @property
+    def settings(self) -> Settings:
+        """The pair's settings."""
+        ...
+
+    @property
+    def database(self) -> db.Database:
+        """The pair's queries."""
+        ...
+
+    @property
+    def metrics(self) -> Metrics:
+        """The pair's metrics (the page's dropped connections are counted there)."""
+        ...
+
+    def view(self) -> PairView:
+        """What the page shows of the pair, read now."""
+        ...
+
+    def request_scan(self) -> None:
+        """Scan soon (a job set aside was released: it is due)."""
+        ...
+
+    def wake_hooks(self) -> None:
+        """Claim hook rows now (some were re-queued)."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -41,7 +72,7 @@ class Shown:
     actions go (None: the reactor's own queries), and its report."""
 
     name: str | None
-    replica: Callable[[], Reactor | None]
+    replica: Callable[[], Served | None]
     database: db.Database | None
     source: StatusSource
 
@@ -69,7 +100,7 @@ class Dashboard:
         self,
         settings: Settings,
         database: db.Database | None,
-        replica: Callable[[], Reactor | None],
+        replica: Callable[[], Served | None],
         *,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -89,7 +120,7 @@ class Dashboard:
     def of_pairs(
         cls,
         settings: Settings,
-        replicas: Mapping[str, Callable[[], Reactor | None]],
+        replicas: Mapping[str, Callable[[], Served | None]],
         *,
         absent: Callable[[str], str],
         clock: Callable[[], float] = time.monotonic,
@@ -106,7 +137,7 @@ class Dashboard:
     def _show(
         self,
         name: str | None,
-        replica: Callable[[], Reactor | None],
+        replica: Callable[[], Served | None],
         database: db.Database | None,
         *,
         absent: Callable[[], str] | None = None,
@@ -161,7 +192,8 @@ class Dashboard:
         shown = shown or next(iter(self.shown.values()))
         snapshot = await shown.source.get()
         body: dict[str, Any] = dict(snapshot.document or {})
-        body["replica"] = replica_view(shown.replica())
+        served = shown.replica()
+        body["replica"] = replica_view(None if served is None else served.view())
         if shown.name is not None:
             body["pair"] = shown.name
             body["pairs"] = list(self.shown)
@@ -212,9 +244,9 @@ class Dashboard:
         message = hook_ops.judge_changes(
             changes, verb="re-queued", allowed=hook_ops.RETRYABLE, result="pending"
         )
-        reactor = shown.replica()
-        if reactor is not None and reactor.hook_runner is not None:
-            reactor.hook_runner.wake()  # due now: no need to wait for the runner's next look
+        served = shown.replica()
+        if served is not None:
+            served.wake_hooks()  # due now: no need to wait for the runner's next look
         return self._done(request, who, "hooks retry", {"hook_ids": ids}, message)
 
     async def cancel_hooks(self, request: web.Request) -> web.Response:
@@ -245,9 +277,9 @@ class Dashboard:
         released = await database.release_set_aside_job(job)
         if not released:
             raise UsageError(f"job {job} is not set aside; nothing was released")
-        reactor = shown.replica()
-        if reactor is not None:
-            reactor.request_scan()  # it is due: the scan takes it at once
+        served = shown.replica()
+        if served is not None:
+            served.request_scan()  # it is due: the scan takes it at once
         message = f"released job {job}: it is tried again now"
         return self._done(request, who, "set-aside release", {"job_id": job}, message)
 
@@ -342,6 +374,6 @@ def install(app: web.Application, dashboard: Dashboard, hosts: HostAllowlist) ->
     dashboard.add_routes(app)
 
 
-def for_reactor(reactor: Reactor) -> Dashboard:
+def for_reactor(reactor: Served) -> Dashboard:
     """The page of one running replica, read through its own pool."""
     return Dashboard(reactor.settings, reactor.database, lambda: reactor)

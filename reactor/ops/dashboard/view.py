@@ -12,64 +12,46 @@ from typing import TYPE_CHECKING, Any, Literal
 from urllib.parse import urlencode
 
 from reactor.ops.dashboard.source import Snapshot
-from reactor.telemetry.metrics import Metrics
+from reactor.runtime.view import PairView
+from reactor.runtime.view import lateness_buckets as lateness_buckets
 
 if TYPE_CHECKING:
     from jinja2 import Environment
-
-    from reactor.runtime.service import Reactor
 
 # The page refreshes itself this often.
 REFRESH_SECONDS = 5
 
 
-def lateness_buckets(metrics: Metrics) -> list[tuple[float, int]]:
-    """(upper bound in seconds, count in that bucket alone) of the lateness histogram; the last
-    bound is infinity."""
-    cumulative: list[tuple[float, float]] = []
-    for family in metrics.lateness.collect():
-        for sample in family.samples:
-            if sample.name.endswith("_bucket"):
-                cumulative.append((float(sample.labels["le"]), sample.value))
-    cumulative.sort()
-    buckets, below = [], 0.0
-    for bound, count in cumulative:
-        buckets.append((bound, int(count - below)))
-        below = count
-    return buckets
-
-
-def replica_view(reactor: Reactor | None) -> dict[str, Any] | None:
-    """This replica's own state, from memory only; None where no replica runs (the demo's
-    outage)."""
-    if reactor is None:
+def replica_view(view: PairView | None) -> dict[str, Any] | None:
+    """This replica's own state, from the view its pair publishes (memory only); None where no
+    replica runs (the demo's outage)."""
+    if view is None:
         return None
-    listener = reactor.listener
-    _, ready, reason = reactor.health()
-    live = sorted(reactor.membership.live)
+    listener = view.listener
+    live = sorted(view.live)
     return {
-        "id": reactor.replica_id,
-        "mode": reactor.settings.mode,
-        "ready": ready,
-        "reason": reason,
+        "id": view.replica_id,
+        "mode": view.mode,
+        "ready": view.ready,
+        "reason": view.reason,
         "listener": None
         if listener is None
         else {
             "state": listener.state,
             "proven": listener.proven,
             "problem": listener.problem,
-            "reconnects": max(0, listener.connections - 1),
+            "reconnects": listener.reconnects,
         },
-        "polling": reactor.polling,
-        "trigger": reactor.vitals.trigger,
+        "polling": view.polling,
+        "trigger": view.trigger,
         "live": live,
         # Rendezvous hashing splits the jobs evenly between the live replicas it sees; before
         # its first heartbeat a replica claims every job.
-        "share": 1.0 / len(live) if reactor.replica_id in live else 1.0,
-        "deadlines": len(reactor.queue),
+        "share": 1.0 / len(live) if view.replica_id in live else 1.0,
+        "deadlines": view.deadlines,
         "lateness": [
             {"le": None if bound == float("inf") else bound, "count": count}
-            for bound, count in lateness_buckets(reactor.metrics)
+            for bound, count in view.lateness
         ],
         "recent": [
             {
@@ -80,7 +62,7 @@ def replica_view(reactor: Reactor | None) -> dict[str, Any] | None:
                 "lateness_seconds": s.lateness,
                 "at": s.at.isoformat(),
             }
-            for s in reversed(reactor.recorder.recent)
+            for s in reversed(view.recent)
         ],
     }
 
