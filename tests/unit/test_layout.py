@@ -1,4 +1,5 @@
-"""The layout holds: core/ is pure, and no two rooms of reactor/ import each other."""
+"""The layout holds: core/ is pure, no two rooms of reactor/ import each other, and no two
+modules of one room do either (type-checking imports included)."""
 
 from __future__ import annotations
 
@@ -49,20 +50,69 @@ def test_the_pure_room_imports_no_other() -> None:
     assert room_graph()["reactor.core"] == set()
 
 
-def test_no_two_rooms_import_each_other() -> None:
-    graph = room_graph()
+def module_of(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def module_graph() -> dict[str, set[str]]:
+    """Each module of reactor/ and the modules of its own room it imports, at the top, inside
+    functions or under ``if TYPE_CHECKING:``: a circle a type check hides is a circle still."""
+    paths = {module_of(path): path for path in PACKAGE.rglob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for module, path in paths.items():
+        room = room_of(module)
+        targets = set()
+        for name in imports(path):
+            # `from reactor.x import y` names a module or a name of one: the module it is in.
+            while name not in paths and "." in name:
+                name = name.rpartition(".")[0]
+            if name != module and room_of(name) == room and name != room:
+                targets.add(name)
+        graph[module] = targets
+    return graph
+
+
+def circles(graph: dict[str, set[str]]) -> list[tuple[str, ...]]:
+    """Circles of ``graph``, each as the path that closes it: at least one while there is any."""
+    found: list[tuple[str, ...]] = []
     done: set[str] = set()
 
-    def visit(room: str, path: tuple[str, ...]) -> None:
-        assert room not in path, f"rooms in a circle: {' -> '.join((*path, room))}"
-        if room in done:
+    def visit(node: str, path: tuple[str, ...]) -> None:
+        if node in path:
+            found.append((*path[path.index(node) :], node))
             return
-        for target in sorted(graph.get(room, ())):
-            visit(target, (*path, room))
-        done.add(room)
+        if node in done:
+            return
+        for target in sorted(graph.get(node, ())):
+            visit(target, (*path, node))
+        done.add(node)
 
-    for room in sorted(graph):
-        visit(room, ())
+    for node in sorted(graph):
+        visit(node, ())
+    return found
+
+
+def test_no_two_rooms_import_each_other() -> None:
+    found = circles(room_graph())
+    assert not found, "rooms in a circle: " + "; ".join(" -> ".join(c) for c in found)
+
+
+# Not untied yet, and left out until it is: db/health.py takes the Database of db/queries.py,
+# which takes the health check's parameters from db/health.py.
+KNOWN_CIRCLES = {frozenset({"reactor.db.health", "reactor.db.queries"})}
+
+
+def test_no_two_modules_of_a_room_import_each_other() -> None:
+    found = [c for c in circles(module_graph()) if frozenset(c) not in KNOWN_CIRCLES]
+    assert not found, "modules in a circle: " + "; ".join(" -> ".join(c) for c in found)
+
+
+def test_a_circle_between_modules_is_found() -> None:
+    # The search itself: a circle of two, one three modules round, and a module that only
+    # leads into a circle without being on it.
+    graph = {"a": {"b"}, "b": {"a"}, "c": {"d"}, "d": {"e"}, "e": {"c"}, "f": {"a"}}
+    assert sorted(sorted(c) for c in circles(graph)) == [["a", "a", "b"], ["c", "c", "d", "e"]]
 
 
 def test_reactor_run_loads_neither_the_page_templates_nor_the_terminal_tables_at_start() -> None:
