@@ -183,8 +183,11 @@ class Heard:
     def intake(self, hints: Iterable[Hint]) -> None:
         self.armed.extend((hint.job_id, hint.due_in) for hint in hints)
 
+    # Whether the jobs are held here or this replica's (not another live replica's).
+    mine = True
+
     def wants(self, job: str) -> bool:
-        return True
+        return self.mine
 
     @property
     def live(self) -> int:
@@ -204,9 +207,9 @@ class Heard:
         value: float = cast(Any, self.metrics.notified["unverified"])._value.get()
         return value
 
-    def verifier(self, clock: FakeClock) -> Verifier:
+    def verifier(self, clock: FakeClock, *, grace: float = 120.0) -> Verifier:
         return Verifier(
-            cast(Any, MagicMock(spec=db.Database, grace=120.0)),
+            cast(Any, MagicMock(spec=db.Database, grace=grace)),
             clock,
             liveness=15.0,
             timeout=1.0,
@@ -215,6 +218,38 @@ class Heard:
             rescan=self,
             metrics=self.metrics,
         )
+
+
+def test_a_heard_job_of_this_replica_waits_for_its_batch_to_be_verified() -> None:
+    heard, clock = Heard(), FakeClock()
+    verifier = heard.verifier(clock)
+    [job] = ids(1)
+    verifier.heard(job)
+    assert heard.armed == []
+    assert len(verifier.pending) == 1
+
+
+def test_at_grace_0_a_heard_job_goes_to_the_work_queue_at_once() -> None:
+    # Due as soon as queued: its claim is the check, handed on from the notification itself,
+    # with no batch, no statement and no turn of the event loop between.
+    heard, clock = Heard(), FakeClock()
+    verifier = heard.verifier(clock, grace=0.0)
+    [job] = ids(1)
+    verifier.heard(job)
+    assert heard.armed == [(job, 0.0)]
+    assert len(verifier.pending) == 0
+    assert verifier.statements == 0
+
+
+def test_a_heard_job_another_replica_owns_is_left_to_the_queue_unverified() -> None:
+    heard, clock = Heard(), FakeClock()
+    heard.mine = False
+    verifier = heard.verifier(clock)
+    [job] = ids(1)
+    verifier.heard(job)
+    # No deadline: the work queue leaves it to its owner.
+    assert heard.armed == [(job, None)]
+    assert len(verifier.pending) == 0
 
 
 def test_only_queued_jobs_are_armed_at_the_due_time_the_tables_give() -> None:
