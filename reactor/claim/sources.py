@@ -24,14 +24,14 @@ from typing import Protocol, TypeVar
 # back: a quarter of a millisecond is enough to keep a claim that found its job a hair inside
 # the grace from trying again at once (bench lateness: the claims per job stay 1.00; a
 # millisecond here was a millisecond of every job's lateness).
-BOUNDARY = 0.00025
+BOUNDARY_S = 0.00025
 
 
 def aim(due_in: float) -> float:
     """When to claim a job the database said is due in ``due_in`` seconds: past the boundary,
     or at once when it was due already (no claim can find it inside its grace, and a sleep of
     a quarter millisecond is a millisecond on the event loop's timer)."""
-    return due_in + BOUNDARY if due_in > 0 else due_in
+    return due_in + BOUNDARY_S if due_in > 0 else due_in
 
 
 @dataclass(frozen=True, slots=True)

@@ -27,7 +27,7 @@ LEASE_POLLS = 4
 MIN_GRACE_POLLS = 2
 
 # The notifications heard are counted over the last second.
-WINDOW = 1.0
+WINDOW_S = 1.0
 
 
 class Doorbell:
@@ -83,9 +83,9 @@ class Doorbell:
             return False
         heard = self._heard
         heard.append(now)
-        while heard[0] <= now - WINDOW:
+        while heard[0] <= now - WINDOW_S:
             heard.popleft()
-        if len(heard) < self.rate * WINDOW or self.awake(now):
+        if len(heard) < self.rate * WINDOW_S or self.awake(now):
             return False
         self._wanted = True
         heard.clear()

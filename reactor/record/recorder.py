@@ -53,8 +53,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 # A job set aside is tried again after this long, doubling with each failure on the same data.
-SET_ASIDE_FIRST_RETRY = 60.0
-SET_ASIDE_MAX_RETRY = 3600.0
+SET_ASIDE_FIRST_RETRY_S = 60.0
+SET_ASIDE_MAX_RETRY_S = 3600.0
 
 # A record statement that fails on the pair's own objects (reactor.record.writes.BROKEN_CLASSES: a
 # table or a column gone, a grant revoked) fails the same way for every job until someone
@@ -62,12 +62,12 @@ SET_ASIDE_MAX_RETRY = 3600.0
 # doubling from the error retry up to this, so a broken pair's backlog does not cycle every
 # second through the process and the pool it shares with the others. Any other failure (the
 # database away, a statement cut short) keeps the short retry: it is over in seconds.
-MAX_BROKEN_RETRY = 30.0
+MAX_BROKEN_RETRY_S = 30.0
 
 
 # How long a statement for several jobs waits on a row lock before it is split. A tab's save
 # commits in milliseconds; an open transaction can hold its row for as long as it likes.
-BATCH_LOCK_TIMEOUT = 0.5
+BATCH_LOCK_TIMEOUT_S = 0.5
 
 # The share of that a part of a split batch waits: the batch proved a row held for the whole
 # wait, so its parts need only tell which, and a held row is found after the batch's wait and
@@ -143,7 +143,7 @@ class Recorder:
         self.writes = writes or WriteHealth()
         # Woken after a statement that wrote runs: their hooks are queued.
         self.hooks = hooks
-        self.batch_lock_timeout = BATCH_LOCK_TIMEOUT
+        self.batch_lock_timeout = BATCH_LOCK_TIMEOUT_S
         # Jobs this recorder set aside (job id: the error's first line), for `sweep --once`.
         self.set_aside: dict[str, str] = {}
         # The last few jobs this recorder settled, newest last.
@@ -155,7 +155,7 @@ class Recorder:
         # The error record statements fail with, as last logged; None while they succeed. A
         # table that is gone fails every statement until it is back: said once, not for each.
         self._failing: str | None = None
-        # Record statements that failed on the pair's objects in a row (see MAX_BROKEN_RETRY).
+        # Record statements that failed on the pair's objects in a row (see MAX_BROKEN_RETRY_S).
         self._broken = 0
 
     async def record(self, job_ids: Sequence[str], alone: bool = False) -> Answer:
@@ -296,7 +296,7 @@ class Recorder:
             self._broken = 0
             return self.error_retry
         self._broken += 1
-        return exponential(self._broken, first=self.error_retry, cap=MAX_BROKEN_RETRY)
+        return exponential(self._broken, first=self.error_retry, cap=MAX_BROKEN_RETRY_S)
 
     async def drain(self, batch_size: int, *, skip: Iterable[str] = ()) -> Drained:
         """Record due jobs oldest first, batch after batch, until a batch comes back short.
@@ -349,7 +349,7 @@ class Recorder:
 
     async def _set_aside(self, job_id: str, error: psycopg.Error) -> None:
         failures, retry_in = await self.db.set_aside(
-            job_id, error, first_retry=SET_ASIDE_FIRST_RETRY, max_retry=SET_ASIDE_MAX_RETRY
+            job_id, error, first_retry=SET_ASIDE_FIRST_RETRY_S, max_retry=SET_ASIDE_MAX_RETRY_S
         )
         self.metrics.jobs_set_aside.inc()
         self.set_aside[job_id] = first_line(error)

@@ -25,7 +25,7 @@ log = logging.getLogger(__name__)
 # periodic scan stops being skipped. A job a few milliseconds late is most likely one whose
 # claim is in flight, and a claim's own retries (a row another replica held) come back within
 # a second: a scan would only race them.
-OVERDUE_TOLERANCE = 1.0
+OVERDUE_TOLERANCE_S = 1.0
 
 # How many probe intervals apart the health checks of a replica with nothing to change are.
 # Its heartbeat must stay within the liveness of three probe intervals as the others judge it:
@@ -111,7 +111,7 @@ class Vitals:
     def nothing_overdue(self) -> bool:
         """True when a fresh check found no queued job past its grace (beyond the tolerance)."""
         fresh = self.clock.now() - self.last_seen < 2 * self.check_interval
-        return fresh and self.database_ok is True and self.oldest_overdue < OVERDUE_TOLERANCE
+        return fresh and self.database_ok is True and self.oldest_overdue < OVERDUE_TOLERANCE_S
 
     def failed(self, error: BaseException) -> None:
         """A check through the pool failed."""

@@ -13,7 +13,7 @@ import psycopg
 import psycopg.conninfo
 import pytest
 
-from reactor.record.recorder import MAX_BROKEN_RETRY
+from reactor.record.recorder import MAX_BROKEN_RETRY_S
 from tests.acceptance.conftest import reactor_env, run_reactor
 from tests.acceptance.test_cli import listening
 from tests.conftest import NewRole
@@ -90,7 +90,7 @@ def test_a_pair_that_cannot_write_is_not_ready_and_status_names_why(
         # Its retries had backed off (a broken pair's backlog does not cycle every second).
         wait_for(
             lambda: worker_writes(conn),
-            timeout=MAX_BROKEN_RETRY + 10,
+            timeout=MAX_BROKEN_RETRY_S + 10,
             what="the job recorded once repaired",
         )
         wait_for(lambda: http_get(port, "/readyz")[0] == 200, what="ready again")

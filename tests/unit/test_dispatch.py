@@ -11,7 +11,7 @@ import pytest
 
 from reactor.claim.dispatch import Answer, Dispatcher, WorkQueue
 from reactor.claim.sources import (
-    BOUNDARY,
+    BOUNDARY_S,
     LISTEN,
     POLL,
     REARM,
@@ -426,13 +426,13 @@ def test_each_source_says_what_it_knows_as_data() -> None:
     roads: list[Source[Any]] = [LISTEN, POLL, REARM, STUCK, RECONCILE, RETRY]
     assert len({road.name for road in roads}) == len(roads)
     assert list(LISTEN.hints([("a", 2.0), ("b", None)])) == [
-        Hint("a", 2.0 + BOUNDARY, heard=True),  # the row's deadline, past its boundary
+        Hint("a", 2.0 + BOUNDARY_S, heard=True),  # the row's deadline, past its boundary
         Hint("b", None, heard=True),  # left unverified: no deadline known
     ]
     assert (
         list(POLL.hints([("a", 2.0)]))
         == list(REARM.hints([("a", 2.0)]))
-        == [Hint("a", 2.0 + BOUNDARY)]
+        == [Hint("a", 2.0 + BOUNDARY_S)]
     )
     # Due already by the database's clock: claimed at once, with no boundary to wait out.
     assert list(LISTEN.hints([("a", 0.0)])) == [Hint("a", 0.0, heard=True)]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 from reactor.core.payload import Rang, read
-from reactor.insurance.doorbell import LEASE_POLLS, MIN_GRACE_POLLS, WINDOW, Doorbell
+from reactor.insurance.doorbell import LEASE_POLLS, MIN_GRACE_POLLS, WINDOW_S, Doorbell
 
 RATE = 20
 INTERVAL = 0.25
@@ -18,7 +18,7 @@ def _heard(bell: Doorbell, count: int, *, start: float, every: float) -> list[bo
 
 def test_a_stream_at_the_rate_rings_the_bell_once() -> None:
     bell = Doorbell(RATE, INTERVAL, GRACE)
-    rang = _heard(bell, RATE, start=0.0, every=WINDOW / RATE / 2)
+    rang = _heard(bell, RATE, start=0.0, every=WINDOW_S / RATE / 2)
     assert rang == [False] * (RATE - 1) + [True]
     assert bell.ring()
     assert bell.covers(1.0)  # the poll runs at once to ring it
@@ -27,7 +27,7 @@ def test_a_stream_at_the_rate_rings_the_bell_once() -> None:
 def test_a_stream_below_the_rate_never_rings_it() -> None:
     bell = Doorbell(RATE, INTERVAL, GRACE)
     # One short of the rate in every window of a second, for a minute.
-    assert not any(_heard(bell, 60 * (RATE - 1), start=0.0, every=WINDOW / (RATE - 1) * 1.001))
+    assert not any(_heard(bell, 60 * (RATE - 1), start=0.0, every=WINDOW_S / (RATE - 1) * 1.001))
     assert not bell.ring()
     assert not bell.covers(60.0)
 
