@@ -1,7 +1,7 @@
 """The health check: a pair's own duty, and the health check of all the replica's pairs in one
 statement.
 
-A replica of one pair checks it as the pair's own duty (:func:`check_pair`, begun by the pair's
+A replica of one pair checks it as the pair's own duty (:class:`PairCheck`, begun by the pair's
 :class:`~reactor.insurance.cadence.Scheduler`). A replica of two or more checks them together
 (:class:`PairsHealth`): one statement per interval through the pool
 (:func:`reactor.db.health_of_pairs`), not one per pair, so that the replica's checks cost the
@@ -11,9 +11,9 @@ Each pair keeps its health duty's schedule in its own cadence: its interval and 
 while its checks find nothing to change), its failures and their retries, what hastens it, and
 when it last began (what ``/healthz`` reads). The replica begins the duties together: once one
 pair's comes due, the others' are brought forward to it, so the one statement runs at the
-shortest interval any pair asks for. Each pair's :class:`~reactor.db.Health` goes to its
-pair, which judges it as it judges its own check (:meth:`CheckedPair.saw`); a failure is each
-pair's (its ``vitals.failed``). The LISTEN session's probe rides on one part, the first.
+shortest interval any pair asks for. Each part's :class:`~reactor.db.Health` goes back to its
+pair, which judges it as its own check (:meth:`CheckedPair.saw`); a failure is each pair's
+(its ``vitals.failed``). The LISTEN session's probe rides on one part, the first.
 
 A pair whose part fails on its own objects (its schema dropped, a grant revoked, its tables
 locked past a bound shorter than the check's) costs the others nothing: the combined statement

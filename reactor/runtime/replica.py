@@ -217,8 +217,8 @@ class Replica:
                 # Until every pair has left it (see Listener.unsubscribe).
                 tg.start_soon(self.listener.run)
             if len(self.reactors) > 1:
-                # One health check for all pairs, not one each (see reactor.insurance.health):
-                # theirs are held before they start.
+                # One health check for every pair, rather than one each (see
+                # reactor.insurance.health): theirs are held before they start.
                 self.checks = PairsHealth(
                     [(n if self._named else None, r) for n, r in self.reactors.items()],
                     self.clock,
