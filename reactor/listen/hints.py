@@ -296,7 +296,7 @@ class Verifier:
         self.intake.intake(LISTEN.hints([(job, due_in)]))
 
     def job(self, job: str) -> None:
-        """A notification named ``job``."""
+        """Verify ``job``, named by a notification, with the next batch."""
         now = self.clock.now()
         if not self.pending.add_job(job, now):
             self._count("dropped", 1, now)
