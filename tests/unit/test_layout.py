@@ -1,10 +1,12 @@
-"""The layout holds: core/ is pure, no two rooms of reactor/ import each other, and no two
-modules of one room do either (type-checking imports included)."""
+"""The layout holds: core/ imports no other room, no two rooms of reactor/ import each other, no
+two modules of one room do either (type-checking imports included), and the modules of
+:data:`PURE` do no I/O, wherever their room puts them."""
 
 from __future__ import annotations
 
 import ast
 import json
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -46,8 +48,115 @@ def room_graph() -> dict[str, set[str]]:
     return graph
 
 
-def test_the_pure_room_imports_no_other() -> None:
+def test_core_imports_no_other_room() -> None:
+    # What every step shares (the clock, deadlines, ownership, backoff, the channel's words)
+    # stands below them all.
     assert room_graph()["reactor.core"] == set()
+
+
+# The pure half of each pure/shell pair: no I/O, no clock of its own, no environment. Each sits
+# in its concern's room beside the shell that drives it; purity is this list, not a folder.
+PURE = (
+    "reactor.core.backoff",
+    "reactor.core.dbclock",
+    "reactor.core.deadlines",
+    "reactor.core.ownership",
+    "reactor.claim.sources",
+    "reactor.listen.session",
+    "reactor.insurance.doorbell",
+    "reactor.record.writes",
+    "reactor.ops.admission",
+    "reactor.ops.dashboard.guard",
+    "reactor.install.expressions",
+    "reactor.hooks.signature",
+    "reactor.draft.facts",
+    "reactor.draft.role",
+    "reactor.draft.toml",
+    "reactor.db.rows",
+    "reactor.errors",
+    "reactor.shown",
+)
+# What does I/O, or waits on something outside the process.
+IO = {"anyio", "asyncio", "psycopg", "psycopg_pool", "socket", "aiohttp", "subprocess", "ssl"}
+# And what reads the environment or a file.
+OUTSIDE = re.compile(r"os\.environ|os\.getenv|(?<![\w.])open\(")
+
+
+def runtime_imports(path: Path) -> Iterator[str]:
+    """Every module ``path`` imports when it runs (``if TYPE_CHECKING:`` blocks left out),
+    reactor's and the others, by their full names."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    checked = {
+        id(node)
+        for block in ast.walk(tree)
+        if isinstance(block, ast.If) and "TYPE_CHECKING" in ast.unparse(block.test)
+        for stmt in block.body
+        for node in ast.walk(stmt)
+    }
+    module = module_of(path)
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    for node in ast.walk(tree):
+        if id(node) in checked:
+            continue
+        if isinstance(node, ast.Import):
+            yield from (alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                yield ".".join([*base, *([node.module] if node.module else [])])
+            elif node.module:
+                yield node.module
+                if node.module.startswith("reactor"):
+                    yield from (f"{node.module}.{alias.name}" for alias in node.names)
+
+
+def sources() -> dict[str, Path]:
+    return {module_of(path): path for path in PACKAGE.rglob("*.py")}
+
+
+def reached_from(start: str) -> tuple[set[str], set[str]]:
+    """The reactor modules ``start`` loads when it runs, itself included, and every other
+    package they import (top names)."""
+    paths = sources()
+    seen: set[str] = set()
+    outside: set[str] = set()
+    todo = [start]
+    while todo:
+        module = todo.pop()
+        if module in seen:
+            continue
+        seen.add(module)
+        for name in runtime_imports(paths[module]):
+            if not name.startswith("reactor"):
+                outside.add(name.partition(".")[0])
+                continue
+            # The module itself and the packages it goes through, which Python runs first.
+            parts = name.split(".")
+            prefixes = (".".join(parts[:n]) for n in range(2, len(parts) + 1))
+            todo += [prefix for prefix in prefixes if prefix in paths]
+    return seen, outside
+
+
+def test_the_pure_modules_do_no_io() -> None:
+    paths = sources()
+    found = {}
+    for module in PURE:
+        loaded, outside = reached_from(module)
+        reading = [
+            name
+            for name in sorted(loaded)
+            if OUTSIDE.search(paths[name].read_text(encoding="utf-8"))
+        ]
+        if outside & IO or reading:
+            found[module] = sorted(outside & IO) + reading
+    assert not found, f"pure modules that reach I/O: {found}"
+
+
+def test_the_purity_check_sees_io() -> None:
+    # The check itself, on modules known to do I/O: the listener (psycopg, anyio) and the
+    # environment's reader.
+    assert {"psycopg", "anyio"} <= reached_from("reactor.listen.listener")[1]
+    assert "reactor.db.session" in reached_from("reactor.listen.listener")[0]
 
 
 def module_of(path: Path) -> str:
