@@ -34,14 +34,17 @@ def test_scan_runs_every_scan_interval_and_backs_off_from_half_a_second_up_to_it
     every = scan.every(SETTINGS)
     assert every.interval == 30.0
     backoffs = retries(every, 12)
-    assert backoffs[0] == 0.5 and backoffs == sorted(backoffs) and backoffs[-1] == 30.0
+    assert backoffs[0] == 0.5
+    assert backoffs == sorted(backoffs)
+    assert backoffs[-1] == 30.0
 
 
 def test_reconcile_runs_every_reconcile_interval_and_backs_off_up_to_its_error_wait() -> None:
     every = reconcile.every(SETTINGS)
     assert every.interval == 600.0
     backoffs = retries(every, 12)
-    assert backoffs[0] == 0.5 and backoffs[-1] == reconcile.MAX_ERROR_WAIT_S
+    assert backoffs[0] == 0.5
+    assert backoffs[-1] == reconcile.MAX_ERROR_WAIT_S
 
 
 def test_retention_runs_only_when_a_health_check_asks_for_it() -> None:
