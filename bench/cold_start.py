@@ -22,9 +22,7 @@ Each round is run twice, one right after the other, so both see the same load:
 from __future__ import annotations
 
 import os
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -36,7 +34,7 @@ import aiohttp
 import anyio
 
 from bench.conn import Conn, connect, scalar
-from bench.processes import cpu_by_process
+from bench.processes import ROOT, cpu_by_process, free_port, start_reactor, stop
 from bench.result import Context, Result, Table, conditions
 from bench.server import open_server
 
@@ -59,7 +57,6 @@ BEFORE = (
     "CPU 0.37 s and 0.35 s, 0.78 s and 0.75 s."
 )
 
-ROOT = Path(__file__).resolve().parent.parent
 TIMEOUT_S = 30.0
 POLL_S = 0.005
 
@@ -161,12 +158,11 @@ async def run(ctx: Context) -> Result:
         f"({_median(floors[SOURCE, 'import run']):.2f} s), a bare "
         f"interpreter {_median(floors[COMPILED, 'interpreter']):.2f} s"
     )
-    figures = _figures(ready, written, cpu, floors)
     return Result(
         met=met,
         headline=headline,
         table=table,
-        figures=figures,
+        figures=_figures(ready, written, cpu, floors),
         settings=settings,
         conditions=cond,
         notes=notes,
@@ -246,7 +242,7 @@ def _figures(
 async def _one_start(
     dsn: str, job_id: str, app: Conn, session: aiohttp.ClientSession, python: Mapping[str, str]
 ) -> tuple[float, float, float] | str:
-    port = _free_port()
+    port = free_port()
     env = dict(python)
     env.update(
         {
@@ -259,13 +255,7 @@ async def _one_start(
     )
     url = f"http://127.0.0.1:{port}/readyz"
     started = time.time()
-    process = await anyio.open_process(
-        [sys.executable, "-m", "reactor", "run"],
-        env=env,
-        cwd=ROOT,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    process = await start_reactor(env)
     ready_at: float | None = None
     ready_cpu: float | None = None
     written_at: float | None = None
@@ -286,13 +276,7 @@ async def _one_start(
                     written_at = None if row is None else float(row[0])
                 await anyio.sleep(POLL_S)
     finally:
-        if process.returncode is None:
-            process.terminate()
-        with anyio.move_on_after(10):
-            await process.wait()
-        if process.returncode is None:
-            process.kill()
-            await process.wait()
+        await stop(process, within_s=10)
     if ready_at is None or written_at is None or ready_cpu is None:
         return f"a round did not see {'/readyz 200' if ready_at is None else 'the write'}"
     return ready_at - started, written_at - started, ready_cpu
@@ -315,10 +299,3 @@ def _spread(values: list[float]) -> list[str]:
     if not values:
         return ["-", "-", "-"]
     return [f"{v:.3f} s" for v in (min(values), statistics.median(values), max(values))]
-
-
-def _free_port() -> int:
-    # The kernel picks a port nobody holds; the reactor binds it a moment later.
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])

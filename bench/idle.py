@@ -14,15 +14,11 @@ statements.
 from __future__ import annotations
 
 import os
-import socket
-import subprocess
-import sys
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Iterator
 from contextlib import AsyncExitStack, asynccontextmanager, contextmanager
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -32,7 +28,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from bench import baseline
 from bench.conn import Conn, connect, dbname
-from bench.processes import cpu_by_process
+from bench.processes import cpu_by_process, free_port, reactor_env, start_reactor, stop
 from bench.result import Context, Result, Table, conditions
 from bench.server import Server, open_server, stat_statements_problem
 from bench.stats import ratio, safe_div
@@ -46,7 +42,6 @@ GOAL = (
 )
 BUDGET = 8.0
 CPU_BUDGET_MS = 2.0
-ROOT = Path(__file__).resolve().parent.parent
 
 BY_QUERY = """
 SELECT s.query, sum(s.calls)::bigint
@@ -304,11 +299,8 @@ def _notes(
 async def _reactor_process(dsn: str) -> AsyncIterator[anyio.abc.Process]:
     """A `reactor run` process at the default settings on ``dsn``, ready on entry; SIGTERM on
     the way out."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = int(sock.getsockname()[1])
-    env = {k: v for k, v in os.environ.items() if not k.startswith("REACTOR_")}
-    env.update(
+    port = free_port()
+    env = reactor_env(
         {
             "DATABASE_URL": dsn,
             "REACTOR_HTTP_ADDR": f"127.0.0.1:{port}",
@@ -316,13 +308,7 @@ async def _reactor_process(dsn: str) -> AsyncIterator[anyio.abc.Process]:
             "REACTOR_LOG_LEVEL": "warning",
         }
     )
-    process = await anyio.open_process(
-        [sys.executable, "-m", "reactor", "run"],
-        env=env,
-        cwd=ROOT,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    process = await start_reactor(env)
     try:
         async with aiohttp.ClientSession() as session:
             with anyio.fail_after(60):
@@ -336,12 +322,7 @@ async def _reactor_process(dsn: str) -> AsyncIterator[anyio.abc.Process]:
                     await anyio.sleep(0.05)
         yield process
     finally:
-        if process.returncode is None:
-            process.terminate()
-        with anyio.move_on_after(30, shield=True):
-            await process.wait()
-        if process.returncode is None:
-            process.kill()
+        await stop(process, within_s=30)
 
 
 def _statements(counts: dict[str, dict[str, int]], minutes: float) -> str:

@@ -3,7 +3,6 @@ its scripts, and its listening replica, a ``reactor run`` process."""
 
 from __future__ import annotations
 
-import os
 import sys
 import tempfile
 from collections.abc import AsyncIterator
@@ -12,6 +11,7 @@ from contextlib import asynccontextmanager
 import anyio
 
 from bench.conn import connect, dbname, scalar
+from bench.processes import reactor_env, stop
 from bench.result import BENCH_DIR
 from bench.server import Server
 from bench.trigger_overhead.scripts import PROGRESS_JOBS
@@ -68,16 +68,17 @@ async def second_database(server: Server) -> str:
 @asynccontextmanager
 async def second_replica(dsn: str, within: float = 30.0) -> AsyncIterator[None]:
     """A `reactor run` process on the second mapping, LISTENing on entry, stopped on exit."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("REACTOR_")}
-    env.update(
-        DATABASE_URL=dsn,
-        REACTOR_CONFIG=str(SECOND_DIR / "second.toml"),
-        REACTOR_CHANNEL=SECOND_CHANNEL,
-        REACTOR_GRACE_SECONDS="3600",
-        REACTOR_SCAN_INTERVAL_SECONDS="3600",
-        REACTOR_HTTP_ADDR="",
-        REACTOR_DASHBOARD_ADDR="",
-        REACTOR_LOG_LEVEL="WARNING",
+    env = reactor_env(
+        {
+            "DATABASE_URL": dsn,
+            "REACTOR_CONFIG": str(SECOND_DIR / "second.toml"),
+            "REACTOR_CHANNEL": SECOND_CHANNEL,
+            "REACTOR_GRACE_SECONDS": "3600",
+            "REACTOR_SCAN_INTERVAL_SECONDS": "3600",
+            "REACTOR_HTTP_ADDR": "",
+            "REACTOR_DASHBOARD_ADDR": "",
+            "REACTOR_LOG_LEVEL": "WARNING",
+        }
     )
     with tempfile.TemporaryFile() as log:
         process = await anyio.open_process(
@@ -93,9 +94,4 @@ async def second_replica(dsn: str, within: float = 30.0) -> AsyncIterator[None]:
                         await anyio.sleep(0.2)
             yield
         finally:
-            process.terminate()
-            with anyio.move_on_after(15):
-                await process.wait()
-            if process.returncode is None:
-                process.kill()
-                await process.wait()
+            await stop(process, within_s=15)
