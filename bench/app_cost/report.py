@@ -179,20 +179,14 @@ def _how_notes(found: Findings) -> list[str]:
 
 def _what_notes(found: Findings) -> list[str]:
     """What each install is, how each figure is read, the goals and the unlogged queue."""
-    reactor, track_functions, summary, twins = (
-        found.reactor,
-        found.track_functions,
-        found.summary,
-        found.twins,
-    )
-    quiet, floor = summary["quiet"], summary["notify_only"]
-    unlogged, checks = found.unlogged, found.checks
+    quiet, floor = found.summary["quiet"], found.summary["notify_only"]
     verdicts = {True: "met", False: "missed", None: "not measured"}
     goals = found.goals
     return [
         f"'default' is what `reactor migrate` left on analysis_jobs, read back from the catalog: "
-        f"the triggers ({', '.join(reactor.triggers.names)}) and the index "
-        f"({'; '.join(definition for _, definition in reactor.indexes)}). 'quiet' renders the "
+        f"the triggers ({', '.join(found.reactor.triggers.names)}) and the index "
+        f"({'; '.join(definition for _, definition in found.reactor.indexes)}). "
+        "'quiet' renders the "
         "job triggers as `reactor migrate --no-notify` does (jobs queued in reactor.pending, "
         "nobody notified). 'none' drops the reactor's triggers and index on analysis_jobs, "
         "leaving the app's primary key; the reactor's schema and its triggers on analysis_runs "
@@ -205,7 +199,7 @@ def _what_notes(found: Findings) -> list[str]:
         "included. HOT share: n_tup_hot_upd / n_tup_upd over the round's updates. Trigger "
         "time: pg_stat_user_functions.total_time of the reactor's job_changed* functions (of "
         "bench_notify_only for 'notify_only') "
-        f"(track_functions = {track_functions}), over the round's job lives; it includes the "
+        f"(track_functions = {found.track_functions}), over the round's job lives; it includes the "
         "functions the trigger calls, not the NOTIFY's work at commit. Stats are read after "
         "pgbench's sessions have exited, which flushes them.",
         "Goals: "
@@ -215,18 +209,20 @@ def _what_notes(found: Findings) -> list[str]:
         "Queue unlogged (a measurement only: an unlogged queue would need a rebuild after "
         "every crash and promotion): "
         + "; ".join(
-            f"{name} {spread(summary[name])} of {CONFIGS[name].floor} vs {twin}'s "
-            f"{spread(summary[twin])}, {spread(twins[name])} of {twin} in the same set, "
-            f"so {gap_closed(summary[name], summary[twin])} of {twin}'s gap to its floor; "
-            f"WAL/life {summary[name]['wal_per_life'] / 1024:,.1f} KiB vs "
-            f"{summary[twin]['wal_per_life'] / 1024:,.1f} KiB"
-            for name, twin in unlogged.items()
+            f"{name} {spread(found.summary[name])} of {CONFIGS[name].floor} vs {twin}'s "
+            f"{spread(found.summary[twin])}, {spread(found.twins[name])} of {twin} "
+            "in the same set, "
+            f"so {gap_closed(found.summary[name], found.summary[twin])} of {twin}'s "
+            "gap to its floor; "
+            f"WAL/life {found.summary[name]['wal_per_life'] / 1024:,.1f} KiB vs "
+            f"{found.summary[twin]['wal_per_life'] / 1024:,.1f} KiB"
+            for name, twin in found.unlogged.items()
         )
         + ". The share of the gap is (unlogged median - logged median) / (1 - logged median). "
-        + checks_text(checks),
+        + checks_text(found.checks),
         "The listening replica's share of one core during the rounds (this process's CPU "
         "time; pgbench runs in a child): "
-        + ", ".join(f"{name} {summary[name]['replica_cpu_share']:.1%}" for name in CONFIGS)
+        + ", ".join(f"{name} {found.summary[name]['replica_cpu_share']:.1%}" for name in CONFIGS)
         + ". On this machine that is taken from PostgreSQL and pgbench.",
     ]
 

@@ -100,32 +100,22 @@ async def run(ctx: Context) -> Result:
 
 def _table(found: Findings) -> Table:
     """Lateness per scenario, against its goal."""
-    scale, deploy, kill, eagers, fleets = (
-        found.scale,
-        found.deploy,
-        found.kill,
-        found.eagers,
-        found.fleets,
-    )
-    small, large, growth, kill_ok, spread = (
-        found.small,
-        found.large,
-        found.growth,
-        found.kill_ok,
-        found.spread,
-    )
     table = Table(["scenario", "reactor-written runs", "p50", "p99", "max", "goal"])
 
     def row(label: str, s: dict[str, float], goal: str) -> None:
         table.add(label, s["n"], ms(s["p50"]), ms(s["p99"]), ms(s["max"]), goal)
 
-    row("rolling deploys: whole run", deploy["all"], p99_mark(deploy["all"]["p99"], DEPLOY_GOAL_S))
+    row(
+        "rolling deploys: whole run",
+        found.deploy["all"],
+        p99_mark(found.deploy["all"]["p99"], DEPLOY_GOAL_S),
+    )
     row(
         f"rolling deploys: due within {WINDOW_S:g} s of a SIGTERM",
-        deploy["around_sigterm"],
-        p99_mark(deploy["around_sigterm"]["p99"], DEPLOY_GOAL_S),
+        found.deploy["around_sigterm"],
+        p99_mark(found.deploy["around_sigterm"]["p99"], DEPLOY_GOAL_S),
     )
-    for e in eagers:
+    for e in found.eagers:
         held = "met" if e["all"]["max"] <= EAGER_MAX_S else "missed"
         row(
             f"eager deploys, touched jobs, {n_replicas(e['replicas'])}",
@@ -134,19 +124,23 @@ def _table(found: Findings) -> Table:
         )
     row(
         "killed for good: due after the kill",
-        kill["after_kill"],
-        f"max <= {kill['bound_s']:g} s: {'met' if kill_ok else 'missed'}",
+        found.kill["after_kill"],
+        f"max <= {found.kill['bound_s']:g} s: {'met' if found.kill_ok else 'missed'}",
     )
-    for f in fleets:
+    for f in found.fleets:
         row(
-            f"{scale.fleet_rate:g} jobs/s, {n_replicas(f['replicas'])}",
+            f"{found.scale.fleet_rate:g} jobs/s, {n_replicas(f['replicas'])}",
             f["lateness"],
             p99_mark(f["lateness"]["p99"], FLEET_GOAL_S)
-            + (f"; {ratio(growth)} of {small}'s" if f["replicas"] == large else ""),
+            + (
+                f"; {ratio(found.growth)} of {found.small}'s"
+                if f["replicas"] == found.large
+                else ""
+            ),
         )
     row(
-        f"{scale.fleet_rate:g} jobs/s, {n_replicas(large)}, trigger spread (--spread)",
-        spread["lateness"],
+        f"{found.scale.fleet_rate:g} jobs/s, {n_replicas(found.large)}, trigger spread (--spread)",
+        found.spread["lateness"],
         "-",
     )
     return table
@@ -154,59 +148,38 @@ def _table(found: Findings) -> Table:
 
 def _headline(found: Findings) -> str:
     """The scenarios in one line."""
-    scale, deploy, kill, eagers, fleets = (
-        found.scale,
-        found.deploy,
-        found.kill,
-        found.eagers,
-        found.fleets,
-    )
-    first, large, problems, cpu_growth = found.first, found.large, found.problems, found.cpu_growth
     return (
-        f"deploys p99 {ms(deploy['all']['p99'])} (around a SIGTERM "
-        f"{ms(deploy['around_sigterm']['p99'])}); after a kill at most "
-        f"{kill['after_kill']['max']:.2f} s late (bound {kill['bound_s']:g} s)"
+        f"deploys p99 {ms(found.deploy['all']['p99'])} (around a SIGTERM "
+        f"{ms(found.deploy['around_sigterm']['p99'])}); after a kill at most "
+        f"{found.kill['after_kill']['max']:.2f} s late (bound {found.kill['bound_s']:g} s)"
         + "; eager deploys max "
-        + ", ".join(f"{e['all']['max']:.2f} s at {e['replicas']}" for e in eagers)
-        + f"; {scale.fleet_rate:g}/s p99 "
-        + ", ".join(f"{ms(f['lateness']['p99'])} at {f['replicas']}" for f in fleets)
-        + f"; replicas' CPU per 1,000 jobs {ratio(cpu_growth)} at {large} of "
-        f"{first}'s" + (f"; {len(problems)} problem(s)" if problems else "")
+        + ", ".join(f"{e['all']['max']:.2f} s at {e['replicas']}" for e in found.eagers)
+        + f"; {found.scale.fleet_rate:g}/s p99 "
+        + ", ".join(f"{ms(f['lateness']['p99'])} at {f['replicas']}" for f in found.fleets)
+        + f"; replicas' CPU per 1,000 jobs {ratio(found.cpu_growth)} at {found.large} of "
+        f"{found.first}'s" + (f"; {len(found.problems)} problem(s)" if found.problems else "")
     )
 
 
 def _figures(found: Findings) -> dict[str, Any]:
     """Every figure of every scenario, as the results file keeps them."""
-    deploy, kill, eagers, fleets, spread = (
-        found.deploy,
-        found.kill,
-        found.eagers,
-        found.fleets,
-        found.spread,
-    )
-    scenarios, problems, anomalies, logs = (
-        found.scenarios,
-        found.problems,
-        found.anomalies,
-        found.logs,
-    )
     spread_cpu, growth, cpu_growth = (
-        spread["cpu_per_1000_jobs"],
+        found.spread["cpu_per_1000_jobs"],
         found.growth,
         found.cpu_growth,
     )
     return {
-        "deploy": {k: deploy[k] for k in ("all", "around_sigterm", "steps")},
+        "deploy": {k: found.deploy[k] for k in ("all", "around_sigterm", "steps")},
         "eager": {
             str(e["replicas"]): {
                 "all": e["all"],
                 "steps": e["steps"],
                 "touched": e["outcome"].play.touched,
             }
-            for e in eagers
+            for e in found.eagers
         },
         "kill": {
-            k: kill[k]
+            k: found.kill[k]
             for k in (
                 "after_kill",
                 "bound_s",
@@ -221,18 +194,18 @@ def _figures(found: Findings) -> dict[str, Any]:
                 "record_statements_per_job": f["record_statements_per_job"],
                 "cpu_per_1000_jobs": f["cpu_per_1000_jobs"],
             }
-            for f in fleets
+            for f in found.fleets
         },
         "spread": {
-            "lateness": spread["lateness"],
-            "record_statements_per_job": spread["record_statements_per_job"],
+            "lateness": found.spread["lateness"],
+            "record_statements_per_job": found.spread["record_statements_per_job"],
             "cpu_per_1000_jobs": spread_cpu,
         },
         "fleet_p99_ratio": growth,
         "fleet_cpu_ratio": cpu_growth,
-        "verdicts": {n: s["outcome"].verdict.as_dict() for n, s in scenarios.items()},
-        "worker_behind_s": {n: s["outcome"].play.behind_s for n, s in scenarios.items()},
-        "problems": problems,
-        "anomalies": anomalies,
-        "logs": str(logs) if problems or anomalies else None,
+        "verdicts": {n: s["outcome"].verdict.as_dict() for n, s in found.scenarios.items()},
+        "worker_behind_s": {n: s["outcome"].play.behind_s for n, s in found.scenarios.items()},
+        "problems": found.problems,
+        "anomalies": found.anomalies,
+        "logs": str(found.logs) if found.problems or found.anomalies else None,
     }

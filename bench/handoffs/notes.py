@@ -113,14 +113,8 @@ def _fleet_notes(found: Findings) -> list[str]:
 
 def _check_notes(found: Findings) -> list[str]:
     """How far the worker lagged, and what the checks found."""
-    scenarios, problems, anomalies, logs_note = (
-        found.scenarios,
-        found.problems,
-        found.anomalies,
-        found.logs_note,
-    )
     behind = ", ".join(
-        f"{s['outcome'].play.behind_s * 1000:.0f} ms ({n})" for n, s in scenarios.items()
+        f"{s['outcome'].play.behind_s * 1000:.0f} ms ({n})" for n, s in found.scenarios.items()
     )
     return [
         f"The worker fell behind its schedule by at most {behind}; a lagging worker offers less "
@@ -128,6 +122,11 @@ def _check_notes(found: Findings) -> list[str]:
         "Checked in every scenario: every finished job has exactly one run; the audit finds no "
         "lost, duplicate, clobbering, early or wrong write; every replica stopped with SIGTERM "
         "exited 0 within its drain and deleted its heartbeat; no replica logged an error. "
-        + ("Problems: " + "; ".join(problems) + "." if problems else "No problem found."),
-        ("Jobs late by seconds: " + "; ".join(anomalies) + ". " if anomalies else "") + logs_note,
+        + (
+            "Problems: " + "; ".join(found.problems) + "."
+            if found.problems
+            else "No problem found."
+        ),
+        ("Jobs late by seconds: " + "; ".join(found.anomalies) + ". " if found.anomalies else "")
+        + found.logs_note,
     ]

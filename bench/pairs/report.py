@@ -129,55 +129,47 @@ def result_of(
 
 def _table(found: Findings) -> Table:
     """The setups side by side, and each pair's lateness."""
-    one, fleet, healthy, late, late_broken = (
-        found.one,
-        found.fleet,
-        found.healthy,
-        found.late,
-        found.late_broken,
-    )
-    met_goals, unchanged, ratios, rate = found.met_goals, found.unchanged, found.ratios, found.rate
     n = len(PAIRS)
-    own_connections = fleet.connection_count / n
+    own_connections = found.fleet.connection_count / n
     connection_goal = own_connections + 1
-    own_statements = fleet.statements_per_min / n
+    own_statements = found.fleet.statements_per_min / n
     table = Table(
         ["measure", "fleet per pair (3 processes)", "one pair's (fleet / 3)", "one process",
          "goal", "met"]
     )  # fmt: skip
     table.add(
         "connections per replica, 3 pairs",
-        fleet.connection_count,
+        found.fleet.connection_count,
         f"{own_connections:.1f}",
-        one.connection_count,
+        found.one.connection_count,
         f"<= {connection_goal:.1f} (one pair's + 1)",
-        _yes(met_goals["connections"]),
+        _yes(found.met_goals["connections"]),
     )
     table.add(
         "idle statements/min, pool checks included",
-        f"{fleet.statements_per_min:.2f}",
+        f"{found.fleet.statements_per_min:.2f}",
         f"{own_statements:.2f}",
-        f"{one.statements_per_min:.2f}",
+        f"{found.one.statements_per_min:.2f}",
         f"<= {IDLE_BUDGET:g}",
-        _yes(met_goals["idle"]),
+        _yes(found.met_goals["idle"]),
     )
     table.add(
         "  of which health checks/min",
-        f"{fleet.health_checks_per_min():.2f}",
-        f"{fleet.health_checks_per_min() / n:.2f}",
-        f"{one.health_checks_per_min():.2f}",
+        f"{found.fleet.health_checks_per_min():.2f}",
+        f"{found.fleet.health_checks_per_min() / n:.2f}",
+        f"{found.one.health_checks_per_min():.2f}",
         "-",
         "-",
     )
     for p in PAIRS:
-        s = late[p]
+        s = found.late[p]
         table.add(
-            f"lateness p50 / p99 / max, pair {p}, {rate:g} jobs/s each",
+            f"lateness p50 / p99 / max, pair {p}, {found.rate:g} jobs/s each",
             "-",
             "-",
             f"{ms(s['p50'])} / {ms(s['p99'])} / {ms(s['max'])}",
             f"p99 <= {ms(LATENESS_BUDGET_S)}",
-            _yes(healthy.missing[p] == 0 and s["p99"] <= LATENESS_BUDGET_S),
+            _yes(found.healthy.missing[p] == 0 and s["p99"] <= LATENESS_BUDGET_S),
         )
     first = found.first
     for p in PAIRS:
@@ -190,50 +182,37 @@ def _table(found: Findings) -> Table:
             "-",
             "-",
         )
-    for p in late_broken:
-        s = late_broken[p]
+    for p in found.late_broken:
+        s = found.late_broken[p]
         table.add(
             f"pair {BROKEN} broken: pair {p} p50 / p99 / max (p99 vs healthy)",
             "-",
             "-",
-            f"{ms(s['p50'])} / {ms(s['p99'])} / {ms(s['max'])} ({ratio(ratios[p])})",
+            f"{ms(s['p50'])} / {ms(s['p99'])} / {ms(s['max'])} ({ratio(found.ratios[p])})",
             "unchanged",
-            _yes(unchanged[p]),
+            _yes(found.unchanged[p]),
         )
     return table
 
 
 def _headline(found: Findings) -> str:
     """The setups and the phases in one line."""
-    one, fleet, broken, late, late_broken = (
-        found.one,
-        found.fleet,
-        found.broken,
-        found.late,
-        found.late_broken,
-    )
-    first, ratios, connection_goal, rate = (
-        found.first,
-        found.ratios,
-        found.connection_goal,
-        found.rate,
-    )
-    healthy_p99 = " / ".join(ms(late[p]["p99"]) for p in PAIRS)
-    first_max = max(first[p]["max"] for p in PAIRS)
+    healthy_p99 = " / ".join(ms(found.late[p]["p99"]) for p in PAIRS)
+    first_max = max(found.first[p]["max"] for p in PAIRS)
     broken_p99 = " / ".join(
-        f"{ms(late_broken[p]['p99'])} ({ratio(ratios[p])})" for p in late_broken
+        f"{ms(found.late_broken[p]['p99'])} ({ratio(found.ratios[p])})" for p in found.late_broken
     )
     return (
-        f"one process serving 3 pairs: {one.connection_count} connections (goal <= "
-        f"{connection_goal:.1f}; a fleet per pair {fleet.connection_count}) and "
-        f"{one.statements_per_min:.1f} idle statements/min (goal <= {IDLE_BUDGET:g}; a fleet "
-        f"per pair {fleet.statements_per_min:.1f}); lateness p99 a / b / c {healthy_p99} at "
-        f"{rate:g} jobs/s each (the first {FIRST_S:g} s, the pool growing: max "
+        f"one process serving 3 pairs: {found.one.connection_count} connections (goal <= "
+        f"{found.connection_goal:.1f}; a fleet per pair {found.fleet.connection_count}) and "
+        f"{found.one.statements_per_min:.1f} idle statements/min (goal <= {IDLE_BUDGET:g}; a fleet "
+        f"per pair {found.fleet.statements_per_min:.1f}); lateness p99 a / b / c {healthy_p99} at "
+        f"{found.rate:g} jobs/s each (the first {FIRST_S:g} s, the pool growing: max "
         f"{ms(first_max)}); with c broken, a / b p99 {broken_p99}, "
         + (
             "every job recorded"
-            if not any(broken.missing.values())
-            else f"{sum(broken.missing.values())} of their jobs not recorded"
+            if not any(found.broken.missing.values())
+            else f"{sum(found.broken.missing.values())} of their jobs not recorded"
         )
     )
 
@@ -273,20 +252,15 @@ def _figures(found: Findings) -> dict[str, Any]:
 
 def _missed_notes(found: Findings) -> list[str]:
     """For each goal missed, what missed it and what would close it."""
-    one, healthy, broken, broken_errors = (
-        found.one,
-        found.healthy,
-        found.broken,
-        found.broken_errors,
-    )
     met_goals = found.met_goals
     notes: list[str] = []
     if not met_goals["broken"]:
         notes.append(
             f"What would close the broken-pair goal: pair {BROKEN}'s record statements failed "
-            f"{broken_errors / broken.seconds:.0f} times a second, and the reactors' process "
-            f"used {broken.cpu['reactor process']:.2f} cores against "
-            f"{healthy.cpu['reactor process']:.2f} when healthy. A failed record is retried "
+            f"{found.broken_errors / found.broken.seconds:.0f} times a second, "
+            "and the reactors' process "
+            f"used {found.broken.cpu['reactor process']:.2f} cores against "
+            f"{found.healthy.cpu['reactor process']:.2f} when healthy. A failed record is retried "
             "for each of its jobs a second later (the recorder's error retry), so a pair whose "
             "table is gone keeps every one of its jobs cycling; a pair whose statements all "
             "fail alike (an error no row causes: a missing table, a privilege) could back off "
@@ -294,7 +268,7 @@ def _missed_notes(found: Findings) -> list[str]:
             "the pool to the others."
         )
     if not met_goals["connections"]:
-        pooled = one.connections.get("reactor-pool", 0)
+        pooled = found.one.connections.get("reactor-pool", 0)
         notes.append(
             f"The connection goal was missed by the pool's idle connections ({pooled} at the "
             "window's end). Start-up runs every pair's first duties at once, so the shared "
@@ -305,7 +279,8 @@ def _missed_notes(found: Findings) -> list[str]:
         )
     if not met_goals["idle"]:
         notes.append(
-            f"The idle goal was missed: {one.health_checks_per_min():.1f} health checks/min in "
+            f"The idle goal was missed: {found.one.health_checks_per_min():.1f} "
+            "health checks/min in "
             "the one process; the shared LISTEN session sends one per probe interval for "
             "every pair while it is proven, so more means it was not carrying them."
         )
