@@ -38,7 +38,7 @@ from bench.app_cost.rounds import (
     DOCUMENTS,
     JOB_LIFE,
     SERVER,
-    add_documents,
+    documents_app,
     set_orders,
 )
 from bench.conn import connect, scalar
@@ -80,10 +80,7 @@ async def run(ctx: Context) -> Result:
     clients = QUICK_CLIENTS if quick else CLIENTS
     async with open_server(SERVER) as server:
         cond = await conditions(server, quick=quick)
-        dsn = await server.app_database("doorbell", with_audit=False)
-        async with await connect(dsn, "setup") as conn:
-            await add_documents(conn)
-            reactor = await Installed.read(conn)
+        async with documents_app(server, "doorbell") as (dsn, conn, reactor):
             function = f"{reactor.schema}.job_changed_v1"
             installed = str(
                 await scalar(conn, "SELECT pg_get_functiondef(%s::regproc)", (function,))

@@ -22,7 +22,7 @@ from bench.conn import Conn, connect, scalar, timed
 from bench.plans import explain, plan_nodes
 from bench.result import Context, Result, Table, conditions
 from bench.server import open_server
-from bench.stats import ms, ratio, safe_div, slow_enough
+from bench.stats import ms, ratio, safe_div, size_text, slow_enough
 from reactor import db
 from reactor.install import REFERENCE_INSTALL
 
@@ -192,7 +192,7 @@ def _notes(
     return [
         f"{count:,} done rows loaded by one INSERT ... SELECT generate_series in {load_s:.0f} s, "
         f"then VACUUM (FREEZE, ANALYZE) in {vacuum_s:.0f} s. Sizes: "
-        + ", ".join(f"{k} {_size(v)}" for k, v in sizes.items())
+        + ", ".join(f"{k} {size_text(v)}" for k, v in sizes.items())
         + ".",
         f"Two databases on one server, one empty, one loaded; each query was run on both in "
         f"turn, {reps} times after a warm-up, and the medians compared. Times are client-side "
@@ -306,10 +306,6 @@ async def _purge(conn: Conn, expired: int) -> dict[str, Any]:
         "median_batch_s": statistics.median(batches),
         "total_s": sum(batches),
     }
-
-
-def _size(n: int) -> str:
-    return f"{n / 2**20:,.0f} MiB" if n >= 2**20 else f"{n / 1024:,.0f} KiB"
 
 
 async def _sizes(conn: Conn) -> dict[str, int]:

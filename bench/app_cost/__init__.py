@@ -50,12 +50,12 @@ from bench.app_cost.rounds import (
     SERVER,
     SETS,
     UPDATES_PER_LIFE,
-    add_documents,
+    documents_app,
     one_round,
     record_check,
     set_orders,
 )
-from bench.conn import connect, scalar
+from bench.conn import scalar
 from bench.result import Context, Result, conditions
 from bench.server import Server, open_server
 from bench.workload import (
@@ -92,10 +92,7 @@ async def run(ctx: Context) -> Result:
     }
     async with open_server(SERVER) as server:
         cond = await conditions(server, quick=quick)
-        dsn = await server.app_database("app_cost", with_audit=False)
-        async with await connect(dsn, "setup") as conn:
-            await add_documents(conn)
-            reactor = await Installed.read(conn)
+        async with documents_app(server, "app_cost") as (dsn, conn, reactor):
             track_functions = str(await scalar(conn, "SHOW track_functions"))
         rounds = await _rounds(server, dsn, reactor, orders, round_s)
         # Uncounted: the installs with the queue unlogged still get their jobs recorded.

@@ -4,7 +4,8 @@ empty table, and what the server counted meanwhile; and the record check after t
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -110,6 +111,16 @@ async def add_documents(conn: Conn) -> None:
         " FROM generate_series(1, %s) i",
         (DOC_BYTES, DOCUMENTS),
     )
+
+
+@asynccontextmanager
+async def documents_app(server: Server, name: str) -> AsyncIterator[tuple[str, Conn, Installed]]:
+    """The app's database ``name`` on ``server`` (no audit) with its documents, its DSN, a
+    setup connection to it, and what `reactor migrate` installed on its tables."""
+    dsn = await server.app_database(name, with_audit=False)
+    async with await connect(dsn, "setup") as conn:
+        await add_documents(conn)
+        yield dsn, conn, await Installed.read(conn)
 
 
 def set_orders(names: Sequence[str], sets: int) -> list[list[str]]:
