@@ -23,6 +23,7 @@ that finds itself on one is closed (:func:`call`), so the pool's next one lands 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import re
 import weakref
@@ -362,6 +363,37 @@ async def until_readable(conn: AnyConnection, seconds: float) -> None:
     waits minutes for a notification pays ten times a second."""
     with anyio.move_on_after(seconds):
         await anyio.wait_readable(conn.fileno())
+
+
+async def arrived(conn: AnyConnection) -> list[psycopg.Notify]:
+    """The notifications that have reached ``conn``'s socket, read without waiting.
+
+    psycopg's ``notifies()`` waits for the socket before it reads it, readable or not: a turn
+    of the event loop (a reader added and removed, a timer) on every read, which a session woken
+    by :func:`until_readable` has already paid for. What psycopg kept aside while a statement
+    ran is not read here: :func:`kept_aside` hands that on."""
+    async with conn.lock:
+        pgconn = conn.pgconn
+        pgconn.consume_input()
+        encoding = conn.info.encoding
+        found = []
+        while (note := pgconn.notifies()) is not None:
+            found.append(
+                psycopg.Notify(
+                    note.relname.decode(encoding), note.extra.decode(encoding), note.be_pid
+                )
+            )
+        return found
+
+
+async def kept_aside(conn: AnyConnection) -> list[psycopg.Notify]:
+    """What psycopg kept aside of ``conn``'s notifications while a statement ran on it (the
+    socket cannot say so), then one read of the socket."""
+    # Never left in the middle of a batch: psycopg drops what it has not yielded yet.
+    # Closed explicitly: the generator holds the connection's lock.
+    arriving = conn.notifies(timeout=0.0, stop_after=1)
+    async with contextlib.aclosing(arriving):
+        return [note async for note in arriving]
 
 
 async def session_identity(conn: AnyConnection) -> tuple[int, datetime]:

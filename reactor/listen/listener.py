@@ -393,12 +393,12 @@ class Listener:
             with anyio.CancelScope() as self._waiting:
                 if self._kept:
                     self._kept = False
-                    got = await self._read_arrived(conn)
+                    got = await self._hand_on(await db.kept_aside(conn))
                 if not got:
                     # Asleep on the socket until something arrives or the session's next action
                     # is due, with no wake-up between (an idle replica waits minutes).
                     await db.until_readable(conn, wait)
-                    got = await self._read_arrived(conn)
+                    got = await self._hand_on(await db.arrived(conn))
             self._waiting = None
             if 0 < got < TURN_EVERY and self.settings.listen_coalesce > 0 and not self._actions:
                 # Let the next ones gather on the socket: one read for them all. Not after a
@@ -412,23 +412,15 @@ class Listener:
             self.received += got
             self.reads += 1 if got else 0
 
-    async def _read_arrived(self, conn: db.AnyConnection) -> int:
-        """Hands on what has arrived, without waiting for more: what psycopg kept while a
-        statement ran on the session, then one read of the socket. How many there were."""
-        got = 0
-        # Never left in the middle of a batch: psycopg drops what it has not yielded yet.
-        # Closed explicitly: the generator holds the connection's lock.
-        arriving = conn.notifies(timeout=0.0, stop_after=1)
-        async with contextlib.aclosing(arriving):
-            async for notify in arriving:
-                got += 1
-                self._receive(notify.payload, notify.channel)
-                if not got % TURN_EVERY:
-                    # psycopg yields a whole batch without a turn of the event loop: under a
-                    # flood (anyone may NOTIFY) the timers would wait for it. Not a
-                    # cancellation point, so nothing of the batch is dropped.
-                    await anyio.lowlevel.cancel_shielded_checkpoint()
-        return got
+    async def _hand_on(self, arrived: list[psycopg.Notify]) -> int:
+        """Hands on what one read found; how many there were."""
+        for got, notify in enumerate(arrived, 1):
+            self._receive(notify.payload, notify.channel)
+            if not got % TURN_EVERY:
+                # A read may hold thousands (anyone may NOTIFY): the timers would wait for them
+                # all. Not a cancellation point, so nothing of the read is dropped.
+                await anyio.lowlevel.cancel_shielded_checkpoint()
+        return len(arrived)
 
     def _receive(self, payload: str, channel: str | None = None) -> None:
         subscriber, members = self.routes.of(channel)

@@ -3,7 +3,6 @@ prove, reconnect, follow subscriptions, route; no database."""
 
 from __future__ import annotations
 
-import math
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
@@ -56,15 +55,10 @@ class FakeSession:
             self.arrived = anyio.Event()
             await self.clock.sleep_until(self.clock.now() + seconds, self.arrived)
 
-    async def notifies(
-        self,
-        *,
-        timeout: float | None = None,  # noqa: ASYNC109 -- psycopg's signature, as called
-        stop_after: int | None = None,
-    ) -> AsyncIterator[psycopg.Notify]:
-        await self.until_readable(math.inf if timeout is None else timeout)
-        while self.queue:
-            yield self.queue.pop(0)
+    async def take(self) -> list[psycopg.Notify]:
+        """What has arrived, read at once (db.arrived and db.kept_aside on a real session)."""
+        taken, self.queue = self.queue, []
+        return taken
 
     async def close(self) -> None:
         self.closed = True
@@ -131,6 +125,8 @@ def server(clock: FakeClock, monkeypatch: pytest.MonkeyPatch) -> Server:
     monkeypatch.setattr(db, "configure", nothing)
     monkeypatch.setattr(db, "end_listener_session", nothing)
     monkeypatch.setattr(db, "until_readable", FakeSession.until_readable)
+    monkeypatch.setattr(db, "arrived", FakeSession.take)
+    monkeypatch.setattr(db, "kept_aside", FakeSession.take)
     return server
 
 
