@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import random
 from collections.abc import Callable
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Any, Protocol
 
 import anyio
@@ -64,44 +65,38 @@ class Schedule(Protocol):
         ...
 
 
+@dataclass(eq=False, repr=False)
 class HookRunner:
     """Claims, runs and settles hook rows for one replica."""
 
-    def __init__(
-        self,
-        settings: Settings,
-        database: db.Database,
-        hooks: dict[str, Hook],
-        metrics: Metrics,
-        *,
-        replica: str,
-        schedule: Schedule,
-        jitter: Callable[[], float] = random.random,
-        tracer: tracing.Tracing = tracing.PROCESS,
-    ) -> None:
-        self.settings = settings
-        # Whose leases the rows this runner claims are under.
-        self.replica = replica
-        self.database = database
-        self.hooks = hooks
-        self.metrics = metrics
-        # Brings the runner's duty forward (see wake).
-        self.schedule = schedule
-        self.jitter = jitter
-        # Where each attempt's span goes.
-        self.tracer = tracer
-        self.in_flight = 0
-        # Every configured secret, masked in whatever a hook reports.
-        made_with = [secret for hook in hooks.values() for secret in hook.secrets()]
+    settings: Settings
+    database: db.Database
+    hooks: dict[str, Hook]
+    metrics: Metrics
+    _: KW_ONLY
+    # Whose leases the rows this runner claims are under.
+    replica: str
+    # Brings the runner's duty forward (see wake).
+    schedule: Schedule
+    jitter: Callable[[], float] = random.random
+    # Where each attempt's span goes.
+    tracer: tracing.Tracing = tracing.PROCESS
+    in_flight: int = field(default=0, init=False)
+    # Every configured secret, masked in whatever a hook reports.
+    secrets: frozenset[str] = field(init=False)
+
+    def __post_init__(self) -> None:
+        settings = self.settings
+        made_with = [secret for hook in self.hooks.values() for secret in hook.secrets()]
         self.secrets = redact.known_secrets(
             webhook_secret=settings.webhook_secret,
             webhook_secrets=[*settings.webhook_secrets.values(), *made_with],
             dsns=(settings.database_url, settings.listen_database_url),
             urls=(),
         )
-        for name in hooks:
+        for name in self.hooks:
             for outcome in OUTCOMES:
-                metrics.hook_outcomes.labels(name, outcome)
+                self.metrics.hook_outcomes.labels(name, outcome)
 
     async def claim(self, running: anyio.abc.TaskGroup) -> float | None:
         """Lease a row for every free slot and start each attempt in ``running``; the seconds

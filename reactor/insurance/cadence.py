@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
 
 import anyio
 import anyio.abc
@@ -169,29 +169,22 @@ Action = Callable[[], Awaitable[float | None]]
 OnFailure = Callable[[str, BaseException], None]
 
 
+@dataclass(eq=False, repr=False)
 class Scheduler:
     """Runs the duties of a :class:`Cadence` on ``clock``."""
 
-    def __init__(
-        self,
-        cadence: Cadence,
-        clock: Clock,
-        actions: dict[str, Action],
-        *,
-        on_failure: OnFailure,
-        failures: tuple[type[BaseException], ...],
-    ) -> None:
-        self.cadence = cadence
-        self.clock = clock
-        self.actions = actions
-        self.on_failure = on_failure
-        # What a duty's failure looks like (the database's errors): retried by the duty's
-        # policy and told to on_failure; anything else is a bug, and raised.
-        self.failures = failures
-        self._wake = anyio.Event()
-        self._closed = False
-        # Who begins each held duty: woken whenever its schedule changes here.
-        self._holders: dict[str, Callable[[], None]] = {}
+    cadence: Cadence
+    clock: Clock
+    actions: dict[str, Action]
+    _: KW_ONLY
+    on_failure: OnFailure
+    # What a duty's failure looks like (the database's errors): retried by the duty's
+    # policy and told to on_failure; anything else is a bug, and raised.
+    failures: tuple[type[BaseException], ...]
+    _wake: anyio.Event = field(default_factory=anyio.Event, init=False)
+    _closed: bool = field(default=False, init=False)
+    # Who begins each held duty: woken whenever its schedule changes here.
+    _holders: dict[str, Callable[[], None]] = field(default_factory=dict, init=False)
 
     @property
     def closed(self) -> bool:

@@ -9,6 +9,7 @@ offers them to the work queue. It rings or renews the doorbell when the jobs com
 from __future__ import annotations
 
 import math
+from dataclasses import KW_ONLY, dataclass, field
 from datetime import datetime, timedelta
 from typing import Protocol
 
@@ -47,43 +48,35 @@ class TriggerSeen(Protocol):
         ...
 
 
+@dataclass(eq=False, repr=False)
 class PairPoll:
     """A pair's poll of its queue and its doorbell: what it reads goes through ``intake``, by
     the live set ``queue`` keeps; ``seen`` and ``listener`` say whether notifications can be
     relied on. ``runs``: the polls run so far."""
 
-    def __init__(
-        self,
-        settings: Settings,
-        database: db.Database,
-        *,
-        queue: WorkQueue,
-        intake: Intake,
-        seen: TriggerSeen,
-        listener: Listener | None,
-        schedule: Scheduler,
-        metrics: Metrics,
-        clock: Clock,
-    ) -> None:
-        self.settings = settings
-        self.database = database
-        self.queue = queue
-        self.intake = intake
+    settings: Settings
+    database: db.Database
+    _: KW_ONLY
+    queue: WorkQueue
+    intake: Intake
+    seen: TriggerSeen
+    listener: Listener | None
+    schedule: Scheduler
+    metrics: Metrics
+    clock: Clock
+    runs: int = field(default=0, init=False)
+    # Where the next poll's window begins.
+    low: datetime | None = field(default=None, init=False)
+    doorbell: Doorbell = field(init=False)
+
+    def __post_init__(self) -> None:
         # Rung while the notifications come fast (listen mode only: in poll mode nobody hears
         # them, and the trigger is best installed with --no-notify).
         self.doorbell = Doorbell(
-            settings.doorbell_rate if settings.mode == "listen" else 0,
-            settings.poll_interval,
-            database.grace,
+            self.settings.doorbell_rate if self.settings.mode == "listen" else 0,
+            self.settings.poll_interval,
+            self.database.grace,
         )
-        self.seen = seen
-        self.listener = listener
-        self.schedule = schedule
-        self.metrics = metrics
-        self.clock = clock
-        self.runs = 0
-        # Where the next poll's window begins.
-        self.low: datetime | None = None
 
     @property
     def polling(self) -> bool:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Protocol
 
 from reactor import db
@@ -50,38 +51,27 @@ class Backlog(Protocol):
         ...
 
 
+@dataclass(eq=False, repr=False)
 class PairScan:
     """A pair's fallback scan: upcoming jobs offered through ``intake``, the due backlog drained
     by ``recorder``, leaving out what ``queue`` claims; ``runs``: the scans run so far."""
 
-    def __init__(
-        self,
-        settings: Settings,
-        database: db.Database,
-        *,
-        queue: WorkQueue,
-        intake: Intake,
-        recorder: Drains,
-        backlog: Backlog,
-        schedule: Scheduler,
-        metrics: Metrics,
-        clock: Clock,
-    ) -> None:
-        self.settings = settings
-        self.database = database
-        self.queue = queue
-        self.intake = intake
-        self.recorder = recorder
-        self.backlog = backlog
-        self.schedule = schedule
-        self.metrics = metrics
-        self.clock = clock
-        self.runs = 0
-        self._requested = False
-        self._rearm_wanted = False
-        # Whether this replica holds its share: its first re-arm read the queue. Until then it
-        # writes no heartbeat, so the others go on holding the jobs it will own.
-        self.holding = False
+    settings: Settings
+    database: db.Database
+    _: KW_ONLY
+    queue: WorkQueue
+    intake: Intake
+    recorder: Drains
+    backlog: Backlog
+    schedule: Scheduler
+    metrics: Metrics
+    clock: Clock
+    runs: int = field(default=0, init=False)
+    _requested: bool = field(default=False, init=False)
+    _rearm_wanted: bool = field(default=False, init=False)
+    # Whether this replica holds its share: its first re-arm read the queue. Until then it
+    # writes no heartbeat, so the others go on holding the jobs it will own.
+    holding: bool = field(default=False, init=False)
 
     def request(self, *, rearm: bool) -> None:
         """Run the scan soon; with ``rearm``, also offer upcoming jobs from the queue."""

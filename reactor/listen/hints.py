@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
 from itertools import islice
 from typing import Protocol
 
@@ -242,6 +242,7 @@ class Rescan(Protocol):
         ...
 
 
+@dataclass(eq=False, repr=False)
 class Verifier:
     """Verifies the hints heard against the database, in batches, and hands on what holds.
 
@@ -252,31 +253,26 @@ class Verifier:
     hung statement must not hold every hint behind it.
     """
 
-    def __init__(
-        self,
-        database: db.Database,
-        clock: Clock,
-        *,
-        liveness: float,
-        timeout: float,
-        intake: Intake,
-        members: Members,
-        rescan: Rescan,
-        metrics: Metrics,
-    ) -> None:
-        self.database = database
-        self.clock = clock
-        self.liveness = liveness
-        self.timeout = timeout
-        self.pending = HintBatch(linger=fleet_linger(1, database.grace))
-        self.intake, self.members, self.rescan = intake, members, rescan
-        self.metrics = metrics
-        # What did not hold, for the log: job hints naming no queued job, membership claims
-        # the heartbeats contradict, and job hints dropped at a full buffer.
+    database: db.Database
+    clock: Clock
+    _: KW_ONLY
+    liveness: float
+    timeout: float
+    intake: Intake
+    members: Members
+    rescan: Rescan
+    metrics: Metrics
+    pending: HintBatch = field(init=False)
+    # What did not hold, for the log: job hints naming no queued job, membership claims
+    # the heartbeats contradict, and job hints dropped at a full buffer.
+    tallies: dict[str, ThrottledLog] = field(init=False)
+    statements: int = field(default=0, init=False)
+    _wake: anyio.Event = field(default_factory=anyio.Event, init=False)
+    _closed: bool = field(default=False, init=False)
+
+    def __post_init__(self) -> None:
+        self.pending = HintBatch(linger=fleet_linger(1, self.database.grace))
         self.tallies = {kind: ThrottledLog() for kind in ("job", "replica", "dropped")}
-        self.statements = 0
-        self._wake = anyio.Event()
-        self._closed = False
 
     def heard(self, job: str) -> None:
         """A notification named ``job``. Verified against the queue before it is armed, at the

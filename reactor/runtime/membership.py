@@ -9,6 +9,7 @@ now), to its gauge of live replicas, and to its LISTEN session (the share channe
 from __future__ import annotations
 
 import logging
+from dataclasses import KW_ONLY, dataclass
 from typing import Protocol
 
 from reactor.claim.dispatch import WorkQueue
@@ -30,29 +31,20 @@ class Spread(Protocol):
         ...
 
 
+@dataclass(eq=False, repr=False)
 class PairMembership:
     """A pair's answer to the replicas it sees live: ``roster`` says who they are, ``queue``
     keeps the jobs by them, ``listener`` hears the shares' channels of the pair whose main one
     is ``channel``, and ``rescan`` reads the jobs gained."""
 
-    def __init__(
-        self,
-        roster: Roster,
-        queue: WorkQueue,
-        metrics: Metrics,
-        *,
-        listener: Listener | None,
-        channel: str,
-        rescan: Rescan,
-        spread: Spread,
-    ) -> None:
-        self.roster = roster
-        self.queue = queue
-        self.metrics = metrics
-        self.listener = listener
-        self.channel = channel
-        self.rescan = rescan
-        self.spread = spread
+    roster: Roster
+    queue: WorkQueue
+    metrics: Metrics
+    _: KW_ONLY
+    listener: Listener | None
+    channel: str
+    rescan: Rescan
+    spread: Spread
 
     def left(self, replica: str) -> None:
         """``replica`` said it left."""
