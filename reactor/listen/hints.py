@@ -93,31 +93,25 @@ class HintsToVerify:
     replicas: dict[str, bool] = field(default_factory=dict)
 
 
+@dataclass(eq=False, repr=False)
 class HintBatch:
     """The hints heard and not yet verified, bounded, and when the next batch is due."""
 
-    def __init__(
-        self,
-        *,
-        capacity: int = CAPACITY,
-        batch: int = BATCH,
-        linger: float = LINGER_S,
-        replica_capacity: int = REPLICA_CAPACITY,
-    ) -> None:
-        self.capacity = capacity
-        self.batch = batch
-        self.linger = linger
-        self.replica_capacity = replica_capacity
-        # Insertion-ordered: the oldest hints go first. A job hinted twice is verified once.
-        self._jobs: dict[str, None] = {}
-        self._replicas: dict[str, bool] = {}
-        self._since: float | None = None
-        # Counters: job hints and membership claims dropped because the buffer was full.
-        self.dropped = 0
-        self.replicas_dropped = 0
-        # Whether job hints were dropped since the last time :meth:`missed` said so.
-        self._missed = False
-        self._reread_at = -math.inf
+    _: KW_ONLY
+    capacity: int = CAPACITY
+    batch: int = BATCH
+    linger: float = LINGER_S
+    replica_capacity: int = REPLICA_CAPACITY
+    # Insertion-ordered: the oldest hints go first. A job hinted twice is verified once.
+    _jobs: dict[str, None] = field(default_factory=dict, init=False)
+    _replicas: dict[str, bool] = field(default_factory=dict, init=False)
+    _since: float | None = field(default=None, init=False)
+    # Counters: job hints and membership claims dropped because the buffer was full.
+    dropped: int = field(default=0, init=False)
+    replicas_dropped: int = field(default=0, init=False)
+    # Whether job hints were dropped since the last time :meth:`missed` said so.
+    _missed: bool = field(default=False, init=False)
+    _reread_at: float = field(default=-math.inf, init=False)
 
     def __len__(self) -> int:
         """Hints waiting: job ids and membership claims."""

@@ -236,10 +236,7 @@ class Dashboard:
         # action rather than at start (a replica is ready before anyone acts).
         from reactor.hooks import ops as hook_ops
 
-        who = self.signin.admit(request)
-        shown = self._pair(request)
-        form = await self.signin.form(request, who)
-        ids = hook_ops.parse_ids([str(v) for v in form.getall("id", [])])
+        who, shown, ids = await self._hook_ids(request)
         changes = await self._acting(shown).retry_hooks(ids)
         message = hook_ops.judge_changes(
             changes, verb="re-queued", allowed=hook_ops.RETRYABLE, result="pending"
@@ -253,15 +250,21 @@ class Dashboard:
         """``POST /actions/hooks/cancel`` with ``id`` fields: ``reactor hooks cancel ID...``."""
         from reactor.hooks import ops as hook_ops
 
-        who = self.signin.admit(request)
-        shown = self._pair(request)
-        form = await self.signin.form(request, who)
-        ids = hook_ops.parse_ids([str(v) for v in form.getall("id", [])])
+        who, shown, ids = await self._hook_ids(request)
         changes = await self._acting(shown).cancel_hooks(ids)
         message = hook_ops.judge_changes(
             changes, verb="cancelled", allowed=hook_ops.CANCELLABLE, result="cancelled"
         )
         return self._done(request, who, "hooks cancel", {"hook_ids": ids}, message)
+
+    async def _hook_ids(self, request: web.Request) -> tuple[Who, Shown, list[int]]:
+        """Who sent a hook action, of which pair, and the hook rows its ``id`` fields name."""
+        from reactor.hooks import ops as hook_ops
+
+        who = self.signin.admit(request)
+        shown = self._pair(request)
+        form = await self.signin.form(request, who)
+        return who, shown, hook_ops.parse_ids([str(v) for v in form.getall("id", [])])
 
     async def release_set_aside(self, request: web.Request) -> web.Response:
         """``POST /actions/set-aside/release`` with ``job_id``: try that job again now."""
