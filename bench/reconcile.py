@@ -44,7 +44,7 @@ async def run(ctx: Context) -> Result:
         "window": window,
         "unqueued_jobs_needing_a_run": DRIFT,
         "first_chunk": db.RECONCILE_CHUNK,
-        "step_target_s": reconcile.STEP_TARGET,
+        "step_target_s": reconcile.STEP_TARGET_S,
         "interval_s": INTERVAL_S,
         "sweep_tick_s": SWEEP_TICK_S,
     }
@@ -122,7 +122,7 @@ def _notes(
         "client-side wall times (round trips included); the reactor rests as long as each "
         "step took between steps, so its wall time is about twice that.",
         f"Chunks sized by time as the reactor sizes them (reconcile.next_chunk): the first of "
-        f"{db.RECONCILE_CHUNK:,} jobs, then what {reconcile.STEP_TARGET * 1000:.0f} ms of a "
+        f"{db.RECONCILE_CHUNK:,} jobs, then what {reconcile.STEP_TARGET_S * 1000:.0f} ms of a "
         f"statement holds at the last step's pace (median chunk {again['median_chunk']:,} "
         "jobs), in (run_id, id) order on the partial index analysis_jobs_reactor_run_idx; the "
         "walk is proportional to the trim window, never to the whole table.",

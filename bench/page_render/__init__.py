@@ -72,7 +72,7 @@ async def run(ctx: Context) -> Result:
         "hook_rows_done": hook_rows - failed - pending,
         "turns": turns,
         "tabs_at_once": TABS,
-        "report_ttl_s": dashboard.REPORT_TTL,
+        "report_ttl_s": dashboard.REPORT_TTL_S,
     }
     track = {"pg_stat_statements.track_planning": "on"}
     async with open_counting_server(track) as (server, problem):

@@ -187,7 +187,7 @@ async def measure_tabs(
         found = per_run(await by_role(admin, dbname(dsn), PAGE_ROLE), 1)
         await admin.execute("SELECT pg_stat_statements_reset()")
         warm = 0
-        with anyio.move_on_after(dashboard.REPORT_TTL / 2):
+        with anyio.move_on_after(dashboard.REPORT_TTL_S / 2):
             while warm < 2 * TABS:
                 await get(session, base + ("/" if warm % 2 else "/api/status"))
                 warm += 1

@@ -114,7 +114,8 @@ def _table(found: Findings) -> Table:
          "status collect", report_cost),
         ("page `/`, report collected in the request", "page cold", page_cost),
         ("`/api/status`, report collected in the request", "api cold", page_cost),
-        (f"page `/` from the cached report (within {dashboard.REPORT_TTL:g} s)", "page warm", None),
+        (f"page `/` from the cached report (within {dashboard.REPORT_TTL_S:g} s)",
+         "page warm", None),
         ("`/api/status` from the cached report", "api warm", None),
     ):  # fmt: skip
         server_key = key if key.startswith("status") else f"{key}, server"
@@ -197,7 +198,7 @@ def _cost_notes(found: Findings) -> list[str]:
         "which pg_stat_statements does not see); the command instead opens a connection.",
         f"{TABS} tabs opened at once on an expired report cost {tabs['collections']} "
         f"collection ({tabs['calls']} statements, {ms(tabs['db_s'])}); "
-        f"{tabs['warm_requests']} requests inside the report's {dashboard.REPORT_TTL:g} s cost "
+        f"{tabs['warm_requests']} requests inside the report's {dashboard.REPORT_TTL_S:g} s cost "
         f"{tabs['warm_calls']} statements.",
         "The goal's second half is judged on the page's collection against the command: no "
         "more statements, and no more database time than the command's plus 10% (this shared "

@@ -32,7 +32,7 @@ LIVENESS_PROBES = 3
 SHARES = 128
 ALL_SHARES = frozenset(range(SHARES))
 # A share's channel is the main one with ".<share>" appended; PostgreSQL names are 63 bytes.
-CHANNEL_MAX = 63
+CHANNEL_MAX_BYTES = 63
 
 
 def share_of(job_id: str) -> int:
@@ -50,7 +50,7 @@ def share_sql(job_id: str) -> str:
 def share_channels(channel: str) -> tuple[str, ...] | None:
     """The channel of each share, in share order; None when ``channel`` is too long to take the
     suffix (the trigger cannot spread over it, and `reactor migrate --spread` refuses it)."""
-    if len(f"{channel}.{SHARES - 1}".encode()) > CHANNEL_MAX:
+    if len(f"{channel}.{SHARES - 1}".encode()) > CHANNEL_MAX_BYTES:
         return None
     return tuple(f"{channel}.{share}" for share in range(SHARES))
 
@@ -60,7 +60,7 @@ def replicas_channel(reactor_schema: str, channel: str) -> str:
     the jobs' channels, so that a replica hears its peers whatever the trigger notifies. A schema
     too long to take the suffix keeps them on the main ``channel``, as before."""
     name = f"{reactor_schema}_replicas"
-    return name if len(name.encode()) <= CHANNEL_MAX else channel
+    return name if len(name.encode()) <= CHANNEL_MAX_BYTES else channel
 
 
 def weight(replica: str, share: int) -> int:

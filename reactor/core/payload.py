@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import psycopg.sql
 
-from reactor.core.ownership import CHANNEL_MAX
+from reactor.core.ownership import CHANNEL_MAX_BYTES
 
 _UUID = re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}")
 _INTEGER = re.compile(r"-?[0-9]{1,19}")
@@ -20,7 +20,7 @@ _INTEGER = re.compile(r"-?[0-9]{1,19}")
 # that statement's cast, and with it every real hint of the batch.
 _INTEGER_BOUND = {"smallint": 2**15, "integer": 2**31, "bigint": 2**63}
 # A text id is taken as sent, up to this long: the trigger sends what the column holds.
-_TEXT_ID_MAX = 512
+_TEXT_ID_MAX_CHARS = 512
 
 
 def parse_payload(payload: str, id_type: str) -> str | None:
@@ -32,7 +32,7 @@ def parse_payload(payload: str, id_type: str) -> str | None:
     and non-ASCII digits.
     """
     if id_type == "text":
-        return payload if 0 < len(payload) <= _TEXT_ID_MAX else None
+        return payload if 0 < len(payload) <= _TEXT_ID_MAX_CHARS else None
     if len(payload) > 64:  # a job id is at most 36 characters; don't even strip a flood
         return None
     text = payload.strip()
@@ -74,7 +74,7 @@ JOINED = "joined:"
 LEFT = "left:"
 # Said on the membership channel by the poll that rings a silent doorbell (the poll_queue query).
 RANG = "rang:"
-_REPLICA_MAX = 64
+_REPLICA_MAX_CHARS = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,9 +121,9 @@ def read(payload: str, id_type: str, *, membership: bool = True) -> Said | None:
     if membership:
         for prefix, left in ((LEFT, True), (JOINED, False)):
             if payload.startswith(prefix):
-                return ReplicaSaid(payload[len(prefix) : len(prefix) + _REPLICA_MAX], left)
+                return ReplicaSaid(payload[len(prefix) : len(prefix) + _REPLICA_MAX_CHARS], left)
         if payload.startswith(RANG):
-            return Rang(payload[len(RANG) : len(RANG) + CHANNEL_MAX])
+            return Rang(payload[len(RANG) : len(RANG) + CHANNEL_MAX_BYTES])
     hint = parse_hint(payload, id_type)
     return None if hint is None else JobNotified(*hint)
 

@@ -56,7 +56,7 @@ _SUPERUSER = "postgres"
 _LOG_NAME = "reactor-postgres.log"
 _TIMEOUT_S = 60.0  # pg_ctl's default wait
 # sun_path is 108 bytes on Linux and 104 on macOS; keep a margin for the socket name.
-_MAX_SOCKET_PATH = 100
+_MAX_SOCKET_PATH_BYTES = 100
 _DEFAULT_SETTINGS: Mapping[str, str] = {
     "max_connections": "200",
     # fsync is pointless for a throwaway cluster and slow on a small CI box. synchronous_commit
@@ -377,7 +377,7 @@ class EmbeddedPostgres:
     def _socket_dir(self) -> Path:
         # The data directory is 0700 (initdb sees to it), and so is mkdtemp's folder: either
         # way only the server's user, and root, may reach the socket.
-        if len(str(self._datadir / ".s.PGSQL.65535")) <= _MAX_SOCKET_PATH:
+        if len(str(self._datadir / ".s.PGSQL.65535")) <= _MAX_SOCKET_PATH_BYTES:
             return self._datadir
         if self._tmp_socket_dir is None:
             self._tmp_socket_dir = Path(tempfile.mkdtemp(prefix="reactor-pg-sock-"))

@@ -38,12 +38,12 @@ _MIN_REST_S = 0.005
 # After a failed step: retry soon, backing off to this.
 MAX_ERROR_WAIT_S = 30.0
 
-# A step's chunk is sized by time, not rows: each statement aims at STEP_TARGET seconds, well
+# A step's chunk is sized by time, not rows: each statement aims at STEP_TARGET_S seconds, well
 # inside its 50 ms bound on any table and host, and the fixed cost of a step (its round trip, the
 # state row's lock and update, the commit) is spread over as many jobs as that allows. The first
 # step of a replica walks db.RECONCILE_CHUNK jobs; a chunk at most doubles from one step to the
 # next, so one slow stretch of the table cannot be met with a chunk sized on a fast one.
-STEP_TARGET = 0.015
+STEP_TARGET_S = 0.015
 MIN_CHUNK = 250
 MAX_CHUNK = 32_000
 
@@ -56,10 +56,10 @@ def every(settings: Settings) -> Every:
 
 def next_chunk(chunk: int, seconds: float, examined: int | None) -> int:
     """The jobs the next step walks, after a step of ``chunk`` that walked ``examined`` jobs in
-    ``seconds``: what STEP_TARGET holds at that pace, at most twice ``chunk``."""
+    ``seconds``: what STEP_TARGET_S holds at that pace, at most twice ``chunk``."""
     if not examined or seconds <= 0:
         return chunk  # walked nothing (idle, busy): nothing learned
-    fitting = int(STEP_TARGET * examined / seconds)
+    fitting = int(STEP_TARGET_S * examined / seconds)
     return max(MIN_CHUNK, min(MAX_CHUNK, 2 * chunk, fitting))
 
 

@@ -23,7 +23,7 @@ BROKEN_AFTER = 2
 # How long any other error may repeat, statement after statement with the same first line,
 # before the pair is judged unable to write: a connection cut short or a cancelled statement
 # is over in seconds, one that fails every batch for half a minute is not.
-REPEATED_FOR = 30.0
+REPEATED_FOR_S = 30.0
 
 
 def is_broken_state(sqlstate: str | None) -> bool:
@@ -60,6 +60,6 @@ class WriteHealth:
         """The error that keeps the pair from writing, or None while it can write."""
         if self.error is None or self.failures < BROKEN_AFTER:
             return None
-        if is_broken_state(self.sqlstate) or self.last - self.since >= REPEATED_FOR:
+        if is_broken_state(self.sqlstate) or self.last - self.since >= REPEATED_FOR_S:
             return self.error
         return None

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from reactor.record.writes import BROKEN_AFTER, REPEATED_FOR, WriteHealth
+from reactor.record.writes import BROKEN_AFTER, REPEATED_FOR_S, WriteHealth
 
 GONE = 'column "doc_html" of relation "analysis_runs" does not exist'
 
@@ -27,9 +27,9 @@ def test_a_privilege_or_authorization_error_counts_as_broken() -> None:
 def test_any_other_error_is_a_verdict_only_once_it_repeats_for_half_a_minute() -> None:
     writes = WriteHealth()
     writes.failed("canceling statement due to user request", "57014", now=0.0)
-    writes.failed("canceling statement due to user request", "57014", now=REPEATED_FOR - 1)
+    writes.failed("canceling statement due to user request", "57014", now=REPEATED_FOR_S - 1)
     assert writes.problem is None
-    writes.failed("canceling statement due to user request", "57014", now=REPEATED_FOR)
+    writes.failed("canceling statement due to user request", "57014", now=REPEATED_FOR_S)
     assert writes.problem == "canceling statement due to user request"
 
 

@@ -6,9 +6,9 @@ who is live, its lateness histogram, the last jobs it settled). ``/api/status`` 
 document and the page is rendered from it, server-side, with no script: a person and a machine
 read the same thing.
 
-The database pays for at most one ``status`` every :data:`REPORT_TTL` seconds, however many
+The database pays for at most one ``status`` every :data:`REPORT_TTL_S` seconds, however many
 tabs refresh: :class:`StatusSource` keeps the last report, and one collection at a time runs
-under its lock, bounded by :data:`REPORT_TIMEOUT`; a database that does not answer gives the
+under its lock, bounded by :data:`REPORT_TIMEOUT_S`; a database that does not answer gives the
 last report back with the reason. /healthz and /readyz never come here.
 
 Acting (retry or cancel hook rows, release a job set aside: the statements of ``reactor hooks
@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from reactor.ops.dashboard.guard import (
     COOKIE,
-    FAILURE_WINDOW,
+    FAILURE_WINDOW_S,
     MAX_FAILURES,
     Auth,
     HostAllowlist,
@@ -34,7 +34,7 @@ from reactor.ops.dashboard.guard import (
     split_host,
 )
 from reactor.ops.dashboard.routes import Dashboard, for_reactor, install
-from reactor.ops.dashboard.source import REPORT_TIMEOUT, REPORT_TTL, Snapshot, StatusSource
+from reactor.ops.dashboard.source import REPORT_TIMEOUT_S, REPORT_TTL_S, Snapshot, StatusSource
 from reactor.ops.dashboard.view import (
     bars,
     lateness_buckets,
@@ -46,10 +46,10 @@ from reactor.ops.dashboard.view import (
 
 __all__ = [
     "COOKIE",
-    "FAILURE_WINDOW",
+    "FAILURE_WINDOW_S",
     "MAX_FAILURES",
-    "REPORT_TIMEOUT",
-    "REPORT_TTL",
+    "REPORT_TIMEOUT_S",
+    "REPORT_TTL_S",
     "Auth",
     "Dashboard",
     "HostAllowlist",

@@ -123,10 +123,10 @@ def _digest(data: bytes) -> bytes:
     return hashlib.sha256(data).digest()
 
 
-# A wrong token this many times within FAILURE_WINDOW from one address, and that address is
-# refused (429) until the oldest of those failures is FAILURE_WINDOW old.
+# A wrong token this many times within FAILURE_WINDOW_S from one address, and that address is
+# refused (429) until the oldest of those failures is FAILURE_WINDOW_S old.
 MAX_FAILURES = 5
-FAILURE_WINDOW = 60.0
+FAILURE_WINDOW_S = 60.0
 # The most addresses remembered; past it the one whose last failure is oldest is forgotten.
 MAX_CLIENTS = 4096
 
@@ -145,7 +145,7 @@ class Throttle:
         self,
         *,
         limit: int = MAX_FAILURES,
-        window: float = FAILURE_WINDOW,
+        window: float = FAILURE_WINDOW_S,
         max_clients: int = MAX_CLIENTS,
     ) -> None:
         self.limit = limit

@@ -1,5 +1,5 @@
-"""The ``status`` report the page shows, collected at most once every :data:`REPORT_TTL` seconds
-however many tabs refresh, each collection bounded by :data:`REPORT_TIMEOUT`."""
+"""The ``status`` report the page shows, collected at most once every :data:`REPORT_TTL_S` seconds
+however many tabs refresh, each collection bounded by :data:`REPORT_TIMEOUT_S`."""
 
 from __future__ import annotations
 
@@ -17,9 +17,9 @@ from reactor.settings.config import Settings
 from reactor.telemetry import redact
 
 # How long one report serves every request.
-REPORT_TTL = 2.0
+REPORT_TTL_S = 2.0
 # The most one collection may take, waiting for a pool connection included.
-REPORT_TIMEOUT = 5.0
+REPORT_TIMEOUT_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -42,8 +42,8 @@ class StatusSource:
     # ``absent`` says why).
     queries: Callable[[], db.Database | None]
     _: KW_ONLY
-    ttl: float = REPORT_TTL
-    timeout: float = REPORT_TIMEOUT
+    ttl: float = REPORT_TTL_S
+    timeout: float = REPORT_TIMEOUT_S
     clock: Callable[[], float] = time.monotonic
     absent: Callable[[], str] = lambda: "no replica runs yet: the database is being checked"
     collections: int = field(default=0, init=False)  # how many times the database was asked

@@ -131,22 +131,24 @@ class Bar:
     label: str
 
 
-CHART_WIDTH = 640
-CHART_HEIGHT = 120
+CHART_WIDTH_PX = 640
+CHART_HEIGHT_PX = 120
 
 
 def bars(buckets: Sequence[Mapping[str, Any]]) -> list[Bar]:
     """The lateness chart's bars, one per bucket, scaled to the fullest; pure."""
     if not buckets:
         return []
-    width = CHART_WIDTH / len(buckets)
+    width = CHART_WIDTH_PX / len(buckets)
     top = max(int(b["count"]) for b in buckets) or 1
     drawn = []
     for index, bucket in enumerate(buckets):
         count = int(bucket["count"])
-        height = 0.0 if not count else max(2.0, CHART_HEIGHT * count / top)
+        height = 0.0 if not count else max(2.0, CHART_HEIGHT_PX * count / top)
         label = _tick(bucket["le"])
-        drawn.append(Bar(index * width + 2, CHART_HEIGHT - height, width - 4, height, count, label))
+        drawn.append(
+            Bar(index * width + 2, CHART_HEIGHT_PX - height, width - 4, height, count, label)
+        )
     return drawn
 
 
@@ -192,8 +194,8 @@ def render_page(
         stale=None if snapshot.document_at is None else now - snapshot.document_at,
         replica=replica,
         bars=bars(replica["lateness"]) if replica else [],
-        chart_width=CHART_WIDTH,
-        chart_height=CHART_HEIGHT,
+        chart_width=CHART_WIDTH_PX,
+        chart_height=CHART_HEIGHT_PX,
         next_reconcile=next_reconcile(document) if document else "",
         actions=actions,
         form_token=form_token,
