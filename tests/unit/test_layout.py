@@ -5,6 +5,7 @@ two modules of one room do either (type-checking imports included), and the modu
 from __future__ import annotations
 
 import ast
+import functools
 import json
 import re
 import subprocess
@@ -22,28 +23,43 @@ def room_of(module: str) -> str:
     return ".".join(module.split(".")[:2])
 
 
-def imports(path: Path) -> Iterator[str]:
-    """The reactor modules ``path`` imports, at the top, inside functions or for type checks."""
-    module = ".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+def imports(path: Path, *, type_checks: bool = True) -> Iterator[str]:
+    """Every module ``path`` imports, by its full name, reactor's and the others: at the top,
+    inside functions, and under ``if TYPE_CHECKING:`` unless ``type_checks`` is False. For
+    ``from m import n`` both ``m`` and ``m.n`` (``n`` may be a module)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    checked = set()
+    if not type_checks:
+        checked = {
+            id(node)
+            for block in ast.walk(tree)
+            if isinstance(block, ast.If) and "TYPE_CHECKING" in ast.unparse(block.test)
+            for stmt in block.body
+            for node in ast.walk(stmt)
+        }
+    module = module_of(path)
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+    for node in ast.walk(tree):
+        if id(node) in checked:
+            continue
         if isinstance(node, ast.Import):
-            yield from (alias.name for alias in node.names if alias.name.startswith("reactor"))
+            yield from (alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
             if node.level:
                 base = package.split(".")[: len(package.split(".")) - node.level + 1]
-                yield ".".join([*base, *([node.module] if node.module else [])])
-            elif node.module == "reactor":
-                yield from (f"reactor.{alias.name}" for alias in node.names)
-            elif node.module and node.module.startswith("reactor"):
-                yield node.module
+                named = ".".join([*base, *([node.module] if node.module else [])])
+            else:
+                named = node.module or ""
+            yield named
+            yield from (f"{named}.{alias.name}" for alias in node.names)
 
 
 def room_graph() -> dict[str, set[str]]:
     graph: dict[str, set[str]] = {}
     for path in PACKAGE.rglob("*.py"):
         room = room_of(".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts))
-        targets = {room_of(name) for name in imports(path)} - {room, "reactor"}
+        reactor_names = (name for name in imports(path) if name.startswith("reactor."))
+        targets = {room_of(name) for name in reactor_names} - {room, "reactor"}
         graph.setdefault(room, set()).update(targets)
     return graph
 
@@ -82,34 +98,7 @@ IO = {"anyio", "asyncio", "psycopg", "psycopg_pool", "socket", "aiohttp", "subpr
 OUTSIDE = re.compile(r"os\.environ|os\.getenv|(?<![\w.])open\(")
 
 
-def runtime_imports(path: Path) -> Iterator[str]:
-    """Every module ``path`` imports when it runs (``if TYPE_CHECKING:`` blocks left out),
-    reactor's and the others, by their full names."""
-    tree = ast.parse(path.read_text(encoding="utf-8"))
-    checked = {
-        id(node)
-        for block in ast.walk(tree)
-        if isinstance(block, ast.If) and "TYPE_CHECKING" in ast.unparse(block.test)
-        for stmt in block.body
-        for node in ast.walk(stmt)
-    }
-    module = module_of(path)
-    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
-    for node in ast.walk(tree):
-        if id(node) in checked:
-            continue
-        if isinstance(node, ast.Import):
-            yield from (alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = package.split(".")[: len(package.split(".")) - node.level + 1]
-                yield ".".join([*base, *([node.module] if node.module else [])])
-            elif node.module:
-                yield node.module
-                if node.module.startswith("reactor"):
-                    yield from (f"{node.module}.{alias.name}" for alias in node.names)
-
-
+@functools.cache
 def sources() -> dict[str, Path]:
     return {module_of(path): path for path in PACKAGE.rglob("*.py")}
 
@@ -126,7 +115,7 @@ def reached_from(start: str) -> tuple[set[str], set[str]]:
         if module in seen:
             continue
         seen.add(module)
-        for name in runtime_imports(paths[module]):
+        for name in imports(paths[module], type_checks=False):
             if not name.startswith("reactor"):
                 outside.add(name.partition(".")[0])
                 continue
@@ -167,7 +156,7 @@ def module_of(path: Path) -> str:
 def module_graph() -> dict[str, set[str]]:
     """Each module of reactor/ and the modules of its own room it imports, at the top, inside
     functions or under ``if TYPE_CHECKING:``: a circle a type check hides is a circle still."""
-    paths = {module_of(path): path for path in PACKAGE.rglob("*.py")}
+    paths = sources()
     graph: dict[str, set[str]] = {}
     for module, path in paths.items():
         room = room_of(module)
