@@ -276,8 +276,10 @@ class Verifier:
         if not self.intake.wants(job):
             self.intake.intake(LISTEN.hints([(job, None)]))
         elif self.database.grace == 0:
-            # Due as soon as queued: the claim is the check (see _verify), and it starts from
-            # here, a turn of the event loop sooner than from the next batch.
+            # Due as soon as queued: the claim that follows at once reads the queue as a
+            # verifying statement would (it claims only a queued job that is due), so it is the
+            # check, and a made-up hint costs that one statement instead. No batch: the claim
+            # starts from here.
             self._arm(job, 0.0)
         else:
             self.job(job)
@@ -323,15 +325,6 @@ class Verifier:
             await self._verify(batch)
 
     async def _verify(self, batch: HintsToVerify) -> None:
-        if self.database.grace == 0 and batch.jobs:
-            # Due as soon as queued: the claim that follows at once reads the queue as this
-            # statement would (it claims only a queued job that is due), so it is the check,
-            # and a made-up hint costs that one statement instead.
-            for job in batch.jobs:
-                self._arm(job, 0.0)
-            if not batch.replicas:
-                return
-            batch = HintsToVerify([], batch.replicas)
         try:
             self.statements += 1
             with anyio.fail_after(self.timeout):
