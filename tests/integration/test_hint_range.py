@@ -75,6 +75,8 @@ async def test_an_out_of_range_id_is_counted_and_the_real_hints_beside_it_are_ar
                 return int(row[0]) if row else 0
 
             await eventually(lambda: written() == 3, timeout=10 * GRACE)
+        # The rows commit before the recorder counts them: wait for its count, not the rows.
+        await eventually(lambda: recorded(reactor, "timer") + recorded(reactor, "scan") == 3)
         assert recorded(reactor, "timer") == 3, "the timer road, not a scan's"
         assert reactor.metrics.notified["rejected"]._value.get() == rejected + 1
         assert asked == [], "no scan asked for"
