@@ -16,6 +16,7 @@ import psycopg
 import psycopg.errors
 
 from reactor.db.catalog import Column, Table, default_sequences, describe, unique_on
+from reactor.db.installed import check_installed, check_move
 from reactor.db.saves import check_plain_saves
 from reactor.db.session import AnyConnection
 from reactor.db.status_column import check_status
@@ -159,8 +160,9 @@ async def fit(
     )
     await _check_expressions(conn, located, where)
     if not installing:
-        await _check_installed(conn, located, (jobs.oid, runs.oid))
+        await check_installed(conn, located, (jobs.oid, runs.oid))
     else:
+        await check_move(conn, located, (jobs.oid, runs.oid))
         _warn_null_costs(mapping, jobs, runs)
     return located
 
@@ -317,35 +319,3 @@ async def _plans(
     except psycopg.Error as error:
         return error
     return None
-
-
-async def _check_installed(conn: AnyConnection, mapping: Mapping, oids: tuple[int, int]) -> None:
-    """The tables the mapping names (``oids``: jobs, runs, as the catalog has them now) are the
-    ones `reactor migrate` installed the triggers on (``<reactor_schema>.app_tables``, by oid):
-    a name that now finds another relation (a table renamed, dropped and made again, a mapping
-    edited since) is refused before anything reads it."""
-    # A role that may not read it yet (granted since schema version 13's grants) skips the
-    # check; the startup's privilege check then names the grant it lacks.
-    cur = await conn.execute(
-        "SELECT c.oid FROM pg_catalog.pg_class c"
-        "  JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace"
-        " WHERE n.nspname = %s AND c.relname = 'app_tables'"
-        "   AND pg_catalog.has_schema_privilege(n.oid, 'USAGE')"
-        "   AND pg_catalog.has_table_privilege(c.oid, 'SELECT')",
-        (mapping.reactor_schema,),
-    )
-    if await cur.fetchone() is None:
-        return
-    app_tables = psycopg.sql.Identifier(mapping.reactor_schema, "app_tables").as_string(None)
-    cur = await conn.execute(
-        f"SELECT t.jobs::oid, t.runs::oid, t.jobs::text, t.runs::text FROM {app_tables} t"
-    )
-    installed = await cur.fetchone()
-    if installed is None:
-        return
-    if oids != (installed[0], installed[1]):
-        raise ConfigError(
-            f"the mapping names {mapping.jobs_shown} and {mapping.runs_shown}, but `reactor "
-            f"migrate` installed the triggers on {installed[2]} and {installed[3]}; run "
-            "`reactor migrate` with this mapping to install them there"
-        )
