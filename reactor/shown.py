@@ -1,4 +1,5 @@
-"""Text from the catalog made safe to show: the one place the reactor escapes what it prints.
+"""Text from the catalog made safe to show: the one place the reactor escapes what it prints, and
+lays out the tables it prints without the cli extra.
 
 A table, column, constraint or enum label may hold any character, a newline or an escape
 sequence included. Printed raw, such a name ends a TOML comment and starts a table of its own in
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import shlex
 import unicodedata
+from collections.abc import Sequence
 
 # The escapes a reader knows on sight; every other control character is written as \xNN or
 # \uNNNN, as Python's repr() would write it.
@@ -50,3 +52,22 @@ def shell_word(text: str) -> str:
     Its control characters must be gone first (:func:`has_hidden`): a quoted newline is still
     a line break on the screen."""
     return shlex.quote(text)
+
+
+def table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """``rows`` under ``header`` as plain text in aligned columns, for a terminal without the
+    cli extra's tables: a cell's lines stay one under the other, each through
+    :func:`printable`, and the last column is not padded."""
+    cells = [
+        [[printable(line) for line in cell.split("\n")] for cell in row] for row in [header, *rows]
+    ]
+    widths = [max(len(line) for row in cells for line in row[col]) for col in range(len(header))]
+    out = []
+    for at, row in enumerate(cells):
+        for n in range(max(len(cell) for cell in row)):
+            parts = [cell[n] if n < len(cell) else "" for cell in row]
+            padded = [part.ljust(width) for part, width in zip(parts[:-1], widths, strict=False)]
+            out.append("  ".join([*padded, parts[-1]]).rstrip())
+        if at == 0:
+            out.append("  ".join("-" * width for width in widths))
+    return "\n".join(out)

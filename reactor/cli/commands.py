@@ -47,6 +47,7 @@ from reactor.telemetry import logs, tracing
 
 if TYPE_CHECKING:
     from reactor.runtime.replica import Replica
+    from reactor.status import Status
 
 log = logging.getLogger("reactor")
 
@@ -202,8 +203,6 @@ async def cmd_status(args: argparse.Namespace) -> int:
     """
     from reactor import status
 
-    if not args.json:
-        extras.require_tables("reactor status")
     settings = settings_from(args)
     served = pairs_from(args, settings)
     # Two attempts, not five: someone is waiting at a terminal. A standby is accepted here, to
@@ -228,28 +227,49 @@ async def cmd_status(args: argparse.Namespace) -> int:
                 if len(served) == 1 or known is None:
                     raise
                 broken[pair.name] = str(known)
-    if not args.json:
-        from rich.console import Console
-    if len(served) == 1:
+    if args.json and len(served) == 1:
         (report,) = reports.values()
-        if args.json:
-            print(json.dumps(status.as_json(report), indent=2))
-        else:
-            status.render(report, Console())
+        print(json.dumps(status.as_json(report), indent=2))
     elif args.json:
         print(json.dumps(status.pairs_as_json(reports, broken), indent=2))
+    elif extras.installed("rich"):
+        _draw_status(reports, broken, titled=len(served) > 1)
     else:
-        console = Console()
-        for name, report in reports.items():
-            console.rule(f"pair {name}")
-            status.render(report, console)
-        for name, why in broken.items():
-            console.rule(f"pair {name}")
-            console.print(f"[red]at risk[/]: not served: {why}")
+        # The image has no cli extra: the same tables in plain text, for an operator at its shell.
+        _print_status(reports, broken, titled=len(served) > 1)
     if standby is not None:
         raise DatabaseReadOnly(standby)
     at_risk = broken or any(status.risks(report) for report in reports.values())
     return 1 if at_risk else 0
+
+
+def _draw_status(reports: dict[str, Status], broken: dict[str, str], *, titled: bool) -> None:
+    """The status tables drawn by rich (the cli extra), a rule over each pair's when several."""
+    from rich.console import Console
+    from rich.text import Text
+
+    from reactor import status
+
+    console = Console()
+    for name, report in reports.items():
+        if titled:
+            console.rule(f"pair {name}")
+        status.render(report, console)
+    for name, why in broken.items():
+        console.rule(f"pair {name}")
+        console.print(Text(f"at risk: not served: {why}", style="red"))
+
+
+def _print_status(reports: dict[str, Status], broken: dict[str, str], *, titled: bool) -> None:
+    """The status tables in plain text, a title line over each pair's when several."""
+    from reactor import status
+
+    for name, report in reports.items():
+        if titled:
+            print(f"--- pair {name}")
+        print(status.plain(report))
+    for name, why in broken.items():
+        print(f"--- pair {name}", f"at risk: not served: {printable(why)}", sep="\n")
 
 
 async def cmd_demo(args: argparse.Namespace) -> int:

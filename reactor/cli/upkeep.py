@@ -180,8 +180,6 @@ async def cmd_hooks(args: argparse.Namespace) -> int:
     ids = hook_ops.parse_ids(getattr(args, "ids", None) or [])
     if action == "list" and not (args.limit.isascii() and args.limit.isdigit()):
         raise UsageError(f"reactor hooks list: --limit {args.limit!r} is not a whole number")
-    if action == "list" and not getattr(args, "json", False):
-        extras.require_tables("reactor hooks list")
     settings = settings_from(args)
     # No session settings, as for `reactor status`: DATABASE_URL may name a transaction pooler,
     # which would hand them on to the app's next transaction. Each statement here is one short
@@ -205,6 +203,7 @@ async def cmd_hooks(args: argparse.Namespace) -> int:
                 failed=getattr(args, "failed", False),
                 json_out=getattr(args, "json", False),
                 limit=int(args.limit) if action == "list" else 0,
+                rich=extras.installed("rich"),
             )
         except psycopg.errors.InsufficientPrivilege as error:
             raise PrivilegeMissing(

@@ -30,6 +30,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
+from reactor import shown
 from reactor.db import Database, HookChange, HookRow
 from reactor.errors import UsageError
 from reactor.telemetry import redact
@@ -117,31 +118,57 @@ def as_json(rows: Sequence[HookRow], total: int, failed: int) -> dict[str, Any]:
     }
 
 
+# The columns of the list for people, and what it says when there is nothing to list.
+COLUMNS = ("id", "hook", "status", "attempts", "next attempt", "run / job", "last error")
+NOTHING = "no hook calls waiting, running or parked"
+
+
+def cells(rows: Sequence[HookRow]) -> list[tuple[str, ...]]:
+    """The list's rows for people, a cell per column of :data:`COLUMNS`."""
+    found: list[tuple[str, ...]] = []
+    for row in rows:
+        when = next_attempt_at(row)
+        found.append(
+            (
+                str(row.id),
+                row.hook,
+                row.status,
+                str(row.attempts),
+                "-" if when is None else f"{when:%Y-%m-%d %H:%M:%S %Z}",
+                f"{row.run_id}\n{row.job_id}",
+                (_shown(row.last_error) or "").splitlines()[0][:120] if row.last_error else "",
+            )
+        )
+    return found
+
+
 def render(rows: Sequence[HookRow], total: int, console: Console) -> None:
-    """A table for people, with a line on what was left out."""
-    # Here: rich is the cli extra, which the JSON shape and the page's actions do not need.
+    """A table for people, drawn by rich (the cli extra), with a line on what was left out."""
     from rich.table import Table
 
     if not rows:
-        console.print("no hook calls waiting, running or parked")
+        console.print(NOTHING)
         return
     table = Table()
-    for column in ("id", "hook", "status", "attempts", "next attempt", "run / job", "last error"):
+    for column in COLUMNS:
         table.add_column(column, overflow="fold")
-    for row in rows:
-        when = next_attempt_at(row)
-        table.add_row(
-            str(row.id),
-            row.hook,
-            row.status,
-            str(row.attempts),
-            "-" if when is None else f"{when:%Y-%m-%d %H:%M:%S %Z}",
-            f"{row.run_id}\n{row.job_id}",
-            (_shown(row.last_error) or "").splitlines()[0][:120] if row.last_error else "",
-        )
+    for row in cells(rows):
+        table.add_row(*row)
     console.print(table)
     if total > len(rows):
-        console.print(f"{len(rows)} of {total} shown; --limit shows more")
+        console.print(_left_out(rows, total))
+
+
+def plain(rows: Sequence[HookRow], total: int) -> str:
+    """The same table as plain text, for a terminal without the cli extra (the image)."""
+    if not rows:
+        return NOTHING
+    text = shown.table(COLUMNS, cells(rows))
+    return f"{text}\n{_left_out(rows, total)}" if total > len(rows) else text
+
+
+def _left_out(rows: Sequence[HookRow], total: int) -> str:
+    return f"{len(rows)} of {total} shown; --limit shows more"
 
 
 def _shown(error: str | None) -> str | None:
@@ -154,18 +181,28 @@ def _ids(ids: Sequence[int]) -> str:
 
 
 async def operate(
-    queries: Database, action: str, *, ids: list[int], failed: bool, json_out: bool, limit: int
+    queries: Database,
+    action: str,
+    *,
+    ids: list[int],
+    failed: bool,
+    json_out: bool,
+    limit: int,
+    rich: bool,
 ) -> int:
     """Run ``reactor hooks ACTION`` on ``queries`` and print what it did; the exit code (1 when
-    a list shows parked rows, which need a person, as `reactor status` judges too)."""
+    a list shows parked rows, which need a person, as `reactor status` judges too). ``rich``:
+    whether the cli extra is there to draw the list's table; else it is plain text."""
     if action == "list":
         rows, total, parked = await queries.list_hooks(failed_only=failed, limit=limit)
         if json_out:
             print(json.dumps(as_json(rows, total, parked), indent=2))
-        else:
+        elif rich:
             from rich.console import Console
 
             render(rows, total, Console())
+        else:
+            print(plain(rows, total))
         return 1 if parked else 0
     if action == "retry" and failed:
         retried = await queries.retry_failed()

@@ -3,8 +3,9 @@
 :func:`collect` reads one snapshot from the database (:mod:`.model`; its statements are the
 ``status_*`` queries of ``triggers/status.sql``, all read-only), :func:`risks` judges it
 (:mod:`.risks`), and :func:`as_json` / :func:`render` show it to machines and to people
-(:mod:`.render`). Nothing here imports the running reactor. The command exits 1 when
-:func:`risks` finds anything, so a cron job or a CI step can alarm on the exit code alone.
+(:mod:`.render`; :func:`plain` where the cli extra's rich is not installed). Nothing here
+imports the running reactor. The command exits 1 when :func:`risks` finds anything, so a cron
+job or a CI step can alarm on the exit code alone.
 
 With several pairs (REACTOR_CONFIG names several files) the command shows a section per pair;
 its JSON is ``{"at_risk", "risks", "verdict", "pairs": {name: <the shape below>}}``, each risk
@@ -112,7 +113,7 @@ from reactor.status.model import (
     Status,
     collect,
 )
-from reactor.status.render import as_json, pairs_as_json, render
+from reactor.status.render import as_json, pairs_as_json, plain, render
 from reactor.status.risks import duration, risks, verdict, verdict_over
 
 __all__ = [
@@ -127,6 +128,7 @@ __all__ = [
     "collect",
     "duration",
     "pairs_as_json",
+    "plain",
     "render",
     "risks",
     "verdict",

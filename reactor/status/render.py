@@ -4,10 +4,11 @@ people (a table)."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import fields
+from dataclasses import dataclass, fields
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
+from reactor import shown
 from reactor.status.model import Status
 from reactor.status.risks import duration, risks, verdict, verdict_over
 
@@ -153,20 +154,36 @@ def _reconcile_json(status: Status) -> dict[str, Any]:
     }
 
 
-def render(status: Status, console: Console) -> None:
-    """A table for people: one row per check, the risky ones in red."""
-    # Here: rich is the cli extra, which the JSON shapes above do not need.
-    from rich.table import Table
-    from rich.text import Text
+# The columns of the table for people.
+COLUMNS = ("check", "value", "state")
 
-    table = Table(title=f"reactor status at {status.checked_at:%Y-%m-%d %H:%M:%S %Z}")
-    table.add_column("check")
-    table.add_column("value")
-    table.add_column("state")
+
+@dataclass(frozen=True)
+class Check:
+    """One row of the table for people: what is checked, its value, and whether it is a risk
+    (else ``note`` is its state)."""
+
+    name: str
+    value: str
+    risky: bool
+    note: str = "ok"
+
+    @property
+    def state(self) -> str:
+        return "AT RISK" if self.risky else self.note
+
+
+def title(status: Status) -> str:
+    """The table's title: when the snapshot was taken."""
+    return f"reactor status at {status.checked_at:%Y-%m-%d %H:%M:%S %Z}"
+
+
+def checks(status: Status) -> list[Check]:
+    """The rows of the table for people, in the order they are shown."""
+    found: list[Check] = []
 
     def row(check: str, value: str, risky: bool, *, note: str = "ok") -> None:
-        state = Text("AT RISK", style="bold red") if risky else Text(note, style="green")
-        table.add_row(check, value, state)
+        found.append(Check(check, value, risky, note))
 
     grace = f"the {duration(status.grace)} grace"
     if status.own_grace is not None:
@@ -228,12 +245,35 @@ def render(status: Status, console: Console) -> None:
     row("NOTIFY queue", f"{status.queue_usage:.1%} used", status.queue_at_risk)
     if status.reconcile is not None:
         row("reconcile", _reconcile_text(status), status.reconcile_at_risk)
+    return found
+
+
+def render(status: Status, console: Console) -> None:
+    """A table for people, drawn by rich (the cli extra): one row per check, the risky ones in
+    red, then the risks."""
+    from rich.table import Table
+    from rich.text import Text
+
+    table = Table(title=title(status))
+    for column in COLUMNS:
+        table.add_column(column)
+    for check in checks(status):
+        style = "bold red" if check.risky else "green"
+        table.add_row(check.name, check.value, Text(check.state, style=style))
     console.print(table)
     found = risks(status)
     for risk in found:
         console.print(Text(f"at risk: {risk}", style="red"))
     if not found:
         console.print(Text("nothing at risk", style="green"))
+
+
+def plain(status: Status) -> str:
+    """The same table as plain text, for a terminal without the cli extra (the image). The
+    state comes before the value here: a value may run long, and nothing wraps it."""
+    rows = [(check.name, check.state, check.value) for check in checks(status)]
+    found = [f"at risk: {risk}" for risk in risks(status)] or ["nothing at risk"]
+    return "\n".join([title(status), shown.table(("check", "state", "value"), rows), *found])
 
 
 def _trigger_text(status: Status) -> str:

@@ -173,6 +173,8 @@ async def test_status_names_the_statement_that_enables_the_trigger_again(
     console = Console(record=True, width=200, file=io.StringIO())
     status.render(report, console)
     assert f"disabled ({statement})" in console.export_text()
+    # And in its plain text, where the cli extra is not installed.
+    assert f"disabled ({statement})" in status.plain(report)
     # What it says to run is what enables it.
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute(statement.encode())
