@@ -42,6 +42,12 @@ def printable(text: str) -> str:
     return "".join(escaped_char(char) for char in text)
 
 
+def printable_lines(text: str) -> str:
+    """``text`` with each of its lines through :func:`printable`, the line breaks kept: a
+    table cell of several lines."""
+    return "\n".join(printable(line) for line in text.split("\n"))
+
+
 def has_hidden(text: str) -> bool:
     """Whether :func:`printable` would change ``text``."""
     return printable(text) != text
@@ -58,9 +64,7 @@ def table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     """``rows`` under ``header`` as plain text in aligned columns, for a terminal without the
     cli extra's tables: a cell's lines stay one under the other, each through
     :func:`printable`, and the last column is not padded."""
-    cells = [
-        [[printable(line) for line in cell.split("\n")] for cell in row] for row in [header, *rows]
-    ]
+    cells = [[printable_lines(cell).split("\n") for cell in row] for row in [header, *rows]]
     widths = [max(len(line) for row in cells for line in row[col]) for col in range(len(header))]
     out = []
     for at, row in enumerate(cells):

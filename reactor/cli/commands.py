@@ -253,11 +253,11 @@ def _draw_status(reports: dict[str, Status], broken: dict[str, str], *, titled: 
     console = Console()
     for name, report in reports.items():
         if titled:
-            console.rule(f"pair {name}")
+            console.rule(Text(f"pair {printable(name)}"))
         status.render(report, console)
     for name, why in broken.items():
-        console.rule(f"pair {name}")
-        console.print(Text(f"at risk: not served: {why}", style="red"))
+        console.rule(Text(f"pair {printable(name)}"))
+        console.print(Text(f"at risk: not served: {printable(why)}", style="red"))
 
 
 def _print_status(reports: dict[str, Status], broken: dict[str, str], *, titled: bool) -> None:
@@ -266,10 +266,10 @@ def _print_status(reports: dict[str, Status], broken: dict[str, str], *, titled:
 
     for name, report in reports.items():
         if titled:
-            print(f"--- pair {name}")
+            print(f"--- pair {printable(name)}")
         print(status.plain(report))
     for name, why in broken.items():
-        print(f"--- pair {name}", f"at risk: not served: {printable(why)}", sep="\n")
+        print(f"--- pair {printable(name)}", f"at risk: not served: {printable(why)}", sep="\n")
 
 
 async def cmd_demo(args: argparse.Namespace) -> int:

@@ -145,6 +145,7 @@ def cells(rows: Sequence[HookRow]) -> list[tuple[str, ...]]:
 def render(rows: Sequence[HookRow], total: int, console: Console) -> None:
     """A table for people, drawn by rich (the cli extra), with a line on what was left out."""
     from rich.table import Table
+    from rich.text import Text
 
     if not rows:
         console.print(NOTHING)
@@ -153,7 +154,8 @@ def render(rows: Sequence[HookRow], total: int, console: Console) -> None:
     for column in COLUMNS:
         table.add_column(column, overflow="fold")
     for row in cells(rows):
-        table.add_row(*row)
+        # Text, not markup: an error a hook's endpoint sent back is not rich's to act on.
+        table.add_row(*(Text(shown.printable_lines(cell)) for cell in row))
     console.print(table)
     if total > len(rows):
         console.print(_left_out(rows, total))

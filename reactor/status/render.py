@@ -259,11 +259,17 @@ def render(status: Status, console: Console) -> None:
         table.add_column(column)
     for check in checks(status):
         style = "bold red" if check.risky else "green"
-        table.add_row(check.name, check.value, Text(check.state, style=style))
+        # Text, not markup: a value may quote an error or a name from the catalog, and rich
+        # would act on a "[link=...]" in it, or fail on a "[/x]".
+        table.add_row(
+            Text(shown.printable_lines(check.name)),
+            Text(shown.printable_lines(check.value)),
+            Text(check.state, style=style),
+        )
     console.print(table)
     found = risks(status)
     for risk in found:
-        console.print(Text(f"at risk: {risk}", style="red"))
+        console.print(Text(f"at risk: {shown.printable(risk)}", style="red"))
     if not found:
         console.print(Text("nothing at risk", style="green"))
 
@@ -272,7 +278,7 @@ def plain(status: Status) -> str:
     """The same table as plain text, for a terminal without the cli extra (the image). The
     state comes before the value here: a value may run long, and nothing wraps it."""
     rows = [(check.name, check.state, check.value) for check in checks(status)]
-    found = [f"at risk: {risk}" for risk in risks(status)] or ["nothing at risk"]
+    found = [f"at risk: {shown.printable(risk)}" for risk in risks(status)] or ["nothing at risk"]
     return "\n".join([title(status), shown.table(("check", "state", "value"), rows), *found])
 
 

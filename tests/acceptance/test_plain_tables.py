@@ -1,13 +1,17 @@
-"""Without the cli extra (as in the container image), `reactor status` and `reactor hooks list`
-print their tables as plain text: the same rows, the same exit codes, no escape sequence."""
+"""The tables of `reactor status` and `reactor hooks list`. Without the cli extra (as in the
+container image) they are plain text: the same rows, the same exit codes. Drawn by rich or not,
+what a cell quotes (an error a hook's endpoint sent back) is shown as written: no escape
+sequence reaches the terminal, and no bracket is taken for rich's markup."""
 
 from __future__ import annotations
 
 import re
+from functools import partial
 
 import psycopg
+import pytest
 
-from tests.acceptance.conftest import reactor_env, run_reactor_without
+from tests.acceptance.conftest import reactor_env, run_reactor, run_reactor_without
 from tests.acceptance.test_hooks_ops_cli import add_row
 from tests.helpers import finish, new_job
 
@@ -45,3 +49,23 @@ def test_hooks_list_prints_its_table_as_plain_text(database_url: str) -> None:
     assert rows == {str(failed): "failed", str(pending): "pending"}
     assert "HTTP 503 from https://judge.example/hook" in result.stdout
     assert "\x1b" not in result.stdout
+
+
+# What a hook's endpoint might send back: rich markup, a closing tag rich fails on, and the
+# escape sequence that clears a screen.
+HOSTILE = "judge said [/nope] [reverse]x[/reverse] \x1b[2J"
+
+
+@pytest.mark.parametrize("drawn", [True, False], ids=["drawn", "plain"])
+def test_a_quoted_error_is_shown_as_written(database_url: str, drawn: bool) -> None:
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        failed = add_row(conn, "failed", HOSTILE)
+    # Wide enough that rich wraps no cell.
+    env = reactor_env(database_url, COLUMNS="400")
+    run = run_reactor if drawn else partial(run_reactor_without, "rich")
+    for args in (("status",), ("hooks", "list")):
+        result = run(*args, env=env)
+        assert result.returncode == 1, result.stderr
+        assert "judge said [/nope] [reverse]x[/reverse] \\x1b[2J" in result.stdout, args
+        assert "\x1b" not in result.stdout
+    assert failed
