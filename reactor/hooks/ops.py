@@ -125,21 +125,21 @@ NOTHING = "no hook calls waiting, running or parked"
 
 def cells(rows: Sequence[HookRow]) -> list[tuple[str, ...]]:
     """The list's rows for people, a cell per column of :data:`COLUMNS`."""
-    found: list[tuple[str, ...]] = []
-    for row in rows:
-        when = next_attempt_at(row)
-        found.append(
-            (
-                str(row.id),
-                row.hook,
-                row.status,
-                str(row.attempts),
-                "-" if when is None else f"{when:%Y-%m-%d %H:%M:%S %Z}",
-                f"{row.run_id}\n{row.job_id}",
-                (_shown(row.last_error) or "").splitlines()[0][:120] if row.last_error else "",
-            )
-        )
-    return found
+    return [_cells(row) for row in rows]
+
+
+def _cells(row: HookRow) -> tuple[str, ...]:
+    when = next_attempt_at(row)
+    return (
+        str(row.id),
+        row.hook,
+        row.status,
+        str(row.attempts),
+        "-" if when is None else f"{when:%Y-%m-%d %H:%M:%S %Z}",
+        f"{row.run_id}\n{row.job_id}",
+        # The error's first line: a scrubbed one may come back empty.
+        next(iter((_shown(row.last_error) or "").splitlines()), "")[:120],
+    )
 
 
 def render(rows: Sequence[HookRow], total: int, console: Console) -> None:

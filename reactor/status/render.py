@@ -154,7 +154,7 @@ def _reconcile_json(status: Status) -> dict[str, Any]:
     }
 
 
-# The columns of the table for people.
+# The columns of the drawn table; the plain one puts the state before the value.
 COLUMNS = ("check", "value", "state")
 
 
